@@ -1,0 +1,1 @@
+"""Qualification: load generation, sweeps, stability windows, parity across deployment modes."""

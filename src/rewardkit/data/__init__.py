@@ -1,0 +1,1 @@
+"""Preference data: reading, validation with reason codes, tokenisation, manifests, probes."""

@@ -1,0 +1,86 @@
+"""The normalised records every other part of rewardkit consumes.
+
+Readers accept many public shapes (explicit prompt, implicit prompt, UltraFeedback, HH-RLHF,
+TRL); all of them normalise to `PreferencePair`. Tokenisation turns a pair into a
+`TokenizedPair`, which is what training, evaluation and probes hash and batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+Message = dict[str, str]
+"""A chat message: {"role": "system"|"user"|"assistant", "content": str}."""
+
+
+@dataclass(frozen=True)
+class PreferencePair:
+    """One validated chosen/rejected comparison.
+
+    `prompt` is the shared conversation prefix (possibly empty for plain-text rows);
+    `chosen` and `rejected` are the assistant turn(s) that follow it.
+    """
+
+    pair_id: str
+    prompt: list[Message]
+    chosen: list[Message]
+    rejected: list[Message]
+    margin: float | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def subset(self) -> str | None:
+        subset = self.metadata.get("subset")
+        return subset if isinstance(subset, str) else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "pair_id": self.pair_id,
+            "prompt": self.prompt,
+            "chosen": self.chosen,
+            "rejected": self.rejected,
+            "margin": self.margin,
+            "metadata": self.metadata,
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> PreferencePair:
+        return cls(
+            pair_id=obj["pair_id"],
+            prompt=list(obj["prompt"]),
+            chosen=list(obj["chosen"]),
+            rejected=list(obj["rejected"]),
+            margin=obj.get("margin"),
+            metadata=dict(obj.get("metadata") or {}),
+        )
+
+
+@dataclass(frozen=True)
+class TokenizedBranch:
+    """Token ids of prompt + one completion, as the model sees them.
+
+    `loss_mask[i] == 1` marks completion tokens (DPO log-probs sum over them);
+    `score_index` is the position of the last completion token, where a reward model reads
+    its score.
+    """
+
+    input_ids: list[int]
+    loss_mask: list[int]
+    score_index: int
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+@dataclass(frozen=True)
+class TokenizedPair:
+    pair_id: str
+    chosen: TokenizedBranch
+    rejected: TokenizedBranch
+    margin: float | None = None
+    subset: str | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.chosen) + len(self.rejected)

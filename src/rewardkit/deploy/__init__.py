@@ -1,0 +1,1 @@
+"""Deployment: supervised scorer workers, GPU sharing, managed CUDA MPS, Ray Serve."""

@@ -1,0 +1,1 @@
+"""Evaluation: frozen probe, per-pair artifacts, paired bootstrap, comparison, report."""

@@ -1,0 +1,1 @@
+"""Models: the scalar-head reward model, policy loading and reference provenance."""

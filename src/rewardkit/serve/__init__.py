@@ -1,0 +1,1 @@
+"""The reward service: HTTP API, scorer registry, dynamic batching, client."""

@@ -1,0 +1,75 @@
+"""The scorer contract shared by the in-process service, scorer workers and Ray Serve.
+
+A scorer turns a batch of items into one float per item. It may return NaN/inf or raise;
+it never decides what a failure means. The batching layer above it converts non-finite
+values into per-item `non_finite` errors and exceptions into `scorer_failed`, so a failure
+can never become a reward.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+from rewardkit.data.records import Message
+
+Modality = Literal["text", "image_text", "rule"]
+
+
+@dataclass(frozen=True)
+class ScoreItem:
+    """One item to score. `image` is raw encoded bytes (JPEG/PNG/...), decoded by the scorer."""
+
+    id: str
+    prompt: str | list[Message]
+    response: str | list[Message]
+    image: bytes | None = None
+
+
+@dataclass(frozen=True)
+class ScorerInfo:
+    """What `GET /v1/scorers` reports and what clients pin (`identity`)."""
+
+    name: str
+    kind: str
+    modality: Modality
+    dtype: str
+    device: str
+    version: str
+    identity: str
+    max_batch_size: int
+    max_wait_ms: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Scorer(abc.ABC):
+    """Base class for every scorer kind (`rm`, `hf_seqcls`, `clip`, `pickscore`, rules, ...).
+
+    Subclasses set `kind` and `modality`, load weights in `load()`, and implement
+    `score_batch`. `identity()` must be stable for the same weights, config and dtype.
+    """
+
+    kind: ClassVar[str]
+    modality: ClassVar[Modality]
+
+    def __init__(self, name: str, *, max_batch_size: int = 32, max_wait_ms: float = 5.0) -> None:
+        self.name = name
+        self.max_batch_size = max_batch_size
+        self.max_wait_ms = max_wait_ms
+
+    @abc.abstractmethod
+    def load(self) -> None:
+        """Load weights and move them to the device. Called once before warm-up."""
+
+    @abc.abstractmethod
+    def score_batch(self, items: list[ScoreItem]) -> list[float]:
+        """Return one float per item, in order. NaN/inf are allowed here; raising fails the batch."""
+
+    @abc.abstractmethod
+    def info(self) -> ScorerInfo:
+        """Describe the loaded scorer, including its stable identity hash."""
+
+    def warmup_item(self) -> ScoreItem:
+        """An input that a healthy scorer must score to a finite value before readiness."""
+        return ScoreItem(id="warmup", prompt="Say hello.", response="Hello!", image=None)

@@ -1,0 +1,1 @@
+"""Training: one loop, objectives as components, DDP/FSDP2, strict checkpoints."""
