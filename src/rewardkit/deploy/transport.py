@@ -89,7 +89,15 @@ def encode_items(items: list[ScoreItem]) -> tuple[list[dict[str, Any]], bytes]:
             ref = [offset, len(item.image)]
             chunks.append(item.image)
             offset += len(item.image)
-        out.append({"id": item.id, "prompt": item.prompt, "response": item.response, "image": ref})
+        out.append(
+            {
+                "id": item.id,
+                "prompt": item.prompt,
+                "response": item.response,
+                "image": ref,
+                "reference": item.reference,
+            }
+        )
     return out, b"".join(chunks)
 
 
