@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -63,7 +64,7 @@ def test_managed_daemon_start_and_ordered_shutdown(fake_mps):
         with open(os.path.join(pipe, "servers"), "w") as f:
             f.write("4242\n")
         assert mps.server_pids() == [4242]
-        daemon = int(open(os.path.join(pipe, "nvidia-cuda-mps-control.pid")).read())
+        daemon = int(Path(pipe, "nvidia-cuda-mps-control.pid").read_text())
     finally:
         mps.shutdown()
     tail = [c["cmd"] for c in fake_mps()][-3:]
@@ -103,7 +104,7 @@ def test_watchdog_cleans_up_when_the_supervisor_is_killed(fake_mps, tmp_path):
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
     )
     pipe, logd = sup.stdout.readline().split()
-    daemon = int(open(os.path.join(pipe, "nvidia-cuda-mps-control.pid")).read())
+    daemon = int(Path(pipe, "nvidia-cuda-mps-control.pid").read_text())
     assert _alive(daemon)
     sup.send_signal(signal.SIGKILL)
     sup.wait()
@@ -117,7 +118,7 @@ def test_external_daemon_is_verified_and_never_quit(fake_mps, tmp_path):
     os.makedirs(tempfile_dir, mode=0o700)
     with pytest.raises(MpsError, match="Cannot find MPS control daemon"):
         ManagedMps(pipe_dir=pipe, external=True).start()
-    open(os.path.join(pipe, "nvidia-cuda-mps-control.pid"), "w").write(str(os.getpid()))
+    Path(pipe, "nvidia-cuda-mps-control.pid").write_text(str(os.getpid()))
     ext = ManagedMps(pipe_dir=pipe, external=True)
     ext.start()
     ext.shutdown()
