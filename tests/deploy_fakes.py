@@ -56,26 +56,30 @@ def install_fake_control(bin_dir: Path) -> Path:
 
 
 class SleepScorer(Scorer):
-    """Scores len(response); sleeps `options.delay_s` per batch so items are in flight long enough."""
+    """Scores len(response) (+ image bytes); sleeps `options.delay_s` per batch so items stay in
+    flight long enough to be hit by a kill; `options.fail_load` makes `load()` raise."""
 
     kind = "rk_test_sleep"
     modality = "rule"
 
-    def __init__(self, name: str, *, delay_s: float = 0.0, **kw: Any) -> None:
+    def __init__(self, name: str, *, delay_s: float = 0.0, fail_load: bool = False, **kw: Any) -> None:
         super().__init__(name, **kw)
         self.delay_s = delay_s
+        self.fail_load = fail_load
 
     @classmethod
     def from_spec(cls, spec) -> SleepScorer:
         return cls(
             spec.name,
             delay_s=float(spec.options.get("delay_s", 0.0)),
+            fail_load=bool(spec.options.get("fail_load", False)),
             max_batch_size=spec.max_batch_size,
             max_wait_ms=spec.max_wait_ms,
         )
 
     def load(self) -> None:
-        pass
+        if self.fail_load:
+            raise FileNotFoundError("weights not found (test double)")
 
     def score_batch(self, items):
         if self.delay_s:
@@ -93,7 +97,10 @@ class SleepScorer(Scorer):
             identity=f"sleep-{self.delay_s}",
             max_batch_size=self.max_batch_size,
             max_wait_ms=self.max_wait_ms,
-            extra={"pid": os.getpid()},
+            extra={
+                "pid": os.getpid(),
+                "env": {k: v for k, v in os.environ.items() if k.startswith("CUDA_")},
+            },
         )
 
 

@@ -361,6 +361,13 @@ def create_app(
             "status": details,
         }
 
+    if hasattr(backend, "deployment"):  # the deploy gateway / Ray backend (docs/deploy.md)
+
+        @app.get("/v1/deployment")
+        async def deployment(request: Request) -> dict[str, Any]:
+            check_auth(request)
+            return await asyncio.to_thread(backend.deployment)
+
     @app.get("/health/live")
     async def live() -> dict[str, str]:
         return {"status": "ok"}

@@ -19,6 +19,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--config", type=Path, help="service YAML; default: the demo reward model at demo-run/model"
     )
+    serve.add_argument(
+        "--deploy", type=Path, help="deploy YAML: scorers in worker processes (docs/deploy.md)"
+    )
+    serve.add_argument(
+        "--backend", default="workers", choices=["workers", "ray"], help="with --deploy: workers or Ray Serve"
+    )
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--token", help="require this bearer token (default: $REWARDKIT_TOKEN, else none)")
@@ -63,14 +69,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     if not 0 < args.port < 65536:
         raise UsageError(f"--port must be 1..65535, got {args.port}")
-    config = load_config(args.config) if args.config else _demo_config()
+    if args.deploy and args.config:
+        raise UsageError("give --config or --deploy, not both (a deploy file holds the scorers too)")
+    if args.deploy:
+        from rewardkit.deploy.launch import deploy_backend
+
+        backend, config = deploy_backend(args.deploy, args.backend)
+    else:
+        config = load_config(args.config) if args.config else _demo_config()
+        backend = InProcessBackend(config)
     if args.token:
         config = dataclasses.replace(config, token=args.token)
     if args.host not in ("127.0.0.1", "localhost", "::1") and config.resolved_token() is None:
         logging.getLogger(__name__).warning(
             "binding %s without a token: anyone who can reach it can score", args.host
         )
-    app = create_app(InProcessBackend(config), config)
+    app = create_app(backend, config)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0
 
