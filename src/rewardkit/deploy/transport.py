@@ -253,6 +253,8 @@ async def serve_unix(path: str, handler: Handler) -> asyncio.AbstractServer:
                 task.add_done_callback(tasks.discard)
         except (TransportError, ConnectionError, OSError) as exc:
             log.warning("dropping gateway connection: %s", exc)
+        except asyncio.CancelledError:
+            pass  # server shutting down: end this connection quietly
         finally:
             for task in tasks:
                 task.cancel()
