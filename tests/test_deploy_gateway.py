@@ -234,3 +234,48 @@ def test_killing_the_supervisor_takes_workers_and_mps_down(fake_mps, tmp_path):
         time.sleep(0.1)
     assert not Path(state["log"]).exists()
     assert fake_mps()[-1] == "quit"
+
+
+@pytest.mark.gpu
+def test_mps_mode_on_a_real_gpu():
+    """H200 check: two tiny CLIP workers as MPS clients; kill one; everything cleaned up at the end."""
+    import shutil
+
+    if shutil.which("nvidia-cuda-mps-control") is None:
+        pytest.skip("nvidia-cuda-mps-control not on PATH")
+    clip = {
+        "kind": "clip",
+        "shape": "tiny-clip",
+        "dtype": "fp32",
+        "device": "cuda",
+        "mps_active_thread_percentage": 50,
+    }
+    doc = {"mode": "mps", "gpus": [0], "scorers": [{"name": "c1", **clip}, {"name": "c2", **clip}]}
+    gw = GatewayBackend(parse_deploy_config(doc), settings=FAST)
+
+    async def go():
+        import io
+
+        from PIL import Image
+
+        buf = io.BytesIO()
+        Image.new("RGB", (64, 64), (200, 30, 30)).save(buf, format="PNG")
+        batch = items(4, image=buf.getvalue())
+        await gw.start()
+        try:
+            assert gw.ready()[0], gw.ready()
+            info = gw.deployment()
+            assert info["mps"]["server_pids"], info
+            assert all(isinstance(v, float) for v in await gw.score("c1", batch))
+            pid = gw.supervisor.worker_for("c1").pid
+            os.kill(pid, signal.SIGKILL)
+            await _until(lambda: not gw.ready()[0])
+            assert all(isinstance(v, float) for v in await gw.score("c2", batch))
+            await _until(lambda: gw.ready()[0], timeout=120)
+            assert all(isinstance(v, float) for v in await gw.score("c1", batch))
+            return info["mps"]["pipe_dir"]
+        finally:
+            await gw.stop()
+
+    pipe = asyncio.run(go())
+    assert not os.path.exists(pipe)

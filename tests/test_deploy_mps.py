@@ -132,3 +132,41 @@ def test_refuses_a_pipe_dir_others_can_read(fake_mps, tmp_path):
     d.chmod(0o755)
     with pytest.raises(MpsError, match="0700"):
         ManagedMps(pipe_dir=str(d)).start()
+
+
+@pytest.mark.gpu
+def test_real_mps_daemon_lifecycle_on_gpu():
+    """On a CUDA host with the driver's control binary: a real client attaches, then everything goes."""
+    import shutil
+
+    if shutil.which("nvidia-cuda-mps-control") is None:
+        pytest.skip("nvidia-cuda-mps-control not on PATH")
+    from rewardkit.deploy.mps import client_pids, server_pids
+
+    mps = ManagedMps(client_timeout=20.0)
+    mps.start()
+    pipe, logd = mps.pipe_dir, mps.log_dir
+    try:
+        env = {**os.environ, **mps.env(), "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50"}
+        client = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import torch,sys; x=torch.ones(1,device='cuda'); print(x.item(),flush=True);"
+                " sys.stdin.read()",
+            ],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert client.stdout.readline().strip() == "1.0"
+        servers = server_pids(mps.binary, pipe)
+        assert len(servers) == 1
+        assert client.pid in client_pids(mps.binary, pipe)[servers[0]]
+        client.stdin.close()
+        client.wait(timeout=30)
+    finally:
+        mps.shutdown()
+    assert not os.path.exists(pipe) and not os.path.exists(logd)
+    assert not _alive(servers[0])
