@@ -49,7 +49,7 @@ def server(model_dirs):
         yield s
 
 
-IMAGES = [png_bytes((40 + 7 * k, 30 + 5 * k), seed=k) for k in range(6)]
+IMAGES = [png_bytes((40 + 7 * (k % 3), 30 + 5 * (k % 3)), seed=k) for k in range(6)]  # pairs share a size
 PROMPTS = ["a cat", "a painting of a dog", "a cat", "hello world", "a cat", "an astronaut riding a horse"]
 
 
