@@ -370,10 +370,15 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    import torch
+
+    if args.smoke:
+        # The CPU box is shared: two OpenMP pools (this process and the server) oversubscribing two
+        # cores stall at every barrier, which would measure the scheduler, not the service.
+        torch.set_num_threads(1)
     if args.server:
         run_server(args.server, args.port)
         return 0
-    import torch
     import transformers
     import yaml
 
