@@ -128,16 +128,22 @@ class ImageDecoder:
 
             jpeg = [i for i in todo if blobs[i][:2] == _JPEG_SOI]
             if jpeg:
+                tensors = [torch.frombuffer(bytearray(blobs[i]), dtype=torch.uint8) for i in jpeg]
+                mode = self._tvio.ImageReadMode.RGB
                 try:
-                    tensors = [torch.frombuffer(bytearray(blobs[i]), dtype=torch.uint8) for i in jpeg]
-                    decoded = self._tvio.decode_jpeg(
-                        tensors, mode=self._tvio.ImageReadMode.RGB, device=self.device
-                    )
-                    for i, t in zip(jpeg, decoded, strict=True):
-                        results[i] = t
-                    todo = [i for i in todo if i not in set(jpeg)]
+                    decoded = self._tvio.decode_jpeg(tensors, mode=mode, device=self.device)
                 except RuntimeError:
-                    pass  # one bad JPEG fails the batched call: fall back to per-image CPU decode
+                    # One bad JPEG fails the batched call: decode one by one, still on the device;
+                    # what the GPU decoder refuses (some progressive/CMYK files) goes to Pillow.
+                    decoded = []
+                    for t in tensors:
+                        try:
+                            decoded.append(self._tvio.decode_jpeg(t, mode=mode, device=self.device))
+                        except RuntimeError:
+                            decoded.append(None)
+                for i, t in zip(jpeg, decoded, strict=True):
+                    results[i] = t
+                todo = [i for i in todo if results[i] is None]
         futures = {i: self._pool.submit(_pil_decode, blobs[i]) for i in todo}
         for i, fut in futures.items():
             try:
