@@ -199,7 +199,7 @@ def test_killing_the_supervisor_takes_workers_and_mps_down(fake_mps, tmp_path):
         gw = GatewayBackend(parse_deploy_config(doc, probe), mps_client_timeout_s=1.0)
         async def main():
             await gw.start()
-            print(json.dumps({"pipe": gw.mps.pipe_dir, "log": gw.mps.log_dir,
+            print(json.dumps({"pipe": gw.mps.pipe_dir, "log": gw.mps.log_dir, "run": gw.run_dir,
                               "pids": [w["pid"] for w in gw.deployment()["workers"]]}), flush=True)
             await asyncio.sleep(300)
         asyncio.run(main())
@@ -217,7 +217,7 @@ def test_killing_the_supervisor_takes_workers_and_mps_down(fake_mps, tmp_path):
     sup.send_signal(signal.SIGKILL)
     sup.wait()
     deadline = time.monotonic() + 30
-    while os.path.exists(state["pipe"]) or any(pid_alive(p) for p in state["pids"]):
+    while any(os.path.exists(state[d]) for d in ("pipe", "run")) or any(pid_alive(p) for p in state["pids"]):
         assert time.monotonic() < deadline, "watchdog did not clean up"
         time.sleep(0.1)
     assert not Path(state["log"]).exists()

@@ -125,6 +125,7 @@ def decode_items(raw: Any, body: bytes) -> list[ScoreItem]:
                 prompt=entry.get("prompt"),
                 response=entry.get("response"),
                 image=image,
+                reference=entry.get("reference"),
             )
         )
     return items

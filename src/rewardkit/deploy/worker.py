@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import importlib
 import json
@@ -74,8 +75,12 @@ class WorkerServer:
         raise TransportError(f"unknown op {op!r}")
 
 
-def _exit_when_stdin_closes(loop: asyncio.AbstractEventLoop) -> None:
-    """The supervisor holds our stdin; EOF means it is gone, so leave at once (even mid-load)."""
+def _exit_when_stdin_closes(loop: asyncio.AbstractEventLoop, leftovers: list[str]) -> None:
+    """The supervisor holds our stdin; EOF means it is gone, so leave at once (even mid-load).
+
+    Nobody else will clean up after a killed supervisor, so remove our socket and plan and,
+    if we are the last worker out, the run directory.
+    """
     fd = sys.stdin.fileno()
 
     def on_readable() -> None:
@@ -84,14 +89,23 @@ def _exit_when_stdin_closes(loop: asyncio.AbstractEventLoop) -> None:
         except OSError:
             data = b""
         if not data:
+            for path in leftovers:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+            with contextlib.suppress(OSError):
+                os.rmdir(os.path.dirname(leftovers[0]))
             os._exit(0)
 
     loop.add_reader(fd, on_readable)
 
 
-async def run_worker(plan: dict[str, Any], socket_path: str, watch_parent: bool = True) -> int:
+async def run_worker(
+    plan: dict[str, Any], socket_path: str, plan_path: str | None = None, watch_parent: bool = True
+) -> int:
     if watch_parent:
-        _exit_when_stdin_closes(asyncio.get_running_loop())
+        _exit_when_stdin_closes(
+            asyncio.get_running_loop(), [socket_path] + ([plan_path] if plan_path else [])
+        )
     for module in plan.get("imports", []):
         importlib.import_module(module)
     from rewardkit.serve.backend import InProcessBackend
@@ -125,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.plan, encoding="utf-8") as f:
         plan = json.load(f)
     apply_environment(plan.get("env", {}), plan.get("memory_fraction"))
-    return asyncio.run(run_worker(plan, args.socket, watch_parent=not args.no_parent_watch))
+    return asyncio.run(run_worker(plan, args.socket, args.plan, watch_parent=not args.no_parent_watch))
 
 
 if __name__ == "__main__":
