@@ -150,4 +150,4 @@ def test_real_mps_daemon_lifecycle_on_gpu():
     finally:
         mps.shutdown()
     assert not os.path.exists(pipe) and not os.path.exists(logd)
-    assert not pid_alive(servers[0])
+    assert _wait(lambda: not pid_alive(servers[0]))
