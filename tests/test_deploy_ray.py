@@ -84,3 +84,25 @@ def test_ray_backend_scores_batches_and_reports_lost_replicas(ray_env):
         asyncio.run(go())
     finally:
         ray.shutdown()
+
+
+def test_ray_actor_options_inject_mps_env_and_fractional_gpus():
+    probe = DeviceProbe(cuda_available=True, gpu_count=1, control_binary="/usr/bin/nvidia-cuda-mps-control")
+    doc = {
+        "mode": "mps_external",
+        "gpus": [0],
+        "mps": {"pipe_dir": "/tmp/rk-mps"},
+        "scorers": [
+            {"name": "a", "kind": "length", "num_gpus": 0.25, "mps_active_thread_percentage": 25},
+            {"name": "b", "kind": "length", "mps_pinned_mem_limit": "4G"},
+        ],
+    }
+    backend = RayBackend(parse_deploy_config(doc, probe))
+    a, b = (backend._actor_options(p) for p in backend.config.scorers)
+    assert a["num_gpus"] == 0.25 and b["num_gpus"] == 1.0
+    assert a["runtime_env"]["env_vars"] == {
+        "CUDA_MPS_PIPE_DIRECTORY": "/tmp/rk-mps",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25",
+    }
+    assert b["runtime_env"]["env_vars"]["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4G"
+    assert "CUDA_VISIBLE_DEVICES" not in a["runtime_env"]["env_vars"]  # Ray assigns GPUs itself
