@@ -45,8 +45,7 @@ def test_ray_backend_scores_batches_and_reports_lost_replicas(ray_env):
     }
     import ray
 
-    ray.init(num_cpus=4, _temp_dir=ray_env, include_dashboard=False, log_to_driver=False)
-    backend = RayBackend(parse_deploy_config(doc, CPU), health_poll_s=0.2)
+    backend = RayBackend(parse_deploy_config(doc, CPU), health_poll_s=0.2)  # starts and owns local Ray
 
     async def go():
         await backend.start()
@@ -79,6 +78,7 @@ def test_ray_backend_scores_batches_and_reports_lost_replicas(ray_env):
             assert backend.deployment()["restarts"] == 1
         finally:
             await backend.stop()
+        assert not ray.is_initialized()
 
     try:
         asyncio.run(go())

@@ -133,9 +133,9 @@ class RayBackend:
             options["runtime_env"] = {"env_vars": env}
         return options
 
-    def _start_sync(self) -> None:
+    def _init_ray(self) -> None:
+        """Connect to (or start) Ray. Runs on the main thread: ray.init installs signal handlers."""
         import ray
-        from ray import serve
 
         if not ray.is_initialized():
             ray.init(
@@ -146,6 +146,10 @@ class RayBackend:
                 log_to_driver=bool(self.config.ray.get("log_to_driver", True)),
             )
             self._owns_ray = True
+
+    def _start_sync(self) -> None:
+        from ray import serve
+
         if self.mps is not None:
             self.mps.start()
         serve.start(proxy_location="Disabled")
@@ -179,6 +183,7 @@ class RayBackend:
 
     async def start(self) -> None:
         self._admitting = True
+        self._init_ray()
         await asyncio.to_thread(self._start_sync)
         self._poller = asyncio.get_running_loop().create_task(self._poll_status())
 
