@@ -137,7 +137,7 @@ def _explicit_completion(value: Any, prompt: list[Message], side: str) -> list[M
     if isinstance(value, str):
         return [{"role": "assistant", "content": value}]
     messages = _read_messages(value, side)
-    if prompt and messages[: len(prompt)] == prompt:
+    if prompt and len(messages) > len(prompt) and messages[: len(prompt)] == prompt:
         messages = messages[len(prompt) :]  # UltraFeedback: the side repeats the prompt first
     elif prompt and messages and messages[0]["role"] != "assistant":
         raise Rejection(R.PROMPT_MISMATCH, f"{side} conversation does not start with the prompt")

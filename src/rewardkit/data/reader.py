@@ -27,6 +27,7 @@ FORMATS = ("jsonl", "json", "parquet")
 PARQUET_BATCH_ROWS = 2048
 _CHUNK_CHARS = 1 << 20
 _WHITESPACE = " \t\r\n"
+_DELIMITERS = ",]" + _WHITESPACE
 
 
 def detect_format(path: str | Path) -> str:
@@ -153,12 +154,18 @@ def _iter_json_array(handle, name: str) -> Iterator[Any]:
                 if refill():
                     continue
                 raise fail(exc.msg) from None
-            if end >= len(buf) and refill():
-                continue  # a number at the buffer's end may continue in the next chunk
+            # a number cut by the buffer's end ("-1." of "-1.5e3") decodes as a shorter number
+            cut = end >= len(buf) or (_is_number(value) and buf[end] not in _DELIMITERS)
+            if cut and refill():
+                continue
             break
         pos = end
         first = False
         yield value
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _iter_parquet(path: str | Path) -> Iterator[Any]:
