@@ -123,6 +123,7 @@ def test_implicit_must_end_with_assistant():
         ({"chosen": "a", "rejected": "b", "margin": "1.0"}, R.SCHEMA),
         ({"chosen": "a", "rejected": "b", "metadata": [1]}, R.SCHEMA),
         ({"chosen": "a", "rejected": "b", "metadata": {"x": math.nan}}, R.SCHEMA),
+        ({"chosen": "a", "rejected": "b", "metadata": {"x": {"y": [math.inf]}}}, R.SCHEMA),
         ({"chosen": "\n\nHuman: q\n\nAssistant: a", "rejected": "plain"}, R.SCHEMA),
         ({"prompt": [user("q"), "loose text"], "chosen": "a", "rejected": "b"}, R.SCHEMA),
         ({"prompt": "q", "completion": "a", "label": True}, R.SCHEMA),
@@ -132,6 +133,7 @@ def test_implicit_must_end_with_assistant():
         ({"prompt": [{"content": "q"}], "chosen": "a", "rejected": "b"}, R.MISSING_FIELD),
         ({"prompt": [{"role": "user"}], "chosen": "a", "rejected": "b"}, R.MISSING_FIELD),
         ({"prompt": [{"role": "robot", "content": "q"}], "chosen": "a", "rejected": "b"}, R.BAD_ROLE),
+        ({"prompt": [{"role": ["user"], "content": "q"}], "chosen": "a", "rejected": "b"}, R.BAD_ROLE),
         ({"prompt": "q", "chosen": [bot("a"), user("more")], "rejected": "b"}, R.BAD_ROLE),
         (
             {"prompt": [user([{"type": "text", "text": "q"}])], "chosen": "a", "rejected": "b"},
@@ -173,6 +175,11 @@ def test_rejection_keeps_explicit_id():
 def test_unknown_reason_code_is_a_programming_error():
     with pytest.raises(ValueError):
         Rejection("typo", "x")
+
+
+def test_messages_keep_only_role_and_content():
+    row = {"prompt": [{"role": "user", "content": "q", "name": "x"}], "chosen": "a", "rejected": "b"}
+    assert normalize_row(row).prompt == [user("q")]
 
 
 def test_null_fields_count_as_absent():
