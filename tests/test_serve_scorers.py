@@ -132,6 +132,8 @@ RM_ITEMS = [
 def test_seqcls_service_equals_plain_forward_and_is_batch_invariant(server, model_dirs):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+    from rewardkit.data.tokenize import tokenize_branch
+
     model = AutoModelForSequenceClassification.from_pretrained(
         model_dirs / "rm", local_files_only=True
     ).eval()
@@ -148,12 +150,32 @@ def test_seqcls_service_equals_plain_forward_and_is_batch_invariant(server, mode
             if isinstance(item["response"], list)
             else [{"role": "assistant", "content": item["response"]}]
         )
-        text = tok.apply_chat_template(prompt + response, tokenize=False)
-        ids = tok(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
+        # the same ids training and evaluation feed the model (rewardkit.data.tokenize)
+        ids = torch.tensor([tokenize_branch(tok, prompt, response).input_ids])
         with torch.no_grad():
             ref = model(input_ids=ids).logits[0, 0].item()
         assert abs(ref - together[k]) <= TOL
         assert abs(score(server, "rm", [item])[0] - together[k]) <= TOL
+
+
+def test_text_items_that_cannot_be_scored_are_item_errors():
+    from rewardkit.serve.config import ScorerSpec, build_scorer
+    from rewardkit.serve.scorers.base import ItemError, ScoreItem
+
+    s = build_scorer(
+        ScorerSpec(name="t", kind="hf_seqcls", shape="tiny-text-rm", device="cpu", options={"max_length": 40})
+    )
+    s.load()
+    out = s.score_batch(
+        [
+            ScoreItem("ok", "hi", "hello"),
+            ScoreItem("long", "hi", "word " * 200),
+            ScoreItem("long-prompt", "word " * 200, "hello"),
+        ]
+    )
+    assert isinstance(out[0], float)
+    assert isinstance(out[1], ItemError) and out[1].code == "too_long"
+    assert isinstance(out[2], float)  # the oldest prompt tokens are dropped, as in training
 
 
 def test_identity_is_stable_and_tracks_weights_dtype_and_options(model_dirs, tmp_path):
