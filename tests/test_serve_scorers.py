@@ -253,3 +253,19 @@ def test_text_token_budget_caps_padded_batch():
     out = asyncio.run(run())
     assert out == [9.0 if k % 2 else 1.0 for k in range(12)]
     assert sum(DoubleScorer.batches) == 12 and max(DoubleScorer.batches) <= 4  # 10 tokens x 4 rows = 40
+
+
+def test_rm_scorer_matches_hf_seqcls_on_a_seqcls_directory(model_dirs):
+    """`rm` loads through rewardkit.models.loading (branch rm); on an HF seqcls directory it must
+    give exactly the `hf_seqcls` numbers."""
+    pytest.importorskip("rewardkit.models.loading")
+    from rewardkit.serve.config import ScorerSpec, build_scorer
+    from rewardkit.serve.scorers.base import ScoreItem
+
+    items = [ScoreItem(i["id"], i["prompt"], i["response"]) for i in RM_ITEMS]
+    scores = {}
+    for kind in ("rm", "hf_seqcls"):
+        s = build_scorer(ScorerSpec(name="x", kind=kind, path=str(model_dirs / "rm"), device="cpu"))
+        s.load()
+        scores[kind] = s.score_batch(items)
+    assert max(abs(a - b) for a, b in zip(scores["rm"], scores["hf_seqcls"], strict=True)) <= TOL
