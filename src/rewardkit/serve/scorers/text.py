@@ -17,14 +17,11 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from rewardkit.errors import ConfigError, RewardkitError
-from rewardkit.serve.scorers.base import ItemError, ScoreItem, ScorerInfo
+from rewardkit.serve.scorers.base import ItemError, ScoreItem
 from rewardkit.serve.scorers.common import (
-    VERSION,
     ModelScorer,
     as_messages,
     as_text,
-    identity,
-    json_config,
     torch_dtype,
     weights_digest,
 )
@@ -137,26 +134,8 @@ class SeqClsScorer(ModelScorer):
             results[k] = v
         return results
 
-    def info(self) -> ScorerInfo:
-        opts = {k: v for k, v in self.options.items() if k != "trust_remote_code"}
-        return ScorerInfo(
-            name=self.name,
-            kind=self.kind,
-            modality=self.modality,
-            dtype=self.dtype,
-            device=self.device,
-            version=VERSION,
-            identity=identity(
-                kind=self.kind,
-                weights=self._weights,
-                config=json_config(self.model.config),
-                dtype=self.dtype,
-                options=opts,
-            ),
-            max_batch_size=self.max_batch_size,
-            max_wait_ms=self.max_wait_ms,
-            extra={"path": self.path, "shape": self.shape, "max_length": self.max_length},
-        )
+    def info_extra(self) -> dict[str, Any]:
+        return {"max_length": self.max_length}
 
 
 class RewardModelScorer(SeqClsScorer):
