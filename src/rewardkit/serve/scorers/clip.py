@@ -22,13 +22,10 @@ from typing import Any, ClassVar
 
 from rewardkit.errors import ConfigError
 from rewardkit.serve.images import ImageDecoder, Preprocess
-from rewardkit.serve.scorers.base import ItemError, ScoreItem, ScorerInfo
+from rewardkit.serve.scorers.base import ItemError, ScoreItem
 from rewardkit.serve.scorers.common import (
-    VERSION,
     ModelScorer,
     as_text,
-    identity,
-    json_config,
     torch_dtype,
     weights_digest,
 )
@@ -224,32 +221,15 @@ class ClipScorer(ModelScorer):
             results[k] = s
         return results
 
-    def info(self) -> ScorerInfo:
-        opts = {"divisor": self.divisor, **({"seed": self.options["seed"]} if "seed" in self.options else {})}
-        return ScorerInfo(
-            name=self.name,
-            kind=self.kind,
-            modality=self.modality,
-            dtype=self.dtype,
-            device=self.device,
-            version=VERSION,
-            identity=identity(
-                kind=self.kind,
-                weights=self._weights,
-                config=json_config(self.model.config),
-                dtype=self.dtype,
-                options=opts,
-            ),
-            max_batch_size=self.max_batch_size,
-            max_wait_ms=self.max_wait_ms,
-            extra={
-                "path": self.path,
-                "shape": self.shape,
-                "divisor": self.divisor,
-                "image_size": self.preprocess.size,
-                "decode_on_device": self.decoder.on_device,
-            },
-        )
+    def identity_options(self) -> dict[str, Any]:
+        return {"divisor": self.divisor, **({"seed": self.options["seed"]} if "seed" in self.options else {})}
+
+    def info_extra(self) -> dict[str, Any]:
+        return {
+            "divisor": self.divisor,
+            "image_size": self.preprocess.size,
+            "decode_on_device": self.decoder.on_device,
+        }
 
 
 class PickScoreScorer(ClipScorer):

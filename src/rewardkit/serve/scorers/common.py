@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 from rewardkit import __version__
 from rewardkit.errors import ConfigError
 from rewardkit.hashing import sha256_file, sha256_json
-from rewardkit.serve.scorers.base import Scorer
+from rewardkit.serve.scorers.base import Scorer, ScorerInfo
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
@@ -113,4 +113,31 @@ class ModelScorer(Scorer):
             options=spec.options,
             max_batch_size=spec.max_batch_size,
             max_wait_ms=spec.max_wait_ms,
+        )
+
+    def identity_options(self) -> dict[str, Any]:
+        """The options that change scores (and so the identity); trust_remote_code does not."""
+        return {k: v for k, v in self.options.items() if k != "trust_remote_code"}
+
+    def info_extra(self) -> dict[str, Any]:
+        return {}
+
+    def info(self) -> ScorerInfo:
+        return ScorerInfo(
+            name=self.name,
+            kind=self.kind,
+            modality=self.modality,
+            dtype=self.dtype,
+            device=self.device,
+            version=VERSION,
+            identity=identity(
+                kind=self.kind,
+                weights=self._weights,
+                config=json_config(self.model.config),
+                dtype=self.dtype,
+                options=self.identity_options(),
+            ),
+            max_batch_size=self.max_batch_size,
+            max_wait_ms=self.max_wait_ms,
+            extra={"path": self.path, "shape": self.shape, **self.info_extra()},
         )
