@@ -129,6 +129,15 @@ RM_ITEMS = [
 ]
 
 
+def as_conversation(item: dict) -> tuple[list[dict], list[dict]]:
+    """An API item's prompt and response as messages, the way the text scorers read them."""
+    prompt, response = item["prompt"], item["response"]
+    return (
+        prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}],
+        response if isinstance(response, list) else [{"role": "assistant", "content": response}],
+    )
+
+
 def test_seqcls_service_equals_plain_forward_and_is_batch_invariant(server, model_dirs):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -140,16 +149,7 @@ def test_seqcls_service_equals_plain_forward_and_is_batch_invariant(server, mode
     tok = AutoTokenizer.from_pretrained(model_dirs / "rm", local_files_only=True)
     together = score(server, "rm", RM_ITEMS)
     for k, item in enumerate(RM_ITEMS):
-        prompt = (
-            item["prompt"]
-            if isinstance(item["prompt"], list)
-            else [{"role": "user", "content": item["prompt"]}]
-        )
-        response = (
-            item["response"]
-            if isinstance(item["response"], list)
-            else [{"role": "assistant", "content": item["response"]}]
-        )
+        prompt, response = as_conversation(item)
         # the same ids training and evaluation feed the model (rewardkit.data.tokenize)
         ids = torch.tensor([tokenize_branch(tok, prompt, response).input_ids])
         with torch.no_grad():
@@ -308,16 +308,7 @@ def test_rm_scorer_on_a_rewardkit_checkpoint_equals_the_eval_scoring_path(tmp_pa
     served = scorer.score_batch(items)
     model, tokenizer, _ = load_reward_model(ckpt)
     for item, got in zip(RM_ITEMS, served, strict=True):
-        prompt = (
-            item["prompt"]
-            if isinstance(item["prompt"], list)
-            else [{"role": "user", "content": item["prompt"]}]
-        )
-        response = (
-            item["response"]
-            if isinstance(item["response"], list)
-            else [{"role": "assistant", "content": item["response"]}]
-        )
+        prompt, response = as_conversation(item)
         branch = tokenize_branch(tokenizer, prompt, response)
         batch = collate([TokenizedPair("p", branch, branch)], pad_token_id=tokenizer.pad_token_id)
         with torch.no_grad():
