@@ -129,6 +129,15 @@ RM_ITEMS = [
 ]
 
 
+def as_conversation(item: dict) -> tuple[list[dict], list[dict]]:
+    """An API item's prompt and response as messages, the way the text scorers read them."""
+    prompt, response = item["prompt"], item["response"]
+    return (
+        prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}],
+        response if isinstance(response, list) else [{"role": "assistant", "content": response}],
+    )
+
+
 def test_seqcls_service_equals_plain_forward_and_is_batch_invariant(server, model_dirs):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -140,16 +149,7 @@ def test_seqcls_service_equals_plain_forward_and_is_batch_invariant(server, mode
     tok = AutoTokenizer.from_pretrained(model_dirs / "rm", local_files_only=True)
     together = score(server, "rm", RM_ITEMS)
     for k, item in enumerate(RM_ITEMS):
-        prompt = (
-            item["prompt"]
-            if isinstance(item["prompt"], list)
-            else [{"role": "user", "content": item["prompt"]}]
-        )
-        response = (
-            item["response"]
-            if isinstance(item["response"], list)
-            else [{"role": "assistant", "content": item["response"]}]
-        )
+        prompt, response = as_conversation(item)
         # the same ids training and evaluation feed the model (rewardkit.data.tokenize)
         ids = torch.tensor([tokenize_branch(tok, prompt, response).input_ids])
         with torch.no_grad():
@@ -269,3 +269,49 @@ def test_rm_scorer_matches_hf_seqcls_on_a_seqcls_directory(model_dirs):
         s.load()
         scores[kind] = s.score_batch(items)
     assert max(abs(a - b) for a, b in zip(scores["rm"], scores["hf_seqcls"], strict=True)) <= TOL
+
+
+def test_rm_scorer_on_a_rewardkit_checkpoint_equals_the_eval_scoring_path(tmp_path):
+    """Service == evaluation: the same checkpoint, tokenised and scored through rewardkit.models."""
+    import json
+
+    from transformers import AutoModel
+
+    from rewardkit.data.records import TokenizedPair
+    from rewardkit.data.tokenize import tokenize_branch
+    from rewardkit.models.batching import collate
+    from rewardkit.models.loading import load_reward_model, write_model_files
+    from rewardkit.models.reward_model import RewardModel
+    from rewardkit.models.tiny import build_tokenizer, tiny_config
+    from rewardkit.serve.config import ScorerSpec, build_scorer
+    from rewardkit.serve.scorers.base import ScoreItem
+
+    tok = build_tokenizer(["hello world, a reward model", "say hi politely"] * 4, vocab_size=300)
+    torch.manual_seed(2)
+    backbone = AutoModel.from_config(
+        tiny_config("tiny-llama", vocab_size=len(tok), pad_token_id=tok.pad_token_id)
+    )
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    write_model_files(ckpt, RewardModel(backbone).state_dict(), backbone.config, tok)
+    meta = {
+        "format_version": 1,
+        "objective": "reward_model",
+        "role": "reward_model",
+        "head_type": RewardModel.head_type,
+    }
+    (ckpt / "rewardkit.json").write_text(json.dumps(meta))
+
+    scorer = build_scorer(ScorerSpec(name="rm", kind="rm", path=str(ckpt), device="cpu"))
+    scorer.load()
+    items = [ScoreItem(i["id"], i["prompt"], i["response"]) for i in RM_ITEMS]
+    served = scorer.score_batch(items)
+    model, tokenizer, _ = load_reward_model(ckpt)
+    for item, got in zip(RM_ITEMS, served, strict=True):
+        prompt, response = as_conversation(item)
+        branch = tokenize_branch(tokenizer, prompt, response)
+        batch = collate([TokenizedPair("p", branch, branch)], pad_token_id=tokenizer.pad_token_id)
+        with torch.no_grad():
+            ref = model(batch)[0].item()
+        assert abs(ref - got) <= TOL
+    assert scorer.info().kind == "rm" and len(scorer.info().identity) == 64

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import itertools
 import json
 import os
 import random
@@ -147,17 +148,23 @@ class _Base:
         self.allow_partial = allow_partial
         self.multipart = multipart
 
-    def _delay(self, attempt: int, response: httpx.Response | None) -> float:
-        computed = min(self.max_backoff_s, self.backoff_s * 2**attempt) * (0.5 + random.random() / 2)
+    def _prepare(self, items, scorers: list[str], pin: Mapping[str, str] | None) -> dict[str, Any]:
+        """The POST's arguments, with one idempotency key for this request and all its retries."""
+        kwargs = _request(items, scorers, pin, self.multipart)
+        kwargs["headers"] = {**kwargs.get("headers", {}), "idempotency-key": uuid.uuid4().hex}
+        return kwargs
+
+    def _retry_delay(self, attempt: int, response: httpx.Response | None) -> float | None:
+        """Seconds to wait before retrying, or None when `response` is final. `None` response:
+        a connection error. `Retry-After` wins over exponential backoff with ±50% jitter."""
+        if response is not None and (response.status_code not in RETRY_STATUS or attempt >= self.max_retries):
+            return None
         if response is not None and (retry_after := response.headers.get("retry-after")):
             try:
                 return min(self.max_backoff_s, float(retry_after)) + random.random() * self.backoff_s
             except ValueError:
                 pass
-        return computed
-
-    def _should_retry(self, attempt: int, response: httpx.Response | None) -> bool:
-        return attempt < self.max_retries and (response is None or response.status_code in RETRY_STATUS)
+        return min(self.max_backoff_s, self.backoff_s * 2**attempt) * (0.5 + random.random() / 2)
 
 
 class RewardClient(_Base):
@@ -192,20 +199,17 @@ class RewardClient(_Base):
         pin: Mapping[str, str] | None = None,
         allow_partial: bool | None = None,
     ) -> list[ItemScores]:
-        kwargs = _request(items, scorers, pin, self.multipart)
-        headers = {**kwargs.pop("headers", {}), "idempotency-key": uuid.uuid4().hex}
-        attempt = 0
-        while True:
+        kwargs = self._prepare(items, scorers, pin)
+        for attempt in itertools.count():
+            response = None
             try:
-                response = self._http.post("/v1/score", headers=headers, **kwargs)
+                response = self._http.post("/v1/score", **kwargs)
             except RETRY_EXCEPTIONS:
-                if not self._should_retry(attempt, None):
+                if attempt >= self.max_retries:
                     raise
-                response = None
-            if response is not None and not self._should_retry(attempt, response):
+            if (delay := self._retry_delay(attempt, response)) is None:
                 return _parse(response, self.allow_partial if allow_partial is None else allow_partial)
-            time.sleep(self._delay(attempt, response))
-            attempt += 1
+            time.sleep(delay)
 
 
 class AsyncRewardClient(_Base):
@@ -251,17 +255,14 @@ class AsyncRewardClient(_Base):
         pin: Mapping[str, str] | None = None,
         allow_partial: bool | None = None,
     ) -> list[ItemScores]:
-        kwargs = _request(items, scorers, pin, self.multipart)
-        headers = {**kwargs.pop("headers", {}), "idempotency-key": uuid.uuid4().hex}
-        attempt = 0
-        while True:
+        kwargs = self._prepare(items, scorers, pin)
+        for attempt in itertools.count():
+            response = None
             try:
-                response = await self._http.post("/v1/score", headers=headers, **kwargs)
+                response = await self._http.post("/v1/score", **kwargs)
             except RETRY_EXCEPTIONS:
-                if not self._should_retry(attempt, None):
+                if attempt >= self.max_retries:
                     raise
-                response = None
-            if response is not None and not self._should_retry(attempt, response):
+            if (delay := self._retry_delay(attempt, response)) is None:
                 return _parse(response, self.allow_partial if allow_partial is None else allow_partial)
-            await asyncio.sleep(self._delay(attempt, response))
-            attempt += 1
+            await asyncio.sleep(delay)
