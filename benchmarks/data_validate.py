@@ -131,10 +131,9 @@ def main() -> None:
     result = {
         "benchmark": "data_validate",
         "file": {
-            "rows": args.rows,
+            "rows": plain["rows"],
             "mib": round(size_mib, 1),
-            "format": "jsonl",
-            "generator": "rewardkit.data.synth",
+            "source": args.input or "rewardkit.data.synth",
         },
         "no_tokenizer": plain,
         "with_tokenizer": {"tokenizer": args.tokenizer, **tokenized},
