@@ -6,6 +6,9 @@ subprocess so that its peak RSS is its own, not the file generator's.
 
     PYTHONPATH=src python3 benchmarks/data_validate.py --out data_validate.json          # 1M rows
     PYTHONPATH=src python3 benchmarks/data_validate.py --smoke --out data_validate.json  # 20k rows
+
+Rates are reported per wall second and per CPU second of the validating process; on a
+shared machine the second is the one to compare.
 """
 
 from __future__ import annotations
@@ -96,7 +99,7 @@ def main() -> None:
     )
     parser.add_argument("--smoke", action="store_true", help="20k rows, 5k tokenized (CI-sized)")
     parser.add_argument("--out", default=None, help="write the JSON result here")
-    parser.add_argument("--keep", default=None, help="directory for the generated file (default: a temp dir)")
+    parser.add_argument("--input", default=None, help="validate this JSONL file instead of generating one")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--limit", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -107,15 +110,13 @@ def main() -> None:
     if args.smoke:
         args.rows, args.tokenized_rows = 20_000, 5_000
 
-    with tempfile.TemporaryDirectory(dir=args.keep) as tmp:
-        path = Path(tmp) / "rows.jsonl"
-        started = time.perf_counter()
-        generate(path, args.rows)
-        generated = time.perf_counter() - started
-        print(
-            f"generated {args.rows} rows ({path.stat().st_size / 2**20:.0f} MiB) in {generated:.1f}s",
-            file=sys.stderr,
-        )
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(args.input) if args.input else Path(tmp) / "rows.jsonl"
+        if not args.input:
+            started = time.perf_counter()
+            generate(path, args.rows)
+            print(f"generated {args.rows} rows in {time.perf_counter() - started:.1f}s", file=sys.stderr)
+        size_mib = path.stat().st_size / 2**20
         plain = run_child(path, None, None)
         print(
             f"validate, no tokenizer: {plain['rows_per_s']:.0f} rows/s, peak RSS {plain['peak_rss_mb']} MiB",
@@ -123,7 +124,6 @@ def main() -> None:
         )
         tokenized = run_child(path, args.tokenizer, args.tokenized_rows)
         print(f"validate, tokenizer {args.tokenizer}: {tokenized['rows_per_s']:.0f} pairs/s", file=sys.stderr)
-        size_mib = path.stat().st_size / 2**20
 
     import tokenizers
     import transformers
@@ -131,10 +131,9 @@ def main() -> None:
     result = {
         "benchmark": "data_validate",
         "file": {
-            "rows": args.rows,
+            "rows": plain["rows"],
             "mib": round(size_mib, 1),
-            "format": "jsonl",
-            "generator": "rewardkit.data.synth",
+            "source": args.input or "rewardkit.data.synth",
         },
         "no_tokenizer": plain,
         "with_tokenizer": {"tokenizer": args.tokenizer, **tokenized},

@@ -162,3 +162,68 @@ def test_streaming_memory_is_bounded_by_a_row_not_the_file(tmp_path, monkeypatch
     count, peak = _peak_bytes(iter_pairs(path))
     assert count == 4000
     assert peak < size / 10, f"peak {peak} bytes while streaming {size} bytes"
+
+
+PUBLIC_SHAPES = {
+    "hh_rlhf": {
+        "chosen": "\n\nHuman: Name a fruit.\n\nAssistant: kiwi",
+        "rejected": "\n\nHuman: Name a fruit.\n\nAssistant: red",
+    },
+    "ultrafeedback_binarized": {
+        "prompt": "Name a fruit.",
+        "prompt_id": "uf-0",
+        "chosen": [{"role": "user", "content": "Name a fruit."}, {"role": "assistant", "content": "kiwi"}],
+        "rejected": [{"role": "user", "content": "Name a fruit."}, {"role": "assistant", "content": "red"}],
+        "messages": [{"role": "user", "content": "Name a fruit."}, {"role": "assistant", "content": "kiwi"}],
+        "score_chosen": 9.0,
+        "score_rejected": 2.0,
+    },
+    "trl_standard": {"prompt": "Name a fruit.", "chosen": "kiwi", "rejected": "red"},
+    "trl_conversational": {
+        "prompt": [{"role": "user", "content": "Name a fruit."}],
+        "chosen": [{"role": "assistant", "content": "kiwi"}],
+        "rejected": [{"role": "assistant", "content": "red"}],
+    },
+    "trl_implicit_conversational": {
+        "chosen": [{"role": "user", "content": "Name a fruit."}, {"role": "assistant", "content": "kiwi"}],
+        "rejected": [{"role": "user", "content": "Name a fruit."}, {"role": "assistant", "content": "red"}],
+    },
+}
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "json"])
+@pytest.mark.parametrize("shape", sorted(PUBLIC_SHAPES))
+def test_public_dataset_shapes_from_files(tmp_path, fmt, shape):
+    """Files in the shapes of HH-RLHF, UltraFeedback-binarized and TRL's formats read as the same pair."""
+    path = tmp_path / f"{shape}.{fmt}"
+    if fmt == "json":
+        path.write_text(json.dumps([PUBLIC_SHAPES[shape]]))
+    else:
+        write_jsonl(path, [PUBLIC_SHAPES[shape]])
+    (pair,) = iter_pairs(path)
+    assert pair.prompt == [{"role": "user", "content": "Name a fruit."}]
+    assert pair.chosen == [{"role": "assistant", "content": "kiwi"}]
+    assert pair.rejected == [{"role": "assistant", "content": "red"}]
+
+
+def test_same_content_in_different_shapes_is_a_duplicate(tmp_path):
+    """Id-less shapes normalise to the same content, hence the same deterministic id."""
+    items = list(iter_pairs(write_jsonl(tmp_path / "all.jsonl", list(PUBLIC_SHAPES.values()))))
+    assert items[1].pair_id == "uf-0" and items[1].metadata == {"score_chosen": 9.0, "score_rejected": 2.0}
+    assert [getattr(item, "reason", None) for item in items] == [
+        None,
+        None,
+        R.DUPLICATE_ID,
+        R.DUPLICATE_ID,
+        R.DUPLICATE_ID,
+    ]
+    assert {item.pair_id for i, item in enumerate(items) if i != 1} == {items[0].pair_id}
+
+
+def test_seen_ids_is_exact_across_merges():
+    seen = reader.SeenIds(batch=8)
+    ids = [f"id-{i}" for i in range(100)]
+    assert all(seen.add(pair_id) for pair_id in ids)
+    assert len(seen) == 100
+    assert not any(seen.add(pair_id) for pair_id in ids[::7])  # found in merged arrays and the recent set
+    assert seen.add("id-100") and not seen.add("id-100")

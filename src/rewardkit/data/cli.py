@@ -7,7 +7,6 @@ rejected rows (the report is still written), 2 usage or I/O error (one line, no 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 from pathlib import Path
@@ -97,20 +96,23 @@ def _progress(desc: str):
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from rewardkit.data.jsonl import atomic_jsonl
+    from rewardkit.atomic import write_bytes
     from rewardkit.data.reasons import Rejection
     from rewardkit.data.validate import Summary, iter_validated
+    from rewardkit.hashing import canonical_json
 
     source = _input(args.input)
     tokenizer, settings = _tokenizer_and_settings(args)
     summary = Summary()
-    report = atomic_jsonl(args.report) if args.report else contextlib.nullcontext()
-    with report as writer, _progress("validate") as bar:
+    report: list[bytes] = []  # rejections only; written atomically once the pass is complete
+    with _progress("validate") as bar:
         for item in iter_validated(source, tokenizer, settings):
             summary.add(item)
             bar.update(1)
-            if writer is not None and isinstance(item, Rejection):
-                writer.write(item.to_json())
+            if args.report and isinstance(item, Rejection):
+                report.append(canonical_json(item.to_json()) + b"\n")
+    if args.report:
+        write_bytes(args.report, b"".join(report))
     print(summary.table())
     if args.report:
         print(f"rejections written to {args.report}")
@@ -166,7 +168,6 @@ def cmd_freeze_probe(args: argparse.Namespace) -> int:
 
 def cmd_synth(args: argparse.Namespace) -> int:
     from rewardkit.atomic import write_text
-    from rewardkit.data.jsonl import atomic_jsonl
     from rewardkit.data.synth import corrupt_rows, generate_rows
 
     if args.n < 0 or args.corrupt < 0:
@@ -175,10 +176,8 @@ def cmd_synth(args: argparse.Namespace) -> int:
     rows = generate_rows(args.n, args.seed) + [row for _, row in corrupt_rows(args.corrupt, args.seed)]
     if out.suffix == ".json":
         write_text(out, json.dumps(rows, ensure_ascii=False, indent=1) + "\n")
-    elif out.suffix == ".jsonl":
-        with atomic_jsonl(out) as writer:
-            for row in rows:  # corrupt rows may hold NaN/inf margins: plain json.dumps writes them
-                writer.write_line(json.dumps(row, ensure_ascii=False, sort_keys=True).encode() + b"\n")
+    elif out.suffix == ".jsonl":  # corrupt rows may hold NaN/inf margins: plain json.dumps writes them
+        write_text(out, "".join(json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n" for row in rows))
     else:
         raise UsageError(f"--out must end in .jsonl or .json, got {out.name!r}")
     print(f"wrote {len(rows)} rows ({args.n} task rows, {len(rows) - args.n} validation-demo rows) -> {out}")
