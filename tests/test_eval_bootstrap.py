@@ -101,9 +101,9 @@ def test_chunked_equals_single_call_exactly(values):
 
 
 def test_default_chunking_equals_single_call_block():
-    values = _accuracy_values(5000, 0.52)  # default chunk = 838 rows → 12 chunks
-    chunked = bootstrap_mean(values, statistic="accuracy")
-    single = bootstrap_mean(values, statistic="accuracy", chunk_rows=10_000)
+    values = _accuracy_values(5000, 0.52)  # default chunk = 838 rows → 4 chunks, the last partial
+    chunked = bootstrap_mean(values, statistic="accuracy", replicates=3000)
+    single = bootstrap_mean(values, statistic="accuracy", replicates=3000, chunk_rows=3000)
     assert chunked == single
 
 
