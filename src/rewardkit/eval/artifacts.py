@@ -119,6 +119,10 @@ def write_eval_artifacts(
             f"need one pair_id, subset and score pair per probe pair; got {len(pair_ids)} ids, "
             f"{len(subsets)} subsets, {margin.size} score pairs"
         )
+    if not all(isinstance(p, str) for p in pair_ids) or not all(
+        s is None or isinstance(s, str) for s in subsets
+    ):
+        raise ValueError("pair_ids must be strings and subsets strings or None")
     if len(set(pair_ids)) != len(pair_ids):
         raise ValueError("pair_ids are not unique")
     if pair_losses is None:
@@ -197,7 +201,8 @@ def _bad_row(path: Path, line_no: int, reason: str) -> UsageError:
 
 
 def read_pairs(path: str | Path) -> list[dict[str, Any]]:
-    """Read and validate a pairs.jsonl: field types, finite numbers, unique ids, one probe hash."""
+    """Read and validate a pairs.jsonl: field types, finite numbers, margin/correct/tie consistent
+    with the scores, unique ids, one probe hash. A hand-edited row is refused, not compared."""
     path = Path(path)
     rows: list[dict[str, Any]] = []
     seen: set[str] = set()
@@ -221,6 +226,11 @@ def read_pairs(path: str | Path) -> list[dict[str, Any]]:
                     raise _bad_row(path, line_no, f"field {name!r} missing or not {types[0].__name__}")
                 if isinstance(value, float) and not math.isfinite(value):
                     raise _bad_row(path, line_no, f"field {name!r} is not finite")
+            margin = row["margin"]
+            if margin != row["chosen_score"] - row["rejected_score"]:
+                raise _bad_row(path, line_no, "margin is not chosen_score - rejected_score")
+            if row["correct"] != (margin > 0) or row["tie"] != (abs(margin) <= metrics.TIE_TOLERANCE):
+                raise _bad_row(path, line_no, "correct/tie do not follow from the margin")
             if row["pair_id"] in seen:
                 raise _bad_row(path, line_no, f"duplicate pair_id {row['pair_id']!r}")
             if rows and row["probe_sha256"] != rows[0]["probe_sha256"]:
