@@ -26,7 +26,14 @@ import numpy as np
 from rewardkit import atomic
 from rewardkit.errors import UsageError
 from rewardkit.eval import metrics
-from rewardkit.eval.artifacts import PAIRS_FILE, SUMMARY_FILE, eval_steps, load_summary, read_pairs
+from rewardkit.eval.artifacts import (
+    PAIRS_FILE,
+    SUMMARY_FILE,
+    eval_steps,
+    iter_jsonl,
+    load_summary,
+    read_pairs,
+)
 from rewardkit.hashing import sha256_file
 
 CALIBRATION_BINS = 10
@@ -81,19 +88,11 @@ def _pyplot() -> Any:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """Rows of metrics.jsonl that carry a step, in step order; bad lines are refused with their number."""
-    rows = []
-    with open(path, encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise UsageError(f"{path}:{line_no}: not JSON ({exc.msg})", code="bad_metrics_file") from None
-            if isinstance(row, dict) and isinstance(row.get("step"), int):
-                rows.append(row)
-    return sorted(rows, key=lambda r: r["step"])
+    """Rows of metrics.jsonl that carry a step, in step order; a broken line is refused with its number."""
+    rows = [row for _, row in iter_jsonl(path, code="bad_metrics_file")]
+    return sorted(
+        (r for r in rows if isinstance(r, dict) and isinstance(r.get("step"), int)), key=lambda r: r["step"]
+    )
 
 
 def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
