@@ -18,6 +18,8 @@ from rewardkit.errors import UsageError
 COMMAND_MODULES: list[str] = [
     # one line per feature package; each module defines register(subparsers)
     "rewardkit.eval.cli",
+    "rewardkit.train.cli",
+    "rewardkit.export",
 ]
 
 
