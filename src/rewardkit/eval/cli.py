@@ -1,4 +1,4 @@
-"""Commands: `rewardkit compare`, `rewardkit report`."""
+"""Commands: `rewardkit eval`, `rewardkit compare`, `rewardkit report`."""
 
 from __future__ import annotations
 
@@ -36,6 +36,29 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _eval(args: argparse.Namespace) -> int:
+    from rewardkit.eval.runner import evaluate
+
+    summary = evaluate(
+        model_path=args.model,
+        probe_path=args.probe,
+        data_path=args.data,
+        out_dir=args.out,
+        batch_size=args.batch_size,
+        device=args.device,
+        seed=args.seed,
+        replicates=args.replicates,
+    )
+    strict = summary["bootstrap"]["strict"]
+    print(
+        f"{summary['n_pairs']} pairs  accuracy {summary['accuracy']:.4f} "
+        f"95% [{strict['ci_95'][0]:.4f}, {strict['ci_95'][1]:.4f}]  lower_95 {strict['lower_95']:.4f} "
+        f"({'pass' if strict['pass'] else 'no pass'})  tie-aware {summary['accuracy_tie_aware']:.4f}"
+    )
+    print(f"wrote {Path(args.out) / 'summary.json'}")
+    return 0
+
+
 def _bootstrap_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="bootstrap seed (default %(default)s)")
     parser.add_argument(
@@ -47,6 +70,18 @@ def _bootstrap_options(parser: argparse.ArgumentParser) -> None:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    ev = subparsers.add_parser("eval", help="score a frozen probe: pairs.jsonl + summary.json with bootstrap")
+    ev.add_argument("--model", required=True, help="rewardkit checkpoint or Hugging Face model directory")
+    ev.add_argument("--probe", required=True, help="probe.json written by freeze-probe")
+    ev.add_argument("--data", required=True, help="evaluation pairs the probe was frozen from")
+    ev.add_argument("--out", required=True, help="output directory")
+    ev.add_argument(
+        "--batch-size", type=_positive, default=16, help="pairs per forward batch (default %(default)s)"
+    )
+    ev.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
+    _bootstrap_options(ev)
+    ev.set_defaults(func=_eval)
+
     cmp_parser = subparsers.add_parser(
         "compare", help="paired bootstrap + exact McNemar of B vs A on one probe"
     )
