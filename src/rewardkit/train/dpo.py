@@ -85,7 +85,9 @@ class DPOSettings:
 
     def __post_init__(self) -> None:
         if self.loss_type not in DPO_LOSS_TYPES:
-            raise ConfigError(f"dpo.loss_type must be one of {', '.join(DPO_LOSS_TYPES)}, got {self.loss_type!r}")
+            raise ConfigError(
+                f"dpo.loss_type must be one of {', '.join(DPO_LOSS_TYPES)}, got {self.loss_type!r}"
+            )
         if not (isinstance(self.beta, int | float) and math.isfinite(self.beta) and self.beta > 0):
             raise ConfigError(f"dpo.beta must be a finite number > 0, got {self.beta!r}")
         if not 0 <= self.label_smoothing < 0.5:
@@ -115,7 +117,9 @@ class DPOSettings:
         return self.loss_type != "reference_free"
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any] | None, *, policy_spec: dict[str, Any] | None = None) -> DPOSettings:
+    def from_dict(
+        cls, raw: dict[str, Any] | None, *, policy_spec: dict[str, Any] | None = None
+    ) -> DPOSettings:
         """Validate the `dpo:` section; `policy_spec` is the model section (checked for LoRA)."""
         raw = dict(raw or {})
         known = {f.name for f in fields(cls)}
@@ -250,7 +254,9 @@ class ReferenceLogps:
         try:
             rows = torch.tensor([self.index[p.pair_id] for p in pairs], dtype=torch.long)
         except KeyError as exc:
-            raise ReferenceCacheError(f"pair {exc.args[0]!r} is not in the reference cache {self.key}") from exc
+            raise ReferenceCacheError(
+                f"pair {exc.args[0]!r} is not in the reference cache {self.key}"
+            ) from exc
         return self.chosen[rows].to(device), self.rejected[rows].to(device)
 
 
@@ -331,3 +337,44 @@ def release(model) -> None:
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+class DPOObjective:
+    """Batch → per-pair DPO loss and metrics, against a live or precomputed frozen reference.
+
+    Exactly one of `reference` (a frozen model, run under no_grad on the same batch) and
+    `reference_logps` (the precomputed cache) is set, unless the loss is `reference_free`.
+    """
+
+    name = "dpo"
+
+    def __init__(
+        self, settings: DPOSettings, *, reference=None, reference_logps: ReferenceLogps | None = None
+    ):
+        if settings.needs_reference and (reference is None) == (reference_logps is None):
+            raise ValueError(
+                "DPO needs exactly one of a live reference model or precomputed reference log-probs"
+            )
+        self.settings = settings
+        self.reference = reference if settings.needs_reference else None
+        self.reference_logps = reference_logps
+
+    def reference_batch(self, batch: Batch, pairs: Sequence[TokenizedPair]):
+        import torch
+
+        if not self.settings.needs_reference:
+            return None, None
+        if self.reference_logps is not None:
+            return self.reference_logps.lookup(pairs, batch.input_ids.device)
+        with torch.no_grad():
+            return batch_logps(self.reference, batch, pairs, average=self.settings.average_logps)
+
+    def loss(self, policy, batch: Batch, pairs: Sequence[TokenizedPair]):
+        """(per-pair loss [n], {metric: per-pair values [n]}); the loop reduces both."""
+        s = self.settings
+        ref_c, ref_r = self.reference_batch(batch, pairs)
+        pol_c, pol_r = batch_logps(policy, batch, pairs, average=s.average_logps)
+        losses = dpo_loss(
+            s.loss_type, pol_c, pol_r, ref_c, ref_r, beta=s.beta, label_smoothing=s.label_smoothing
+        )
+        return losses, dpo_metrics(pol_c, pol_r, ref_c, ref_r, beta=s.beta)
