@@ -24,16 +24,65 @@ is most of the memory of a long-prompt batch.
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rewardkit.errors import ConfigError
 
 if TYPE_CHECKING:
     import torch
 
+POLICY_LOADER = "transformers.AutoModelForCausalLM"
+
+
+def build_policy(model_cfg: Any, *, vocab_size: int | None = None):
+    """An fp32 `AutoModelForCausalLM` from the `model:` section (same keys as reward models).
+
+    `path` loads a local directory (or a GGUF file in it, dequantised) with
+    `local_files_only=True`, never remote code unless `trust_remote_code` is set; `tiny` and
+    `config` build a random-initialised model sized to the tokenizer.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rewardkit.models.tiny import tiny_config
+
+    attn = model_cfg.attn_implementation or "sdpa"
+    overrides = dict(model_cfg.config_overrides or {})
+    sources = [name for name in ("tiny", "config", "path") if getattr(model_cfg, name)]
+    if len(sources) != 1:
+        raise ConfigError(f"model: give exactly one of tiny, config, path (got {sources or 'none'})")
+    if model_cfg.path:
+        kwargs: dict[str, Any] = {
+            "local_files_only": True,
+            "trust_remote_code": bool(model_cfg.trust_remote_code),
+            "attn_implementation": attn,
+        }
+        if model_cfg.gguf_file:
+            kwargs["gguf_file"] = model_cfg.gguf_file
+        model = AutoModelForCausalLM.from_pretrained(
+            model_cfg.path, dtype=torch.float32, **overrides, **kwargs
+        )
+        if getattr(model.config, "quantization_config", None) is not None:
+            # GGUF weights are dequantised on load; the attribute would block save_pretrained.
+            del model.config.quantization_config
+        return model
+    if model_cfg.tiny:
+        config = tiny_config(model_cfg.tiny, vocab_size=vocab_size, **overrides)
+    else:
+        inline = dict(model_cfg.config)
+        model_type = inline.pop("model_type", None)
+        if not model_type:
+            raise ConfigError("model.config needs a model_type")
+        if vocab_size is not None:
+            inline.setdefault("vocab_size", vocab_size)
+        config = AutoConfig.for_model(model_type, **inline, **overrides)
+    config._attn_implementation = attn
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+
 
 def _accepts_logits_to_keep(model) -> bool:
-    return "logits_to_keep" in inspect.signature(model.forward).parameters
+    inner = getattr(model, "module", model)  # DDP wraps the model; FSDP2 keeps its class
+    return "logits_to_keep" in inspect.signature(inner.forward).parameters
 
 
 def sequence_logps(

@@ -20,7 +20,7 @@ import gc
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -116,39 +116,24 @@ class DPOSettings:
     def needs_reference(self) -> bool:
         return self.loss_type != "reference_free"
 
-    @classmethod
-    def from_dict(
-        cls, raw: dict[str, Any] | None, *, policy_spec: dict[str, Any] | None = None
-    ) -> DPOSettings:
-        """Validate the `dpo:` section; `policy_spec` is the model section (checked for LoRA)."""
-        raw = dict(raw or {})
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(raw) - known)
-        if unknown:
-            raise ConfigError(f"unknown dpo key(s): {', '.join(unknown)}")
-        reference_raw = raw.pop("reference", None)
-        if reference_raw is not None and not isinstance(reference_raw, dict):
-            raise ConfigError("dpo.reference must be a mapping")
-        ref_known = {f.name for f in fields(ReferenceSettings)}
-        ref_unknown = sorted(set(reference_raw or {}) - ref_known)
-        if ref_unknown:
-            raise ConfigError(f"unknown dpo.reference key(s): {', '.join(ref_unknown)}")
-        if policy_spec and policy_spec.get("lora"):
-            # With adapters the natural reference is the base model with adapters disabled; a
-            # default here would silently pick one, so the strategy must be stated. rewardkit
-            # trains full parameters only, so LoRA is refused either way, with the reason.
-            if not reference_raw or "source" not in reference_raw:
-                raise ConfigError(
-                    "model.lora is set but dpo.reference.source is not: LoRA needs an explicit reference strategy"
-                )
-            raise ConfigError("model.lora: rewardkit trains DPO policies with full parameters only")
-        try:
-            return cls(reference=ReferenceSettings(**(reference_raw or {})), **raw)
-        except TypeError as exc:
-            raise ConfigError(f"dpo: {exc}") from exc
-
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def check_lora(model_section: Any, dpo_section: Any) -> None:
+    """Refuse LoRA without an explicit reference strategy, and LoRA at all (full parameters only).
+
+    With adapters the natural reference is the base model with adapters disabled; a default
+    would silently pick one, so the strategy must be stated before anything else is said.
+    """
+    if not isinstance(model_section, dict) or not model_section.get("lora"):
+        return
+    reference = (dpo_section or {}).get("reference") if isinstance(dpo_section, dict) else None
+    if not isinstance(reference, dict) or "source" not in reference:
+        raise ConfigError(
+            "model.lora is set but dpo.reference.source is not: LoRA needs an explicit reference strategy"
+        )
+    raise ConfigError("model.lora: rewardkit trains DPO policies with full parameters only")
 
 
 def branch_targets(batch: Batch, pairs: Sequence[TokenizedPair]) -> tuple[torch.Tensor, torch.Tensor]:
