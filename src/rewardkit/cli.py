@@ -17,6 +17,8 @@ from rewardkit.errors import UsageError
 
 COMMAND_MODULES: list[str] = [
     # one line per feature package; each module defines register(subparsers)
+    "rewardkit.train.cli",
+    "rewardkit.export",
 ]
 
 

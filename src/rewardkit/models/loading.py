@@ -1,0 +1,175 @@
+"""Load a reward model for scoring: rewardkit checkpoints and HF `*ForSequenceClassification` dirs.
+
+Evaluation and the serve `rm` / `hf_seqcls` scorers call `load_reward_model` and never care
+which of the two formats a directory holds. A checkpoint of another objective (a DPO policy, a
+critic, a plain LM) is refused with a coded error instead of being scored with a random head.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from rewardkit.errors import RewardkitError
+from rewardkit.hashing import sha256_file
+from rewardkit.models.batching import Batch
+
+FORMAT_VERSION = 1
+METADATA_FILE = "rewardkit.json"
+WEIGHTS_FILE = "model.safetensors"
+OBJECTIVE = "reward_model"
+
+
+class CheckpointError(RewardkitError):
+    """A directory that is not a loadable reward model (wrong objective, head, or missing files)."""
+
+    code = "bad_checkpoint"
+
+
+def read_metadata(path: str | Path) -> dict[str, Any]:
+    meta_path = Path(path) / METADATA_FILE
+    if not meta_path.is_file():
+        raise CheckpointError(f"{path}: no {METADATA_FILE}; not a rewardkit checkpoint", code="not_rewardkit")
+    meta = json.loads(meta_path.read_text())
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(
+            f"{path}: checkpoint format {meta.get('format_version')!r}, this rewardkit reads {FORMAT_VERSION}",
+            code="format_version",
+        )
+    return meta
+
+
+class HFSequenceClassifier(nn.Module):
+    """An HF `*ForSequenceClassification` (num_labels == 1) behind the `forward(batch)` contract.
+
+    The model runs unchanged (its own pooling: last non-pad token for decoders, pooled first
+    token for BERT-style encoders), so its scores are exactly what plain transformers gives.
+    That pooling needs right padding with an attention mask, hence `supported_layouts`.
+    """
+
+    supported_layouts = ("right",)
+    head_type = "hf_seqcls"
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    @property
+    def config(self) -> Any:
+        return self.model.config
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        if batch.layout != "right":
+            raise ValueError("HF sequence-classification models score right-padded batches only")
+        out = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+        return out.logits[:, 0].float()
+
+
+def _is_seqcls_dir(path: Path) -> dict[str, Any] | None:
+    config_path = path / "config.json"
+    if not config_path.is_file():
+        return None
+    config = json.loads(config_path.read_text())
+    archs = config.get("architectures") or []
+    return config if any(a.endswith("ForSequenceClassification") for a in archs) else None
+
+
+def write_model_files(
+    directory: str | Path, state_dict: dict[str, torch.Tensor], config: Any, tokenizer: Any
+) -> str:
+    """Write model.safetensors (backbone + head), config.json and tokenizer files; return the weights' SHA-256.
+
+    The caller writes `rewardkit.json` last, inside a staged directory, so a reader never sees
+    weights without metadata.
+    """
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
+    save_file(tensors, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
+    config.save_pretrained(directory)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(directory)
+    return sha256_file(directory / WEIGHTS_FILE)
+
+
+def load_rewardkit_model(path: str | Path, *, dtype: torch.dtype | None = None) -> tuple[nn.Module, dict]:
+    """Rebuild `RewardModel` from config.json + model.safetensors and return it with its metadata."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModel
+
+    from rewardkit.models.reward_model import RewardModel
+
+    path = Path(path)
+    meta = read_metadata(path)
+    if meta.get("objective") != OBJECTIVE:
+        raise CheckpointError(
+            f"{path}: objective {meta.get('objective')!r} (role {meta.get('role')!r}) is not a reward model",
+            code="wrong_objective",
+        )
+    if meta.get("head_type") != RewardModel.head_type:
+        raise CheckpointError(f"{path}: unknown reward head {meta.get('head_type')!r}", code="wrong_head")
+    weights = path / WEIGHTS_FILE
+    if not weights.is_file():
+        raise CheckpointError(f"{path}: missing {WEIGHTS_FILE}", code="missing_weights")
+    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    config._attn_implementation = meta.get("attn_implementation") or "sdpa"
+    model = RewardModel(AutoModel.from_config(config, dtype=torch.float32))
+    state = load_file(str(weights))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{path}: weights do not match the config (missing {missing[:3]}, unexpected {unexpected[:3]})",
+            code="weights_mismatch",
+        )
+    if dtype is not None:
+        model.backbone.to(dtype)
+    return model, meta
+
+
+def load_reward_model(
+    path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
+) -> tuple[nn.Module, Any, dict[str, Any]]:
+    """(model in eval mode, tokenizer, metadata) for a rewardkit checkpoint or an HF seqcls dir.
+
+    `dtype` casts the backbone only; rewardkit heads stay fp32.
+    """
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: not a directory", code="not_found")
+    if (path / METADATA_FILE).is_file():
+        model, meta = load_rewardkit_model(path, dtype=dtype)
+    else:
+        config = _is_seqcls_dir(path)
+        if config is None:
+            raise CheckpointError(
+                f"{path}: neither a rewardkit checkpoint nor an HF *ForSequenceClassification model",
+                code="not_reward_model",
+            )
+        num_labels = config.get("num_labels") or len(config.get("id2label") or {}) or 2
+        if num_labels != 1:
+            raise CheckpointError(
+                f"{path}: num_labels={num_labels}, a reward model needs 1", code="num_labels"
+            )
+        hf = AutoModelForSequenceClassification.from_pretrained(
+            path, local_files_only=True, dtype=dtype or torch.float32
+        )
+        model = HFSequenceClassifier(hf)
+        weights = sorted(path.glob("*.safetensors"))
+        meta = {
+            "format_version": FORMAT_VERSION,
+            "objective": OBJECTIVE,
+            "role": "reward_model",
+            "head_type": HFSequenceClassifier.head_type,
+            "architecture": config["architectures"][0],
+            "model_sha256": sha256_file(weights[0]) if len(weights) == 1 else None,
+        }
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    model.to(device).eval()
+    return model, tokenizer, meta

@@ -1,0 +1,168 @@
+"""The scalar-head reward model: any transformers backbone plus a bias-free fp32 `Linear(hidden, 1)`.
+
+The score is the head applied to the backbone's last hidden state at each branch's
+`score_index` (its last completion token). The head stays in fp32 even under bf16 autocast:
+Bradley–Terry only sees score *differences*, and bf16 rounding of two nearby scores would
+turn small margins into ties. A bias is pointless for the same reason (it cancels in
+s_c − s_r) and is left out so exported `*ForSequenceClassification` heads match exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from rewardkit.data.records import TokenizedPair
+from rewardkit.models.batching import Batch, Layout, block_attention_mask, collate
+
+# Bidirectional backbones: packed rows need an explicit block-diagonal mask for these, while
+# decoders get their block-causal mask from restarting position_ids inside transformers.
+ENCODER_MODEL_TYPES = frozenset(
+    {
+        "albert",
+        "bert",
+        "camembert",
+        "deberta",
+        "deberta-v2",
+        "distilbert",
+        "electra",
+        "ernie",
+        "modernbert",
+        "mpnet",
+        "roberta",
+        "xlm-roberta",
+    }
+)
+
+
+def is_encoder(config: Any) -> bool:
+    return getattr(config, "model_type", None) in ENCODER_MODEL_TYPES
+
+
+def build_backbone(spec: dict[str, Any], *, vocab_size: int | None = None) -> nn.Module:
+    """Instantiate an `AutoModel` backbone from a model spec (see docs/training.md, `model:`).
+
+    - `path`: a local directory (or a GGUF file inside one via `gguf_file`), loaded with
+      `local_files_only=True`; `trust_remote_code` only when the spec enables it.
+    - `tiny`: a name from `rewardkit.models.tiny.TINY_CONFIGS`, random init.
+    - `config`: an inline config dict with `model_type`, random init.
+    """
+    from transformers import AutoConfig, AutoModel
+
+    from rewardkit.models.tiny import tiny_config
+
+    attn = spec.get("attn_implementation") or "sdpa"
+    overrides = dict(spec.get("config_overrides") or {})
+    if spec.get("path"):
+        kwargs: dict[str, Any] = {
+            "local_files_only": True,
+            "trust_remote_code": bool(spec.get("trust_remote_code", False)),
+            "attn_implementation": attn,
+        }
+        if spec.get("gguf_file"):
+            kwargs["gguf_file"] = spec["gguf_file"]
+        model = AutoModel.from_pretrained(spec["path"], dtype=torch.float32, **overrides, **kwargs)
+        if getattr(model.config, "quantization_config", None) is not None:
+            # GGUF weights are dequantised on load; the attribute would block save_pretrained.
+            del model.config.quantization_config
+        return model
+    if spec.get("tiny"):
+        config = tiny_config(spec["tiny"], vocab_size=vocab_size, **overrides)
+    elif spec.get("config"):
+        inline = dict(spec["config"])
+        model_type = inline.pop("model_type", None)
+        if not model_type:
+            raise ValueError("model.config needs a model_type")
+        if vocab_size is not None:
+            inline.setdefault("vocab_size", vocab_size)
+        config = AutoConfig.for_model(model_type, **inline, **overrides)
+    else:
+        raise ValueError("model spec needs one of: path, tiny, config")
+    config._attn_implementation = attn
+    return AutoModel.from_config(config, dtype=torch.float32)
+
+
+class RewardModel(nn.Module):
+    """Backbone + bias-free fp32 scalar head; `forward(batch)` returns one fp32 score per sequence."""
+
+    head_type = "linear_last_token"
+
+    def __init__(self, backbone: nn.Module) -> None:
+        super().__init__()
+        if getattr(backbone, "pooler", None) is not None:
+            # Encoders' pooler (dense + tanh on the first token) is never used by a last-token head;
+            # left in place it would get no gradient, which DDP and optimizer-state loading reject.
+            backbone.pooler = None
+        self.backbone = backbone
+        self.causal = not is_encoder(backbone.config)
+        hidden = backbone.config.hidden_size
+        self.head = nn.Linear(hidden, 1, bias=False, dtype=torch.float32)
+        nn.init.normal_(self.head.weight, std=1.0 / (hidden + 1) ** 0.5)
+
+    @property
+    def config(self) -> Any:
+        return self.backbone.config
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        kwargs: dict[str, Any] = {"input_ids": batch.input_ids, "position_ids": batch.position_ids}
+        if batch.layout == "packed":
+            if self.causal:
+                # No mask and no cache: transformers detects the restarting positions.
+                kwargs["use_cache"] = False
+            else:
+                kwargs["attention_mask"] = block_attention_mask(batch.segment_ids)
+        else:
+            kwargs["attention_mask"] = batch.attention_mask
+            if self.causal:
+                kwargs["use_cache"] = False
+        hidden = self.backbone(**kwargs).last_hidden_state
+        last = hidden[batch.score_rows, batch.score_cols]
+        with torch.autocast(device_type=last.device.type, enabled=False):
+            # sum over the size-1 output dim: a fresh tensor, not a view (FSDP2 hooks the output).
+            return self.head(last.float()).sum(-1)
+
+
+def model_device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+@torch.no_grad()
+def score_pairs(
+    model: nn.Module,
+    pairs: Sequence[TokenizedPair],
+    batch_size: int,
+    layout: Layout = "right",
+    *,
+    pad_token_id: int = 0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Score every pair in eval mode; returns float64 (chosen, rejected) arrays in input order.
+
+    Models that only accept one layout (HF `*ForSequenceClassification` wrappers) declare
+    `supported_layouts`; the first supported one is used instead of an unsupported request.
+    """
+    if batch_size < 1:
+        raise ValueError("batch_size must be >= 1")
+    supported = getattr(model, "supported_layouts", None)
+    if supported is not None and layout not in supported:
+        layout = supported[0]
+    was_training = model.training
+    model.eval()
+    device = model_device(model)
+    chosen: list[np.ndarray] = []
+    rejected: list[np.ndarray] = []
+    try:
+        for start in range(0, len(pairs), batch_size):
+            chunk = pairs[start : start + batch_size]
+            batch = collate(chunk, layout=layout, pad_token_id=pad_token_id).to(device)
+            scores = model(batch).float().cpu().numpy().astype(np.float64)
+            chosen.append(scores[: len(chunk)])
+            rejected.append(scores[len(chunk) :])
+    finally:
+        model.train(was_training)
+    if not chosen:
+        return np.zeros(0), np.zeros(0)
+    return np.concatenate(chosen), np.concatenate(rejected)

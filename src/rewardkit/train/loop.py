@@ -1,0 +1,386 @@
+"""The one training loop: any `Objective`, single process, DDP or FSDP2.
+
+Loss scaling (why gradients do not depend on how a step is split): every optimizer step
+consumes exactly `global_batch_pairs` pairs. Each micro-batch contributes
+`Σ per-pair loss × world_size / global_batch_pairs`; accumulation sums micro-batches and
+DDP/FSDP2 average over ranks, which cancels the `world_size` factor, so the gradient is
+`(1/N) Σ_all pairs ∇loss` whatever the world size or accumulation count.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rewardkit.atomic import write_text
+from rewardkit.data.records import TokenizedPair
+from rewardkit.errors import UsageError
+from rewardkit.eval.metrics import TIE_TOLERANCE
+from rewardkit.models.loading import CheckpointError
+from rewardkit.train import checkpoint as ckpt
+from rewardkit.train.config import TrainConfig, dump_yaml
+from rewardkit.train.distributed import DistInfo, all_reduce_sum, grad_sync, init_distributed, wrap_model
+from rewardkit.train.objective import Objective
+from rewardkit.train.sampler import PairSampler
+
+log = logging.getLogger("rewardkit.train")
+
+# Order of the per-step sums that are all-reduced across ranks.
+_SUMS = ("loss", "pairs", "correct", "ties", "c", "c2", "r", "r2", "m", "m2", "tokens", "slots")
+
+
+@dataclass
+class EvalSet:
+    """The frozen evaluation pairs and the hash that identifies them in every artifact."""
+
+    pairs: list[TokenizedPair]
+    probe_sha256: str
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    step: int
+    checkpoint: Path | None
+    last_metrics: dict[str, Any]
+    eval_summaries: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def final_accuracy(self) -> float | None:
+        if not self.eval_summaries:
+            return None
+        return self.eval_summaries[max(self.eval_summaries)]["accuracy"]
+
+
+def _lr_lambda(cfg: TrainConfig):
+    warmup, total, floor = cfg.optim.warmup_steps, cfg.run.max_steps, cfg.optim.min_lr_ratio
+
+    def factor(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        if cfg.optim.schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def _autocast(cfg: TrainConfig, device: torch.device):
+    precision = cfg.run.precision
+    if precision == "auto":
+        precision = "bf16" if device.type == "cuda" else "fp32"
+    if precision == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16), "bf16"
+    return contextlib.nullcontext(), "fp32"
+
+
+def seed_everything(seed: int, rank: int) -> None:
+    random.seed(seed + rank)
+    np.random.seed((seed + rank) % 2**32)
+    torch.manual_seed(seed + rank)
+
+
+def _step_metrics(sums: torch.Tensor, *, step: int, grad_norm: float, lr: float, seconds: float) -> dict:
+    s = dict(zip(_SUMS, sums.tolist(), strict=True))
+    n = s["pairs"]
+
+    def std(total: float, sq: float) -> float:
+        return math.sqrt(max(0.0, sq / n - (total / n) ** 2))
+
+    return {
+        "step": step,
+        "loss": s["loss"] / n,
+        "accuracy": s["correct"] / n,
+        "tie_rate": s["ties"] / n,
+        "chosen_mean": s["c"] / n,
+        "chosen_std": std(s["c"], s["c2"]),
+        "rejected_mean": s["r"] / n,
+        "rejected_std": std(s["r"], s["r2"]),
+        "margin_mean": s["m"] / n,
+        "margin_std": std(s["m"], s["m2"]),
+        "grad_norm": grad_norm,
+        "lr": lr,
+        "pairs_per_s": n / seconds,
+        "tokens_per_s": s["tokens"] / seconds,
+        "padding_efficiency": s["tokens"] / max(1.0, s["slots"]),
+    }
+
+
+class Trainer:
+    """State of one run; `fit()` runs it. Kept as an object so tests can inspect gradients."""
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        objective: Objective,
+        *,
+        train_pairs: Sequence[TokenizedPair],
+        tokenizer: Any,
+        data_sha256: str,
+        eval_set: EvalSet | None = None,
+        info: DistInfo | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.objective = objective
+        self.train_pairs = list(train_pairs)
+        self.tokenizer = tokenizer
+        self.data_sha256 = data_sha256
+        self.eval_set = eval_set
+        self.info = info or init_distributed()
+        self.run_dir = Path(cfg.run.run_dir)
+        if cfg.run.num_threads:
+            torch.set_num_threads(cfg.run.num_threads)
+        seed_everything(cfg.run.seed, 0)  # identical initial weights on every rank
+        self.raw_model = objective.build_model(tokenizer).to(self.info.device)
+        if cfg.model.gradient_checkpointing:
+            self.raw_model.backbone.gradient_checkpointing_enable()
+        self.raw_model.train()
+        self.model = wrap_model(self.raw_model, self.info, cfg.run.parallel)
+        seed_everything(cfg.run.seed, self.info.rank)
+        self.optimizer = torch.optim.AdamW(
+            [p for p in self.raw_model.parameters() if p.requires_grad],
+            lr=cfg.optim.lr,
+            betas=tuple(cfg.optim.betas),
+            eps=cfg.optim.eps,
+            weight_decay=cfg.optim.weight_decay,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(cfg))
+        self.sampler = PairSampler(
+            [p.num_tokens for p in self.train_pairs],
+            global_batch_pairs=cfg.run.global_batch_pairs,
+            world_size=self.info.world_size,
+            grad_accum=cfg.run.grad_accum,
+            seed=cfg.run.seed,
+        )
+        self.autocast, self.precision = _autocast(cfg, self.info.device)
+        self.step = 0
+        self.pairs_consumed = 0
+        self.eval_summaries: dict[int, dict[str, Any]] = {}
+        self.step0_eval: dict[str, Any] | None = None
+        self._tb = None
+
+    # ---- one optimizer step -------------------------------------------------------------
+    def forward_backward(self) -> torch.Tensor:
+        """Accumulate the next step's gradients on this rank; return its local metric sums."""
+        info, cfg = self.info, self.cfg
+        plan = self.sampler.next_step()[info.rank]
+        scale = info.world_size / cfg.run.global_batch_pairs
+        sums = torch.zeros(len(_SUMS), dtype=torch.float64, device=info.device)
+        for i, indices in enumerate(plan):
+            pairs = [self.train_pairs[j] for j in indices]
+            with grad_sync(self.model, enabled=i == len(plan) - 1), self.autocast:
+                out = self.objective.micro_batch(self.model, pairs, info.device)
+                (out.loss_sum * scale).backward()
+            # Stays on the device: one host sync per step (in train_step), not one per statistic.
+            c, r = out.chosen.double(), out.rejected.double()
+            m = c - r
+            counts = torch.tensor([len(pairs), out.num_tokens, out.num_slots], dtype=torch.float64)
+            sums += torch.stack(
+                [
+                    out.loss_sum.detach().double(),
+                    counts[0].to(info.device),
+                    (m > 0).sum().double(),
+                    (m.abs() <= TIE_TOLERANCE).sum().double(),
+                    c.sum(),
+                    (c * c).sum(),
+                    r.sum(),
+                    (r * r).sum(),
+                    m.sum(),
+                    (m * m).sum(),
+                    counts[1].to(info.device),
+                    counts[2].to(info.device),
+                ]
+            )
+        return sums
+
+    def train_step(self) -> dict[str, Any]:
+        started = time.perf_counter()
+        cfg = self.cfg
+        sums = self.forward_backward()
+        max_norm = cfg.optim.max_grad_norm
+        params = [p for p in self.raw_model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else float("inf"))
+        if hasattr(norm, "full_tensor"):  # FSDP2 returns a DTensor
+            norm = norm.full_tensor()
+        lr = self.scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        self.pairs_consumed += cfg.run.global_batch_pairs
+        sums = all_reduce_sum(sums).cpu()
+        seconds = max(1e-9, time.perf_counter() - started)
+        return _step_metrics(sums, step=self.step, grad_norm=float(norm), lr=lr, seconds=seconds)
+
+    # ---- evaluation ---------------------------------------------------------------------
+    def batch_plan(self) -> dict[str, Any]:
+        return {
+            "batch_size": self.cfg.run.eval_batch_size,
+            "layout": self.cfg.run.layout,
+            "precision": self.precision,
+            "device_type": self.info.device.type,
+        }
+
+    def evaluate(self, *, final: bool = False) -> dict[str, Any] | None:
+        """Score the frozen eval set and write RUN/eval/step-NNNNNNN/ (every rank scores; rank 0 writes)."""
+        from rewardkit.eval.artifacts import assert_same_contract, eval_step_dir, write_eval_artifacts
+
+        if self.eval_set is None:
+            return None
+        pairs, probe_sha = self.eval_set.pairs, self.eval_set.probe_sha256
+        plan = self.batch_plan()
+        if final and self.step0_eval is not None:
+            # Refuse before scoring: a final number on other pairs or batches is another experiment.
+            assert_same_contract(
+                self.step0_eval, {"probe_sha256": probe_sha, "n_pairs": len(pairs), "batch_plan": plan}
+            )
+        with self.autocast:
+            chosen, rejected, losses = self.objective.score(
+                self.raw_model, pairs, self.cfg.run.eval_batch_size
+            )
+        summary = None
+        if self.info.is_main:
+            summary = write_eval_artifacts(
+                eval_step_dir(self.run_dir, self.step),
+                pair_ids=[p.pair_id for p in pairs],
+                chosen_scores=chosen,
+                rejected_scores=rejected,
+                subsets=[p.subset for p in pairs],
+                probe_sha256=probe_sha,
+                objective=self.objective.name,
+                model_identity={**self.objective.checkpoint_metadata(), "step": self.step},
+                batch_plan=plan,
+                pair_losses=losses,
+            )
+            self.eval_summaries[self.step] = summary
+            log.info("eval step %d: accuracy %.4f on %d pairs", self.step, summary["accuracy"], len(pairs))
+        if self.step == 0:
+            self.step0_eval = {"probe_sha256": probe_sha, "n_pairs": len(pairs), "batch_plan": plan}
+        return summary
+
+    # ---- checkpoints --------------------------------------------------------------------
+    def save(self) -> Path | None:
+        meta = {
+            **self.objective.checkpoint_metadata(),
+            "pairs_consumed": self.pairs_consumed,
+            "data_manifest_sha256": self.data_sha256,
+        }
+        state = {
+            "step": self.step,
+            "pairs_consumed": self.pairs_consumed,
+            "scheduler": self.scheduler.state_dict(),
+            "sampler": self.sampler.state_dict(),
+            "step0_eval": self.step0_eval,
+        }
+        return ckpt.save_checkpoint(
+            self.run_dir,
+            step=self.step,
+            info=self.info,
+            model=self.raw_model,
+            optimizer=self.optimizer,
+            write_model=lambda d, sd: self.objective.write_model(d, sd, self.tokenizer),
+            metadata=meta,
+            trainer_state=state,
+            keep_last=self.cfg.run.keep_last,
+        )
+
+    def resume(self, directory: str | Path, *, allow_new_data: bool = False) -> None:
+        """Restore model, optimizer, scheduler, sampler position and every rank's RNG, or refuse."""
+        directory = Path(directory)
+        meta = ckpt.check_resumable(directory, world_size=self.info.world_size)
+        self.objective.validate_resume(meta)
+        new_data = meta.get("data_manifest_sha256") != self.data_sha256
+        if new_data and not allow_new_data:
+            raise CheckpointError(
+                f"{directory}: trained on data {str(meta.get('data_manifest_sha256'))[:12]}, this run's data is"
+                f" {self.data_sha256[:12]}; pass --allow-new-data to continue on different data",
+                code="data_mismatch",
+            )
+        ckpt.load_full_state(self.raw_model, self.optimizer, directory)
+        state = ckpt.load_trainer_state(directory, self.info)
+        self.scheduler.load_state_dict(state["scheduler"])
+        if not new_data:  # on new data the position of the old data means nothing: start it afresh
+            self.sampler.load_state_dict(state["sampler"])
+        self.step = state["step"]
+        self.pairs_consumed = state["pairs_consumed"]
+        self.step0_eval = state.get("step0_eval")
+        ckpt.set_rng_state(state["rng"])
+        log.info("resumed from %s at step %d", directory, self.step)
+
+    # ---- the loop -----------------------------------------------------------------------
+    def _log_metrics(self, metrics: dict[str, Any]) -> None:
+        with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(metrics, allow_nan=True) + "\n")
+        if self._tb is not None:
+            for key, value in metrics.items():
+                if key != "step":
+                    self._tb.add_scalar(f"train/{key}", value, metrics["step"])
+
+    def fit(self) -> RunResult:
+        cfg, info = self.cfg, self.info
+        if info.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            write_text(self.run_dir / "config.yaml", dump_yaml(cfg))
+            if cfg.run.tensorboard:
+                try:
+                    from torch.utils.tensorboard import SummaryWriter
+                except ImportError as exc:
+                    raise UsageError("run.tensorboard=true needs the tensorboard package") from exc
+                self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
+        if self.step == 0:
+            self.evaluate()
+        progress = None
+        if info.is_main and cfg.run.progress:
+            from tqdm import tqdm
+
+            progress = tqdm(total=cfg.run.max_steps, initial=self.step, desc="train", unit="step")
+        metrics: dict[str, Any] = {}
+        last_saved = None
+        try:
+            while self.step < cfg.run.max_steps:
+                metrics = self.train_step()
+                if not math.isfinite(metrics["loss"]):
+                    raise FloatingPointError(f"non-finite loss at step {self.step}")
+                if info.is_main:
+                    self._log_metrics(metrics)
+                if progress is not None:
+                    progress.update(1)
+                    progress.set_postfix(loss=f"{metrics['loss']:.4f}", acc=f"{metrics['accuracy']:.3f}")
+                if (
+                    cfg.run.save_every
+                    and self.step % cfg.run.save_every == 0
+                    and self.step < cfg.run.max_steps
+                ):
+                    last_saved = self.save()
+                if (
+                    cfg.run.eval_every
+                    and self.step % cfg.run.eval_every == 0
+                    and self.step < cfg.run.max_steps
+                ):
+                    self.evaluate()
+        finally:
+            if progress is not None:
+                progress.close()
+        last_saved = self.save()
+        self.evaluate(final=True)
+        if self._tb is not None:
+            self._tb.close()
+        return RunResult(
+            run_dir=self.run_dir,
+            step=self.step,
+            checkpoint=last_saved,
+            last_metrics=metrics,
+            eval_summaries=self.eval_summaries,
+        )

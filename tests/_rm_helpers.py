@@ -1,0 +1,92 @@
+"""Builders shared by the rm test files: tokenized pairs and tiny models without the data pipeline."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from rewardkit.data.records import TokenizedBranch, TokenizedPair
+
+torch.set_num_threads(1)  # 2 shared cores: threads only add contention for these tiny models
+
+VOCAB = 97
+EOS = 3
+
+
+def branch(ids: list[int], trailing: int = 0) -> TokenizedBranch:
+    """A branch whose last `trailing` tokens are template tokens after the completion."""
+    score = len(ids) - 1 - trailing
+    mask = [0] * (len(ids) // 2) + [1] * (len(ids) - len(ids) // 2)
+    return TokenizedBranch(input_ids=ids, loss_mask=mask, score_index=score)
+
+
+def random_pairs(n: int, *, seed: int = 0, min_len: int = 3, max_len: int = 24, eos: int | None = None):
+    """Pairs of varying length; when `eos` is given every branch ends with it (pad == eos cases)."""
+    rng = random.Random(seed)
+    pairs = []
+    for i in range(n):
+        prompt = [rng.randrange(4, VOCAB) for _ in range(rng.randint(1, max_len // 2))]
+
+        def completion(prompt: list[int] = prompt) -> list[int]:
+            ids = prompt + [rng.randrange(4, VOCAB) for _ in range(rng.randint(min_len, max_len // 2))]
+            return [*ids[: max_len - 1], eos] if eos is not None else ids[:max_len]
+
+        pairs.append(
+            TokenizedPair(
+                pair_id=f"p{i}",
+                chosen=branch(completion(), trailing=i % 2),
+                rejected=branch(completion()),
+                margin=None,
+                subset="a" if i % 2 else "b",
+            )
+        )
+    return pairs
+
+
+def tiny_reward_model(name: str = "tiny-llama", seed: int = 0):
+    from rewardkit.models.reward_model import RewardModel, build_backbone
+
+    torch.manual_seed(seed)
+    return RewardModel(build_backbone({"tiny": name}, vocab_size=VOCAB)).eval()
+
+
+def train_config(run_dir, **sections):
+    """A TrainConfig for tiny CPU runs; `sections` maps section name to a dict of overrides."""
+    from rewardkit.train.config import TrainConfig, from_dict
+
+    base = {
+        "model": {"tiny": "tiny-llama"},
+        "optim": {"lr": 1e-3, "warmup_steps": 0, "schedule": "constant"},
+        "run": {
+            "run_dir": str(run_dir),
+            "max_steps": 4,
+            "global_batch_pairs": 8,
+            "layout": "packed",
+            "progress": False,
+            "eval_batch_size": 4,
+            "keep_last": 3,
+        },
+        "data": {"max_length": 64},
+    }
+    for name, values in sections.items():
+        base.setdefault(name, {}).update(values)
+    return from_dict(TrainConfig, base)
+
+
+def make_trainer(cfg, pairs=None, *, eval_pairs=None, data_sha256="data-a", info=None):
+    from rewardkit.data.synth import builtin_tokenizer
+    from rewardkit.train.loop import EvalSet, Trainer
+    from rewardkit.train.recipes.reward_model import RewardModelObjective
+
+    pairs = pairs if pairs is not None else random_pairs(32, seed=11, max_len=20)
+    eval_set = EvalSet(eval_pairs, "probe-sha") if eval_pairs else None
+    return Trainer(
+        cfg,
+        RewardModelObjective(cfg),
+        train_pairs=pairs,
+        tokenizer=builtin_tokenizer(),
+        data_sha256=data_sha256,
+        eval_set=eval_set,
+        info=info,
+    )

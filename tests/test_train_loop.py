@@ -1,0 +1,121 @@
+import json
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from _rm_dist_worker import worker
+from _rm_helpers import make_trainer, random_pairs, train_config
+from rewardkit.losses import bradley_terry
+from rewardkit.train.distributed import DistInfo
+from rewardkit.train.recipes.reward_model import RewardModelObjective
+
+SOLO = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+
+
+def _grads(trainer):
+    trainer.forward_backward()
+    return {n: p.grad.detach().clone() for n, p in trainer.raw_model.named_parameters()}
+
+
+def _assert_same(a, b, atol=1e-6):
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.allclose(a[name], b[name], atol=atol, rtol=0), (name, (a[name] - b[name]).abs().max())
+
+
+@pytest.mark.parametrize("layout", ["packed", "right"])
+def test_gradient_is_identical_for_accumulation_1_and_4(tmp_path, layout):
+    one = make_trainer(train_config(tmp_path / "a", run={"grad_accum": 1, "layout": layout}), info=SOLO)
+    four = make_trainer(train_config(tmp_path / "b", run={"grad_accum": 4, "layout": layout}), info=SOLO)
+    assert len(four.sampler.split(four.sampler.step_indices(0, 0))[0]) == 4
+    _assert_same(_grads(one), _grads(four))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_gradient_is_identical_for_dp1_and_dp2(tmp_path):
+    mp.spawn(worker, args=(2, _free_port(), str(tmp_path), "ddp", "grad"), nprocs=2, join=True)
+    dp2 = torch.load(tmp_path / "ddp-grad.pt", weights_only=True)
+    dp1 = _grads(make_trainer(train_config(tmp_path / "solo"), info=SOLO))
+    _assert_same(dp1, dp2)
+
+
+@pytest.mark.slow
+def test_fsdp2_matches_ddp_losses_on_two_gloo_ranks(tmp_path):
+    for parallel in ("ddp", "fsdp2"):
+        mp.spawn(worker, args=(2, _free_port(), str(tmp_path), parallel, "loss"), nprocs=2, join=True)
+    ddp = torch.load(tmp_path / "ddp-loss.pt", weights_only=True)
+    fsdp = torch.load(tmp_path / "fsdp2-loss.pt", weights_only=True)
+    assert ddp == pytest.approx(fsdp, abs=1e-5)
+
+
+def test_micro_batch_loss_matches_trl_formula(tmp_path):
+    cfg = train_config(tmp_path, loss={"center_rewards_coefficient": 0.01})
+    trainer = make_trainer(cfg, info=SOLO)
+    pairs = [
+        p.__class__(p.pair_id, p.chosen, p.rejected, margin=m, subset=None)
+        for p, m in zip(random_pairs(6, seed=2), [0.5, None, 1.0, 0.0, -0.25, 2.0], strict=True)
+    ]
+    out = trainer.objective.micro_batch(trainer.model, pairs, torch.device("cpu"))
+    with torch.no_grad():
+        from rewardkit.models.batching import collate
+
+        scores = trainer.raw_model(collate(pairs, layout="right"))
+    c, r = scores[:6], scores[6:]
+    margin = torch.tensor([0.5, 0.0, 1.0, 0.0, -0.25, 2.0])
+    # TRL RewardTrainer.compute_loss: mean(-logsigmoid(c - r - margin)) + coef * mean((c + r)^2)
+    trl = -torch.nn.functional.logsigmoid(c - r - margin).mean() + 0.01 * torch.mean((c + r) ** 2)
+    assert out.loss_sum.item() / 6 == pytest.approx(trl.item(), abs=1e-6)
+    assert torch.allclose(out.chosen, c, atol=1e-5)
+    plain = bradley_terry(c, r).mean()
+    assert plain.item() != pytest.approx(trl.item(), abs=1e-4)
+
+
+def test_fit_writes_run_dir_and_loss_falls(tmp_path):
+    cfg = train_config(
+        tmp_path / "run", run={"max_steps": 12, "save_every": 5, "keep_last": 2}, optim={"lr": 3e-3}
+    )
+    pairs = random_pairs(32, seed=4)
+    result = make_trainer(cfg, pairs, eval_pairs=random_pairs(6, seed=9), info=SOLO).fit()
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == list(range(1, 13))
+    keys = {"loss", "accuracy", "tie_rate", "chosen_mean", "chosen_std", "rejected_mean", "rejected_std"}
+    keys |= {
+        "margin_mean",
+        "margin_std",
+        "grad_norm",
+        "lr",
+        "pairs_per_s",
+        "tokens_per_s",
+        "padding_efficiency",
+    }
+    assert keys <= lines[0].keys()
+    assert sum(m["loss"] for m in lines[-3:]) < sum(m["loss"] for m in lines[:3])
+    ckpts = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
+    assert ckpts == ["step-0000010", "step-0000012"]  # keep_last=2 pruned step 5
+    assert result.checkpoint.name == "step-0000012"
+    assert sorted(result.eval_summaries) == [0, 12]
+    assert (tmp_path / "run" / "eval" / "step-0000000" / "pairs.jsonl").is_file()
+    assert (tmp_path / "run" / "config.yaml").read_text().startswith("model:")
+
+
+def test_global_batch_smaller_than_micro_batches_is_refused(tmp_path):
+    cfg = train_config(tmp_path, run={"global_batch_pairs": 2, "grad_accum": 4})
+    with pytest.raises(ValueError, match="every micro-batch needs at least one pair"):
+        make_trainer(cfg, info=SOLO)
+
+
+def test_objective_metadata_describes_reward_model(tmp_path):
+    trainer = make_trainer(train_config(tmp_path), info=SOLO)
+    meta = trainer.objective.checkpoint_metadata()
+    assert meta["objective"] == "reward_model" and meta["head_type"] == "linear_last_token"
+    assert meta["base_model"]["random_init"] == "tiny-llama" and len(meta["base_model"]["sha256"]) == 64
+    assert isinstance(trainer.objective, RewardModelObjective)
+    assert trainer.raw_model.head.bias is None and trainer.raw_model.head.weight.dtype == torch.float32
