@@ -48,6 +48,8 @@ def build_policy(model_cfg: Any, *, vocab_size: int | None = None):
 
     attn = model_cfg.attn_implementation or "sdpa"
     overrides = dict(model_cfg.config_overrides or {})
+    if not model_cfg.path:
+        vocab_size = overrides.pop("vocab_size", vocab_size)  # an explicit override wins over the tokenizer
     sources = [name for name in ("tiny", "config", "path") if getattr(model_cfg, name)]
     if len(sources) != 1:
         raise ConfigError(f"model: give exactly one of tiny, config, path (got {sources or 'none'})")
