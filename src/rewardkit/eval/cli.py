@@ -45,6 +45,7 @@ def _eval(args: argparse.Namespace) -> int:
         data_path=args.data,
         out_dir=args.out,
         batch_size=args.batch_size,
+        reference_path=args.reference,
         device=args.device,
         seed=args.seed,
         replicates=args.replicates,
@@ -77,6 +78,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ev.add_argument("--out", required=True, help="output directory")
     ev.add_argument(
         "--batch-size", type=_positive, default=16, help="pairs per forward batch (default %(default)s)"
+    )
+    ev.add_argument(
+        "--reference", help="DPO only: the reference model directory, checked against the sidecar"
     )
     ev.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
     _bootstrap_options(ev)

@@ -104,17 +104,28 @@ def evaluate(
     data_path: str | Path,
     out_dir: str | Path,
     batch_size: int = 16,
+    reference_path: str | Path | None = None,
     device: str | None = None,
     seed: int = DEFAULT_SEED,
     replicates: int = DEFAULT_REPLICATES,
 ) -> dict[str, Any]:
-    """Check the data against the probe, score every pair, write the artifacts; return the summary."""
+    """Check the data against the probe, score every pair, write the artifacts; return the summary.
+
+    A DPO checkpoint (rewardkit.json with objective `dpo`) is scored by its implicit reward
+    β·(log π − log π_ref); anything else must load as a reward model.
+    """
     from rewardkit.data.probe import check_probe
+    from rewardkit.eval.dpo_scoring import dpo_scorer, is_dpo_checkpoint
 
     probe = load_probe(probe_path)
     settings = TokenizeSettings(**probe["settings"])
     device = _device(device)
-    scorer = reward_model_scorer(model_path, device)
+    if is_dpo_checkpoint(model_path):
+        scorer = dpo_scorer(model_path, reference_path, device)
+    elif reference_path is not None:
+        raise UsageError(f"--reference applies to DPO policies only; {model_path} is not a DPO checkpoint")
+    else:
+        scorer = reward_model_scorer(model_path, device)
     pairs = tokenize_eval_data(data_path, scorer.tokenizer, settings)
     check_probe(probe, pairs, tokenizer=scorer.tokenizer, settings=settings)
     chosen, rejected, losses = scorer.score(pairs, batch_size)
