@@ -102,3 +102,40 @@ def test_data_that_does_not_match_the_probe_is_refused(setup, tmp_path, capsys, 
     assert _eval(root, tmp_path / "out", data=data) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_rewardkit_checkpoint_reproduces_the_training_evaluation(tmp_path):
+    """Training's final evaluation and `rewardkit eval` of its checkpoint are the same measurement."""
+    from rewardkit.train.config import load_config
+    from rewardkit.train.recipes.reward_model import run
+
+    settings = TokenizeSettings(max_length=96, max_completion_length=48)
+    overrides = [
+        "model.tiny=tiny-llama", "data.tokenizer=builtin", "data.synth.train_rows=32", "data.synth.eval_rows=12",
+        f"data.max_length={settings.max_length}", f"data.max_completion_length={settings.max_completion_length}",
+        "run.max_steps=2", "run.global_batch_pairs=8", "run.layout=packed", "run.eval_batch_size=5",
+        "run.progress=false", f"run.run_dir={tmp_path / 'run'}",
+    ]  # fmt: skip
+    result = run(load_config(None, overrides))
+    data = tmp_path / "eval.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in generate_rows(44, seed=0)[32:]))
+    tokenizer = builtin_tokenizer()
+    probe = freeze_probe(tokenize_eval_data(data, tokenizer, settings), tokenizer, settings)
+    (tmp_path / "probe.json").write_text(json.dumps(probe))
+    args = [
+        "eval",
+        "--model",
+        str(result.checkpoint),
+        "--probe",
+        str(tmp_path / "probe.json"),
+        "--data",
+        str(data),
+    ]
+    assert main([*args, "--out", str(tmp_path / "out"), "--replicates", "100"]) == 0
+    ours = read_pairs(tmp_path / "out" / "pairs.jsonl")
+    training = read_pairs(tmp_path / "run" / "eval" / "step-0000002" / "pairs.jsonl")
+    assert [r["pair_id"] for r in ours] == [r["pair_id"] for r in training]
+    assert ours[0]["probe_sha256"] == training[0]["probe_sha256"]
+    # packed batches of 5 in training, right-padded batches of 16 here
+    for key in ("chosen_score", "rejected_score"):
+        np.testing.assert_allclose([r[key] for r in ours], [r[key] for r in training], atol=1e-5, rtol=0)
