@@ -120,10 +120,11 @@ def _read_metadata(row: dict[str, Any]) -> dict[str, Any]:
     for key in SCORE_KEYS:
         if key in row:
             metadata.setdefault(key, row[key])
-    try:
-        canonical_json(metadata)
-    except (TypeError, ValueError) as exc:
-        raise Rejection(R.SCHEMA, f"metadata is not plain finite JSON: {exc}") from None
+    if not all(type(key) is str and type(value) is str for key, value in metadata.items()):
+        try:  # anything but flat string metadata: make sure it is plain, finite JSON
+            canonical_json(metadata)
+        except (TypeError, ValueError) as exc:
+            raise Rejection(R.SCHEMA, f"metadata is not plain finite JSON: {exc}") from None
     return metadata
 
 
@@ -137,7 +138,7 @@ def _explicit_completion(value: Any, prompt: list[Message], side: str) -> list[M
     if isinstance(value, str):
         return [{"role": "assistant", "content": value}]
     messages = _read_messages(value, side)
-    if prompt and messages[: len(prompt)] == prompt:
+    if prompt and len(messages) > len(prompt) and messages[: len(prompt)] == prompt:
         messages = messages[len(prompt) :]  # UltraFeedback: the side repeats the prompt first
     elif prompt and messages and messages[0]["role"] != "assistant":
         raise Rejection(R.PROMPT_MISMATCH, f"{side} conversation does not start with the prompt")
@@ -197,19 +198,26 @@ def _read_messages(value: Any, field: str) -> list[Message]:
         raise Rejection(R.SCHEMA, f"{field} must be a string or a list of messages, got {_type_name(value)}")
     messages: list[Message] = []
     for position, message in enumerate(value):
-        where = f"{field}[{position}]"
-        if not isinstance(message, dict):
-            raise Rejection(R.SCHEMA, f"{where} is a {_type_name(message)}, not a message object")
-        for key in ("role", "content"):
-            if message.get(key) is None:
-                raise Rejection(R.MISSING_FIELD, f"{where} has no {key!r}")
-        role, content = message["role"], message["content"]
-        if role not in ROLES:
-            raise Rejection(R.BAD_ROLE, f"{where} has role {role!r}; expected system, user or assistant")
-        if not isinstance(content, str):
-            raise Rejection(R.NON_TEXT_CONTENT, f"{where} content is a {_type_name(content)}, not text")
-        messages.append({"role": role, "content": content})
+        # fast path for well-formed messages; the slow path below names the problem
+        if type(message) is dict:
+            role, content = message.get("role"), message.get("content")
+            if type(role) is str and role in ROLES and type(content) is str:
+                messages.append(message if len(message) == 2 else {"role": role, "content": content})
+                continue
+        _raise_for_message(message, f"{field}[{position}]")
     return messages
+
+
+def _raise_for_message(message: Any, where: str) -> None:
+    if not isinstance(message, dict):
+        raise Rejection(R.SCHEMA, f"{where} is a {_type_name(message)}, not a message object")
+    for key in ("role", "content"):
+        if message.get(key) is None:
+            raise Rejection(R.MISSING_FIELD, f"{where} has no {key!r}")
+    role, content = message["role"], message["content"]
+    if not isinstance(role, str) or role not in ROLES:
+        raise Rejection(R.BAD_ROLE, f"{where} has role {role!r}; expected system, user or assistant")
+    raise Rejection(R.NON_TEXT_CONTENT, f"{where} content is a {_type_name(content)}, not text")
 
 
 def _is_hh(text: str) -> bool:

@@ -2,8 +2,8 @@
 
 Memory stays flat in the input size: JSONL is read line by line, JSON arrays are decoded
 element by element from a bounded buffer, Parquet is read in record batches. The only state
-that grows is the set of pair ids already seen (16 bytes of digest per accepted row), which
-duplicate detection needs.
+that grows is the set of pair ids already seen (`SeenIds`: 16 bytes per accepted row),
+which duplicate detection needs.
 
 `source_index` is the 0-based position of a record in the input: the n-th non-blank JSONL
 line, array element or Parquet row. It is the same for the same data in any format.
@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from rewardkit.data import reasons as R
 from rewardkit.data.normalize import normalize_row
 from rewardkit.data.reasons import Rejection
@@ -27,6 +29,7 @@ FORMATS = ("jsonl", "json", "parquet")
 PARQUET_BATCH_ROWS = 2048
 _CHUNK_CHARS = 1 << 20
 _WHITESPACE = " \t\r\n"
+_DELIMITERS = ",]" + _WHITESPACE
 
 
 def detect_format(path: str | Path) -> str:
@@ -65,7 +68,7 @@ def iter_pairs(path: str | Path) -> Iterator[PreferencePair | Rejection]:
     Duplicate ids are rejected on their second and later occurrences; an id counts as taken
     once a row carrying it has passed the row checks.
     """
-    seen: set[bytes] = set()
+    seen = SeenIds()
     for index, row in enumerate(iter_rows(path)):
         if isinstance(row, Rejection):
             yield row.at(index)
@@ -75,8 +78,7 @@ def iter_pairs(path: str | Path) -> Iterator[PreferencePair | Rejection]:
         except Rejection as rejection:
             yield rejection.at(index)
             continue
-        digest = hashlib.blake2b(pair.pair_id.encode("utf-8"), digest_size=16).digest()
-        if digest in seen:
+        if not seen.add(pair.pair_id):
             yield Rejection(
                 R.DUPLICATE_ID,
                 f"pair id {pair.pair_id!r} was already used by an earlier row",
@@ -84,8 +86,52 @@ def iter_pairs(path: str | Path) -> Iterator[PreferencePair | Rejection]:
                 pair_id=pair.pair_id,
             )
             continue
-        seen.add(digest)
         yield pair
+
+
+class SeenIds:
+    """The pair ids seen so far, in about 16 bytes each (a 128-bit BLAKE2b digest per id).
+
+    Recent digests live in a small Python set; every `batch` ids they are merged into two
+    uint64 arrays (high and low halves) sorted by the high half and searched with
+    `searchsorted`; equal high halves are scanned for the low half. A Python set of a
+    million ids would cost ~100 MB; this costs ~16 MB. Two different ids collide with
+    probability ~n^2 / 2^129 (negligible: ~1e-27 for a million ids).
+    """
+
+    def __init__(self, batch: int = 1 << 14) -> None:
+        self._batch = batch
+        self._recent: set[bytes] = set()
+        self._high = np.empty(0, dtype=np.uint64)
+        self._low = np.empty(0, dtype=np.uint64)
+
+    def __len__(self) -> int:
+        return len(self._recent) + len(self._high)
+
+    def add(self, pair_id: str) -> bool:
+        """Record `pair_id`; False if it was already there."""
+        digest = hashlib.blake2b(pair_id.encode("utf-8"), digest_size=16).digest()
+        if digest in self._recent:
+            return False
+        if len(self._high):
+            high, low = np.frombuffer(digest, dtype=np.uint64)
+            at = int(np.searchsorted(self._high, high))
+            while at < len(self._high) and self._high[at] == high:
+                if self._low[at] == low:
+                    return False
+                at += 1
+        self._recent.add(digest)
+        if len(self._recent) >= self._batch:
+            self._merge()
+        return True
+
+    def _merge(self) -> None:
+        halves = np.frombuffer(b"".join(self._recent), dtype=np.uint64).reshape(-1, 2)
+        high = np.concatenate([self._high, halves[:, 0]])
+        low = np.concatenate([self._low, halves[:, 1]])
+        order = np.argsort(high, kind="stable")  # timsort: a sorted run plus a short one, ~linear
+        self._high, self._low = high[order], low[order]
+        self._recent.clear()
 
 
 def _iter_jsonl(path: str | Path) -> Iterator[Any]:
@@ -153,12 +199,18 @@ def _iter_json_array(handle, name: str) -> Iterator[Any]:
                 if refill():
                     continue
                 raise fail(exc.msg) from None
-            if end >= len(buf) and refill():
-                continue  # a number at the buffer's end may continue in the next chunk
+            # a number cut by the buffer's end ("-1." of "-1.5e3") decodes as a shorter number
+            cut = end >= len(buf) or (_is_number(value) and buf[end] not in _DELIMITERS)
+            if cut and refill():
+                continue
             break
         pos = end
         first = False
         yield value
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _iter_parquet(path: str | Path) -> Iterator[Any]:

@@ -1,18 +1,23 @@
 """A deterministic built-in preference task for the demo and the tests.
 
-The rule: the prompt asks for things of one category ("Name a fruit."); the chosen answer
-lists words of that category, the rejected answer lists words of a different one. Nothing
-but the prompt/answer match decides the preference:
+The rule: the prompt asks for things of one category ("Name a fruit."; fruit, animal or
+color); the chosen answer lists words of that category, the rejected answer lists words of
+an off-topic category that is never asked for (tool, drink or metal). A model learns it
+from the answers' words alone (it does not have to read the prompt), which is what makes it
+learnable by a 2-layer model in seconds; the point of the task is the shortcut control:
 
-- both answers have 1-4 words drawn independently from the same distribution, so the longer
-  answer (in words, characters or tokens) is the chosen one about half the time and a length
-  heuristic scores about 0.5;
-- every category is the chosen one and the rejected one equally often, so no word is good
-  or bad on its own: a model has to compare the answer with the question.
+- both answers have 1-4 words drawn independently from the same distribution, and the
+  off-topic words have about the same length as the on-topic ones, so the longer answer (in
+  words, characters or tokens) is the chosen one about half the time and a length heuristic
+  scores about 0.5.
+
+A rule that needs the prompt (the rejected answer from *another asked* category, so no word
+is good or bad on its own) was tried first and rejected: tiny-llama stayed at chance (loss
+0.693) for 350+ steps, far beyond the two-minute budget.
 
 Rows come in three shapes (plain strings, an explicit message-list prompt, implicit-prompt
-conversations, some multi-turn), each pair has an `id` and `metadata.subset` = its shape.
-`corrupt_rows` builds rows that fail each reason code, for the validation demo and tests.
+conversations, half of them multi-turn); each pair has an `id` and `metadata.subset` = its
+shape. `corrupt_rows` builds rows that fail each reason code, for the validation demo.
 """
 
 from __future__ import annotations
@@ -23,14 +28,17 @@ from typing import Any
 
 from rewardkit.data import reasons as R
 
-CATEGORIES: dict[str, tuple[str, ...]] = {
+ASKED: dict[str, tuple[str, ...]] = {
     "fruit": ("apple", "pear", "plum", "kiwi", "mango", "lemon", "grape", "peach"),
     "animal": ("horse", "tiger", "zebra", "camel", "otter", "mouse", "eagle", "sheep"),
     "color": ("red", "blue", "green", "yellow", "purple", "orange", "brown", "black"),
+}
+OFF_TOPIC: dict[str, tuple[str, ...]] = {
     "tool": ("hammer", "saw", "drill", "wrench", "chisel", "shovel", "rake", "axe"),
     "drink": ("tea", "coffee", "milk", "juice", "water", "cocoa", "soda", "cider"),
     "metal": ("iron", "copper", "gold", "silver", "zinc", "tin", "lead", "nickel"),
 }
+CATEGORIES = {**ASKED, **OFF_TOPIC}
 QUESTIONS = ("Name a {c}.", "Which {c} do you like?", "Give me some {c} words.", "List a {c} or two.")
 SYSTEM = "Answer with words only."
 SMALL_TALK = (("Hello!", "Hi, how can I help?"), ("Good morning.", "Good morning to you."))
@@ -51,8 +59,8 @@ def _answer(rng: random.Random, category: str) -> str:
 
 
 def _row(rng: random.Random, pair_id: str) -> dict[str, Any]:
-    category = rng.choice(sorted(CATEGORIES))
-    other = rng.choice([c for c in sorted(CATEGORIES) if c != category])
+    category = rng.choice(sorted(ASKED))
+    other = rng.choice(sorted(OFF_TOPIC))
     question = rng.choice(QUESTIONS).format(c=category)
     chosen, rejected = _answer(rng, category), _answer(rng, other)
     shape = rng.choice(SHAPES)
@@ -179,12 +187,13 @@ def corrupt_rows(k: int, seed: int = 0) -> list[tuple[str | None, Any]]:
         }
         for reason in R.REASONS:
             out.extend(rows[reason])
-    return sorted(out, key=lambda item: R.REASONS.index(item[0] or R.DUPLICATE_ID)) if k > 1 else out
+    # stable sort: each duplicate_id row stays right after its first occurrence
+    return sorted(out, key=lambda item: R.REASONS.index(item[0] or R.DUPLICATE_ID))
 
 
 def corpus() -> list[str]:
     """Texts the built-in tokenizer is trained on: every word and phrase the task uses."""
-    texts = [q.format(c=c) for q in QUESTIONS for c in CATEGORIES]
+    texts = [q.format(c=c) for q in QUESTIONS for c in ASKED]
     texts += [SYSTEM, *(text for pair in SMALL_TALK for text in pair)]
     texts += [" ".join(words) + "." for words in CATEGORIES.values()]
     texts += [", ".join(words) + " and " + words[0] for words in CATEGORIES.values()]

@@ -124,39 +124,42 @@ def render(tokenizer, messages: list[Message], *, add_generation_prompt: bool) -
     )
 
 
-def encode_prompt(tokenizer, prompt: list[Message]) -> tuple[str, list[int]]:
-    """The prompt's rendered text and token ids (with the generation prompt for the assistant)."""
-    text = render(tokenizer, prompt, add_generation_prompt=True)
-    ids = _encode(tokenizer, text)
-    if getattr(tokenizer, "chat_template", None) is None:
-        start = _first_id(tokenizer, "bos_token_id", "cls_token_id")
-        if start is not None:
-            ids = [start, *ids]
-    return text, ids
-
-
-def encode_completion(
-    tokenizer, prompt: list[Message], prompt_text: str, completion: list[Message]
-) -> list[int]:
-    """Token ids of the completion as the template renders it after `prompt_text` (see module doc)."""
+def completion_text(tokenizer, prompt: list[Message], prompt_text: str, completion: list[Message]) -> str:
+    """The text the template renders for `completion` after `prompt_text`, trailing whitespace dropped."""
     full = render(tokenizer, [*prompt, *completion], add_generation_prompt=False)
     if not full.startswith(prompt_text):
         raise UsageError(
             "the tokenizer's chat template does not render the prompt as a prefix of the conversation, "
             "so the completion cannot be located"
         )
-    ids = _encode(tokenizer, full[len(prompt_text) :].rstrip())
+    return full[len(prompt_text) :].rstrip()
+
+
+def encode_texts(tokenizer, prompt_text: str, completions: list[str]) -> tuple[list[int], list[list[int]]]:
+    """Token ids of the prompt and of each completion, in one tokenizer call.
+
+    With the plain template the prompt starts with BOS (or CLS) and each completion ends with
+    EOS (or SEP), when the tokenizer has them; chat templates write their own markers.
+    """
+    encoded = tokenizer([prompt_text, *completions], add_special_tokens=False)["input_ids"]
+    prompt_ids, completion_ids = list(encoded[0]), [list(ids) for ids in encoded[1:]]
     if getattr(tokenizer, "chat_template", None) is None:
+        start = _first_id(tokenizer, "bos_token_id", "cls_token_id")
         end = _first_id(tokenizer, "eos_token_id", "sep_token_id")
+        if start is not None:
+            prompt_ids.insert(0, start)
         if end is not None:
-            ids.append(end)
-    return ids
+            for ids in completion_ids:
+                ids.append(end)
+    return prompt_ids, completion_ids
 
 
 def tokenize_branch(tokenizer, prompt: list[Message], completion: list[Message]) -> TokenizedBranch:
     """One untruncated branch (what a scorer feeds the model for a prompt + response)."""
-    prompt_text, prompt_ids = encode_prompt(tokenizer, prompt)
-    completion_ids = encode_completion(tokenizer, prompt, prompt_text, completion)
+    prompt_text = render(tokenizer, prompt, add_generation_prompt=True)
+    prompt_ids, (completion_ids,) = encode_texts(
+        tokenizer, prompt_text, [completion_text(tokenizer, prompt, prompt_text, completion)]
+    )
     if not completion_ids:
         raise Rejection(R.EMPTY_COMPLETION, "completion has no tokens")
     return _branch(prompt_ids, completion_ids)
@@ -165,9 +168,11 @@ def tokenize_branch(tokenizer, prompt: list[Message], completion: list[Message])
 def tokenize_pair(pair: PreferencePair, tokenizer, settings: TokenizeSettings | None = None) -> TokenizedPair:
     """Tokenise both branches under `settings`; raise `Rejection` (oversize, post_truncation, ...)."""
     settings = settings or TokenizeSettings()
-    prompt_text, prompt_ids = encode_prompt(tokenizer, pair.prompt)
-    chosen = encode_completion(tokenizer, pair.prompt, prompt_text, pair.chosen)
-    rejected = encode_completion(tokenizer, pair.prompt, prompt_text, pair.rejected)
+    prompt_text = render(tokenizer, pair.prompt, add_generation_prompt=True)
+    texts = [
+        completion_text(tokenizer, pair.prompt, prompt_text, side) for side in (pair.chosen, pair.rejected)
+    ]
+    prompt_ids, (chosen, rejected) = encode_texts(tokenizer, prompt_text, texts)
     if not chosen or not rejected:
         raise Rejection(R.EMPTY_COMPLETION, "a completion has no tokens", pair_id=pair.pair_id)
     limit, completion_limit = settings.max_length, settings.max_completion_length
@@ -219,10 +224,6 @@ def _branch(prompt_ids: list[int], completion_ids: list[int]) -> TokenizedBranch
         loss_mask=[0] * len(prompt_ids) + [1] * len(completion_ids),
         score_index=len(input_ids) - 1,
     )
-
-
-def _encode(tokenizer, text: str) -> list[int]:
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def _first_id(tokenizer, *attrs: str) -> int | None:
