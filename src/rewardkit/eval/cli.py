@@ -73,7 +73,7 @@ def _bootstrap_options(parser: argparse.ArgumentParser) -> None:
 def register(subparsers: argparse._SubParsersAction) -> None:
     ev = subparsers.add_parser("eval", help="score a frozen probe: pairs.jsonl + summary.json with bootstrap")
     ev.add_argument("--model", required=True, help="rewardkit checkpoint or Hugging Face model directory")
-    ev.add_argument("--probe", required=True, help="probe.json written by freeze-probe")
+    ev.add_argument("--probe", required=True, help="probe.json written by rewardkit data freeze-probe")
     ev.add_argument("--data", required=True, help="evaluation pairs the probe was frozen from")
     ev.add_argument("--out", required=True, help="output directory")
     ev.add_argument(
