@@ -139,3 +139,39 @@ def test_rewardkit_checkpoint_reproduces_the_training_evaluation(tmp_path):
     # packed batches of 5 in training, right-padded batches of 16 here
     for key in ("chosen_score", "rejected_score"):
         np.testing.assert_allclose([r[key] for r in ours], [r[key] for r in training], atol=1e-5, rtol=0)
+
+
+def test_not_a_model_and_non_finite_scores_are_one_line_errors(setup, tmp_path, capsys, monkeypatch):
+    from rewardkit.eval import runner
+
+    root, _, _ = setup
+    args = [
+        "eval",
+        "--probe",
+        str(root / "probe.json"),
+        "--data",
+        str(root / "eval.jsonl"),
+        "--out",
+        str(tmp_path),
+    ]
+    assert main([*args, "--model", str(tmp_path)]) == 2
+    assert "neither a rewardkit checkpoint nor an HF" in capsys.readouterr().err
+
+    real = runner.reward_model_scorer
+
+    def broken(path, device):
+        scorer = real(path, device)
+        scores = scorer.score
+
+        def score(pairs, batch_size):
+            chosen, rejected, losses = scores(pairs, batch_size)
+            chosen[3] = np.nan
+            return chosen, rejected, losses
+
+        return runner.PairScorer(scorer.objective, scorer.tokenizer, scorer.metadata, score)
+
+    monkeypatch.setattr(runner, "reward_model_scorer", broken)
+    assert main([*args, "--model", str(root / "model")]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # above it: transformers' loading bar
+    assert last.startswith("rewardkit: error: model gave 1 non-finite chosen value(s)")
+    assert not (tmp_path / "pairs.jsonl").exists()

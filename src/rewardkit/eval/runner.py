@@ -23,7 +23,7 @@ from rewardkit.data.reader import iter_pairs
 from rewardkit.data.reasons import Rejection
 from rewardkit.data.records import TokenizedPair
 from rewardkit.data.tokenize import TokenizeSettings, tokenize_pair
-from rewardkit.errors import UsageError
+from rewardkit.errors import RewardkitError, UsageError
 from rewardkit.eval.artifacts import write_eval_artifacts
 from rewardkit.eval.bootstrap import DEFAULT_REPLICATES, DEFAULT_SEED
 
@@ -120,15 +120,31 @@ def evaluate(
     probe = load_probe(probe_path)
     settings = TokenizeSettings(**probe["settings"])
     device = _device(device)
-    if is_dpo_checkpoint(model_path):
-        scorer = dpo_scorer(model_path, reference_path, device)
-    elif reference_path is not None:
-        raise UsageError(f"--reference applies to DPO policies only; {model_path} is not a DPO checkpoint")
-    else:
-        scorer = reward_model_scorer(model_path, device)
+    try:
+        if is_dpo_checkpoint(model_path):
+            scorer = dpo_scorer(model_path, reference_path, device)
+        elif reference_path is not None:
+            raise UsageError(
+                f"--reference applies to DPO policies only; {model_path} is not a DPO checkpoint"
+            )
+        else:
+            scorer = reward_model_scorer(model_path, device)
+    except UsageError:
+        raise
+    except RewardkitError as exc:  # a directory that is not a loadable model: bad input, one line
+        raise UsageError(exc.message, code=exc.code) from None
     pairs = tokenize_eval_data(data_path, scorer.tokenizer, settings)
     check_probe(probe, pairs, tokenizer=scorer.tokenizer, settings=settings)
     chosen, rejected, losses = scorer.score(pairs, batch_size)
+    for name, values in (("chosen", chosen), ("rejected", rejected), ("loss", losses)):
+        bad = [] if values is None else np.flatnonzero(~np.isfinite(values))
+        if len(bad):
+            # a failed forward pass must not become a measured preference
+            raise UsageError(
+                f"model gave {len(bad)} non-finite {name} value(s), first for pair {pairs[bad[0]].pair_id!r}; "
+                "nothing written",
+                code="non_finite_scores",
+            )
     plan = {
         "batch_size": batch_size,
         "layout": "right",
