@@ -8,7 +8,9 @@ from rewardkit.train.sampler import PairSampler
 def test_yaml_and_overrides_resolve(tmp_path):
     path = tmp_path / "cfg.yaml"
     path.write_text("model: {tiny: tiny-llama}\noptim: {lr: 1.0e-3}\nrun: {max_steps: 5}\n")
-    cfg = load_config(path, ["optim.lr=1e-4", "run.layout=right", "data.synth.train_rows=10", "loss.use_margin=false"])
+    cfg = load_config(
+        path, ["optim.lr=1e-4", "run.layout=right", "data.synth.train_rows=10", "loss.use_margin=false"]
+    )
     assert cfg.optim.lr == 1e-4 and cfg.run.layout == "right" and cfg.run.max_steps == 5
     assert cfg.data.synth.train_rows == 10 and cfg.data.synth.eval_rows == 200
     assert cfg.loss.use_margin is False
