@@ -7,6 +7,7 @@ import torch.multiprocessing as mp
 
 from _rm_dist_worker import worker
 from _rm_helpers import make_trainer, random_pairs, train_config
+from rewardkit.errors import ConfigError
 from rewardkit.losses import bradley_terry
 from rewardkit.train.distributed import DistInfo
 from rewardkit.train.recipes.reward_model import RewardModelObjective
@@ -108,7 +109,7 @@ def test_fit_writes_run_dir_and_loss_falls(tmp_path):
 
 def test_global_batch_smaller_than_micro_batches_is_refused(tmp_path):
     cfg = train_config(tmp_path, run={"global_batch_pairs": 2, "grad_accum": 4})
-    with pytest.raises(ValueError, match="every micro-batch needs at least one pair"):
+    with pytest.raises(ConfigError, match="every micro-batch needs at least one pair"):
         make_trainer(cfg, info=SOLO)
 
 

@@ -71,7 +71,9 @@ def build_backbone(spec: dict[str, Any], *, vocab_size: int | None = None) -> nn
             del model.config.quantization_config
         return model
     if spec.get("tiny"):
-        config = tiny_config(spec["tiny"], vocab_size=vocab_size, **overrides)
+        # an explicit config_overrides.vocab_size (e.g. a benchmark's real vocabulary) wins
+        overrides.setdefault("vocab_size", vocab_size)
+        config = tiny_config(spec["tiny"], **overrides)
     elif spec.get("config"):
         inline = dict(spec["config"])
         model_type = inline.pop("model_type", None)

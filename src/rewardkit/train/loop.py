@@ -115,6 +115,8 @@ def _step_metrics(sums: torch.Tensor, *, step: int, grad_norm: float, lr: float,
         "pairs_per_s": n / seconds,
         "tokens_per_s": s["tokens"] / seconds,
         "padding_efficiency": s["tokens"] / max(1.0, s["slots"]),
+        "pairs": int(n),
+        "tokens": int(s["tokens"]),
     }
 
 
