@@ -119,7 +119,8 @@ def run_rewardkit(args, *, precompute: bool) -> dict:
     objective = DPOPolicyObjective(cfg, train_pairs=pairs, data_sha256="benchmark")
     trainer = Trainer(cfg, objective, train_pairs=pairs, tokenizer=tokenizer, data_sha256="benchmark")
     started = time.perf_counter()
-    objective._prepare(device)  # live: moves the reference; precomputed: scores every pair once, frees it
+    with trainer.autocast:  # the precision training uses, as when the first micro-batch triggers it
+        objective._prepare(device)  # live: moves the reference; precomputed: scores every pair once, frees it
     if device.type == "cuda":
         torch.cuda.synchronize()
     prepare_s = time.perf_counter() - started

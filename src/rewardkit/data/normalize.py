@@ -31,6 +31,7 @@ ROLES = frozenset({"system", "user", "assistant"})
 ID_KEYS = ("pair_id", "id", "prompt_id")
 SCORE_KEYS = ("score_chosen", "score_rejected")
 
+_ONLY_STR = {str}
 _HH_TURN = re.compile(r"\n\n(Human|Assistant):")
 _HH_ROLE = {"Human": "user", "Assistant": "assistant"}
 
@@ -77,7 +78,7 @@ def _normalize(row: dict[str, Any], pair_id: str | None) -> PreferencePair:
     else:
         prompt, chosen, rejected = _implicit(row["chosen"], row["rejected"])
     for side, messages in (("chosen", chosen), ("rejected", rejected)):
-        if not messages or all(not m["content"].strip() for m in messages):
+        if not any(m["content"].strip() for m in messages):
             raise Rejection(R.EMPTY_COMPLETION, f"{side} completion is empty")
     if chosen == rejected:
         raise Rejection(R.IDENTICAL, "chosen and rejected are identical")
@@ -120,7 +121,7 @@ def _read_metadata(row: dict[str, Any]) -> dict[str, Any]:
     for key in SCORE_KEYS:
         if key in row:
             metadata.setdefault(key, row[key])
-    if not all(type(key) is str and type(value) is str for key, value in metadata.items()):
+    if metadata and set(map(type, metadata.values())) != _ONLY_STR:
         try:  # anything but flat string metadata: make sure it is plain, finite JSON
             canonical_json(metadata)
         except (TypeError, ValueError) as exc:

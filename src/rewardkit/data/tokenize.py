@@ -85,7 +85,7 @@ def load_tokenizer(spec: str):
 
     try:
         return AutoTokenizer.from_pretrained(spec, local_files_only=True, trust_remote_code=False)
-    except (OSError, ValueError, KeyError) as exc:
+    except Exception as exc:  # any failure to load a local directory is a usage error (exit 2), not a crash
         raise UsageError(f"cannot load tokenizer from {spec}: {str(exc).splitlines()[0]}") from None
 
 

@@ -34,52 +34,21 @@ if TYPE_CHECKING:
 POLICY_LOADER = "transformers.AutoModelForCausalLM"
 
 
-def build_policy(model_cfg: Any, *, vocab_size: int | None = None):
-    """An fp32 `AutoModelForCausalLM` from the `model:` section (same keys as reward models).
+def build_policy(cfg: Any, *, vocab_size: int | None = None):
+    """An fp32 `AutoModelForCausalLM` from the `model:` section (the reward models' builder).
 
-    `path` loads a local directory (or a GGUF file in it, dequantised) with
-    `local_files_only=True`, never remote code unless `trust_remote_code` is set; `tiny` and
-    `config` build a random-initialised model sized to the tokenizer.
+    `path` loads a local directory (or a GGUF file in it, dequantised) offline, without remote
+    code unless `trust_remote_code` is set; `tiny` and `config` build a random-initialised model
+    sized to the tokenizer. `init_from` (a reward-model checkpoint) has no policy meaning.
     """
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    from rewardkit.models.tiny import tiny_config
+    from rewardkit.models.reward_model import build_backbone
+    from rewardkit.train.recipes.reward_model import _model_spec
 
-    attn = model_cfg.attn_implementation or "sdpa"
-    overrides = dict(model_cfg.config_overrides or {})
-    if not model_cfg.path:
-        vocab_size = overrides.pop("vocab_size", vocab_size)  # an explicit override wins over the tokenizer
-    sources = [name for name in ("tiny", "config", "path") if getattr(model_cfg, name)]
-    if len(sources) != 1:
-        raise ConfigError(f"model: give exactly one of tiny, config, path (got {sources or 'none'})")
-    if model_cfg.path:
-        kwargs: dict[str, Any] = {
-            "local_files_only": True,
-            "trust_remote_code": bool(model_cfg.trust_remote_code),
-            "attn_implementation": attn,
-        }
-        if model_cfg.gguf_file:
-            kwargs["gguf_file"] = model_cfg.gguf_file
-        model = AutoModelForCausalLM.from_pretrained(
-            model_cfg.path, dtype=torch.float32, **overrides, **kwargs
-        )
-        if getattr(model.config, "quantization_config", None) is not None:
-            # GGUF weights are dequantised on load; the attribute would block save_pretrained.
-            del model.config.quantization_config
-        return model
-    if model_cfg.tiny:
-        config = tiny_config(model_cfg.tiny, vocab_size=vocab_size, **overrides)
-    else:
-        inline = dict(model_cfg.config)
-        model_type = inline.pop("model_type", None)
-        if not model_type:
-            raise ConfigError("model.config needs a model_type")
-        if vocab_size is not None:
-            inline.setdefault("vocab_size", vocab_size)
-        config = AutoConfig.for_model(model_type, **inline, **overrides)
-    config._attn_implementation = attn
-    return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if cfg.model.init_from:
+        raise ConfigError("model.init_from loads reward models; give a DPO policy with model.path")
+    return build_backbone(_model_spec(cfg), vocab_size=vocab_size, auto_class=AutoModelForCausalLM)
 
 
 def _accepts_logits_to_keep(model) -> bool:

@@ -115,6 +115,8 @@ def _step_metrics(sums: torch.Tensor, *, step: int, grad_norm: float, lr: float,
         "pairs_per_s": n / seconds,
         "tokens_per_s": s["tokens"] / seconds,
         "padding_efficiency": s["tokens"] / max(1.0, s["slots"]),
+        "pairs": int(n),
+        "tokens": int(s["tokens"]),
     }
 
 
@@ -145,7 +147,8 @@ class Trainer:
         seed_everything(cfg.run.seed, 0)  # identical initial weights on every rank
         self.raw_model = objective.build_model(tokenizer).to(self.info.device)
         if cfg.model.gradient_checkpointing:
-            self.raw_model.backbone.gradient_checkpointing_enable()
+            # a reward model checkpoints its backbone; a DPO policy is itself a PreTrainedModel
+            getattr(self.raw_model, "backbone", self.raw_model).gradient_checkpointing_enable()
         self.raw_model.train()
         self.model = wrap_model(self.raw_model, self.info, cfg.run.parallel)
         seed_everything(cfg.run.seed, self.info.rank)

@@ -33,7 +33,7 @@ from rewardkit.models.reference import (
     load_pinned_reference,
     sidecar_for,
 )
-from rewardkit.train.config import TrainConfig, apply_overrides, from_dict
+from rewardkit.train.config import TrainConfig, from_dict, read_config_data
 from rewardkit.train.dpo import (
     DPOObjective,
     DPOSettings,
@@ -62,18 +62,8 @@ class DPOTrainConfig(TrainConfig):
 
 
 def load_dpo_config(path: str | Path | None, overrides: Sequence[str] = ()) -> DPOTrainConfig:
-    import yaml
-
-    data: dict[str, Any] = {}
-    if path is not None:
-        try:
-            data = yaml.safe_load(Path(path).read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: invalid YAML ({exc})") from exc
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: top level must be a mapping")
-    data = apply_overrides(data, list(overrides))
-    check_lora(data.get("model"), data.get("dpo"))
+    data = read_config_data(path, overrides)
+    check_lora(data.get("model"), data.get("dpo"))  # before from_dict calls `model.lora` just unknown
     return from_dict(DPOTrainConfig, data)
 
 
@@ -158,7 +148,7 @@ class DPOPolicyObjective:
     def build_model(self, tokenizer: Any) -> nn.Module:
         from rewardkit.data.tokenize import template_sha256, tokenizer_sha256
 
-        policy = build_policy(self.cfg.model, vocab_size=len(tokenizer))
+        policy = build_policy(self.cfg, vocab_size=len(tokenizer))
         if len(tokenizer) > policy.config.vocab_size:
             raise ConfigError(
                 f"tokenizer has {len(tokenizer)} tokens but the policy's vocabulary is {policy.config.vocab_size}"
