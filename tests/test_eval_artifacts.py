@@ -92,6 +92,7 @@ def test_explicit_pair_losses_are_written(tmp_path):
     [
         ({"chosen_scores": [1.0, float("nan"), 0.0, 0.0]}, "NaN"),
         ({"pair_ids": ["p0", "p0", "p2", "p3"]}, "not unique"),
+        ({"pair_ids": [0, 1, 2, 3]}, "must be strings"),
         ({"subsets": ["chat"]}, "one pair_id, subset"),
         ({"pair_losses": [0.1, float("inf"), 0.1, 0.1]}, "pair losses"),
     ],
@@ -125,6 +126,8 @@ def test_read_pairs_refuses_damaged_files(tmp_path):
         "duplicate pair_id": lines[:2] + lines[:1],
         "field 'correct'": [lines[0].replace('"correct": true', '"correct": 1')],
         "field 'margin'": [lines[0].replace('"margin": 1.0', '"margin": NaN')],
+        "margin is not": [lines[0].replace('"margin": 1.0', '"margin": 1.5')],
+        "correct/tie do not follow": [lines[0].replace('"correct": true', '"correct": false')],
         "probe_sha256 differs": lines[:1] + [lines[1].replace(PROBE, "cd" * 32)],
     }
     for reason, content in cases.items():

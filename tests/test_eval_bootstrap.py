@@ -101,9 +101,9 @@ def test_chunked_equals_single_call_exactly(values):
 
 
 def test_default_chunking_equals_single_call_block():
-    values = _accuracy_values(5000, 0.52)  # default chunk = 838 rows → 12 chunks
-    chunked = bootstrap_mean(values, statistic="accuracy")
-    single = bootstrap_mean(values, statistic="accuracy", chunk_rows=10_000)
+    values = _accuracy_values(5000, 0.52)  # default chunk = 838 rows → 4 chunks, the last partial
+    chunked = bootstrap_mean(values, statistic="accuracy", replicates=3000)
+    single = bootstrap_mean(values, statistic="accuracy", replicates=3000, chunk_rows=3000)
     assert chunked == single
 
 
@@ -145,3 +145,23 @@ def test_refuses_bad_input():
         bootstrap_mean([], statistic="accuracy")
     with pytest.raises(ValueError, match="equal lengths"):
         paired_bootstrap([1.0], [1.0, 0.0], statistic="accuracy")
+
+
+def test_same_block_in_a_fresh_process():
+    """No hidden state (global RNG, thread count, chunking): another interpreter gets the same bytes."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import json, numpy as np; from rewardkit.eval.bootstrap import bootstrap_mean; "
+        "v = (np.random.default_rng(0).random(321) < 0.6).astype(float); "
+        "print(json.dumps(bootstrap_mean(v, statistic='accuracy', replicates=1500, chunk_rows=100)))"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1"}
+    other = json.loads(
+        subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, check=True).stdout
+    )
+    here = bootstrap_mean(_accuracy_values(321, 0.6), statistic="accuracy", replicates=1500)
+    assert other == here

@@ -7,6 +7,7 @@ import torch.multiprocessing as mp
 
 from _rm_dist_worker import worker
 from _rm_helpers import make_trainer, random_pairs, train_config
+from rewardkit.errors import ConfigError
 from rewardkit.losses import bradley_terry
 from rewardkit.train.distributed import DistInfo
 from rewardkit.train.recipes.reward_model import RewardModelObjective
@@ -108,7 +109,7 @@ def test_fit_writes_run_dir_and_loss_falls(tmp_path):
 
 def test_global_batch_smaller_than_micro_batches_is_refused(tmp_path):
     cfg = train_config(tmp_path, run={"global_batch_pairs": 2, "grad_accum": 4})
-    with pytest.raises(ValueError, match="every micro-batch needs at least one pair"):
+    with pytest.raises(ConfigError, match="every micro-batch needs at least one pair"):
         make_trainer(cfg, info=SOLO)
 
 
@@ -119,3 +120,14 @@ def test_objective_metadata_describes_reward_model(tmp_path):
     assert meta["base_model"]["random_init"] == "tiny-llama" and len(meta["base_model"]["sha256"]) == 64
     assert isinstance(trainer.objective, RewardModelObjective)
     assert trainer.raw_model.head.bias is None and trainer.raw_model.head.weight.dtype == torch.float32
+
+
+@pytest.mark.gpu
+def test_cuda_bf16_autocast_keeps_fp32_head_and_trains(tmp_path):
+    cuda = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cuda"))
+    cfg = train_config(tmp_path, run={"max_steps": 6, "precision": "auto"}, optim={"lr": 3e-3})
+    trainer = make_trainer(cfg, random_pairs(8, seed=4), info=cuda)
+    assert trainer.precision == "bf16"
+    losses = [trainer.train_step()["loss"] for _ in range(6)]
+    assert losses[-1] < losses[0]
+    assert trainer.raw_model.head.weight.dtype == torch.float32

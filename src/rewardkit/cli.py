@@ -20,6 +20,7 @@ COMMAND_MODULES: list[str] = [
     "rewardkit.data.cli",
     "rewardkit.train.cli",
     "rewardkit.export",
+    "rewardkit.eval.cli",
     "rewardkit.serve.cli",
 ]
 

@@ -126,7 +126,16 @@ def _truncate(branch):
     return replace(branch, input_ids=branch.input_ids[:end], loss_mask=branch.loss_mask[:end])
 
 
-EXPORTERS: dict[str, Callable[[Path, Path], dict[str, Any]]] = {"reward_model": export_reward_model}
+def export_dpo_policy(checkpoint: Path, out: Path) -> dict[str, Any]:
+    from rewardkit.train.recipes.dpo import export_causal_lm
+
+    return export_causal_lm(checkpoint, out)
+
+
+EXPORTERS: dict[str, Callable[[Path, Path], dict[str, Any]]] = {
+    "reward_model": export_reward_model,
+    "dpo": export_dpo_policy,
+}
 
 
 def export_hf(checkpoint: str | Path, out: str | Path) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +119,10 @@ def write_eval_artifacts(
             f"need one pair_id, subset and score pair per probe pair; got {len(pair_ids)} ids, "
             f"{len(subsets)} subsets, {margin.size} score pairs"
         )
+    if not all(isinstance(p, str) for p in pair_ids) or not all(
+        s is None or isinstance(s, str) for s in subsets
+    ):
+        raise ValueError("pair_ids must be strings and subsets strings or None")
     if len(set(pair_ids)) != len(pair_ids):
         raise ValueError("pair_ids are not unique")
     if pair_losses is None:
@@ -196,37 +200,49 @@ def _bad_row(path: Path, line_no: int, reason: str) -> UsageError:
     return UsageError(f"{path}:{line_no}: {reason}", code="bad_pairs_file")
 
 
-def read_pairs(path: str | Path) -> list[dict[str, Any]]:
-    """Read and validate a pairs.jsonl: field types, finite numbers, unique ids, one probe hash."""
-    path = Path(path)
-    rows: list[dict[str, Any]] = []
-    seen: set[str] = set()
+def iter_jsonl(path: Path, *, code: str) -> Iterator[tuple[int, Any]]:
+    """(1-based line number, decoded value) for each non-blank line; a broken line is a coded UsageError."""
     with open(path, encoding="utf-8") as handle:
         for line_no, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                yield line_no, json.loads(line)
             except json.JSONDecodeError as exc:
-                raise _bad_row(path, line_no, f"not JSON ({exc.msg})") from None
-            if not isinstance(row, dict):
-                raise _bad_row(path, line_no, "row is not a JSON object")
-            for name, types in _ROW_FIELDS.items():
-                value = row.get(name)
-                if (
-                    name not in row
-                    or not isinstance(value, types)
-                    or (bool in types) != isinstance(value, bool)
-                ):
-                    raise _bad_row(path, line_no, f"field {name!r} missing or not {types[0].__name__}")
-                if isinstance(value, float) and not math.isfinite(value):
-                    raise _bad_row(path, line_no, f"field {name!r} is not finite")
-            if row["pair_id"] in seen:
-                raise _bad_row(path, line_no, f"duplicate pair_id {row['pair_id']!r}")
-            if rows and row["probe_sha256"] != rows[0]["probe_sha256"]:
-                raise _bad_row(path, line_no, "probe_sha256 differs from the first row")
-            seen.add(row["pair_id"])
-            rows.append(row)
+                raise UsageError(f"{path}:{line_no}: not JSON ({exc.msg})", code=code) from None
+
+
+def _check_row(path: Path, line_no: int, row: Any) -> dict[str, Any]:
+    if not isinstance(row, dict):
+        raise _bad_row(path, line_no, "row is not a JSON object")
+    for name, types in _ROW_FIELDS.items():
+        value = row.get(name)
+        if name not in row or not isinstance(value, types) or (bool in types) != isinstance(value, bool):
+            raise _bad_row(path, line_no, f"field {name!r} missing or not {types[0].__name__}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise _bad_row(path, line_no, f"field {name!r} is not finite")
+    margin = row["margin"]
+    if margin != row["chosen_score"] - row["rejected_score"]:
+        raise _bad_row(path, line_no, "margin is not chosen_score - rejected_score")
+    if row["correct"] != (margin > 0) or row["tie"] != (abs(margin) <= metrics.TIE_TOLERANCE):
+        raise _bad_row(path, line_no, "correct/tie do not follow from the margin")
+    return row
+
+
+def read_pairs(path: str | Path) -> list[dict[str, Any]]:
+    """Read and validate a pairs.jsonl: field types, finite numbers, margin/correct/tie consistent
+    with the scores, unique ids, one probe hash. A hand-edited row is refused, not compared."""
+    path = Path(path)
+    rows: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for line_no, value in iter_jsonl(path, code="bad_pairs_file"):
+        row = _check_row(path, line_no, value)
+        if row["pair_id"] in seen:
+            raise _bad_row(path, line_no, f"duplicate pair_id {row['pair_id']!r}")
+        if rows and row["probe_sha256"] != rows[0]["probe_sha256"]:
+            raise _bad_row(path, line_no, "probe_sha256 differs from the first row")
+        seen.add(row["pair_id"])
+        rows.append(row)
     if not rows:
         raise UsageError(f"{path}: no pairs", code="bad_pairs_file")
     return rows

@@ -75,13 +75,15 @@ def replicate_means(
     for start in range(0, replicates, rows):
         stop = min(start + rows, replicates)
         idx = rng.integers(0, n, size=(stop - start, n))
-        index_digest.update(idx.astype("<i8", copy=False).tobytes())
+        index_digest.update(
+            memoryview(np.ascontiguousarray(idx, dtype="<i8"))
+        )  # no copy on little-endian hosts
         means[start:stop] = values[idx].mean(axis=1, dtype=np.float64)
     return means, index_digest.hexdigest()
 
 
 def _means_sha256(means: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(means, dtype="<f8").tobytes()).hexdigest()
+    return hashlib.sha256(memoryview(np.ascontiguousarray(means, dtype="<f8"))).hexdigest()
 
 
 def _interval_block(point: float, means: np.ndarray, threshold: float) -> dict[str, Any]:

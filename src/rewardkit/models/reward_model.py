@@ -43,8 +43,12 @@ def is_encoder(config: Any) -> bool:
     return getattr(config, "model_type", None) in ENCODER_MODEL_TYPES
 
 
-def build_backbone(spec: dict[str, Any], *, vocab_size: int | None = None) -> nn.Module:
+def build_backbone(
+    spec: dict[str, Any], *, vocab_size: int | None = None, auto_class: Any = None
+) -> nn.Module:
     """Instantiate an `AutoModel` backbone from a model spec (see docs/training.md, `model:`).
+
+    `auto_class` (default `AutoModel`) picks the head: DPO policies pass `AutoModelForCausalLM`.
 
     - `path`: a local directory (or a GGUF file inside one via `gguf_file`), loaded with
       `local_files_only=True`; `trust_remote_code` only when the spec enables it.
@@ -55,6 +59,7 @@ def build_backbone(spec: dict[str, Any], *, vocab_size: int | None = None) -> nn
 
     from rewardkit.models.tiny import tiny_config
 
+    auto_class = auto_class or AutoModel
     attn = spec.get("attn_implementation") or "sdpa"
     overrides = dict(spec.get("config_overrides") or {})
     if spec.get("path"):
@@ -65,13 +70,15 @@ def build_backbone(spec: dict[str, Any], *, vocab_size: int | None = None) -> nn
         }
         if spec.get("gguf_file"):
             kwargs["gguf_file"] = spec["gguf_file"]
-        model = AutoModel.from_pretrained(spec["path"], dtype=torch.float32, **overrides, **kwargs)
+        model = auto_class.from_pretrained(spec["path"], dtype=torch.float32, **overrides, **kwargs)
         if getattr(model.config, "quantization_config", None) is not None:
             # GGUF weights are dequantised on load; the attribute would block save_pretrained.
             del model.config.quantization_config
         return model
     if spec.get("tiny"):
-        config = tiny_config(spec["tiny"], vocab_size=vocab_size, **overrides)
+        # an explicit config_overrides.vocab_size (e.g. a benchmark's real vocabulary) wins
+        overrides.setdefault("vocab_size", vocab_size)
+        config = tiny_config(spec["tiny"], **overrides)
     elif spec.get("config"):
         inline = dict(spec["config"])
         model_type = inline.pop("model_type", None)
@@ -83,7 +90,7 @@ def build_backbone(spec: dict[str, Any], *, vocab_size: int | None = None) -> nn
     else:
         raise ValueError("model spec needs one of: path, tiny, config")
     config._attn_implementation = attn
-    return AutoModel.from_config(config, dtype=torch.float32)
+    return auto_class.from_config(config, dtype=torch.float32)
 
 
 class RewardModel(nn.Module):

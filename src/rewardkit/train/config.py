@@ -169,7 +169,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
-def load_config(path: str | Path | None, overrides: list[str] = (), cls: type = TrainConfig) -> Any:
+def read_config_data(path: str | Path | None, overrides: list[str] = ()) -> dict[str, Any]:
+    """The YAML file (if any) with overrides applied, before validation."""
     data: dict[str, Any] = {}
     if path is not None:
         try:
@@ -178,7 +179,11 @@ def load_config(path: str | Path | None, overrides: list[str] = (), cls: type = 
             raise ConfigError(f"{path}: invalid YAML ({exc})") from exc
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: top level must be a mapping")
-    return from_dict(cls, apply_overrides(data, list(overrides)))
+    return apply_overrides(data, list(overrides))
+
+
+def load_config(path: str | Path | None, overrides: list[str] = (), cls: type = TrainConfig) -> Any:
+    return from_dict(cls, read_config_data(path, overrides))
 
 
 def to_dict(config: Any) -> dict[str, Any]:

@@ -115,6 +115,8 @@ def _step_metrics(sums: torch.Tensor, *, step: int, grad_norm: float, lr: float,
         "pairs_per_s": n / seconds,
         "tokens_per_s": s["tokens"] / seconds,
         "padding_efficiency": s["tokens"] / max(1.0, s["slots"]),
+        "pairs": int(n),
+        "tokens": int(s["tokens"]),
     }
 
 
@@ -145,7 +147,8 @@ class Trainer:
         seed_everything(cfg.run.seed, 0)  # identical initial weights on every rank
         self.raw_model = objective.build_model(tokenizer).to(self.info.device)
         if cfg.model.gradient_checkpointing:
-            self.raw_model.backbone.gradient_checkpointing_enable()
+            # a reward model checkpoints its backbone; a DPO policy is itself a PreTrainedModel
+            getattr(self.raw_model, "backbone", self.raw_model).gradient_checkpointing_enable()
         self.raw_model.train()
         self.model = wrap_model(self.raw_model, self.info, cfg.run.parallel)
         seed_everything(cfg.run.seed, self.info.rank)
@@ -169,6 +172,7 @@ class Trainer:
         self.pairs_consumed = 0
         self.eval_summaries: dict[int, dict[str, Any]] = {}
         self.step0_eval: dict[str, Any] | None = None
+        self._extra_sums: dict[str, torch.Tensor] = {}
         self._tb = None
 
     # ---- one optimizer step -------------------------------------------------------------
@@ -178,6 +182,7 @@ class Trainer:
         plan = self.sampler.next_step()[info.rank]
         scale = info.world_size / cfg.run.global_batch_pairs
         sums = torch.zeros(len(_SUMS), dtype=torch.float64, device=info.device)
+        self._extra_sums = {}
         for i, indices in enumerate(plan):
             pairs = [self.train_pairs[j] for j in indices]
             with grad_sync(self.model, enabled=i == len(plan) - 1), self.autocast:
@@ -203,6 +208,9 @@ class Trainer:
                     counts[2].to(info.device),
                 ]
             )
+            for key, values in out.extra.items():
+                total = values.detach().double().sum()
+                self._extra_sums[key] = self._extra_sums[key] + total if key in self._extra_sums else total
         return sums
 
     def train_step(self) -> dict[str, Any]:
@@ -220,9 +228,17 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         self.pairs_consumed += cfg.run.global_batch_pairs
+        names = sorted(self._extra_sums)  # the same keys on every rank: one objective
+        if names:
+            sums = torch.cat([sums, torch.stack([self._extra_sums[k] for k in names])])
         sums = all_reduce_sum(sums).cpu()
         seconds = max(1e-9, time.perf_counter() - started)
-        return _step_metrics(sums, step=self.step, grad_norm=float(norm), lr=lr, seconds=seconds)
+        metrics = _step_metrics(
+            sums[: len(_SUMS)], step=self.step, grad_norm=float(norm), lr=lr, seconds=seconds
+        )
+        pairs = float(sums[_SUMS.index("pairs")])
+        metrics.update({k: v / pairs for k, v in zip(names, sums[len(_SUMS) :].tolist(), strict=True)})
+        return metrics
 
     # ---- evaluation ---------------------------------------------------------------------
     def batch_plan(self) -> dict[str, Any]:

@@ -9,7 +9,7 @@ here is what lets the loop normalise by the global pair count exactly once.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -30,6 +30,9 @@ class MicroBatchOutput:
     rejected: torch.Tensor
     num_tokens: int
     num_slots: int
+    # Objective-specific detached per-pair values (e.g. DPO's `logps/chosen`); the loop logs
+    # each as its mean over the step's pairs, across accumulation and ranks.
+    extra: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 class Objective(Protocol):

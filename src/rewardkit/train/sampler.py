@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from rewardkit.errors import ConfigError
+
 
 @dataclass
 class SamplerState:
@@ -35,12 +37,12 @@ class PairSampler:
     ) -> None:
         buckets = world_size * grad_accum
         if global_batch_pairs < buckets:
-            raise ValueError(
+            raise ConfigError(
                 f"global_batch_pairs={global_batch_pairs} must be >= world_size*grad_accum={buckets}"
                 " (every micro-batch needs at least one pair)"
             )
         if len(num_tokens) < global_batch_pairs:
-            raise ValueError(f"{len(num_tokens)} training pairs < global_batch_pairs={global_batch_pairs}")
+            raise ConfigError(f"{len(num_tokens)} training pairs < global_batch_pairs={global_batch_pairs}")
         self.num_tokens = list(num_tokens)
         self.global_batch_pairs = global_batch_pairs
         self.world_size = world_size

@@ -1,0 +1,332 @@
+"""DPO training throughput and peak memory: rewardkit (live / precomputed reference) vs TRL's DPOTrainer.
+
+Every mode trains the same random-initialised policy shape on the same token ids (random
+prompts and completions of varying length, fixed seed) with AdamW, a constant learning rate,
+grad-norm clipping at 1.0 and, on CUDA, bf16 autocast over fp32 master weights. Each mode runs
+in its own subprocess so its peak memory is its own. Throughput counts real (non-pad) tokens of
+chosen + rejected sequences over the timed steps, after warm-up steps.
+
+    # H200 (full configuration, ~3 min):
+    PYTHONPATH=src python3 benchmarks/train_dpo.py --out train_dpo_h200.json
+    # CPU smoke (tiny model, seconds):
+    PYTHONPATH=src python3 benchmarks/train_dpo.py --smoke --out train_dpo_cpu.json
+
+TRL runs only where `trl` (and `datasets`) import; otherwise its entry records why it was skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+MODES = ("rewardkit_live", "rewardkit_precomputed", "trl_live")
+
+
+def make_token_pairs(args) -> list[dict]:
+    """Prompt / chosen / rejected token ids, lengths uniform in [L/2, L]."""
+    rng = random.Random(args.seed)
+
+    def ids(n: int) -> list[int]:
+        return [rng.randrange(16, args.vocab) for _ in range(n)]
+
+    rows = []
+    for _ in range(args.pairs):
+        prompt = ids(rng.randint(args.prompt_len // 2, args.prompt_len))
+        rows.append(
+            {
+                "prompt_ids": prompt,
+                "chosen_ids": ids(rng.randint(args.completion_len // 2, args.completion_len)),
+                "rejected_ids": ids(rng.randint(args.completion_len // 2, args.completion_len)),
+            }
+        )
+    return rows
+
+
+def device_and_memory():
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def peak_memory() -> dict:
+    import torch
+
+    if not torch.cuda.is_available():
+        import resource
+
+        return {"peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+    return {
+        "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
+        "peak_reserved_gib": torch.cuda.max_memory_reserved() / 2**30,
+    }
+
+
+def run_rewardkit(args, *, precompute: bool) -> dict:
+    import torch
+
+    from rewardkit.data.records import TokenizedBranch, TokenizedPair
+    from rewardkit.models.tiny import build_tokenizer
+    from rewardkit.train.loop import Trainer
+    from rewardkit.train.recipes.dpo import DPOPolicyObjective, load_dpo_config
+
+    device = device_and_memory()
+    rows = make_token_pairs(args)
+
+    def branch(prompt: list[int], completion: list[int]) -> TokenizedBranch:
+        ids = prompt + completion
+        return TokenizedBranch(ids, [0] * len(prompt) + [1] * len(completion), len(ids) - 1)
+
+    pairs = [
+        TokenizedPair(
+            f"b{i}", branch(r["prompt_ids"], r["chosen_ids"]), branch(r["prompt_ids"], r["rejected_ids"])
+        )
+        for i, r in enumerate(rows)
+    ]
+    tokenizer = build_tokenizer(["benchmark corpus"], vocab_size=300)
+    run_dir = Path(tempfile.mkdtemp(prefix="rk-dpo-bench-"))
+    cfg = load_dpo_config(
+        None,
+        [
+            f"model.tiny={args.model}",
+            f"model.config_overrides.vocab_size={args.vocab}",
+            f"data.max_length={args.prompt_len + args.completion_len}",
+            f"run.global_batch_pairs={args.batch_pairs}",
+            f"run.max_steps={args.warmup + args.steps}",
+            f"run.layout={args.layout}",
+            f"run.run_dir={run_dir}",
+            "run.progress=false",
+            f"optim.lr={args.lr}",
+            "optim.schedule=constant",
+            "optim.max_grad_norm=1.0",
+            f"dpo.beta={args.beta}",
+            f"dpo.precompute_reference={str(precompute).lower()}",
+            f"dpo.reference_batch_size={args.batch_pairs}",
+        ],
+    )
+    objective = DPOPolicyObjective(cfg, train_pairs=pairs, data_sha256="benchmark")
+    trainer = Trainer(cfg, objective, train_pairs=pairs, tokenizer=tokenizer, data_sha256="benchmark")
+    started = time.perf_counter()
+    with trainer.autocast:  # the precision training uses, as when the first micro-batch triggers it
+        objective._prepare(device)  # live: moves the reference; precomputed: scores every pair once, frees it
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    prepare_s = time.perf_counter() - started
+    step_tokens_per_s, losses = [], []
+    for step in range(args.warmup + args.steps):
+        metrics = trainer.train_step()
+        losses.append(metrics["loss"])
+        if step >= args.warmup:
+            step_tokens_per_s.append(metrics["tokens_per_s"])
+    return {
+        "tokens_per_s": statistics.median(step_tokens_per_s),
+        "reference_prepare_s": prepare_s,
+        "losses": losses,
+        **peak_memory(),
+    }
+
+
+def run_trl(args) -> dict:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, TrainerCallback
+    from trl import DPOConfig, DPOTrainer
+
+    from rewardkit.models.tiny import build_tokenizer, tiny_config
+
+    device = device_and_memory()
+    torch.manual_seed(0)
+    config = tiny_config(args.model, vocab_size=args.vocab)
+    config._attn_implementation = "sdpa"
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    tokenizer = build_tokenizer(["benchmark corpus"], vocab_size=300)
+    dataset = Dataset.from_list(make_token_pairs(args))
+
+    class PreTokenized(DPOTrainer):
+        """The rows already hold prompt_ids / chosen_ids / rejected_ids: skip TRL's text tokenisation."""
+
+        def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
+            return dataset
+
+    class Timer(TrainerCallback):
+        def __init__(self) -> None:
+            self.marks: list[tuple[float, int]] = []
+            self.trainer = None
+
+        def on_step_end(self, _args, state, control, **kwargs):
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            self.marks.append((time.perf_counter(), int(getattr(self.trainer, "_total_train_tokens", 0))))
+
+    out_dir = tempfile.mkdtemp(prefix="trl-dpo-bench-")
+    trl_args = DPOConfig(
+        output_dir=out_dir,
+        per_device_train_batch_size=args.batch_pairs,
+        gradient_accumulation_steps=1,
+        max_steps=args.warmup + args.steps,
+        learning_rate=args.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        max_grad_norm=1.0,
+        optim="adamw_torch",
+        bf16=device.type == "cuda",
+        use_cpu=device.type != "cuda",
+        beta=args.beta,
+        max_length=None,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        remove_unused_columns=False,
+        dataloader_num_workers=0,
+        disable_dropout=True,
+    )
+    timer = Timer()
+    trainer = PreTokenized(
+        model=model,
+        ref_model=copy.deepcopy(model),  # TRL 1.x rebuilds a missing ref_model from a hub path, which we lack
+        args=trl_args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[timer],
+    )
+    timer.trainer = trainer
+    trainer.train()
+    timed = timer.marks[args.warmup - 1 :] if args.warmup else [(timer.marks[0][0], 0), *timer.marks]
+    seconds = timed[-1][0] - timed[0][0]
+    tokens = timed[-1][1] - timed[0][1]
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    return {"tokens_per_s": tokens / seconds if seconds > 0 else None, "losses": losses, **peak_memory()}
+
+
+def worker(args) -> dict:
+    import torch
+
+    torch.manual_seed(0)
+    if args.worker == "rewardkit_live":
+        return run_rewardkit(args, precompute=False)
+    if args.worker == "rewardkit_precomputed":
+        return run_rewardkit(args, precompute=True)
+    try:
+        import datasets  # noqa: F401
+        import trl  # noqa: F401
+    except ImportError as exc:
+        return {"skipped": f"trl not importable: {exc}"}
+    return run_trl(args)
+
+
+def versions() -> dict:
+    import torch
+    import transformers
+
+    info = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
+    try:
+        import trl
+
+        info["trl"] = trl.__version__
+    except ImportError:
+        info["trl"] = None
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    else:
+        info["cpu_count"] = os.cpu_count()
+    return info
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny model and data (CPU, seconds)")
+    parser.add_argument("--model", default=None, help="a rewardkit.models.tiny config (default qwen2-0.5b)")
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--pairs", type=int, default=None)
+    parser.add_argument("--batch-pairs", type=int, default=None)
+    parser.add_argument("--prompt-len", type=int, default=None)
+    parser.add_argument("--completion-len", type=int, default=None)
+    parser.add_argument("--steps", type=int, default=None, help="timed steps")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--layout", default="packed", choices=["right", "left", "packed"])
+    parser.add_argument("--lr", type=float, default=1e-6)
+    parser.add_argument("--beta", type=float, default=0.1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    full = {
+        "model": "qwen2-0.5b",
+        "pairs": 96,
+        "batch_pairs": 8,
+        "prompt_len": 512,
+        "completion_len": 256,
+        "steps": 8,
+    }
+    smoke = {
+        "model": "tiny-llama",
+        "pairs": 24,
+        "batch_pairs": 4,
+        "prompt_len": 48,
+        "completion_len": 24,
+        "steps": 3,
+    }
+    for key, value in (smoke if args.smoke else full).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    from rewardkit.models.tiny import TINY_CONFIGS
+
+    args.vocab = TINY_CONFIGS[args.model].get("vocab_size", 512)
+
+    if args.worker:
+        print("RESULT " + json.dumps(worker(args)), flush=True)
+        return 0
+
+    settings = {k: v for k, v in vars(args).items() if k not in ("out", "worker", "modes")}
+    results: dict[str, dict] = {}
+    passthrough = [a for a in (argv if argv is not None else sys.argv[1:])]
+    for mode in args.modes.split(","):
+        started = time.perf_counter()
+        proc = subprocess.run(
+            [sys.executable, __file__, *passthrough, "--worker", mode],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+        if proc.returncode == 0 and lines:
+            results[mode] = json.loads(lines[-1][len("RESULT ") :])
+        else:
+            results[mode] = {"error": (proc.stderr or proc.stdout)[-2000:], "returncode": proc.returncode}
+        results[mode]["wall_s"] = time.perf_counter() - started
+        print(f"{mode}: {json.dumps({k: v for k, v in results[mode].items() if k != 'losses'})}", flush=True)
+    memory_key = (
+        "peak_allocated_gib" if "peak_allocated_gib" in results.get("rewardkit_live", {}) else "peak_rss_gib"
+    )
+    summary = {}
+    live, pre, trl_live = (results.get(m, {}) for m in MODES)
+    if live.get("tokens_per_s") and trl_live.get("tokens_per_s"):
+        summary["speedup_vs_trl"] = live["tokens_per_s"] / trl_live["tokens_per_s"]
+    if live.get(memory_key) and pre.get(memory_key):
+        summary["precomputed_over_live_peak_memory"] = pre[memory_key] / live[memory_key]
+    report = {"settings": settings, "versions": versions(), "results": results, "summary": summary}
+    print(json.dumps(summary, indent=2))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""Sequence log-probabilities of completions under a causal LM, for padded and packed batches.
+
+DPO compares log π(completion | prompt) between two completions and two models, so the
+quantity must not depend on how a batch was laid out. Both layouts go through one function:
+
+- **padded**: `input_ids` [B, T] with an `attention_mask`; one sequence per row.
+- **packed**: several sequences concatenated in a row, `attention_mask=None` and
+  `position_ids` restarting at 0 for each sequence. transformers turns restarting position ids
+  into a block-diagonal causal mask, so sequences never attend to each other.
+
+`segment_ids` [B, T] names the sequence each token belongs to (−1 for padding). Token t is
+scored when `loss_mask[t] == 1` and token t−1 belongs to the same sequence, so a completion
+token is never predicted from the end of the previous packed sequence.
+
+Sequence log-probs are **sums** over completion tokens (the DPO likelihood). IPO is defined on
+length-normalised log-probs, so `average=True` divides by the completion length, as TRL does
+for `loss_type="ipo"`.
+
+Only the logits of positions that predict a completion token are materialised (via
+transformers' `logits_to_keep`), which skips the vocabulary projection for prompt tokens and
+is most of the memory of a long-prompt batch.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import TYPE_CHECKING, Any
+
+from rewardkit.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+
+POLICY_LOADER = "transformers.AutoModelForCausalLM"
+
+
+def build_policy(cfg: Any, *, vocab_size: int | None = None):
+    """An fp32 `AutoModelForCausalLM` from the `model:` section (the reward models' builder).
+
+    `path` loads a local directory (or a GGUF file in it, dequantised) offline, without remote
+    code unless `trust_remote_code` is set; `tiny` and `config` build a random-initialised model
+    sized to the tokenizer. `init_from` (a reward-model checkpoint) has no policy meaning.
+    """
+    from transformers import AutoModelForCausalLM
+
+    from rewardkit.models.reward_model import build_backbone
+    from rewardkit.train.recipes.reward_model import _model_spec
+
+    if cfg.model.init_from:
+        raise ConfigError("model.init_from loads reward models; give a DPO policy with model.path")
+    return build_backbone(_model_spec(cfg), vocab_size=vocab_size, auto_class=AutoModelForCausalLM)
+
+
+def _accepts_logits_to_keep(model) -> bool:
+    inner = getattr(model, "module", model)  # DDP wraps the model; FSDP2 keeps its class
+    return "logits_to_keep" in inspect.signature(inner.forward).parameters
+
+
+def sequence_logps(
+    model,
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    segment_ids: torch.Tensor,
+    num_segments: int,
+    *,
+    attention_mask: torch.Tensor | None = None,
+    position_ids: torch.Tensor | None = None,
+    average: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-sequence completion log-probs [num_segments] (fp32) and completion token counts.
+
+    Pass `attention_mask` for padded batches, `position_ids` (restarting per sequence) and no
+    mask for packed ones.
+    """
+    import torch
+
+    if attention_mask is not None and position_ids is None:
+        # Left or right padding: positions count real tokens only.
+        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    same_sequence = segment_ids[:, 1:] == segment_ids[:, :-1]
+    targets = (loss_mask[:, 1:] != 0) & same_sequence & (segment_ids[:, 1:] >= 0)
+    rows, predictor = targets.nonzero(as_tuple=True)  # logits at `predictor` predict token predictor+1
+    kwargs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+    if _accepts_logits_to_keep(model):
+        columns = torch.unique(predictor)
+        logits = model(**kwargs, use_cache=False, logits_to_keep=columns).logits
+        column_of = torch.searchsorted(columns, predictor)
+    else:
+        logits = model(**kwargs, use_cache=False).logits
+        column_of = predictor
+    selected = logits[rows, column_of].float()
+    labels = input_ids[rows, predictor + 1]
+    token_logps = selected.gather(-1, labels[:, None]).squeeze(-1) - torch.logsumexp(selected, dim=-1)
+    segments = segment_ids[rows, predictor + 1]
+    totals = torch.zeros(num_segments, dtype=torch.float32, device=input_ids.device)
+    totals = totals.index_add(0, segments, token_logps)
+    counts = torch.zeros(num_segments, dtype=torch.long, device=input_ids.device)
+    counts = counts.index_add(0, segments, torch.ones_like(segments))
+    if average:
+        totals = totals / counts.clamp(min=1)
+    return totals, counts
+
+
+def dropout_settings(model) -> dict[str, float]:
+    """Every dropout probability > 0 in the model: config fields and `nn.Dropout` modules."""
+    import torch
+
+    found: dict[str, float] = {}
+    config = getattr(model, "config", None)
+    if config is not None:
+        for key, value in config.to_dict().items():
+            if ("dropout" in key or key.endswith("_pdrop")) and isinstance(value, int | float) and value > 0:
+                found[f"config.{key}"] = float(value)
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Dropout) and module.p > 0:
+            found[name] = float(module.p)
+    return found
+
+
+def check_policy_semantics(model, *, allow_dropout: bool) -> None:
+    """Refuse dropout during DPO unless the config opts in.
+
+    With dropout on, the policy's log-probs are a random variable while the reference's are
+    not, so log π − log π_ref at step 0 is noise instead of 0 and the implicit reward is biased.
+    """
+    if allow_dropout:
+        return
+    active = dropout_settings(model)
+    if active:
+        shown = ", ".join(f"{k}={v}" for k, v in sorted(active.items())[:4])
+        raise ConfigError(
+            f"policy has dropout > 0 ({shown}); DPO log-probs must be deterministic. "
+            "Set the dropout fields to 0 or set policy.allow_dropout: true"
+        )

@@ -1,0 +1,357 @@
+"""DPO recipe: the policy objective for the shared loop, config loading and `run(config)`.
+
+`rewardkit train dpo --config cfg.yaml [key=value ...]` ends up in `run`. Everything that is
+not DPO-specific (data preparation, sampling, accumulation, optimiser, checkpoints, resume,
+evaluation artifacts) is the reward-model loop's, unchanged.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from rewardkit.data.records import TokenizedPair
+from rewardkit.errors import ConfigError
+from rewardkit.hashing import sha256_file
+from rewardkit.losses import dpo_loss
+from rewardkit.models.batching import collate
+from rewardkit.models.loading import WEIGHTS_FILE, CheckpointError
+from rewardkit.models.policy import POLICY_LOADER, build_policy, check_policy_semantics
+from rewardkit.models.reference import (
+    PinnedSnapshot,
+    ReferenceSidecar,
+    check_sidecar,
+    freeze,
+    load_pinned_reference,
+    sidecar_for,
+)
+from rewardkit.train.config import TrainConfig, from_dict, read_config_data
+from rewardkit.train.dpo import (
+    DPOObjective,
+    DPOSettings,
+    ReferenceLogps,
+    batch_logps,
+    check_lora,
+    dpo_metrics,
+    precompute_reference,
+    release,
+)
+from rewardkit.train.loop import EvalSet, RunResult, Trainer
+from rewardkit.train.objective import MicroBatchOutput
+
+log = logging.getLogger("rewardkit.train")
+
+OBJECTIVE = "dpo"
+ROLE = "policy"
+HEAD_TYPE = "causal_lm"
+
+
+@dataclass
+class DPOTrainConfig(TrainConfig):
+    """The reward-model config plus a `dpo:` section (docs/dpo.md)."""
+
+    dpo: DPOSettings = field(default_factory=DPOSettings)
+
+
+def load_dpo_config(path: str | Path | None, overrides: Sequence[str] = ()) -> DPOTrainConfig:
+    data = read_config_data(path, overrides)
+    check_lora(data.get("model"), data.get("dpo"))  # before from_dict calls `model.lora` just unknown
+    return from_dict(DPOTrainConfig, data)
+
+
+def write_causal_lm(
+    directory: Path, policy: nn.Module, state_dict: dict[str, torch.Tensor], tokenizer: Any
+) -> str:
+    """model.safetensors + config.json (+ generation config, tokenizer): a plain HF causal LM dir.
+
+    Tied weights (embeddings = LM head) arrive as one storage under two names; safetensors
+    refuses shared storage, so the second name gets its own copy.
+    """
+    from safetensors.torch import save_file
+
+    seen: set[int] = set()
+    tensors = {}
+    for name, value in state_dict.items():
+        tensor = value.detach().to("cpu").contiguous()
+        if tensor.data_ptr() in seen:
+            tensor = tensor.clone()
+        seen.add(tensor.data_ptr())
+        tensors[name] = tensor
+    save_file(tensors, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
+    policy.config.save_pretrained(directory)
+    if getattr(policy, "generation_config", None) is not None:
+        policy.generation_config.save_pretrained(directory)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(directory)
+    return sha256_file(directory / WEIGHTS_FILE)
+
+
+class DPOPolicyObjective:
+    """The loop's `Objective` for DPO: builds policy + frozen reference, reduces per-pair losses."""
+
+    name = OBJECTIVE
+    role = ROLE
+
+    def __init__(
+        self,
+        cfg: DPOTrainConfig,
+        *,
+        train_pairs: Sequence[TokenizedPair],
+        data_sha256: str,
+        eval_pairs: Sequence[TokenizedPair] = (),
+        eval_sha256: str | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.settings = cfg.dpo
+        self.train_pairs = list(train_pairs)
+        self.eval_pairs = list(eval_pairs)
+        self.data_sha256 = data_sha256
+        self.eval_sha256 = eval_sha256
+        self.pad_token_id = 0
+        self.policy: nn.Module | None = None
+        self.reference: nn.Module | None = None
+        self.sidecar: ReferenceSidecar | None = None
+        self.component: DPOObjective | None = None
+        self._eval_logps: ReferenceLogps | None = None
+        self._metadata: dict[str, Any] = {}
+
+    # ---- model ------------------------------------------------------------------------
+    def _build_reference(self, policy: nn.Module) -> None:
+        ref = self.settings.reference
+        if not self.settings.needs_reference:
+            return
+        if ref.source == "initial_policy":
+            self.reference = freeze(copy.deepcopy(policy))
+            self.sidecar = sidecar_for(self.reference, source="initial_policy")
+        else:
+            spec = PinnedSnapshot(
+                ref.repo, ref.revision, Path(ref.path), Path(ref.cache_dir) if ref.cache_dir else None
+            )
+            self.reference = load_pinned_reference(spec, dtype=torch.float32)
+            if self.reference.config.vocab_size != policy.config.vocab_size:
+                raise ConfigError(
+                    f"reference vocabulary {self.reference.config.vocab_size} != policy vocabulary"
+                    f" {policy.config.vocab_size}: log-probs would be over different tokens"
+                )
+            self.sidecar = sidecar_for(
+                self.reference, source="snapshot", repo=ref.repo, revision=ref.revision
+            )
+
+    def build_model(self, tokenizer: Any) -> nn.Module:
+        from rewardkit.data.tokenize import template_sha256, tokenizer_sha256
+
+        policy = build_policy(self.cfg, vocab_size=len(tokenizer))
+        if len(tokenizer) > policy.config.vocab_size:
+            raise ConfigError(
+                f"tokenizer has {len(tokenizer)} tokens but the policy's vocabulary is {policy.config.vocab_size}"
+            )
+        check_policy_semantics(policy, allow_dropout=self.settings.allow_dropout)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.pad_token_id = int(pad or 0)
+        self._build_reference(policy)
+        self.policy = policy
+        self._metadata = {
+            "objective": self.name,
+            "role": self.role,
+            "head_type": HEAD_TYPE,
+            "loader": POLICY_LOADER,
+            "architecture": type(policy).__name__,
+            "dpo": self.settings.to_json(),
+            "reference": self.sidecar.to_json() if self.sidecar else None,
+            "tokenizer_sha256": tokenizer_sha256(tokenizer),
+            "template_sha256": template_sha256(tokenizer),
+            "attn_implementation": self.cfg.model.attn_implementation,
+            "max_length": self.cfg.data.max_length,
+        }
+        return policy
+
+    def _prepare(self, device: torch.device) -> DPOObjective:
+        """Move the reference next to the policy, or score everything once and free it."""
+        if self.component is not None:
+            return self.component
+        s = self.settings
+        if self.reference is None or not s.precompute_reference:
+            if self.reference is not None:
+                self.reference.to(device)
+            self.component = DPOObjective(s, reference=self.reference)
+            return self.component
+        self.reference.to(device)
+        cache_dir = Path(s.reference_cache_dir or Path(self.cfg.run.run_dir) / "reference_cache")
+        common = {
+            "cache_dir": cache_dir,
+            "reference_digest": self.sidecar.param_sha256,
+            "average": s.average_logps,
+            "batch_size": s.reference_batch_size,
+            "layout": self.cfg.run.layout,
+            "pad_token_id": self.pad_token_id,
+        }
+        train = precompute_reference(self.reference, self.train_pairs, data_digest=self.data_sha256, **common)
+        if self.eval_pairs:
+            self._eval_logps = precompute_reference(
+                self.reference, self.eval_pairs, data_digest=self.eval_sha256 or "eval", **common
+            )
+        release(self.reference)
+        self.reference = None
+        self.component = DPOObjective(s, reference_logps=train)
+        return self.component
+
+    # ---- the loop's protocol ----------------------------------------------------------
+    def micro_batch(
+        self, model: nn.Module, pairs: Sequence[TokenizedPair], device: torch.device
+    ) -> MicroBatchOutput:
+        component = self._prepare(device)
+        batch = collate(
+            pairs,
+            layout=self.cfg.run.layout,
+            pad_token_id=self.pad_token_id,
+            max_length=self.cfg.data.max_length,
+        ).to(device)
+        losses, metrics = component.loss(model, batch, pairs)
+        return MicroBatchOutput(
+            loss_sum=losses.sum(),
+            chosen=metrics["rewards/chosen"],
+            rejected=metrics["rewards/rejected"],
+            num_tokens=batch.num_tokens,
+            num_slots=batch.num_slots,
+            extra=metrics,
+        )
+
+    @torch.no_grad()
+    def score(self, model: nn.Module, pairs: Sequence[TokenizedPair], batch_size: int):
+        """Implicit rewards (chosen, rejected) and per-pair DPO losses, float64, input order."""
+        device = next(model.parameters()).device
+        component = self._prepare(device)
+        if self._eval_logps is not None:
+            component = DPOObjective(self.settings, reference_logps=self._eval_logps)
+        was_training = model.training
+        model.eval()
+        s = self.settings
+        chosen, rejected, losses = [], [], []
+        try:
+            for start in range(0, len(pairs), batch_size):
+                chunk = pairs[start : start + batch_size]
+                batch = collate(chunk, layout=self.cfg.run.layout, pad_token_id=self.pad_token_id).to(device)
+                ref_c, ref_r = component.reference_batch(batch, chunk)
+                pol_c, pol_r = batch_logps(model, batch, chunk, average=s.average_logps)
+                m = dpo_metrics(pol_c, pol_r, ref_c, ref_r, beta=s.beta)
+                chosen.append(m["rewards/chosen"].double().cpu().numpy())
+                rejected.append(m["rewards/rejected"].double().cpu().numpy())
+                loss = dpo_loss(
+                    s.loss_type, pol_c, pol_r, ref_c, ref_r, beta=s.beta, label_smoothing=s.label_smoothing
+                )
+                losses.append(loss.double().cpu().numpy())
+        finally:
+            model.train(was_training)
+        if not chosen:
+            return np.zeros(0), np.zeros(0), np.zeros(0)
+        return np.concatenate(chosen), np.concatenate(rejected), np.concatenate(losses)
+
+    def write_model(self, directory: Path, state_dict: dict[str, torch.Tensor], tokenizer: Any) -> str:
+        return write_causal_lm(Path(directory), self.policy, state_dict, tokenizer)
+
+    def checkpoint_metadata(self) -> dict[str, Any]:
+        return dict(self._metadata)
+
+    def validate_resume(self, metadata: dict[str, Any]) -> None:
+        """Same objective, same loss, and the very same reference (parameter digest recomputed)."""
+        if metadata.get("objective") != self.name or metadata.get("role") != self.role:
+            raise CheckpointError(
+                f"checkpoint objective {metadata.get('objective')!r} / role {metadata.get('role')!r};"
+                f" a DPO run resumes only from {self.name!r} / {self.role!r}",
+                code="wrong_objective",
+            )
+        recorded = metadata.get("dpo") or {}
+        for key in ("loss_type", "beta", "label_smoothing"):
+            if recorded.get(key) != getattr(self.settings, key):
+                raise CheckpointError(
+                    f"checkpoint was trained with dpo.{key}={recorded.get(key)!r}, this run has"
+                    f" {getattr(self.settings, key)!r}",
+                    code="dpo_settings_mismatch",
+                )
+        if self.sidecar is not None:
+            if not metadata.get("reference"):
+                raise CheckpointError("checkpoint records no reference sidecar", code="reference_mismatch")
+            check_sidecar(ReferenceSidecar.from_json(metadata["reference"]), self.sidecar)
+
+
+def run(cfg: DPOTrainConfig, *, resume: str | None = None, allow_new_data: bool = False) -> RunResult:
+    """Prepare data (the reward-model pipeline), train with the shared loop, checkpoint, evaluate."""
+    from rewardkit.train.checkpoint import latest_checkpoint
+    from rewardkit.train.recipes.reward_model import prepare_data
+
+    data = prepare_data(cfg)
+    objective = DPOPolicyObjective(
+        cfg,
+        train_pairs=data.train,
+        data_sha256=data.data_sha256,
+        eval_pairs=data.eval,
+        eval_sha256=data.probe_sha256,
+    )
+    trainer = Trainer(
+        cfg,
+        objective,
+        train_pairs=data.train,
+        tokenizer=data.tokenizer,
+        data_sha256=data.data_sha256,
+        eval_set=EvalSet(data.eval, data.probe_sha256) if data.eval else None,
+    )
+    if resume == "auto":
+        found = latest_checkpoint(Path(cfg.run.run_dir) / "checkpoints")
+        resume = str(found) if found else None
+    if resume:
+        trainer.resume(resume, allow_new_data=allow_new_data)
+    return trainer.fit()
+
+
+def export_causal_lm(checkpoint: str | Path, out: str | Path) -> dict[str, Any]:
+    """Write a DPO checkpoint's policy as a plain HF causal LM directory (`rewardkit export hf`).
+
+    The weights are checked against the checkpoint's recorded SHA-256 first. The export is
+    `save_pretrained` output plus the tokenizer, with none of the training state; it is reloaded
+    with plain transformers and must give bit-identical logits before it is renamed into place.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rewardkit.atomic import staged_dir
+    from rewardkit.export import ExportError
+    from rewardkit.models.loading import read_metadata
+
+    checkpoint, out = Path(checkpoint), Path(out)
+    meta = read_metadata(checkpoint)
+    if meta.get("objective") != OBJECTIVE:
+        raise CheckpointError(
+            f"{checkpoint}: objective {meta.get('objective')!r} is not a DPO policy", code="wrong_objective"
+        )
+    weights = checkpoint / WEIGHTS_FILE
+    if not weights.is_file() or sha256_file(weights) != meta.get("model_sha256"):
+        raise CheckpointError(
+            f"{weights}: missing or does not match the recorded model_sha256", code="weights_mismatch"
+        )
+    load = {"local_files_only": True, "trust_remote_code": False, "dtype": torch.float32}
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, **load).eval()
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
+    probe = torch.arange(min(32, model.config.vocab_size))[None] % model.config.vocab_size
+    with staged_dir(out) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        reloaded = AutoModelForCausalLM.from_pretrained(tmp, **load).eval()
+        with torch.no_grad():
+            diff = float((model(probe).logits - reloaded(probe).logits).abs().max())
+        if diff != 0.0:
+            raise ExportError(f"exported causal LM disagrees with the checkpoint by {diff:.2e}")
+    log.info("exported %s as a %s to %s", checkpoint, type(model).__name__, out)
+    return {
+        "checkpoint": str(checkpoint),
+        "out": str(out),
+        "architecture": type(model).__name__,
+        "max_abs_diff": diff,
+        "source_model_sha256": meta.get("model_sha256"),
+    }

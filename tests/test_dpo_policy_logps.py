@@ -1,0 +1,129 @@
+"""Completion log-probs: padded and packed layouts agree, and both match a plain per-sequence forward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from rewardkit.errors import ConfigError
+from rewardkit.models.policy import check_policy_semantics, sequence_logps
+from rewardkit.models.tiny import tiny_config
+
+VOCAB = 97
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny_config("tiny-llama", vocab_size=VOCAB), dtype=torch.float32)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def sequences():
+    """(ids, loss_mask) with varied prompt/completion lengths, including an empty prompt."""
+    gen = torch.Generator().manual_seed(1)
+    out = []
+    for prompt_len, completion_len in [(5, 3), (1, 9), (0, 4), (12, 1), (7, 7)]:
+        ids = torch.randint(0, VOCAB, (prompt_len + completion_len,), generator=gen).tolist()
+        out.append((ids, [0] * prompt_len + [1] * completion_len))
+    return out
+
+
+def padded(sequences, *, left: bool):
+    width = max(len(ids) for ids, _ in sequences)
+    n = len(sequences)
+    input_ids = torch.zeros(n, width, dtype=torch.long)
+    loss_mask = torch.zeros(n, width, dtype=torch.long)
+    attention = torch.zeros(n, width, dtype=torch.long)
+    segments = torch.full((n, width), -1, dtype=torch.long)
+    for row, (ids, mask) in enumerate(sequences):
+        cols = slice(width - len(ids), width) if left else slice(0, len(ids))
+        input_ids[row, cols] = torch.tensor(ids)
+        loss_mask[row, cols] = torch.tensor(mask)
+        attention[row, cols] = 1
+        segments[row, cols] = row
+    return {
+        "input_ids": input_ids,
+        "loss_mask": loss_mask,
+        "segment_ids": segments,
+        "attention_mask": attention,
+    }
+
+
+def packed(sequences, *, rows: int):
+    """Greedy-pack into `rows` rows, padding each row's tail as its own segment −1."""
+    buckets: list[list[int]] = [[] for _ in range(rows)]
+    for index in range(len(sequences)):
+        buckets[index % rows].append(index)
+    width = max(sum(len(sequences[i][0]) for i in bucket) for bucket in buckets) + 2
+    input_ids = torch.zeros(rows, width, dtype=torch.long)
+    loss_mask = torch.zeros(rows, width, dtype=torch.long)
+    positions = torch.zeros(rows, width, dtype=torch.long)
+    segments = torch.full((rows, width), -1, dtype=torch.long)
+    for row, bucket in enumerate(buckets):
+        start = 0
+        for index in bucket:
+            ids, mask = sequences[index]
+            cols = slice(start, start + len(ids))
+            input_ids[row, cols] = torch.tensor(ids)
+            loss_mask[row, cols] = torch.tensor(mask)
+            positions[row, cols] = torch.arange(len(ids))
+            segments[row, cols] = index
+            start += len(ids)
+        positions[row, start:] = torch.arange(width - start)
+    return {
+        "input_ids": input_ids,
+        "loss_mask": loss_mask,
+        "segment_ids": segments,
+        "position_ids": positions,
+    }
+
+
+def plain_reference(model, sequences, *, average: bool) -> torch.Tensor:
+    """One sequence at a time, full-vocabulary log_softmax: the textbook definition."""
+    values = []
+    with torch.no_grad():
+        for ids, mask in sequences:
+            logps = model(torch.tensor([ids])).logits[0].log_softmax(-1)
+            picked = logps[:-1].gather(-1, torch.tensor(ids[1:])[:, None]).squeeze(-1)
+            keep = torch.tensor(mask[1:], dtype=torch.float32)
+            total = (picked * keep).sum()
+            values.append(total / keep.sum() if average else total)
+    return torch.stack(values)
+
+
+@pytest.mark.parametrize("average", [False, True])
+def test_padded_and_packed_layouts_agree_with_plain_forward(model, sequences, average):
+    expected = plain_reference(model, sequences, average=average)
+    layouts = {
+        "right-padded": padded(sequences, left=False),
+        "left-padded": padded(sequences, left=True),
+        "packed-1-row": packed(sequences, rows=1),
+        "packed-2-rows": packed(sequences, rows=2),
+    }
+    for name, batch in layouts.items():
+        with torch.no_grad():
+            logps, counts = sequence_logps(model, **batch, num_segments=len(sequences), average=average)
+        assert logps.dtype == torch.float32
+        # the first token of a sequence has no predecessor, so an empty prompt scores one token fewer
+        assert counts.tolist() == [sum(mask[1:]) for _, mask in sequences], name
+        torch.testing.assert_close(logps, expected, atol=1e-5, rtol=0, msg=name)
+
+
+def test_gradients_flow_through_packed_logps(model, sequences):
+    model.zero_grad()
+    logps, _ = sequence_logps(model, **packed(sequences, rows=1), num_segments=len(sequences))
+    logps.sum().backward()
+    assert model.lm_head.weight.grad is not None and model.lm_head.weight.grad.abs().sum() > 0
+    model.zero_grad()
+
+
+def test_dropout_is_refused_unless_allowed():
+    config = tiny_config("tiny-llama", vocab_size=VOCAB, attention_dropout=0.1)
+    model = AutoModelForCausalLM.from_config(config)
+    with pytest.raises(ConfigError, match=r"config.attention_dropout=0.1"):
+        check_policy_semantics(model, allow_dropout=False)
+    check_policy_semantics(model, allow_dropout=True)
+    check_policy_semantics(AutoModelForCausalLM.from_config(tiny_config("tiny-llama")), allow_dropout=False)

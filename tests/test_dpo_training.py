@@ -1,0 +1,166 @@
+"""DPO through the shared loop: metrics, precomputed reference, resume checks, pinned reference, export."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from huggingface_hub._local_folder import write_download_metadata
+from transformers import AutoModelForCausalLM
+
+from rewardkit.cli import main
+from rewardkit.data.synth import builtin_tokenizer
+from rewardkit.models.loading import CheckpointError
+from rewardkit.models.reference import ReferenceMismatchError, ReferenceVerificationError, git_blob_sha1
+from rewardkit.models.tiny import tiny_config
+from rewardkit.train.recipes.dpo import export_causal_lm, load_dpo_config, run
+
+TRL_METRICS = (
+    "rewards/chosen",
+    "rewards/rejected",
+    "rewards/margins",
+    "rewards/accuracies",
+    "rewards/tie_rate",
+    "rewards/accuracies_tie_aware",
+    "logps/chosen",
+    "logps/rejected",
+)
+REVISION = "89abcdef0123456789abcdef0123456789abcdef"
+
+
+OVERRIDES = (
+    "model.tiny=tiny-llama",
+    "data.synth.train_rows=48",
+    "data.synth.eval_rows=16",
+    "data.max_length=96",
+    "data.max_completion_length=48",
+    "run.max_steps=3",
+    "run.global_batch_pairs=8",
+    "run.eval_batch_size=16",
+    "run.progress=false",
+    "optim.lr=2e-3",
+    "optim.schedule=constant",
+)
+
+
+def config(run_dir: Path, *overrides: str):
+    return load_dpo_config(None, [*OVERRIDES, f"run.run_dir={run_dir}", *overrides])
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_cli_trains_logs_trl_metrics_and_exports_a_plain_causal_lm(tmp_path, capsys):
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text("model: {tiny: tiny-llama}\ndpo: {loss_type: sigmoid, beta: 0.1}\n")
+    overrides = [o for o in OVERRIDES if not o.startswith("model.")]
+    assert main(["train", "dpo", "--config", str(cfg), *overrides, f"run.run_dir={tmp_path / 'run'}"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    result_checkpoint = Path(result["checkpoint"])
+    rows = metrics(tmp_path / "run")
+    assert len(rows) == 3 and all(key in rows[0] for key in TRL_METRICS)
+    first = rows[0]
+    # step 1 starts at the reference: every implicit reward is 0, every pair a tie
+    assert first["rewards/margins"] == pytest.approx(0.0, abs=1e-6)
+    assert first["rewards/tie_rate"] == 1.0 and first["rewards/accuracies_tie_aware"] == 0.5
+    assert first["loss"] == pytest.approx(0.6931471805599453, abs=1e-5)  # log 2
+    meta = json.loads((result_checkpoint / "rewardkit.json").read_text())
+    assert meta["objective"] == "dpo" and meta["reference"]["source"] == "initial_policy"
+
+    assert main(["export", "hf", str(result_checkpoint), str(tmp_path / "hf")]) == 0
+    exported = tmp_path / "hf"
+    assert not (exported / "rewardkit.json").exists() and not (exported / "optimizer.pt").exists()
+    reloaded = AutoModelForCausalLM.from_pretrained(exported, local_files_only=True).eval()
+    trained = AutoModelForCausalLM.from_pretrained(result_checkpoint, local_files_only=True).eval()
+    ids = torch.tensor([[5, 17, 42, 9, 3, 77, 12]])
+    with torch.no_grad():
+        assert torch.equal(reloaded(ids).logits, trained(ids).logits)
+    with pytest.raises(CheckpointError, match="not a DPO policy"):
+        meta["objective"] = "reward_model"
+        (result_checkpoint / "rewardkit.json").write_text(json.dumps(meta))
+        export_causal_lm(result_checkpoint, tmp_path / "hf2")
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("dpo.temperature=0.7", "DPO log-probs are taken at temperature 1"),
+        ("model.config_overrides.attention_dropout=0.1", "policy has dropout > 0"),
+        ("model.lora.r=8", "LoRA needs an explicit reference strategy"),
+    ],
+)
+def test_cli_refuses_settings_that_break_dpo(tmp_path, capsys, override, message):
+    argv = ["train", "dpo", *OVERRIDES, f"run.run_dir={tmp_path / 'run'}", override]
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_precomputed_reference_trains_like_the_live_one(tmp_path):
+    live = run(config(tmp_path / "live", "run.max_steps=2"))
+    # gradient checkpointing changes memory, not values: it rides along here
+    overrides = ("run.max_steps=2", "dpo.precompute_reference=true", "model.gradient_checkpointing=true")
+    cached = run(config(tmp_path / "cached", *overrides))
+    assert len(list((tmp_path / "cached" / "reference_cache").glob("*.safetensors"))) == 2  # train + eval
+    for a, b in zip(metrics(tmp_path / "live"), metrics(tmp_path / "cached"), strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-6)
+        assert a["rewards/margins"] == pytest.approx(b["rewards/margins"], abs=1e-6)
+    assert live.final_accuracy == pytest.approx(cached.final_accuracy, abs=1e-9)
+
+
+def test_resume_recomputes_and_compares_the_reference_sidecar(tmp_path):
+    run_dir = tmp_path / "run"
+    run(config(run_dir, "run.max_steps=2", "run.save_every=1", "run.keep_last=3"))
+    step1 = run_dir / "checkpoints" / "step-0000001"
+    resumed = run(config(run_dir, "run.max_steps=2"), resume=str(step1))
+    assert resumed.step == 2
+    meta = json.loads((step1 / "rewardkit.json").read_text())
+    meta["reference"]["param_sha256"] = "0" * 64
+    (step1 / "rewardkit.json").write_text(json.dumps(meta))
+    with pytest.raises(ReferenceMismatchError, match="param_sha256 changed"):
+        run(config(run_dir, "run.max_steps=2"), resume=str(step1))
+    with pytest.raises(CheckpointError, match="dpo.beta"):
+        run(config(run_dir, "run.max_steps=2", "dpo.beta=0.5"), resume=str(step1))
+
+
+def test_pinned_snapshot_reference(tmp_path):
+    """SFT → DPO: policy and reference both start from a verified local_dir snapshot."""
+    torch.manual_seed(3)
+    sft = AutoModelForCausalLM.from_config(tiny_config("tiny-llama", vocab_size=len(builtin_tokenizer())))
+    snapshot = tmp_path / "sft"
+    sft.save_pretrained(snapshot)
+    for path in sorted(p for p in snapshot.iterdir() if p.is_file()):
+        etag = (
+            git_blob_sha1(path) if path.suffix == ".json" else hashlib.sha256(path.read_bytes()).hexdigest()
+        )
+        write_download_metadata(snapshot, path.name, REVISION, etag)
+    reference = [
+        "dpo.reference.source=snapshot",
+        "dpo.reference.repo=acme/sft",
+        f"dpo.reference.revision={REVISION}",
+        f"dpo.reference.path={snapshot}",
+    ]
+    result = run(
+        config(tmp_path / "run", "model.tiny=null", f"model.path={snapshot}", "run.max_steps=1", *reference)
+    )
+    meta = json.loads((result.checkpoint / "rewardkit.json").read_text())
+    assert meta["reference"]["repo"] == "acme/sft" and meta["reference"]["revision"] == REVISION
+    assert metrics(tmp_path / "run")[0]["rewards/margins"] == pytest.approx(0.0, abs=1e-6)
+
+    copy = tmp_path / "elsewhere"
+    shutil.copytree(snapshot, copy)
+    (copy / "config.json").write_text((copy / "config.json").read_text() + "\n")  # still valid JSON
+    with pytest.raises(ReferenceVerificationError, match="config.json: content hash"):
+        run(
+            config(
+                tmp_path / "run2",
+                "model.tiny=null",
+                f"model.path={snapshot}",
+                *reference[:-1],
+                f"dpo.reference.path={copy}",
+            )
+        )
