@@ -25,6 +25,17 @@ class ScoreItem:
     prompt: str | list[Message]
     response: str | list[Message]
     image: bytes | None = None
+    reference: str | None = None
+    """A reference answer for rule scorers such as `exact_match`; ignored by model scorers."""
+
+
+@dataclass(frozen=True)
+class ItemError:
+    """A per-item failure. Scorers may return one in place of a float (e.g. an undecodable image),
+    and the batcher produces them for NaN/inf (`non_finite`) and exceptions (`scorer_failed`)."""
+
+    code: str
+    message: str
 
 
 @dataclass(frozen=True)
@@ -63,12 +74,22 @@ class Scorer(abc.ABC):
         """Load weights and move them to the device. Called once before warm-up."""
 
     @abc.abstractmethod
-    def score_batch(self, items: list[ScoreItem]) -> list[float]:
-        """Return one float per item, in order. NaN/inf are allowed here; raising fails the batch."""
+    def score_batch(self, items: list[ScoreItem]) -> list[float | ItemError]:
+        """Return one float (or `ItemError`) per item, in order. NaN/inf are allowed here; raising
+        fails the batch."""
 
     @abc.abstractmethod
     def info(self) -> ScorerInfo:
         """Describe the loaded scorer, including its stable identity hash."""
+
+    @classmethod
+    def from_spec(cls, spec: Any) -> Scorer:
+        """Build from a `rewardkit.serve.config.ScorerSpec`. Kinds with options override this."""
+        return cls(spec.name, max_batch_size=spec.max_batch_size, max_wait_ms=spec.max_wait_ms)
+
+    def item_tokens(self, item: ScoreItem) -> int | None:
+        """Approximate token count, for the batcher's token budget. None: the scorer has no budget."""
+        return None
 
     def warmup_item(self) -> ScoreItem:
         """An input that a healthy scorer must score to a finite value before readiness."""

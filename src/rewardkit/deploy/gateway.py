@@ -1,0 +1,181 @@
+"""The gateway: a `ScoringBackend` that forwards items to supervised worker processes.
+
+The serve app cannot tell it from the in-process backend, except in how it fails: when a
+worker dies, every item it was scoring comes back as a `worker_lost` item error (never a
+score), requests for its scorers get `not_ready` until the supervisor has restarted it,
+and scorers on other workers are untouched.
+
+Shutdown is ordered so nothing in flight is cut off and MPS is never quit under a client:
+stop admission → drain in-flight requests (bounded) → stop workers → MPS: wait for an
+empty client list (bounded) → quit → remove the private directories.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+import tempfile
+import time
+from typing import Any
+
+from rewardkit.deploy.config import DeployConfig
+from rewardkit.deploy.mps import ManagedMps
+from rewardkit.deploy.supervisor import Supervisor, SupervisorSettings
+from rewardkit.deploy.transport import RemoteError, WorkerLost, encode_items
+from rewardkit.serve.batcher import check_value
+from rewardkit.serve.errors import STATUS_BY_CODE, ServeError
+from rewardkit.serve.scorers.base import ItemError, ScoreItem, ScorerInfo
+
+log = logging.getLogger(__name__)
+
+
+def decode_results(raw: Any, n: int) -> list[float | ItemError]:
+    """Wire results → ItemResults, re-checking finiteness: a worker bug must not become a reward."""
+    if not isinstance(raw, list) or len(raw) != n:
+        got = len(raw) if isinstance(raw, list) else type(raw).__name__
+        return [ItemError("scorer_failed", f"worker returned {got} results for {n} items")] * n
+    out: list[float | ItemError] = []
+    for r in raw:
+        if isinstance(r, dict) and "score" in r:
+            out.append(check_value(r["score"]))
+        elif isinstance(r, dict) and isinstance(r.get("error"), dict):
+            err = r["error"]
+            out.append(ItemError(str(err.get("code", "scorer_failed")), str(err.get("message", ""))))
+        else:
+            out.append(ItemError("scorer_failed", f"worker returned {r!r}"))
+    return out
+
+
+class GatewayBackend:
+    """Supervised workers (plus a managed MPS daemon in `mps` mode) behind the ScoringBackend API."""
+
+    def __init__(
+        self,
+        config: DeployConfig,
+        *,
+        settings: SupervisorSettings | None = None,
+        drain_timeout_s: float = 30.0,
+        mps_client_timeout_s: float = 15.0,
+    ) -> None:
+        self.config = config
+        self.settings = settings or SupervisorSettings()
+        self.drain_timeout_s = drain_timeout_s
+        self.mps: ManagedMps | None = None
+        if config.mode in ("mps", "mps_external"):
+            self.mps = ManagedMps(
+                pipe_dir=config.mps.pipe_dir,
+                log_dir=config.mps.log_dir,
+                external=config.mode == "mps_external",
+                client_timeout=mps_client_timeout_s,
+            )
+        self.run_dir = tempfile.mkdtemp(prefix="rkdeploy-", dir="/tmp")  # short: sun_path is 108 bytes
+        service_extra = {k: v for k, v in config.service.items() if k == "limits"}
+        self.request_timeout_s = float((config.service.get("limits") or {}).get("request_timeout_s", 120.0))
+        self.supervisor = Supervisor(
+            config.worker_plans(),
+            run_dir=self.run_dir,
+            service_extra=service_extra,
+            imports=config.imports,
+            settings=self.settings,
+        )
+        self._admitting = False
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._started_at: float | None = None
+
+    async def start(self) -> None:
+        if self.mps is not None:
+            await asyncio.to_thread(self.mps.start)
+            self.supervisor.extra_env = self.mps.env()
+        self._started_at = time.time()
+        self._admitting = True
+        await self.supervisor.start()
+
+    async def stop(self) -> None:
+        self._admitting = False
+        if self._in_flight:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), self.drain_timeout_s)
+        await self.supervisor.stop()
+        if self.mps is not None:
+            await asyncio.to_thread(self.mps.shutdown)
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    async def score(self, scorer: str, items: list[ScoreItem]) -> list[float | ItemError]:
+        if not self._admitting:
+            raise ServeError("not_ready", "the service is shutting down", retry_after=5)
+        worker = self.supervisor.worker_for(scorer)
+        if worker is None:
+            raise ServeError("unknown_scorer", f"unknown scorer {scorer!r}")
+        client = worker.client
+        if not worker.ready or client is None:
+            raise ServeError(
+                "not_ready", f"scorer {scorer!r}: worker {worker.plan.name} is {worker.state}", retry_after=2
+            )
+        raw_items, body = encode_items(items)
+        self._in_flight += 1
+        self._idle.clear()
+        try:
+            header, _ = await client.call(
+                "score", {"scorer": scorer, "items": raw_items}, body, timeout=self.request_timeout_s
+            )
+        except WorkerLost as exc:
+            return [ItemError("worker_lost", f"worker {worker.plan.name}: {exc.message}")] * len(items)
+        except RemoteError as exc:
+            if exc.code in STATUS_BY_CODE:
+                raise ServeError(exc.code, exc.message) from None
+            return [ItemError("scorer_failed", f"{exc.code}: {exc.message}")] * len(items)
+        except TimeoutError:
+            raise ServeError(
+                "timeout", f"worker {worker.plan.name} did not answer in {self.request_timeout_s}s"
+            ) from None
+        finally:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._idle.set()
+        return decode_results(header.get("results"), len(items))
+
+    def scorer_infos(self) -> dict[str, ScorerInfo]:
+        out = {}
+        for w in self.supervisor.workers.values():
+            if not w.ready:
+                continue
+            for name, info in w.infos.items():
+                out[name] = ScorerInfo(**info)
+        return out
+
+    def scorer_names(self) -> list[str]:
+        return [s.name for s in self.config.scorers]
+
+    def ready(self) -> tuple[bool, dict[str, Any]]:
+        details: dict[str, Any] = {}
+        for w in self.supervisor.workers.values():
+            for s in w.plan.scorers:
+                details[s.name] = "ready" if w.ready else f"worker {w.plan.name} {w.state}"
+        ok = self._admitting and all(v == "ready" for v in details.values())
+        return ok, details
+
+    def deployment(self) -> dict[str, Any]:
+        """`GET /v1/deployment`: the layout and the live state of every process."""
+        workers = [w.describe() for w in self.supervisor.workers.values()]
+        mps: dict[str, Any] | None = None
+        if self.mps is not None:
+            mps = {
+                "managed": not self.mps.external,
+                "pipe_dir": self.mps.pipe_dir,
+                "log_dir": self.mps.log_dir,
+                "server_pids": self.mps.server_pids(),
+            }
+        return {
+            "backend": "workers",
+            "mode": self.config.mode,
+            "gpus": list(self.config.gpus),
+            "shared_fault_domain": self.config.shared_fault_domain,
+            "workers": workers,
+            "worker_gpu": {w["name"]: w["gpu"] for w in workers},
+            "mps": mps,
+            "restarts": sum(w["restarts"] for w in workers),
+            "started_at": self._started_at,
+        }

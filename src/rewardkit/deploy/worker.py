@@ -1,0 +1,132 @@
+"""A scorer worker: one process hosting one or more scorers behind the Unix-socket transport.
+
+`python -m rewardkit.deploy.worker --plan plan.json --socket /tmp/rkdeploy-x/w.sock`
+
+The plan's environment (CUDA_VISIBLE_DEVICES, CUDA_MPS_*) is applied before torch is
+imported, because CUDA reads it once at initialisation; the per-process memory fraction is
+applied right after. Scorers run in the serve package's `InProcessBackend`, so a worker
+batches exactly like the single-process service, and a consolidated worker (every scorer in
+one process) shares one CUDA context and one event loop that drives all batchers.
+
+The socket is bound only after every scorer has loaded and produced a finite warm-up score,
+so "the socket accepts connections" already means "ready". The worker exits when its stdin
+closes: if the supervisor dies, no orphan keeps holding GPU memory or an MPS client slot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import importlib
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+from rewardkit.deploy.transport import TransportError, decode_items, serve_unix
+
+log = logging.getLogger("rewardkit.deploy.worker")
+
+EXIT_LOAD_FAILED = 3
+
+
+def apply_environment(env: dict[str, str], memory_fraction: float | None) -> None:
+    """Set CUDA env vars, then (only if needed) import torch and cap this process's memory."""
+    os.environ.update(env)
+    if memory_fraction is not None:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.set_per_process_memory_fraction(memory_fraction, 0)
+
+
+def encode_results(results: list[Any]) -> list[dict[str, Any]]:
+    """`ItemResult`s as wire dicts. A non-finite float never leaves the worker as a score."""
+    from rewardkit.serve.batcher import check_value
+
+    out: list[dict[str, Any]] = []
+    for r in map(check_value, results):
+        if isinstance(r, float):
+            out.append({"score": r})
+        else:
+            out.append({"error": {"code": r.code, "message": r.message}})
+    return out
+
+
+class WorkerServer:
+    """Maps transport ops onto an `InProcessBackend`."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+
+    async def handle(self, op: str, header: dict[str, Any], body: bytes) -> tuple[dict[str, Any], bytes]:
+        if op == "score":
+            items = decode_items(header.get("items"), body)
+            results = await self.backend.score(str(header.get("scorer")), items)
+            return {"results": encode_results(results)}, b""
+        if op == "health":
+            ready, details = self.backend.ready()
+            infos = {n: dataclasses.asdict(i) for n, i in self.backend.scorer_infos().items()}
+            return {"ready": ready, "details": details, "scorers": infos, "pid": os.getpid()}, b""
+        raise TransportError(f"unknown op {op!r}")
+
+
+def _exit_when_stdin_closes() -> None:
+    """The supervisor holds our stdin; EOF means it is gone, so leave immediately."""
+
+    def watch() -> None:
+        try:
+            while sys.stdin.buffer.read(4096):
+                pass
+        except (OSError, ValueError):
+            pass
+        os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+async def run_worker(plan: dict[str, Any], socket_path: str) -> int:
+    for module in plan.get("imports", []):
+        importlib.import_module(module)
+    from rewardkit.serve.backend import InProcessBackend
+    from rewardkit.serve.config import config_from_dict
+
+    backend = InProcessBackend(config_from_dict(plan["service"]))
+    await backend.start()
+    ready, details = backend.ready()
+    if not ready:
+        log.error("worker %s failed to load: %s", plan.get("name"), json.dumps(details))
+        return EXIT_LOAD_FAILED
+    server = await serve_unix(socket_path, WorkerServer(backend).handle)
+    log.info("worker %s ready on %s (pid %d)", plan.get("name"), socket_path, os.getpid())
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    server.close()
+    await backend.stop()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rewardkit.deploy.worker")
+    parser.add_argument("--plan", required=True, help="JSON plan written by the supervisor")
+    parser.add_argument("--socket", required=True, help="Unix socket path to serve on")
+    parser.add_argument("--no-parent-watch", action="store_true", help="keep running if stdin closes")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    with open(args.plan, encoding="utf-8") as f:
+        plan = json.load(f)
+    apply_environment(plan.get("env", {}), plan.get("memory_fraction"))
+    if not args.no_parent_watch:
+        _exit_when_stdin_closes()
+    return asyncio.run(run_worker(plan, args.socket))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""What the HTTP app talks to: a `ScoringBackend`. `InProcessBackend` hosts scorers in this process.
+
+The app never touches scorers directly, so the same app serves an in-process backend (one
+dynamic batcher per scorer) or the deploy gateway (items forwarded to worker processes, which
+can fail per item with `worker_lost`). A backend returns one `ItemResult` per item, in order:
+a finite float or an `ItemError`; whole-request problems are raised as `ServeError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from typing import Any, Protocol, runtime_checkable
+
+from rewardkit.serve.batcher import DynamicBatcher, ItemResult, check_value
+from rewardkit.serve.config import ServiceConfig, build_scorer
+from rewardkit.serve.errors import ServeError
+from rewardkit.serve.metrics import ServeMetrics
+from rewardkit.serve.scorers.base import ItemError, ScoreItem, Scorer, ScorerInfo
+from rewardkit.serve.timing import record_timing
+
+__all__ = ["InProcessBackend", "ItemError", "ItemResult", "ScoringBackend", "record_timing"]
+
+log = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class ScoringBackend(Protocol):
+    async def start(self) -> None:
+        """Load scorers and warm them up. The app runs this in the background; /health/ready waits."""
+
+    async def stop(self) -> None: ...
+
+    async def score(self, scorer: str, items: list[ScoreItem]) -> list[ItemResult]:
+        """One result per item, in order. Raise `ServeError` (queue_full, queue_timeout, ...)."""
+
+    def scorer_infos(self) -> dict[str, ScorerInfo]:
+        """Loaded scorers by name (may be empty while loading)."""
+
+    def scorer_names(self) -> list[str]:
+        """Every configured scorer name, loaded or not (unknown vs not-yet-ready)."""
+
+    def ready(self) -> tuple[bool, dict[str, Any]]:
+        """(all scorers loaded, warmed up with a finite score, and not broken; per-scorer details)."""
+
+
+class InProcessBackend:
+    """One `DynamicBatcher` per configured scorer, all in this process."""
+
+    def __init__(
+        self,
+        config: ServiceConfig,
+        *,
+        metrics: ServeMetrics | None = None,
+        scorers: list[Scorer] | None = None,
+    ) -> None:
+        self.config = config
+        self.metrics = metrics
+        self._prebuilt = scorers
+        self._batchers: dict[str, DynamicBatcher] = {}
+        self._infos: dict[str, ScorerInfo] = {}
+        self._status: dict[str, str] = {s.name: "pending" for s in config.scorers}
+
+    def attach_metrics(self, metrics: ServeMetrics) -> None:
+        self.metrics = metrics
+        for b in self._batchers.values():
+            b.metrics = metrics
+
+    async def start(self) -> None:
+        scorers = self._prebuilt or [build_scorer(spec) for spec in self.config.scorers]
+        specs = {s.name: s for s in self.config.scorers}
+        for scorer in scorers:
+            spec = specs.get(scorer.name)
+            batcher = DynamicBatcher(
+                scorer,
+                max_batch_size=spec.max_batch_size if spec else scorer.max_batch_size,
+                max_wait_ms=spec.max_wait_ms if spec else scorer.max_wait_ms,
+                max_queue=spec.max_queue if spec else 4096,
+                token_budget=spec.token_budget if spec else None,
+                queue_timeout_s=self.config.limits.queue_timeout_s,
+                metrics=self.metrics,
+            )
+            self._status.setdefault(scorer.name, "pending")
+            self._status[scorer.name] = "loading"
+            try:
+                await batcher.run_in_thread(scorer.load)
+                warm = await batcher.run_in_thread(scorer.score_batch, [scorer.warmup_item()])
+                value = check_value(warm[0]) if len(warm) == 1 else ItemError("scorer_failed", "no value")
+                if isinstance(value, ItemError) or not math.isfinite(value):
+                    raise RuntimeError(f"warm-up did not produce a finite score: {value}")
+            except Exception as exc:
+                log.exception("scorer %s failed to load", scorer.name)
+                self._status[scorer.name] = f"failed: {type(exc).__name__}: {exc}"[:300]
+                continue
+            batcher.start()
+            self._batchers[scorer.name] = batcher
+            self._infos[scorer.name] = scorer.info()
+            self._status[scorer.name] = "ready"
+            log.info("scorer %s ready (%s)", scorer.name, self._infos[scorer.name].identity[:12])
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(b.stop() for b in self._batchers.values()))
+        self._batchers.clear()
+
+    async def score(self, scorer: str, items: list[ScoreItem]) -> list[ItemResult]:
+        batcher = self._batchers.get(scorer)
+        if batcher is None:
+            raise ServeError(
+                "not_ready", f"scorer {scorer!r} is {self._status.get(scorer, 'unknown')}", retry_after=5
+            )
+        return await batcher.submit(items)
+
+    def scorer_infos(self) -> dict[str, ScorerInfo]:
+        return dict(self._infos)
+
+    def scorer_names(self) -> list[str]:
+        return list(self._status)
+
+    def queue_depths(self) -> dict[str, int]:
+        return {name: b.depth for name, b in self._batchers.items()}
+
+    def ready(self) -> tuple[bool, dict[str, Any]]:
+        details: dict[str, Any] = {}
+        for name, status in self._status.items():
+            batcher = self._batchers.get(name)
+            if batcher is not None and batcher.broken:
+                status = f"broken: {batcher.consecutive_failures} consecutive failed batches"
+            details[name] = status
+        return all(v == "ready" for v in details.values()) and bool(details), details

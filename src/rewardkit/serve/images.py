@@ -1,0 +1,142 @@
+"""Image checks at the door and CLIP preprocessing as tensor ops.
+
+`check_image` runs in the request handler and only reads the header (format and size) plus
+the end-of-stream marker, so an undecodable, truncated or oversized image is a 422/413 before
+it reaches a queue, at a cost of microseconds. The full decode happens in the scorer's batch:
+on the GPU with `torchvision.io.decode_jpeg(device=...)` when torchvision is importable,
+otherwise with Pillow on a thread pool. Resizing, cropping and normalising are the same torch
+ops on either path, so CPU and GPU serving agree.
+"""
+
+from __future__ import annotations
+
+import io
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from rewardkit.serve.errors import ServeError
+
+OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+_JPEG_SOI, _JPEG_EOI = b"\xff\xd8", b"\xff\xd9"
+_PNG_MAGIC, _PNG_IEND = b"\x89PNG\r\n\x1a\n", b"IEND\xaeB`\x82"
+
+
+def check_image(data: bytes, max_pixels: int, *, where: str = "image") -> None:
+    """Reject what cannot be an image before queueing it (structure only, no full decode)."""
+    from PIL import Image, UnidentifiedImageError
+
+    if not data:
+        raise ServeError("bad_image", f"{where} is empty")
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            width, height = img.size
+            fmt = img.format
+    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
+        raise ServeError("bad_image", f"{where} is not a decodable image: {exc}") from None
+    if width * height > max_pixels:
+        raise ServeError("image_too_large", f"{where} has {width}x{height} pixels, limit {max_pixels}")
+    if fmt == "JPEG" and not data.rstrip(b"\x00").endswith(_JPEG_EOI):
+        raise ServeError("bad_image", f"{where} is a truncated JPEG (no end-of-image marker)")
+    if fmt == "PNG" and _PNG_IEND not in data[-64:]:
+        raise ServeError("bad_image", f"{where} is a truncated PNG (no IEND chunk)")
+
+
+@dataclass(frozen=True)
+class Preprocess:
+    """CLIP-style preprocessing: shortest side to `size` (bicubic, antialiased), center crop, normalise."""
+
+    size: int = 224
+    mean: tuple[float, float, float] = OPENAI_CLIP_MEAN
+    std: tuple[float, float, float] = OPENAI_CLIP_STD
+
+    @classmethod
+    def from_model_dir(cls, path: str | None, default_size: int) -> Preprocess:
+        import json
+        from pathlib import Path
+
+        cfg_path = Path(path) / "preprocessor_config.json" if path else None
+        if cfg_path is None or not cfg_path.is_file():
+            return cls(size=default_size)
+        cfg = json.loads(cfg_path.read_text())
+        crop = cfg.get("crop_size", default_size)
+        size = crop.get("height", default_size) if isinstance(crop, dict) else int(crop)
+        return cls(
+            size=size,
+            mean=tuple(cfg.get("image_mean", OPENAI_CLIP_MEAN)),
+            std=tuple(cfg.get("image_std", OPENAI_CLIP_STD)),
+        )
+
+    def __call__(self, images, device, dtype):
+        """uint8 CHW tensors (any sizes) -> normalised [N, 3, size, size] tensor on `device`."""
+        import torch
+        import torch.nn.functional as F
+
+        out = []
+        for img in images:
+            x = img.to(device=device, non_blocking=True).unsqueeze(0).float()
+            h, w = x.shape[-2:]
+            scale = self.size / min(h, w)
+            nh, nw = max(self.size, round(h * scale)), max(self.size, round(w * scale))
+            if (nh, nw) != (h, w):
+                x = F.interpolate(x, size=(nh, nw), mode="bicubic", antialias=True, align_corners=False)
+            top, left = (nh - self.size) // 2, (nw - self.size) // 2
+            out.append(x[..., top : top + self.size, left : left + self.size])
+        batch = torch.cat(out).clamp_(0, 255).div_(255.0)
+        mean = torch.tensor(self.mean, device=device).view(1, 3, 1, 1)
+        std = torch.tensor(self.std, device=device).view(1, 3, 1, 1)
+        return ((batch - mean) / std).to(dtype)
+
+
+def _pil_decode(data: bytes):
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as img:
+        arr = np.asarray(img.convert("RGB"))
+    return torch.from_numpy(arr.copy()).permute(2, 0, 1)
+
+
+class ImageDecoder:
+    """Bytes -> uint8 CHW tensors; per image either a tensor or the exception that decoding raised."""
+
+    def __init__(self, device: str, *, threads: int = 4) -> None:
+        self.device = device
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="image-decode")
+        try:
+            import torchvision.io as tvio  # optional: only where already installed (the GPU box)
+        except Exception:
+            tvio = None
+        self._tvio = tvio if device.startswith("cuda") else None
+
+    @property
+    def on_device(self) -> bool:
+        return self._tvio is not None
+
+    def decode(self, blobs: list[bytes]) -> list[object]:
+        results: list[object] = [None] * len(blobs)
+        todo = list(range(len(blobs)))
+        if self._tvio is not None:
+            import torch
+
+            jpeg = [i for i in todo if blobs[i][:2] == _JPEG_SOI]
+            if jpeg:
+                try:
+                    tensors = [torch.frombuffer(bytearray(blobs[i]), dtype=torch.uint8) for i in jpeg]
+                    decoded = self._tvio.decode_jpeg(
+                        tensors, mode=self._tvio.ImageReadMode.RGB, device=self.device
+                    )
+                    for i, t in zip(jpeg, decoded, strict=True):
+                        results[i] = t
+                    todo = [i for i in todo if i not in set(jpeg)]
+                except RuntimeError:
+                    pass  # one bad JPEG fails the batched call: fall back to per-image CPU decode
+        futures = {i: self._pool.submit(_pil_decode, blobs[i]) for i in todo}
+        for i, fut in futures.items():
+            try:
+                results[i] = fut.result()
+            except Exception as exc:
+                results[i] = exc
+        return results

@@ -1,0 +1,62 @@
+"""Prometheus metrics, one registry per app so several services (and tests) never collide.
+
+The batch-size and queue-delay histograms are what let a load test split queueing from compute;
+`non_finite` counts values a scorer produced that were turned into errors instead of rewards.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+class ServeMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "rewardkit_requests",
+            "HTTP requests by route, status and error code",
+            ["route", "status", "code"],
+            registry=r,
+        )
+        self.request_latency = Histogram(
+            "rewardkit_request_latency_seconds",
+            "End-to-end request latency",
+            ["route"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.items = Counter(
+            "rewardkit_items",
+            "Items scored, by scorer and outcome (ok or error code)",
+            ["scorer", "outcome"],
+            registry=r,
+        )
+        self.non_finite = Counter(
+            "rewardkit_non_finite", "Non-finite scores turned into errors", ["scorer"], registry=r
+        )
+        self.batch_size = Histogram(
+            "rewardkit_batch_size",
+            "Achieved batch size per forward",
+            ["scorer"],
+            buckets=_BATCH_BUCKETS,
+            registry=r,
+        )
+        self.queue_delay = Histogram(
+            "rewardkit_queue_delay_seconds",
+            "Time items wait before their batch starts",
+            ["scorer"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.inference = Histogram(
+            "rewardkit_inference_seconds",
+            "Scorer time per batch",
+            ["scorer"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_depth = Gauge("rewardkit_queue_depth", "Items waiting per scorer", ["scorer"], registry=r)

@@ -1,0 +1,293 @@
+"""Image-text scorers on a transformers `CLIPModel`: `clip` and `pickscore`.
+
+score = exp(logit_scale) · cos(image_embedding, text_embedding) / divisor
+
+- `clip`: `options.divisor` defaults to 1.0, so the score equals CLIP's own `logits_per_image`
+  (≈ 100·cos for OpenAI weights); set `divisor: 100` for a plain cosine.
+- `pickscore`: the PickScore convention, exp(logit_scale)·cos with no divisor, on a CLIP-H
+  shaped model (point `path` at a PickScore checkpoint saved as a `CLIPModel` directory).
+
+The text is the item's prompt (its message contents when it is a conversation). Prompts repeated
+within a batch are encoded once — in RL the same prompt is scored against many samples. Images
+are decoded on the GPU when torchvision is importable there, else by Pillow on a thread pool;
+preprocessing is torch ops on the scorer's device (`rewardkit.serve.images`).
+
+Named shapes (random init, the real compute): `clip-vit-l-14`, `clip-vit-h-14`, `pickscore`
+(= CLIP-H/14 dims) and `tiny-clip` (tests). Options: `divisor`, `seed`, `decode_threads`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from rewardkit.errors import ConfigError
+from rewardkit.serve.images import ImageDecoder, Preprocess
+from rewardkit.serve.scorers.base import ItemError, ScoreItem, Scorer, ScorerInfo
+from rewardkit.serve.scorers.common import (
+    VERSION,
+    as_text,
+    identity,
+    json_config,
+    torch_dtype,
+    weights_digest,
+)
+
+_VIT_H = {
+    "vision": {
+        "hidden_size": 1280,
+        "intermediate_size": 5120,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 16,
+        "patch_size": 14,
+        "image_size": 224,
+        "hidden_act": "gelu",
+    },
+    "text": {
+        "hidden_size": 1024,
+        "intermediate_size": 4096,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 16,
+        "max_position_embeddings": 77,
+        "hidden_act": "gelu",
+        "vocab_size": 49408,
+    },
+    "projection_dim": 1024,
+}
+CLIP_SHAPES: dict[str, dict[str, Any]] = {
+    # OpenAI ViT-L/14 (224 px): ≈ 175 GFLOP per image-text pair.
+    "clip-vit-l-14": {
+        "vision": {
+            "hidden_size": 1024,
+            "intermediate_size": 4096,
+            "num_hidden_layers": 24,
+            "num_attention_heads": 16,
+            "patch_size": 14,
+            "image_size": 224,
+            "hidden_act": "quick_gelu",
+        },
+        "text": {
+            "hidden_size": 768,
+            "intermediate_size": 3072,
+            "num_hidden_layers": 12,
+            "num_attention_heads": 12,
+            "max_position_embeddings": 77,
+            "hidden_act": "quick_gelu",
+            "vocab_size": 49408,
+        },
+        "projection_dim": 768,
+    },
+    # OpenCLIP ViT-H/14 (what PickScore fine-tunes): ≈ 380 GFLOP per pair.
+    "clip-vit-h-14": _VIT_H,
+    "pickscore": _VIT_H,
+    "tiny-clip": {
+        "vision": {
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "patch_size": 8,
+            "image_size": 32,
+            "hidden_act": "quick_gelu",
+        },
+        "text": {
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "max_position_embeddings": 77,
+            "hidden_act": "quick_gelu",
+        },
+        "projection_dim": 16,
+    },
+}
+_CORPUS = [
+    "a photo of a cat",
+    "a painting of a dog on the beach",
+    "an astronaut riding a horse",
+    "a red cube on a blue sphere",
+    "hello world",
+] * 8
+
+
+def shape_tokenizer():
+    """A BPE tokenizer that, like CLIP's, wraps every text in bos ... eos."""
+    from tokenizers import processors
+
+    from rewardkit.models.tiny import SPECIAL_TOKENS, build_tokenizer
+
+    tok = build_tokenizer(_CORPUS, vocab_size=400, chat_template=False)
+    bos, eos = SPECIAL_TOKENS["bos_token"], SPECIAL_TOKENS["eos_token"]
+    tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A {eos}", special_tokens=[(bos, tok.bos_token_id), (eos, tok.eos_token_id)]
+    )
+    return tok
+
+
+def shape_config(shape: str, tokenizer):
+    from transformers import CLIPConfig
+
+    dims = CLIP_SHAPES[shape]
+    text = {
+        "vocab_size": len(tokenizer),
+        **dims["text"],
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+    }
+    text["vocab_size"] = max(text["vocab_size"], len(tokenizer))
+    return CLIPConfig(text_config=text, vision_config=dims["vision"], projection_dim=dims["projection_dim"])
+
+
+class ClipScorer(Scorer):
+    kind: ClassVar[str] = "clip"
+    modality: ClassVar = "image_text"
+    allowed_options: ClassVar[frozenset[str]] = frozenset({"divisor", "seed", "decode_threads"})
+    default_divisor: ClassVar[float] = 1.0
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        path: str | None = None,
+        shape: str | None = None,
+        dtype: str = "fp32",
+        device: str = "cpu",
+        options: dict[str, Any] | None = None,
+        max_batch_size: int = 32,
+        max_wait_ms: float = 5.0,
+    ) -> None:
+        super().__init__(name, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms)
+        self.options = dict(options or {})
+        unknown = sorted(set(self.options) - self.allowed_options)
+        if unknown:
+            raise ConfigError(
+                f"scorer {name!r} ({self.kind}): unknown options {unknown}; known: {sorted(self.allowed_options)}"
+            )
+        if (path is None) == (shape is None):
+            raise ConfigError(f"scorer {name!r} ({self.kind}): give exactly one of path or shape")
+        if shape is not None and shape not in CLIP_SHAPES:
+            raise ConfigError(f"scorer {name!r}: unknown shape {shape!r}; known: {sorted(CLIP_SHAPES)}")
+        self.divisor = float(self.options.get("divisor", self.default_divisor))
+        if not self.divisor > 0:
+            raise ConfigError(f"scorer {name!r}: options.divisor must be > 0")
+        self.path, self.shape, self.dtype, self.device = path, shape, dtype, device
+        self.model = self.tokenizer = self.preprocess = self.decoder = None
+        self._weights = ""
+
+    @classmethod
+    def from_spec(cls, spec: Any) -> Scorer:
+        return cls(
+            spec.name,
+            path=spec.path,
+            shape=spec.shape,
+            dtype=spec.dtype,
+            device=spec.resolved_device(),
+            options=spec.options,
+            max_batch_size=spec.max_batch_size,
+            max_wait_ms=spec.max_wait_ms,
+        )
+
+    def load(self) -> None:
+        import torch
+        from transformers import AutoTokenizer, CLIPModel
+
+        dtype = torch_dtype(self.dtype)
+        if self.shape is not None:
+            tokenizer = shape_tokenizer()
+            config = shape_config(self.shape, tokenizer)
+            seed = int(self.options.get("seed", 0))
+            torch.manual_seed(seed)
+            # Initialise directly on the device in the serving dtype: a 1B-parameter random init
+            # on CPU takes longer than the whole benchmark.
+            with torch.device(self.device):
+                model = CLIPModel._from_config(config, dtype=dtype)
+            self._weights = f"shape:{self.shape}:seed={seed}"
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
+            model = CLIPModel.from_pretrained(self.path, local_files_only=True, dtype=dtype)
+            self._weights = weights_digest(self.path)
+        self.model = model.to(device=self.device, dtype=dtype).eval()
+        self.tokenizer = tokenizer
+        self.preprocess = Preprocess.from_model_dir(self.path, model.config.vision_config.image_size)
+        self.decoder = ImageDecoder(self.device, threads=int(self.options.get("decode_threads", 4)))
+
+    def warmup_item(self) -> ScoreItem:
+        import io
+
+        from PIL import Image
+
+        buf = io.BytesIO()
+        Image.new("RGB", (64, 48), (120, 30, 200)).save(buf, format="JPEG")
+        return ScoreItem(id="warmup", prompt="a purple square", response="", image=buf.getvalue())
+
+    def encode_text(self, texts: list[str]):
+        enc = self.tokenizer(texts, padding=True, truncation=True, max_length=77, return_tensors="pt")
+        ids, mask = enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device)
+        pooled = self.model.text_model(input_ids=ids, attention_mask=mask).pooler_output
+        return self.model.text_projection(pooled)
+
+    def encode_images(self, pixels):
+        pooled = self.model.vision_model(pixel_values=pixels).pooler_output
+        return self.model.visual_projection(pooled)
+
+    def score_batch(self, items: list[ScoreItem]) -> list[float | ItemError]:
+        import torch
+
+        results: list[float | ItemError] = [ItemError("missing_image", "item has no image")] * len(items)
+        decoded = self.decoder.decode([i.image or b"" for i in items])
+        ok = []
+        for k, (item, img) in enumerate(zip(items, decoded, strict=True)):
+            if item.image is None:
+                continue
+            if isinstance(img, BaseException) or img is None:
+                results[k] = ItemError("bad_image", f"could not decode image: {img}"[:300])
+            else:
+                ok.append(k)
+        if not ok:
+            return results
+        texts = [as_text(items[k].prompt) for k in ok]
+        unique = list(dict.fromkeys(texts))  # repeated prompts are encoded once
+        index = torch.tensor([unique.index(t) for t in texts], device=self.device)
+        with torch.inference_mode():
+            pixels = self.preprocess([decoded[k] for k in ok], self.device, torch_dtype(self.dtype))
+            img = self.encode_images(pixels).float()
+            txt = self.encode_text(unique).float()[index]
+            cos = torch.nn.functional.cosine_similarity(img, txt, dim=-1)
+            scores = (self.model.logit_scale.float().exp() * cos / self.divisor).cpu().tolist()
+        for k, s in zip(ok, scores, strict=True):
+            results[k] = s
+        return results
+
+    def info(self) -> ScorerInfo:
+        opts = {"divisor": self.divisor, **({"seed": self.options["seed"]} if "seed" in self.options else {})}
+        return ScorerInfo(
+            name=self.name,
+            kind=self.kind,
+            modality=self.modality,
+            dtype=self.dtype,
+            device=self.device,
+            version=VERSION,
+            identity=identity(
+                kind=self.kind,
+                weights=self._weights,
+                config=json_config(self.model.config),
+                dtype=self.dtype,
+                options=opts,
+            ),
+            max_batch_size=self.max_batch_size,
+            max_wait_ms=self.max_wait_ms,
+            extra={
+                "path": self.path,
+                "shape": self.shape,
+                "divisor": self.divisor,
+                "image_size": self.preprocess.size,
+                "decode_on_device": self.decoder.on_device,
+            },
+        )
+
+
+class PickScoreScorer(ClipScorer):
+    """PickScore: exp(logit_scale)·cos on a CLIP-H/14 model; the divisor is fixed at 1."""
+
+    kind: ClassVar[str] = "pickscore"
+    allowed_options = frozenset({"seed", "decode_threads"})

@@ -1,0 +1,129 @@
+"""Test doubles and a real uvicorn server on a random loopback port, shared by the serve tests."""
+
+from __future__ import annotations
+
+import io
+import math
+import socket
+import threading
+import time
+from typing import Any, ClassVar
+
+import httpx
+import uvicorn
+
+from rewardkit.serve.app import create_app
+from rewardkit.serve.backend import InProcessBackend
+from rewardkit.serve.config import ServiceConfig, config_from_dict, register_scorer
+from rewardkit.serve.scorers.base import ItemError, Scorer, ScoreItem, ScorerInfo
+from rewardkit.serve.scorers.common import as_text
+
+
+class DoubleScorer(Scorer):
+    """Scores len(response), except: "NAN" -> NaN, "INF" -> inf, "RAISE" -> the batch raises,
+    "STR" -> a non-number, "ERR" -> an ItemError. `options.sleep_s` slows every batch,
+    `options.fail_warmup` breaks the warm-up. Every batch size is recorded in `batches`."""
+
+    kind: ClassVar[str] = "double"
+    modality: ClassVar = "text"
+    batches: ClassVar[list[int]] = []
+
+    def __init__(self, name: str, options: dict[str, Any], **kw: Any) -> None:
+        super().__init__(name, **kw)
+        self.options = options
+
+    @classmethod
+    def from_spec(cls, spec: Any) -> Scorer:
+        return cls(spec.name, spec.options, max_batch_size=spec.max_batch_size, max_wait_ms=spec.max_wait_ms)
+
+    def load(self) -> None:
+        pass
+
+    def item_tokens(self, item: ScoreItem) -> int:
+        return len(as_text(item.response)) + 1
+
+    def score_batch(self, items: list[ScoreItem]) -> list[Any]:
+        DoubleScorer.batches.append(len(items))
+        time.sleep(self.options.get("sleep_s", 0.0))
+        out: list[Any] = []
+        for item in items:
+            text = as_text(item.response)
+            if self.options.get("fail_warmup") and item.id == "warmup":
+                out.append(math.nan)
+            elif "RAISE" in text:
+                raise RuntimeError("double told to raise")
+            elif "NAN" in text:
+                out.append(math.nan)
+            elif "INF" in text:
+                out.append(-math.inf)
+            elif "STR" in text:
+                out.append("not a number")
+            elif "ERR" in text:
+                out.append(ItemError("bad_image", "double item error"))
+            else:
+                out.append(float(len(text)))
+        return out
+
+    def info(self) -> ScorerInfo:
+        return ScorerInfo(self.name, self.kind, self.modality, "fp32", "cpu", "test", "ident-" + self.name,
+                          self.max_batch_size, self.max_wait_ms)
+
+
+register_scorer("double", DoubleScorer)
+
+
+class LiveServer:
+    """The app under a real uvicorn on 127.0.0.1:<free port>, in a daemon thread, bounded waits."""
+
+    def __init__(self, config: ServiceConfig, *, wait_ready: bool = True) -> None:
+        self.config = config
+        self.backend = InProcessBackend(config)
+        self.app = create_app(self.backend, config)
+        self.wait_ready = wait_ready
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", lifespan="on"))
+        self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self._sock]}, daemon=True)
+
+    def __enter__(self) -> LiveServer:
+        self._thread.start()
+        deadline = time.monotonic() + 60
+        while not self.server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("uvicorn did not start")
+            time.sleep(0.01)
+        if self.wait_ready:
+            while httpx.get(self.url + "/health/ready").status_code != 200:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("service did not become ready")
+                time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self._thread.join(timeout=15)
+        self._sock.close()
+
+
+def make_config(scorers: list[dict[str, Any]], **top: Any) -> ServiceConfig:
+    return config_from_dict({"scorers": scorers, **top})
+
+
+def jpeg_bytes(size: tuple[int, int] = (40, 30), color: tuple[int, int, int] = (10, 200, 30)) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", size, color).save(buf, format="JPEG")
+    return buf.getvalue()
+
+
+def png_bytes(size: tuple[int, int] = (40, 30), seed: int = 0) -> bytes:
+    import numpy as np
+    from PIL import Image
+
+    arr = np.random.default_rng(seed).integers(0, 255, size=(size[1], size[0], 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, format="PNG")
+    return buf.getvalue()
