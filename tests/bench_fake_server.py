@@ -6,7 +6,8 @@ malformed responses the load generator must reject: NaN, booleans, nulls, string
 scorer, a service-reported error, dropped/extra/reordered ids and HTTP 500.
 
 Run as a process: `python tests/bench_fake_server.py --deploy deploy.yaml --port P`, with
-options in the BENCH_FAKE environment variable (JSON: faults, offsets, delay_ms, exit_code).
+options in the BENCH_FAKE environment variable (JSON: per-mode `faults` and `offsets`,
+`delay_ms`, and `fail_modes`: modes whose server exits at once with code 3).
 """
 
 from __future__ import annotations
@@ -168,9 +169,10 @@ def main() -> int:
     with open(args.deploy) as handle:
         deploy = yaml.safe_load(handle)
     options = json.loads(os.environ.get("BENCH_FAKE", "{}"))
-    if options.get("exit_code") is not None:
-        return int(options["exit_code"])
     mode = deploy["mode"]
+    if mode in options.get("fail_modes", []):
+        print(f"fake server: refusing to start mode {mode}", file=sys.stderr)
+        return 3
     app = make_app(
         [s["name"] for s in deploy["scorers"]],
         mode=mode,

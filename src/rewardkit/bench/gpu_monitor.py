@@ -94,6 +94,7 @@ class ResourceMonitor:
                 self.gpu_unavailable_reason = "no GPU visible to NVML"
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._cpu_previous = _read_cpu_times()
 
     @property
     def gpu_available(self) -> bool:
@@ -123,15 +124,20 @@ class ResourceMonitor:
             out.append(GpuSample(index, float(util.gpu), mem.used / 2**20, mem.total / 2**20))
         return tuple(out)
 
+    def sample_once(self) -> Sample:
+        """Take one sample now (CPU utilisation is over the time since the previous one)."""
+        current = _read_cpu_times()
+        previous, self._cpu_previous = self._cpu_previous, current
+        cpu = None
+        if previous is not None and current is not None and current[1] > previous[1]:
+            cpu = 100.0 * (current[0] - previous[0]) / (current[1] - previous[1])
+        sample = Sample(time.perf_counter(), cpu, self._sample_gpus())
+        self.samples.append(sample)
+        return sample
+
     def _run(self) -> None:
-        previous = _read_cpu_times()
         while not self._stop.wait(self.interval_s):
-            current = _read_cpu_times()
-            cpu = None
-            if previous is not None and current is not None and current[1] > previous[1]:
-                cpu = 100.0 * (current[0] - previous[0]) / (current[1] - previous[1])
-            previous = current
-            self.samples.append(Sample(time.perf_counter(), cpu, self._sample_gpus()))
+            self.sample_once()
 
     def start(self) -> ResourceMonitor:
         self._thread = threading.Thread(target=self._run, name="rewardkit-monitor", daemon=True)

@@ -582,7 +582,7 @@ def qualify(plan: Plan, out: Path) -> dict[str, Any]:
     started = time.perf_counter()
     for i, dep in enumerate(deployments, 1):
         elapsed = time.perf_counter() - started
-        if plan.budget_s is not None and elapsed > plan.budget_s:
+        if i > 1 and plan.budget_s is not None and elapsed > plan.budget_s:
             errors[dep.label] = f"not run: plan budget_s={plan.budget_s:g} exhausted after {elapsed:.0f} s"
             continue
         log.info("[%d/%d] %s", i, len(deployments), dep.label)
@@ -638,7 +638,7 @@ def _plots(
         for name, fn, data, title in plots:
             if fn(out / name, data, title):
                 written.append(f"plots/{name}")
-    if not written:
+    if runs and not written:
         log.warning("matplotlib is not installed: no plots written")
     return written
 
