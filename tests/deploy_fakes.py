@@ -11,10 +11,12 @@ The scorers are registered when a worker imports this module (deploy.yaml `impor
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,12 +49,31 @@ elif cmd == "get_server_list" or cmd.startswith("get_client_list"):
 """
 
 
-def install_fake_control(bin_dir: Path) -> Path:
+def install_fake_control(tmp_path: Path, monkeypatch: Any) -> Callable[[], list[dict[str, Any]]]:
+    """Put the fake control binary first on PATH; return a reader of its recorded commands."""
+    bin_dir = tmp_path / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
     path = bin_dir / "nvidia-cuda-mps-control"
     path.write_text(FAKE_CONTROL.format(python=sys.executable))
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
-    return path
+    log = tmp_path / "mps.log"
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("RK_FAKE_MPS_LOG", str(log))
+
+    def commands() -> list[dict[str, Any]]:
+        return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+    return commands
+
+
+def pid_alive(pid: int) -> bool:
+    """True while `pid` runs; a zombie (killed, not yet reaped) counts as gone."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split(")")[-1].split()[0] != "Z"
 
 
 class SleepScorer(Scorer):

@@ -15,7 +15,7 @@ import uvicorn
 from rewardkit.serve.app import create_app
 from rewardkit.serve.backend import InProcessBackend
 from rewardkit.serve.config import ServiceConfig, config_from_dict, register_scorer
-from rewardkit.serve.scorers.base import ItemError, Scorer, ScoreItem, ScorerInfo
+from rewardkit.serve.scorers.base import ItemError, ScoreItem, Scorer, ScorerInfo
 from rewardkit.serve.scorers.common import as_text
 
 
@@ -65,8 +65,17 @@ class DoubleScorer(Scorer):
         return out
 
     def info(self) -> ScorerInfo:
-        return ScorerInfo(self.name, self.kind, self.modality, "fp32", "cpu", "test", "ident-" + self.name,
-                          self.max_batch_size, self.max_wait_ms)
+        return ScorerInfo(
+            self.name,
+            self.kind,
+            self.modality,
+            "fp32",
+            "cpu",
+            "test",
+            "ident-" + self.name,
+            self.max_batch_size,
+            self.max_wait_ms,
+        )
 
 
 register_scorer("double", DoubleScorer)

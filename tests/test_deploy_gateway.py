@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy_fakes import install_fake_control
+from deploy_fakes import install_fake_control, pid_alive
 from rewardkit.deploy.config import DeviceProbe, parse_deploy_config
 from rewardkit.deploy.gateway import GatewayBackend
 from rewardkit.deploy.supervisor import SupervisorSettings
@@ -45,15 +45,6 @@ def deploy_doc(mode="shared", gpus=(), slow_delay=0.4, **extra):
 
 def items(n, prefix="i", image=None):
     return [ScoreItem(id=f"{prefix}{k}", prompt="p", response="x" * (k + 1), image=image) for k in range(n)]
-
-
-def _pid_alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().split(")")[-1].split()[0] != "Z"
 
 
 async def _until(cond, timeout=30.0):
@@ -101,7 +92,7 @@ def test_kill_minus_9_under_load_loses_items_not_scores_and_restarts():
         return slow["pid"], fast_pid
 
     pids = asyncio.run(go())
-    assert not any(_pid_alive(p) for p in pids)
+    assert not any(pid_alive(p) for p in pids)
     assert not os.path.exists(gw.run_dir)
 
 
@@ -165,11 +156,8 @@ def test_worker_that_cannot_load_is_failed_not_restarted():
 
 @pytest.fixture
 def fake_mps(tmp_path, monkeypatch):
-    install_fake_control(tmp_path / "bin")
-    log = tmp_path / "mps.log"
-    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("RK_FAKE_MPS_LOG", str(log))
-    return lambda: [json.loads(line)["cmd"] for line in log.read_text().splitlines()]
+    commands = install_fake_control(tmp_path, monkeypatch)
+    return lambda: [c["cmd"] for c in commands()]
 
 
 def test_mps_mode_sets_worker_env_and_quits_after_workers_stop(fake_mps):
@@ -195,7 +183,7 @@ def test_mps_mode_sets_worker_env_and_quits_after_workers_stop(fake_mps):
         return pipe, pids
 
     pipe, pids = asyncio.run(go())
-    assert not any(_pid_alive(p) for p in pids)
+    assert not any(pid_alive(p) for p in pids)
     assert fake_mps()[0] == "-d" and fake_mps()[-1] == "quit"
     assert not os.path.exists(pipe)
 
@@ -211,7 +199,7 @@ def test_killing_the_supervisor_takes_workers_and_mps_down(fake_mps, tmp_path):
         gw = GatewayBackend(parse_deploy_config(doc, probe), mps_client_timeout_s=1.0)
         async def main():
             await gw.start()
-            print(json.dumps({"pipe": gw.mps.pipe_dir, "log": gw.mps.log_dir,
+            print(json.dumps({"pipe": gw.mps.pipe_dir, "log": gw.mps.log_dir, "run": gw.run_dir,
                               "pids": [w["pid"] for w in gw.deployment()["workers"]]}), flush=True)
             await asyncio.sleep(300)
         asyncio.run(main())
@@ -225,12 +213,57 @@ def test_killing_the_supervisor_takes_workers_and_mps_down(fake_mps, tmp_path):
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
     )
     state = json.loads(sup.stdout.readline())
-    assert all(_pid_alive(p) for p in state["pids"])
+    assert all(pid_alive(p) for p in state["pids"])
     sup.send_signal(signal.SIGKILL)
     sup.wait()
     deadline = time.monotonic() + 30
-    while os.path.exists(state["pipe"]) or any(_pid_alive(p) for p in state["pids"]):
+    while any(os.path.exists(state[d]) for d in ("pipe", "run")) or any(pid_alive(p) for p in state["pids"]):
         assert time.monotonic() < deadline, "watchdog did not clean up"
         time.sleep(0.1)
     assert not Path(state["log"]).exists()
     assert fake_mps()[-1] == "quit"
+
+
+@pytest.mark.gpu
+def test_mps_mode_on_a_real_gpu():
+    """H200 check: two tiny CLIP workers as MPS clients; kill one; everything cleaned up at the end."""
+    import shutil
+
+    if shutil.which("nvidia-cuda-mps-control") is None:
+        pytest.skip("nvidia-cuda-mps-control not on PATH")
+    clip = {
+        "kind": "clip",
+        "shape": "tiny-clip",
+        "dtype": "fp32",
+        "device": "cuda",
+        "mps_active_thread_percentage": 50,
+    }
+    doc = {"mode": "mps", "gpus": [0], "scorers": [{"name": "c1", **clip}, {"name": "c2", **clip}]}
+    gw = GatewayBackend(parse_deploy_config(doc), settings=FAST)
+
+    async def go():
+        import io
+
+        from PIL import Image
+
+        buf = io.BytesIO()
+        Image.new("RGB", (64, 64), (200, 30, 30)).save(buf, format="PNG")
+        batch = items(4, image=buf.getvalue())
+        await gw.start()
+        try:
+            assert gw.ready()[0], gw.ready()
+            info = gw.deployment()
+            assert info["mps"]["server_pids"], info
+            assert all(isinstance(v, float) for v in await gw.score("c1", batch))
+            pid = gw.supervisor.worker_for("c1").pid
+            os.kill(pid, signal.SIGKILL)
+            await _until(lambda: not gw.ready()[0])
+            assert all(isinstance(v, float) for v in await gw.score("c2", batch))
+            await _until(lambda: gw.ready()[0], timeout=120)
+            assert all(isinstance(v, float) for v in await gw.score("c1", batch))
+            return info["mps"]["pipe_dir"]
+        finally:
+            await gw.stop()
+
+    pipe = asyncio.run(go())
+    assert not os.path.exists(pipe)

@@ -28,6 +28,7 @@ def test_http_api_over_workers(tmp_path):
                 "scorers": [
                     {"name": "a", "kind": "rk_test_sleep", "options": {"delay_s": 0.3}},
                     {"name": "len", "kind": "length"},
+                    {"name": "em", "kind": "exact_match"},
                 ],
             }
         )
@@ -40,16 +41,21 @@ def test_http_api_over_workers(tmp_path):
         while client.get("/health/ready").status_code != 200:
             assert time.monotonic() < deadline
             time.sleep(0.1)
-        body = {"scorers": ["a", "len"], "items": [{"id": "1", "prompt": "p", "response": "abc"}]}
+        item = {"id": "1", "prompt": "p", "response": "abc", "reference": "abc"}
+        body = {"scorers": ["a", "len", "em"], "items": [item]}
         r = client.post("/v1/score", json=body, headers=auth)
         assert r.status_code == 200, r.text
-        assert r.json()["results"][0]["scores"]["a"] == 3.0 and not r.json()["results"][0]["errors"]
+        assert r.json()["results"][0]["scores"] == {"a": 3.0, "len": 3.0, "em": 1.0}
 
         assert client.get("/v1/deployment").status_code == 401
         dep = client.get("/v1/deployment", headers=auth).json()
         assert dep["mode"] == "shared" and dep["shared_fault_domain"] is True and dep["restarts"] == 0
-        assert {w["name"]: w["state"] for w in dep["workers"]} == {"a": "ready", "len": "ready"}
-        assert dep["worker_gpu"] == {"a": None, "len": None} and dep["mps"] is None
+        assert {w["name"]: w["state"] for w in dep["workers"]} == {
+            "a": "ready",
+            "len": "ready",
+            "em": "ready",
+        }
+        assert dep["worker_gpu"] == {"a": None, "len": None, "em": None} and dep["mps"] is None
 
         os.kill(next(w["pid"] for w in dep["workers"] if w["name"] == "a"), signal.SIGKILL)
         deadline = time.monotonic() + 10

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -13,31 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from deploy_fakes import install_fake_control
+from deploy_fakes import install_fake_control, pid_alive
 from rewardkit.deploy.mps import ManagedMps, MpsError
 
 
 @pytest.fixture
 def fake_mps(tmp_path, monkeypatch):
-    install_fake_control(tmp_path / "bin")
-    log = tmp_path / "mps.log"
-    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("RK_FAKE_MPS_LOG", str(log))
-
-    def commands():
-        return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
-
-    return commands
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie (killed but not yet reaped by init) counts as gone
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().split(")")[-1].split()[0] != "Z"
+    return install_fake_control(tmp_path, monkeypatch)
 
 
 def _wait(cond, timeout=20.0):
@@ -70,7 +51,7 @@ def test_managed_daemon_start_and_ordered_shutdown(fake_mps):
     tail = [c["cmd"] for c in fake_mps()][-3:]
     assert tail == ["get_server_list", "get_client_list 4242", "quit"]
     assert not os.path.exists(pipe) and not os.path.exists(logd)
-    assert _wait(lambda: not _alive(daemon))
+    assert _wait(lambda: not pid_alive(daemon))
 
 
 def test_shutdown_waits_for_clients_but_is_bounded(fake_mps):
@@ -83,7 +64,7 @@ def test_shutdown_waits_for_clients_but_is_bounded(fake_mps):
     mps.shutdown()
     assert time.monotonic() - t0 >= 0.6
     cmds = [c["cmd"] for c in fake_mps()]
-    assert cmds[-1] == "quit" and cmds.count("get_client_list 77") >= 2
+    assert cmds[-1] == "quit" and "get_client_list 77" in cmds
 
 
 def test_watchdog_cleans_up_when_the_supervisor_is_killed(fake_mps, tmp_path):
@@ -105,12 +86,12 @@ def test_watchdog_cleans_up_when_the_supervisor_is_killed(fake_mps, tmp_path):
     )
     pipe, logd = sup.stdout.readline().split()
     daemon = int(Path(pipe, "nvidia-cuda-mps-control.pid").read_text())
-    assert _alive(daemon)
+    assert pid_alive(daemon)
     sup.send_signal(signal.SIGKILL)
     sup.wait()
     assert _wait(lambda: not os.path.exists(pipe) and not os.path.exists(logd))
     assert [c["cmd"] for c in fake_mps()][-1] == "quit"
-    assert _wait(lambda: not _alive(daemon))
+    assert _wait(lambda: not pid_alive(daemon))
 
 
 def test_external_daemon_is_verified_and_never_quit(fake_mps, tmp_path):
@@ -132,3 +113,41 @@ def test_refuses_a_pipe_dir_others_can_read(fake_mps, tmp_path):
     d.chmod(0o755)
     with pytest.raises(MpsError, match="0700"):
         ManagedMps(pipe_dir=str(d)).start()
+
+
+@pytest.mark.gpu
+def test_real_mps_daemon_lifecycle_on_gpu():
+    """On a CUDA host with the driver's control binary: a real client attaches, then everything goes."""
+    import shutil
+
+    if shutil.which("nvidia-cuda-mps-control") is None:
+        pytest.skip("nvidia-cuda-mps-control not on PATH")
+    from rewardkit.deploy.mps import client_pids, server_pids
+
+    mps = ManagedMps(client_timeout=20.0)
+    mps.start()
+    pipe, logd = mps.pipe_dir, mps.log_dir
+    try:
+        env = {**os.environ, **mps.env(), "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50"}
+        client = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import torch,sys; x=torch.ones(1,device='cuda'); print(x.item(),flush=True);"
+                " sys.stdin.read()",
+            ],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert client.stdout.readline().strip() == "1.0"
+        servers = server_pids(mps.binary, pipe)
+        assert len(servers) == 1
+        assert client.pid in client_pids(mps.binary, pipe)[servers[0]]
+        client.stdin.close()
+        client.wait(timeout=30)
+    finally:
+        mps.shutdown()
+    assert not os.path.exists(pipe) and not os.path.exists(logd)
+    assert _wait(lambda: not pid_alive(servers[0]))

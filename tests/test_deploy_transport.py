@@ -37,7 +37,7 @@ def test_items_round_trip_with_raw_image_bytes():
     items = [
         ScoreItem(id="1", prompt="p", response="r", image=b"\x89PNG\x00\xff"),
         ScoreItem(id="2", prompt=[{"role": "user", "content": "hi"}], response="x"),
-        ScoreItem(id="3", prompt="p", response="r", image=b""),
+        ScoreItem(id="3", prompt="p", response="r", image=b"", reference="gold"),
     ]
     raw, body = encode_items(items)
     assert body == b"\x89PNG\x00\xff"

@@ -138,6 +138,9 @@ class Supervisor:
             w.socket_path,
             stdin=asyncio.subprocess.PIPE,
             env=env,
+            # Own session: a terminal Ctrl-C reaches only the gateway, which then drains and
+            # stops the workers in order instead of racing them to exit.
+            start_new_session=True,
         )
         w.proc, w.pid, w.state = proc, proc.pid, "starting"
         log.info("worker %s starting (pid %d)", w.plan.name, proc.pid)

@@ -125,6 +125,7 @@ def decode_items(raw: Any, body: bytes) -> list[ScoreItem]:
                 prompt=entry.get("prompt"),
                 response=entry.get("response"),
                 image=image,
+                reference=entry.get("reference"),
             )
         )
     return items
@@ -253,6 +254,8 @@ async def serve_unix(path: str, handler: Handler) -> asyncio.AbstractServer:
                 task.add_done_callback(tasks.discard)
         except (TransportError, ConnectionError, OSError) as exc:
             log.warning("dropping gateway connection: %s", exc)
+        except asyncio.CancelledError:
+            pass  # server shutting down: end this connection quietly
         finally:
             for task in tasks:
                 task.cancel()

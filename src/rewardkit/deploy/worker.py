@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import importlib
 import json
@@ -24,7 +25,6 @@ import logging
 import os
 import signal
 import sys
-import threading
 from typing import Any
 
 from rewardkit.deploy.transport import TransportError, decode_items, serve_unix
@@ -75,21 +75,37 @@ class WorkerServer:
         raise TransportError(f"unknown op {op!r}")
 
 
-def _exit_when_stdin_closes() -> None:
-    """The supervisor holds our stdin; EOF means it is gone, so leave immediately."""
+def _exit_when_stdin_closes(loop: asyncio.AbstractEventLoop, leftovers: list[str]) -> None:
+    """The supervisor holds our stdin; EOF means it is gone, so leave at once (even mid-load).
 
-    def watch() -> None:
+    Nobody else will clean up after a killed supervisor, so remove our socket and plan and,
+    if we are the last worker out, the run directory.
+    """
+    fd = sys.stdin.fileno()
+
+    def on_readable() -> None:
         try:
-            while sys.stdin.buffer.read(4096):
-                pass
-        except (OSError, ValueError):
-            pass
-        os._exit(0)
+            data = os.read(fd, 4096)
+        except OSError:
+            data = b""
+        if not data:
+            for path in leftovers:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+            with contextlib.suppress(OSError):
+                os.rmdir(os.path.dirname(leftovers[0]))
+            os._exit(0)
 
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+    loop.add_reader(fd, on_readable)
 
 
-async def run_worker(plan: dict[str, Any], socket_path: str) -> int:
+async def run_worker(
+    plan: dict[str, Any], socket_path: str, plan_path: str | None = None, watch_parent: bool = True
+) -> int:
+    if watch_parent:
+        _exit_when_stdin_closes(
+            asyncio.get_running_loop(), [socket_path] + ([plan_path] if plan_path else [])
+        )
     for module in plan.get("imports", []):
         importlib.import_module(module)
     from rewardkit.serve.backend import InProcessBackend
@@ -123,9 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.plan, encoding="utf-8") as f:
         plan = json.load(f)
     apply_environment(plan.get("env", {}), plan.get("memory_fraction"))
-    if not args.no_parent_watch:
-        _exit_when_stdin_closes()
-    return asyncio.run(run_worker(plan, args.socket))
+    return asyncio.run(run_worker(plan, args.socket, args.plan, watch_parent=not args.no_parent_watch))
 
 
 if __name__ == "__main__":

@@ -73,16 +73,21 @@ class Preprocess:
         import torch
         import torch.nn.functional as F
 
-        out = []
-        for img in images:
-            x = img.to(device=device, non_blocking=True).unsqueeze(0).float()
-            h, w = x.shape[-2:]
+        # Same-sized images (the common case: one generator, one resolution) resize in one call.
+        groups: dict[tuple[int, int], list[int]] = {}
+        for k, img in enumerate(images):
+            groups.setdefault(tuple(img.shape[-2:]), []).append(k)
+        out: list = [None] * len(images)
+        for (h, w), idx in groups.items():
+            x = torch.stack([images[k].to(device=device, non_blocking=True) for k in idx]).float()
             scale = self.size / min(h, w)
             nh, nw = max(self.size, round(h * scale)), max(self.size, round(w * scale))
             if (nh, nw) != (h, w):
                 x = F.interpolate(x, size=(nh, nw), mode="bicubic", antialias=True, align_corners=False)
             top, left = (nh - self.size) // 2, (nw - self.size) // 2
-            out.append(x[..., top : top + self.size, left : left + self.size])
+            crop = x[..., top : top + self.size, left : left + self.size]
+            for j, k in enumerate(idx):
+                out[k] = crop[j : j + 1]
         batch = torch.cat(out).clamp_(0, 255).div_(255.0)
         mean = torch.tensor(self.mean, device=device).view(1, 3, 1, 1)
         std = torch.tensor(self.std, device=device).view(1, 3, 1, 1)
@@ -123,16 +128,22 @@ class ImageDecoder:
 
             jpeg = [i for i in todo if blobs[i][:2] == _JPEG_SOI]
             if jpeg:
+                tensors = [torch.frombuffer(bytearray(blobs[i]), dtype=torch.uint8) for i in jpeg]
+                mode = self._tvio.ImageReadMode.RGB
                 try:
-                    tensors = [torch.frombuffer(bytearray(blobs[i]), dtype=torch.uint8) for i in jpeg]
-                    decoded = self._tvio.decode_jpeg(
-                        tensors, mode=self._tvio.ImageReadMode.RGB, device=self.device
-                    )
-                    for i, t in zip(jpeg, decoded, strict=True):
-                        results[i] = t
-                    todo = [i for i in todo if i not in set(jpeg)]
+                    decoded = self._tvio.decode_jpeg(tensors, mode=mode, device=self.device)
                 except RuntimeError:
-                    pass  # one bad JPEG fails the batched call: fall back to per-image CPU decode
+                    # One bad JPEG fails the batched call: decode one by one, still on the device;
+                    # what the GPU decoder refuses (some progressive/CMYK files) goes to Pillow.
+                    decoded = []
+                    for t in tensors:
+                        try:
+                            decoded.append(self._tvio.decode_jpeg(t, mode=mode, device=self.device))
+                        except RuntimeError:
+                            decoded.append(None)
+                for i, t in zip(jpeg, decoded, strict=True):
+                    results[i] = t
+                todo = [i for i in todo if results[i] is None]
         futures = {i: self._pool.submit(_pil_decode, blobs[i]) for i in todo}
         for i, fut in futures.items():
             try:

@@ -22,9 +22,10 @@ from typing import Any, ClassVar
 
 from rewardkit.errors import ConfigError
 from rewardkit.serve.images import ImageDecoder, Preprocess
-from rewardkit.serve.scorers.base import ItemError, ScoreItem, Scorer, ScorerInfo
+from rewardkit.serve.scorers.base import ItemError, ScoreItem, ScorerInfo
 from rewardkit.serve.scorers.common import (
     VERSION,
+    ModelScorer,
     as_text,
     identity,
     json_config,
@@ -138,54 +139,19 @@ def shape_config(shape: str, tokenizer):
     return CLIPConfig(text_config=text, vision_config=dims["vision"], projection_dim=dims["projection_dim"])
 
 
-class ClipScorer(Scorer):
+class ClipScorer(ModelScorer):
     kind: ClassVar[str] = "clip"
     modality: ClassVar = "image_text"
     allowed_options: ClassVar[frozenset[str]] = frozenset({"divisor", "seed", "decode_threads"})
+    shapes: ClassVar[tuple[str, ...]] = tuple(CLIP_SHAPES)
     default_divisor: ClassVar[float] = 1.0
 
-    def __init__(
-        self,
-        name: str,
-        *,
-        path: str | None = None,
-        shape: str | None = None,
-        dtype: str = "fp32",
-        device: str = "cpu",
-        options: dict[str, Any] | None = None,
-        max_batch_size: int = 32,
-        max_wait_ms: float = 5.0,
-    ) -> None:
-        super().__init__(name, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms)
-        self.options = dict(options or {})
-        unknown = sorted(set(self.options) - self.allowed_options)
-        if unknown:
-            raise ConfigError(
-                f"scorer {name!r} ({self.kind}): unknown options {unknown}; known: {sorted(self.allowed_options)}"
-            )
-        if (path is None) == (shape is None):
-            raise ConfigError(f"scorer {name!r} ({self.kind}): give exactly one of path or shape")
-        if shape is not None and shape not in CLIP_SHAPES:
-            raise ConfigError(f"scorer {name!r}: unknown shape {shape!r}; known: {sorted(CLIP_SHAPES)}")
+    def __init__(self, name: str, **kwargs: Any) -> None:
+        super().__init__(name, **kwargs)
         self.divisor = float(self.options.get("divisor", self.default_divisor))
         if not self.divisor > 0:
             raise ConfigError(f"scorer {name!r}: options.divisor must be > 0")
-        self.path, self.shape, self.dtype, self.device = path, shape, dtype, device
-        self.model = self.tokenizer = self.preprocess = self.decoder = None
-        self._weights = ""
-
-    @classmethod
-    def from_spec(cls, spec: Any) -> Scorer:
-        return cls(
-            spec.name,
-            path=spec.path,
-            shape=spec.shape,
-            dtype=spec.dtype,
-            device=spec.resolved_device(),
-            options=spec.options,
-            max_batch_size=spec.max_batch_size,
-            max_wait_ms=spec.max_wait_ms,
-        )
+        self.preprocess = self.decoder = None
 
     def load(self) -> None:
         import torch

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from rewardkit import __version__
+from rewardkit.errors import ConfigError
 from rewardkit.hashing import sha256_file, sha256_json
+from rewardkit.serve.scorers.base import Scorer
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
@@ -59,3 +61,56 @@ def as_text(value: str | list[dict[str, str]]) -> str:
 
 
 VERSION = __version__
+
+
+def check_options(
+    name: str, kind: str, options: dict[str, Any] | None, allowed: frozenset[str]
+) -> dict[str, Any]:
+    """A copy of `options`; an unknown key is a ConfigError (a typo must not become a default)."""
+    options = dict(options or {})
+    unknown = sorted(set(options) - allowed)
+    if unknown:
+        raise ConfigError(f"scorer {name!r} ({kind}): unknown options {unknown}; known: {sorted(allowed)}")
+    return options
+
+
+class ModelScorer(Scorer):
+    """A scorer backed by model weights: from a local directory (`path`) or a named shape."""
+
+    allowed_options: ClassVar[frozenset[str]] = frozenset()
+    shapes: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        path: str | None = None,
+        shape: str | None = None,
+        dtype: str = "fp32",
+        device: str = "cpu",
+        options: dict[str, Any] | None = None,
+        max_batch_size: int = 32,
+        max_wait_ms: float = 5.0,
+    ) -> None:
+        super().__init__(name, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms)
+        self.options = check_options(name, self.kind, options, self.allowed_options)
+        if (path is None) == (shape is None):
+            raise ConfigError(f"scorer {name!r} ({self.kind}): give exactly one of path or shape")
+        if shape is not None and shape not in self.shapes:
+            raise ConfigError(f"scorer {name!r}: unknown shape {shape!r}; known: {sorted(self.shapes)}")
+        self.path, self.shape, self.dtype, self.device = path, shape, dtype, device
+        self.model = self.tokenizer = None
+        self._weights = ""
+
+    @classmethod
+    def from_spec(cls, spec: Any) -> Scorer:
+        return cls(
+            spec.name,
+            path=spec.path,
+            shape=spec.shape,
+            dtype=spec.dtype,
+            device=spec.resolved_device(),
+            options=spec.options,
+            max_batch_size=spec.max_batch_size,
+            max_wait_ms=spec.max_wait_ms,
+        )

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 from rewardkit.errors import ConfigError
 from rewardkit.serve.scorers.base import ItemError, ScoreItem, Scorer, ScorerInfo
-from rewardkit.serve.scorers.common import VERSION, as_text, identity
+from rewardkit.serve.scorers.common import VERSION, as_text, check_options, identity
 
 
 class _RuleScorer(Scorer):
@@ -30,12 +30,7 @@ class _RuleScorer(Scorer):
         max_wait_ms: float = 0.0,
     ) -> None:
         super().__init__(name, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms)
-        self.options = dict(options or {})
-        unknown = sorted(set(self.options) - self.allowed_options)
-        if unknown:
-            raise ConfigError(
-                f"scorer {name!r} ({self.kind}): unknown options {unknown}; known: {sorted(self.allowed_options)}"
-            )
+        self.options = check_options(name, self.kind, options, self.allowed_options)
 
     @classmethod
     def from_spec(cls, spec: Any) -> Scorer:

@@ -16,9 +16,10 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from rewardkit.errors import ConfigError
-from rewardkit.serve.scorers.base import ItemError, ScoreItem, Scorer, ScorerInfo
+from rewardkit.serve.scorers.base import ItemError, ScoreItem, ScorerInfo
 from rewardkit.serve.scorers.common import (
     VERSION,
+    ModelScorer,
     as_messages,
     as_text,
     identity,
@@ -37,53 +38,17 @@ _CORPUS = [
 ] * 8
 
 
-class SeqClsScorer(Scorer):
+class SeqClsScorer(ModelScorer):
     kind: ClassVar[str] = "hf_seqcls"
     modality: ClassVar = "text"
     allowed_options: ClassVar[frozenset[str]] = frozenset(
         {"trust_remote_code", "max_length", "chat_template", "seed"}
     )
+    shapes: ClassVar[tuple[str, ...]] = TEXT_SHAPES
 
-    def __init__(
-        self,
-        name: str,
-        *,
-        path: str | None = None,
-        shape: str | None = None,
-        dtype: str = "fp32",
-        device: str = "cpu",
-        options: dict[str, Any] | None = None,
-        max_batch_size: int = 32,
-        max_wait_ms: float = 5.0,
-    ) -> None:
-        super().__init__(name, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms)
-        self.options = dict(options or {})
-        unknown = sorted(set(self.options) - self.allowed_options)
-        if unknown:
-            raise ConfigError(
-                f"scorer {name!r} ({self.kind}): unknown options {unknown}; known: {sorted(self.allowed_options)}"
-            )
-        if (path is None) == (shape is None):
-            raise ConfigError(f"scorer {name!r} ({self.kind}): give exactly one of path or shape")
-        if shape is not None and shape not in TEXT_SHAPES:
-            raise ConfigError(f"scorer {name!r}: unknown shape {shape!r}; known: {list(TEXT_SHAPES)}")
-        self.path, self.shape, self.dtype, self.device = path, shape, dtype, device
+    def __init__(self, name: str, **kwargs: Any) -> None:
+        super().__init__(name, **kwargs)
         self.max_length = int(self.options.get("max_length", 2048))
-        self.model = self.tokenizer = None
-        self._weights = ""
-
-    @classmethod
-    def from_spec(cls, spec: Any) -> Scorer:
-        return cls(
-            spec.name,
-            path=spec.path,
-            shape=spec.shape,
-            dtype=spec.dtype,
-            device=spec.resolved_device(),
-            options=spec.options,
-            max_batch_size=spec.max_batch_size,
-            max_wait_ms=spec.max_wait_ms,
-        )
 
     def _load_model(self):
         """(model, tokenizer, weights digest)."""

@@ -1,0 +1,484 @@
+"""Reward-service throughput: our batched service vs a naive one-request-one-forward baseline.
+
+For each CLIP shape x dtype, and each request batch size x client concurrency, a closed-loop
+load generator measures items/s and p50/p99 request latency in three modes, side by side:
+
+- `http`:   rewardkit serve (dynamic batching, GPU decode+preprocess) in a subprocess, over HTTP
+            with base64 JPEGs in JSON;
+- `inproc`: the same InProcessBackend called directly (no HTTP/JSON/base64): the batching ceiling;
+- `naive`:  the seed-service design in the same server process: one request -> one forward under a
+            lock, CPU Pillow preprocessing, base64 JPEG, no cross-request batching.
+
+MFU = pairs/s x FLOP per pair / 790 TFLOP/s (H200 dense bf16), with ~175 GFLOP per ViT-L/14 pair
+and ~380 GFLOP per ViT-H/14 pair at 224 px.
+
+    PYTHONPATH=src python3 benchmarks/serve.py --out serve.json            # CUDA: full grid (~4 min)
+    PYTHONPATH=src python3 benchmarks/serve.py --smoke --out smoke.json    # CPU: tiny-clip, small grid
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import io
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+FLOP_PER_PAIR = {"clip-vit-l-14": 175e9, "clip-vit-h-14": 380e9}
+PEAK_FLOPS = 790e12
+PROMPTS = [
+    f"a photo of {x}"
+    for x in (
+        "a cat",
+        "a dog on a beach",
+        "an astronaut riding a horse",
+        "a red cube",
+        "a bowl of fruit",
+        "a city at night",
+        "a mountain lake",
+        "a robot painting",
+    )
+]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--smoke", action="store_true", help="CPU: tiny-clip fp32, batch 1/4 x concurrency 1/4")
+    p.add_argument("--out", type=Path, required=False, help="write the JSON result here")
+    p.add_argument("--shapes", default=None, help="comma list (default clip-vit-l-14,clip-vit-h-14)")
+    p.add_argument("--dtypes", default=None, help="comma list (default fp16,bf16)")
+    p.add_argument("--batches", default=None, help="items per request (default 1,4,8)")
+    p.add_argument("--concurrency", default=None, help="concurrent clients (default 1,4,16)")
+    p.add_argument("--modes", default="naive,http,inproc")
+    p.add_argument("--cell-seconds", type=float, default=None, help="measured seconds per cell")
+    p.add_argument("--warmup-seconds", type=float, default=None)
+    p.add_argument("--max-batch-size", type=int, default=128)
+    p.add_argument("--max-wait-ms", type=float, default=2.0)
+    p.add_argument("--image-size", type=int, default=256, help="side of the JPEGs sent")
+    # internal: run the server side (rewardkit app + naive routes) in this process
+    p.add_argument("--server", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    smoke = args.smoke
+    args.shapes = (args.shapes or ("tiny-clip" if smoke else "clip-vit-l-14,clip-vit-h-14")).split(",")
+    args.dtypes = (args.dtypes or ("fp32" if smoke else "fp16,bf16")).split(",")
+    args.batches = [int(x) for x in (args.batches or ("1,4" if smoke else "1,4,8")).split(",")]
+    args.concurrency = [int(x) for x in (args.concurrency or ("1,4" if smoke else "1,4,16")).split(",")]
+    args.modes = args.modes.split(",")
+    args.cell_seconds = args.cell_seconds or (1.5 if smoke else 1.0)
+    args.warmup_seconds = args.warmup_seconds if args.warmup_seconds is not None else (0.5 if smoke else 0.3)
+    return args
+
+
+def scorer_name(shape: str, dtype: str) -> str:
+    return f"{shape}-{dtype}"
+
+
+def make_images(n: int, size: int) -> list[bytes]:
+    """Smooth, distinct JPEGs (like generated images; noise would inflate JPEG decode cost)."""
+    import numpy as np
+    from PIL import Image
+
+    out = []
+    y, x = np.mgrid[0:size, 0:size]
+    for k in range(n):
+        arr = np.stack(
+            [
+                127 + 120 * np.sin((x + 9 * k) / (11.0 + k)),
+                127 + 120 * np.cos((y - 5 * k) / 17.0),
+                (x * 3 + y * 2 + 29 * k) % 256,
+            ],
+            -1,
+        ).astype(np.uint8)
+        buf = io.BytesIO()
+        Image.fromarray(arr).save(buf, format="JPEG", quality=90)
+        out.append(buf.getvalue())
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- server side
+
+
+class NaiveClip:
+    """The seed-service baseline: per request, CPU Pillow preprocessing and one forward, under a lock."""
+
+    def __init__(self, shape: str, dtype: str, device: str) -> None:
+        import torch
+        from transformers import CLIPModel
+
+        from rewardkit.serve.scorers.clip import shape_config, shape_tokenizer
+        from rewardkit.serve.scorers.common import torch_dtype
+
+        self.tokenizer = shape_tokenizer()
+        self.dtype, self.device = torch_dtype(dtype), device
+        torch.manual_seed(0)
+        with torch.device(device):
+            self.model = CLIPModel._from_config(shape_config(shape, self.tokenizer), dtype=self.dtype).eval()
+        self.size = self.model.config.vision_config.image_size
+        self.lock = threading.Lock()
+
+    def preprocess(self, data: bytes):
+        import numpy as np
+        from PIL import Image
+
+        from rewardkit.serve.images import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
+
+        with Image.open(io.BytesIO(data)) as img:
+            img = img.convert("RGB")
+            w, h = img.size
+            s = self.size / min(w, h)
+            img = img.resize((max(self.size, round(w * s)), max(self.size, round(h * s))), Image.BICUBIC)
+            left, top = (img.width - self.size) // 2, (img.height - self.size) // 2
+            img = img.crop((left, top, left + self.size, top + self.size))
+            arr = np.asarray(img, dtype=np.float32) / 255.0
+        return (
+            (arr - np.array(OPENAI_CLIP_MEAN, np.float32)) / np.array(OPENAI_CLIP_STD, np.float32)
+        ).transpose(2, 0, 1)
+
+    def score(self, items: list[dict]) -> list[float]:
+        import numpy as np
+        import torch
+
+        pixels = torch.from_numpy(
+            np.stack([self.preprocess(base64.b64decode(i["image"]["b64"])) for i in items])
+        )
+        enc = self.tokenizer(
+            [i["prompt"] for i in items], padding=True, truncation=True, max_length=77, return_tensors="pt"
+        )
+        with self.lock, torch.inference_mode():
+            out = self.model(
+                input_ids=enc["input_ids"].to(self.device),
+                attention_mask=enc["attention_mask"].to(self.device),
+                pixel_values=pixels.to(self.device, self.dtype),
+            )
+            return out.logits_per_image.diagonal().float().cpu().tolist()
+
+
+def run_server(config_path: Path, port: int) -> None:
+    import uvicorn
+
+    from rewardkit.serve.app import create_app
+    from rewardkit.serve.backend import InProcessBackend
+    from rewardkit.serve.config import load_config
+
+    config = load_config(config_path)
+    app = create_app(InProcessBackend(config), config)
+    naive = {s.name: NaiveClip(s.shape, s.dtype, s.resolved_device()) for s in config.scorers}
+
+    @app.post("/naive/{name}")
+    def naive_score(name: str, body: dict) -> dict:  # sync: starlette runs it on its thread pool
+        return {"scores": naive[name].score(body["items"])}
+
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+
+
+# ----------------------------------------------------------------------------------------------- client side
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+
+class HttpLoad:
+    """A closed-loop HTTP load generator on aiohttp when installed (the GPU box), else httpx."""
+
+    def __init__(self, base: str, max_conn: int) -> None:
+        self.base = base
+        self.max_conn = max_conn
+
+    async def __aenter__(self):
+        try:
+            import aiohttp
+
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=self.max_conn))
+            self.kind = "aiohttp"
+        except ImportError:
+            import httpx
+
+            self._session = httpx.AsyncClient(limits=httpx.Limits(max_connections=self.max_conn), timeout=120)
+            self.kind = "httpx"
+        return self
+
+    async def __aexit__(self, *exc):
+        if self.kind == "aiohttp":
+            await self._session.close()
+        else:
+            await self._session.aclose()
+
+    async def post(self, path: str, body: bytes) -> tuple[int, dict, dict]:
+        headers = {"content-type": "application/json"}
+        if self.kind == "aiohttp":
+            async with self._session.post(self.base + path, data=body, headers=headers) as r:
+                return r.status, json.loads(await r.read()), dict(r.headers)
+        r = await self._session.post(self.base + path, content=body, headers=headers)
+        return r.status_code, r.json(), dict(r.headers)
+
+
+async def closed_loop(call, concurrency: int, warmup_s: float, measure_s: float) -> dict:
+    """`concurrency` workers call `call(k)` back to back; returns counts and latencies in the window."""
+    lat: list[float] = []
+    stats = {"items": 0, "errors": 0, "queue_ms": [], "infer_ms": []}
+    t0 = time.perf_counter()
+    start, stop = t0 + warmup_s, t0 + warmup_s + measure_s
+
+    async def worker(w: int) -> None:
+        k = w
+        while (now := time.perf_counter()) < stop:
+            n_items, n_err, extra = await call(k)
+            end = time.perf_counter()
+            if start <= end <= stop:  # throughput: what completed inside the window
+                lat.append(end - now)
+                stats["items"] += n_items
+                stats["errors"] += n_err
+                if extra:
+                    stats["queue_ms"].append(extra[0])
+                    stats["infer_ms"].append(extra[1])
+            k += concurrency
+
+    await asyncio.gather(*(worker(w) for w in range(concurrency)))
+    return {
+        "items_per_s": stats["items"] / measure_s,
+        "requests": len(lat),
+        "errors": stats["errors"],
+        "p50_ms": percentile(lat, 0.5) * 1000,
+        "p99_ms": percentile(lat, 0.99) * 1000,
+        "mean_queue_ms": statistics.fmean(stats["queue_ms"]) if stats["queue_ms"] else None,
+        "mean_inference_ms": statistics.fmean(stats["infer_ms"]) if stats["infer_ms"] else None,
+    }
+
+
+def request_bodies(images: list[bytes], batch: int, n: int = 16) -> list[bytes]:
+    b64 = [base64.b64encode(i).decode() for i in images]
+    bodies = []
+    for r in range(n):
+        items = [
+            {
+                "id": f"r{r}-{j}",
+                "prompt": PROMPTS[(r + j) % len(PROMPTS)],
+                "image": {"b64": b64[(r * batch + j) % len(b64)]},
+            }
+            for j in range(batch)
+        ]
+        bodies.append(items)
+    return bodies
+
+
+async def run_cells(args, url: str, backend, images: list[bytes]) -> list[dict]:
+    from rewardkit.serve.scorers.base import ScoreItem
+
+    cells = []
+    async with HttpLoad(url, max(args.concurrency) + 4) as load:
+        for shape in args.shapes:
+            for dtype in args.dtypes:
+                name = scorer_name(shape, dtype)
+                for mode in args.modes:
+                    for batch in args.batches:
+                        item_sets = request_bodies(images, batch)
+                        ours = [
+                            json.dumps({"scorers": [name], "items": items}).encode() for items in item_sets
+                        ]
+                        naive = [json.dumps({"items": items}).encode() for items in item_sets]
+                        direct = [
+                            [
+                                ScoreItem(i["id"], i["prompt"], "", base64.b64decode(i["image"]["b64"]))
+                                for i in items
+                            ]
+                            for items in item_sets
+                        ]
+                        for conc in args.concurrency:
+
+                            async def call(
+                                k, mode=mode, batch=batch, ours=ours, naive=naive, direct=direct, name=name
+                            ):
+                                if mode == "http":
+                                    status, body, headers = await load.post("/v1/score", ours[k % len(ours)])
+                                    if status != 200:
+                                        return 0, batch, None
+                                    bad = sum(1 for r in body["results"] if r["errors"])
+                                    extra = (
+                                        float(headers.get("x-queue-time", headers.get("X-Queue-Time", 0))),
+                                        float(
+                                            headers.get(
+                                                "x-inference-time", headers.get("X-Inference-Time", 0)
+                                            )
+                                        ),
+                                    )
+                                    return batch - bad, bad, extra
+                                if mode == "naive":
+                                    status, body, _ = await load.post(f"/naive/{name}", naive[k % len(naive)])
+                                    return (batch, 0, None) if status == 200 else (0, batch, None)
+                                results = await backend.score(name, direct[k % len(direct)])
+                                bad = sum(1 for r in results if not isinstance(r, float))
+                                return batch - bad, bad, None
+
+                            cell = await closed_loop(call, conc, args.warmup_seconds, args.cell_seconds)
+                            flop = FLOP_PER_PAIR.get(shape)
+                            cell.update(
+                                shape=shape,
+                                dtype=dtype,
+                                mode=mode,
+                                batch=batch,
+                                concurrency=conc,
+                                mfu=(cell["items_per_s"] * flop / PEAK_FLOPS) if flop else None,
+                            )
+                            cells.append(cell)
+                            print(
+                                f"{shape:14s} {dtype} {mode:6s} b={batch:<2d} c={conc:<2d} "
+                                f"{cell['items_per_s']:9.1f} items/s  p50 {cell['p50_ms']:8.2f} ms  "
+                                f"p99 {cell['p99_ms']:8.2f} ms  err {cell['errors']}"
+                                + (f"  MFU {cell['mfu'] * 100:5.1f}%" if cell["mfu"] is not None else ""),
+                                flush=True,
+                            )
+    return cells
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/health/ready", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.25)
+    raise RuntimeError("server did not become ready")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    if args.smoke:
+        # The CPU box is shared: two OpenMP pools (this process and the server) oversubscribing two
+        # cores stall at every barrier, which would measure the scheduler, not the service.
+        torch.set_num_threads(1)
+    if args.server:
+        run_server(args.server, args.port)
+        return 0
+    import transformers
+    import yaml
+
+    from rewardkit.serve.backend import InProcessBackend
+    from rewardkit.serve.config import config_from_dict
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if not args.smoke and device == "cpu":
+        print("no CUDA: use --smoke for the CPU configuration", file=sys.stderr)
+        return 2
+    raw = {
+        "scorers": [
+            {
+                "name": scorer_name(s, d),
+                "kind": "clip",
+                "shape": s,
+                "dtype": d,
+                "device": device,
+                "max_batch_size": args.max_batch_size,
+                "max_wait_ms": args.max_wait_ms,
+                "max_queue": 100000,
+            }
+            for s in args.shapes
+            for d in args.dtypes
+        ],
+        "limits": {"max_items": 4096, "max_body_bytes": 256 * 1024 * 1024},
+    }
+    images = make_images(64, args.image_size)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg_path = Path(tmp) / "service.yaml"
+        cfg_path.write_text(yaml.safe_dump(raw))
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        started = time.perf_counter()
+        proc = subprocess.Popen(
+            [sys.executable, __file__, "--server", str(cfg_path), "--port", str(port)], env=env
+        )
+        try:
+            backend = InProcessBackend(config_from_dict(raw))
+
+            async def go():
+                await backend.start()
+                ok, details = backend.ready()
+                if not ok:
+                    raise RuntimeError(f"in-process backend not ready: {details}")
+                wait_ready(url, proc, 600)
+                print(f"setup {time.perf_counter() - started:.1f}s", flush=True)
+                try:
+                    return await run_cells(args, url, backend, images)
+                finally:
+                    await backend.stop()
+
+            cells = asyncio.run(go())
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    result = {
+        "meta": {
+            "device": torch.cuda.get_device_name(0) if device == "cuda" else platform.processor() or "cpu",
+            "cpu_count": os.cpu_count(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "python": platform.python_version(),
+            "smoke": args.smoke,
+            "cell_seconds": args.cell_seconds,
+            "max_batch_size": args.max_batch_size,
+            "max_wait_ms": args.max_wait_ms,
+            "image_size": args.image_size,
+            "peak_flops": PEAK_FLOPS,
+            "flop_per_pair": FLOP_PER_PAIR,
+            "total_s": time.perf_counter() - started,
+        },
+        "cells": cells,
+    }
+    summary = {}
+    for c in cells:
+        if c["concurrency"] == max(args.concurrency):
+            summary.setdefault((c["shape"], c["dtype"], c["batch"]), {})[c["mode"]] = c["items_per_s"]
+    result["speedup_vs_naive_at_max_concurrency"] = [
+        {
+            "shape": k[0],
+            "dtype": k[1],
+            "batch": k[2],
+            **{m: v for m, v in modes.items()},
+            "http_over_naive": modes["http"] / modes["naive"]
+            if modes.get("naive") and "http" in modes
+            else None,
+        }
+        for k, modes in summary.items()
+    ]
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2))
+    print(json.dumps(result["speedup_vs_naive_at_max_concurrency"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,294 @@
+"""`rewardkit serve --deploy deploy.yaml --backend ray`: each scorer a Ray Serve deployment.
+
+For when one machine is not enough. The HTTP app is unchanged (it runs in the driver); each
+scorer becomes a Ray Serve deployment with `num_replicas` replicas, fractional `num_gpus`
+(Ray sets CUDA_VISIBLE_DEVICES per replica) and `@serve.batch` dynamic batching inside each
+replica. Failure semantics match the worker gateway: a replica that dies mid-batch turns its
+in-flight items into `worker_lost` errors; Ray Serve restarts it, and readiness is false
+until the deployment is healthy again.
+
+MPS: Ray cannot start a daemon on remote nodes, so the env is injected through the
+deployment's `runtime_env`: `mode: mps` starts a managed daemon on this (single) node;
+`mode: mps_external` points replicas at a daemon each node already runs at the same pipe
+directory. A CUDA client whose node has no daemon there simply runs without MPS.
+
+Items travel to replicas as plain dicts and bytes built by this process from validated
+requests (Ray serialises them internally); replicas never receive anything a client sent
+without the HTTP layer's validation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import importlib
+import logging
+import math
+import os
+import time
+from typing import Any
+
+from rewardkit.deploy.config import MPS_MODES, DeployConfig, ScorerPlacement
+from rewardkit.deploy.gateway import decode_results
+from rewardkit.deploy.mps import ManagedMps
+from rewardkit.deploy.transport import decode_items, encode_items
+from rewardkit.deploy.worker import encode_results
+from rewardkit.serve.errors import ServeError
+from rewardkit.serve.scorers.base import ItemError, ScoreItem, ScorerInfo
+
+log = logging.getLogger(__name__)
+
+APP_PREFIX = "rewardkit-"
+
+
+class ScorerReplica:
+    """One Ray Serve replica hosting one scorer. Wrapped by `serve.deployment` at start."""
+
+    def __init__(self, spec: dict[str, Any], imports: list[str]) -> None:
+        for module in imports:
+            importlib.import_module(module)
+        from rewardkit.serve.batcher import check_value
+        from rewardkit.serve.config import build_scorer, config_from_dict
+
+        (self.spec,) = config_from_dict({"scorers": [spec]}).scorers
+        self.scorer = build_scorer(self.spec)
+        self.scorer.load()
+        warm = check_value(self.scorer.score_batch([self.scorer.warmup_item()])[0])
+        if not isinstance(warm, float) or not math.isfinite(warm):
+            raise RuntimeError(f"scorer {self.spec.name}: warm-up did not produce a finite score: {warm}")
+        self._check_value = check_value
+        self.score_item.set_max_batch_size(self.spec.max_batch_size)
+        self.score_item.set_batch_wait_timeout_s(self.spec.max_wait_ms / 1000)
+
+    def info(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self.scorer.info()), "pid": os.getpid()}
+
+    async def score(self, raw_items: list[dict[str, Any]], body: bytes) -> dict[str, Any]:
+        items = decode_items(raw_items, body)
+        results = await asyncio.gather(*(self.score_item(item) for item in items))
+        return {"pid": os.getpid(), "results": encode_results(list(results))}
+
+    async def score_item(self, items: list[ScoreItem]) -> list[Any]:  # replaced by @serve.batch below
+        try:
+            values = await asyncio.to_thread(self.scorer.score_batch, items)
+        except Exception as exc:
+            return [ItemError("scorer_failed", f"{type(exc).__name__}: {exc}"[:500])] * len(items)
+        if len(values) != len(items):
+            return [ItemError("scorer_failed", f"scorer returned {len(values)} values")] * len(items)
+        return [self._check_value(v) for v in values]
+
+
+def _batched_replica_class() -> type:
+    """Apply `@serve.batch` lazily so importing this module does not import Ray."""
+    from ray import serve
+
+    class BatchedScorerReplica(ScorerReplica):
+        score_item = serve.batch(max_batch_size=32, batch_wait_timeout_s=0.005)(ScorerReplica.score_item)
+
+    return BatchedScorerReplica
+
+
+def _lost(exc: BaseException) -> bool:
+    from ray import exceptions as rex
+
+    lost = (rex.RayActorError, rex.ActorUnavailableError, rex.WorkerCrashedError, rex.NodeDiedError)
+    return isinstance(exc, lost) or isinstance(getattr(exc, "cause", None), lost)
+
+
+class RayBackend:
+    """A ScoringBackend whose scorers are Ray Serve deployments (local or multi-node cluster)."""
+
+    def __init__(self, config: DeployConfig, *, health_poll_s: float = 1.0) -> None:
+        self.config = config
+        self.health_poll_s = health_poll_s
+        self.mps: ManagedMps | None = None
+        if config.mode in MPS_MODES:
+            self.mps = ManagedMps(
+                pipe_dir=config.mps.pipe_dir,
+                log_dir=config.mps.log_dir,
+                external=config.mode == "mps_external",
+            )
+        self._handles: dict[str, Any] = {}
+        self._infos: dict[str, ScorerInfo] = {}
+        self._status: dict[str, str] = {s.name: "pending" for s in config.scorers}
+        self._pids: dict[str, set[int]] = {s.name: set() for s in config.scorers}
+        self._owns_ray = False
+        self._admitting = False
+        self._poller: asyncio.Task[None] | None = None
+
+    def _actor_options(self, p: ScorerPlacement) -> dict[str, Any]:
+        env: dict[str, str] = {}
+        if self.mps is not None:
+            env.update(self.mps.env())
+            if p.mps_active_thread_percentage is not None:
+                env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(p.mps_active_thread_percentage)
+            if p.mps_pinned_mem_limit is not None:
+                env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = p.mps_pinned_mem_limit
+        num_gpus = p.num_gpus if p.num_gpus is not None else (1.0 if p.gpu is not None else 0.0)
+        options: dict[str, Any] = {
+            "num_gpus": num_gpus,
+            "num_cpus": float(self.config.ray.get("num_cpus", 0.5)),
+        }
+        if env:
+            options["runtime_env"] = {"env_vars": env}
+        return options
+
+    def _start_sync(self) -> None:
+        import ray
+        from ray import serve
+
+        if not ray.is_initialized():
+            ray.init(
+                address=self.config.ray.get("address"),
+                namespace=self.config.ray.get("namespace", "rewardkit"),
+                _temp_dir=self.config.ray.get("temp_dir"),
+                include_dashboard=False,
+                log_to_driver=bool(self.config.ray.get("log_to_driver", True)),
+            )
+            self._owns_ray = True
+        if self.mps is not None:
+            self.mps.start()
+        serve.start(proxy_location="Disabled")
+        replica_cls = _batched_replica_class()
+        for p in self.config.scorers:
+            self._status[p.name] = "deploying"
+            deployment = serve.deployment(
+                replica_cls,
+                name=p.name,
+                num_replicas=p.num_replicas,
+                ray_actor_options=self._actor_options(p),
+                max_ongoing_requests=int(self.config.ray.get("max_ongoing_requests", 256)),
+                health_check_period_s=float(self.config.ray.get("health_check_period_s", 2.0)),
+                max_constructor_retry_count=int(self.config.ray.get("max_constructor_retry_count", 3)),
+            )
+            try:
+                handle = serve.run(
+                    deployment.bind(p.spec, list(self.config.imports)),
+                    name=APP_PREFIX + p.name,
+                    route_prefix=None,
+                )
+                info = handle.info.remote().result()
+            except Exception as exc:
+                log.exception("Ray deployment of %s failed", p.name)
+                self._status[p.name] = f"failed: {type(exc).__name__}: {exc}"[:300]
+                continue
+            self._pids[p.name].add(int(info.pop("pid")))
+            self._infos[p.name] = ScorerInfo(**info)
+            self._handles[p.name] = handle
+            self._status[p.name] = "ready"
+
+    async def start(self) -> None:
+        self._admitting = True
+        await asyncio.to_thread(self._start_sync)
+        self._poller = asyncio.get_running_loop().create_task(self._poll_status())
+
+    def _refresh_status(self) -> None:
+        from ray import serve
+
+        apps = serve.status().applications
+        for name in self._handles:
+            app = apps.get(APP_PREFIX + name)
+            dep = app.deployments.get(name) if app is not None else None
+            if dep is None:
+                self._status[name] = "missing"
+                continue
+            self._status[name] = (
+                "ready" if str(dep.status.value) == "HEALTHY" else str(dep.status.value).lower()
+            )
+
+    async def _poll_status(self) -> None:
+        while True:
+            try:
+                await asyncio.to_thread(self._refresh_status)
+            except Exception as exc:
+                log.warning("Ray Serve status poll failed: %s", exc)
+            await asyncio.sleep(self.health_poll_s)
+
+    async def score(self, scorer: str, items: list[ScoreItem]) -> list[float | ItemError]:
+        if not self._admitting:
+            raise ServeError("not_ready", "the service is shutting down", retry_after=5)
+        handle = self._handles.get(scorer)
+        if handle is None:
+            if scorer not in self._status:
+                raise ServeError("unknown_scorer", f"unknown scorer {scorer!r}")
+            raise ServeError("not_ready", f"scorer {scorer!r} is {self._status[scorer]}", retry_after=5)
+        raw, body = encode_items(items)
+        try:
+            out = await handle.score.remote(raw, body)
+        except Exception as exc:
+            if _lost(exc):
+                self._status[scorer] = "restarting"
+                return [
+                    ItemError("worker_lost", f"Ray replica of {scorer} died: {type(exc).__name__}")
+                ] * len(items)
+            from ray.serve.exceptions import BackPressureError
+
+            if isinstance(exc, BackPressureError):
+                raise ServeError("queue_full", str(exc), retry_after=1) from None
+            raise
+        self._pids[scorer].add(int(out["pid"]))
+        return decode_results(out.get("results"), len(items))
+
+    def scorer_infos(self) -> dict[str, ScorerInfo]:
+        return {n: i for n, i in self._infos.items() if self._status.get(n) == "ready"}
+
+    def scorer_names(self) -> list[str]:
+        return list(self._status)
+
+    def ready(self) -> tuple[bool, dict[str, Any]]:
+        details = dict(self._status)
+        return self._admitting and all(v == "ready" for v in details.values()), details
+
+    def deployment(self) -> dict[str, Any]:
+        scorers = []
+        for p in self.config.scorers:
+            opts = self._actor_options(p)
+            scorers.append(
+                {
+                    "name": p.name,
+                    "state": self._status[p.name],
+                    "num_replicas": p.num_replicas,
+                    "num_gpus": opts["num_gpus"],
+                    "env": (opts.get("runtime_env") or {}).get("env_vars", {}),
+                    "replica_pids_seen": sorted(self._pids[p.name]),
+                }
+            )
+        restarts = sum(max(0, len(self._pids[p.name]) - p.num_replicas) for p in self.config.scorers)
+        return {
+            "backend": "ray",
+            "mode": self.config.mode,
+            "shared_fault_domain": self.config.shared_fault_domain,
+            "scorers": scorers,
+            "mps": None
+            if self.mps is None
+            else {
+                "managed": not self.mps.external,
+                "pipe_dir": self.mps.pipe_dir,
+                "server_pids": self.mps.server_pids(),
+            },
+            "restarts": restarts,
+            "restarts_note": "replica processes seen beyond num_replicas (Ray Serve restarts replicas itself)",
+            "time": time.time(),
+        }
+
+    def _stop_sync(self) -> None:
+        import ray
+        from ray import serve
+
+        for name in list(self._handles):
+            try:
+                serve.delete(APP_PREFIX + name)
+            except Exception as exc:
+                log.warning("serve.delete(%s) failed: %s", name, exc)
+        self._handles.clear()
+        if self._owns_ray:
+            serve.shutdown()
+            ray.shutdown()
+        if self.mps is not None:
+            self.mps.shutdown()
+
+    async def stop(self) -> None:
+        self._admitting = False
+        if self._poller is not None:
+            self._poller.cancel()
+        await asyncio.to_thread(self._stop_sync)

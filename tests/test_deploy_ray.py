@@ -1,0 +1,108 @@
+"""`--backend ray` on a local CPU Ray instance: scoring, @serve.batch, replica death → worker_lost."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+
+import pytest
+
+pytest.importorskip("ray.serve")
+
+from rewardkit.deploy.config import DeviceProbe, parse_deploy_config
+from rewardkit.deploy.ray_backend import RayBackend
+from rewardkit.serve.scorers.base import ItemError, ScoreItem
+
+CPU = DeviceProbe(cuda_available=False, gpu_count=0, control_binary=None)
+
+
+@pytest.fixture
+def ray_env(monkeypatch):
+    # Ray puts Unix sockets under its temp dir: keep it short, and private to this test.
+    temp = tempfile.mkdtemp(prefix="rkray-", dir="/tmp")
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(p for p in sys.path if p)
+    )  # replicas import deploy_fakes
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    yield temp
+    shutil.rmtree(temp, ignore_errors=True)
+
+
+def test_ray_backend_scores_batches_and_reports_lost_replicas(ray_env):
+    doc = {
+        "mode": "shared",
+        "imports": ["deploy_fakes"],
+        "ray": {"temp_dir": ray_env, "num_cpus": 0.25, "log_to_driver": False},
+        "scorers": [
+            {"name": "slow", "kind": "rk_test_sleep", "max_batch_size": 4, "options": {"delay_s": 0.5}},
+            {"name": "len", "kind": "length", "num_replicas": 2},
+        ],
+    }
+    import ray
+
+    ray.init(num_cpus=4, _temp_dir=ray_env, include_dashboard=False, log_to_driver=False)
+    backend = RayBackend(parse_deploy_config(doc, CPU), health_poll_s=0.2)
+
+    async def go():
+        await backend.start()
+        try:
+            assert backend.ready()[0], backend.ready()
+            assert set(backend.scorer_infos()) == {"slow", "len"}
+            items = [ScoreItem(id=str(k), prompt="p", response="x" * k) for k in range(1, 4)]
+            assert await backend.score("slow", items) == [1.0, 2.0, 3.0]
+            dep = backend.deployment()
+            assert dep["backend"] == "ray" and [s["num_replicas"] for s in dep["scorers"]] == [1, 2]
+            (pid,) = dep["scorers"][0]["replica_pids_seen"]
+
+            pending = [asyncio.ensure_future(backend.score("slow", items)) for _ in range(3)]
+            await asyncio.sleep(0.3)
+            os.kill(pid, signal.SIGKILL)
+            lost = await asyncio.gather(*pending)
+            assert all(isinstance(r, ItemError) and r.code == "worker_lost" for rs in lost for r in rs)
+            assert all(isinstance(r, float) for r in await backend.score("len", items))
+
+            deadline = time.monotonic() + 45
+            while True:
+                await asyncio.sleep(0.3)
+                if backend.ready()[0]:
+                    try:
+                        if await backend.score("slow", items[:1]) == [1.0]:
+                            break
+                    except Exception:
+                        pass
+                assert time.monotonic() < deadline, backend.ready()
+            assert backend.deployment()["restarts"] == 1
+        finally:
+            await backend.stop()
+
+    try:
+        asyncio.run(go())
+    finally:
+        ray.shutdown()
+
+
+def test_ray_actor_options_inject_mps_env_and_fractional_gpus():
+    probe = DeviceProbe(cuda_available=True, gpu_count=1, control_binary="/usr/bin/nvidia-cuda-mps-control")
+    doc = {
+        "mode": "mps_external",
+        "gpus": [0],
+        "mps": {"pipe_dir": "/tmp/rk-mps"},
+        "scorers": [
+            {"name": "a", "kind": "length", "num_gpus": 0.25, "mps_active_thread_percentage": 25},
+            {"name": "b", "kind": "length", "mps_pinned_mem_limit": "4G"},
+        ],
+    }
+    backend = RayBackend(parse_deploy_config(doc, probe))
+    a, b = (backend._actor_options(p) for p in backend.config.scorers)
+    assert a["num_gpus"] == 0.25 and b["num_gpus"] == 1.0
+    assert a["runtime_env"]["env_vars"] == {
+        "CUDA_MPS_PIPE_DIRECTORY": "/tmp/rk-mps",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25",
+    }
+    assert b["runtime_env"]["env_vars"]["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4G"
+    assert "CUDA_VISIBLE_DEVICES" not in a["runtime_env"]["env_vars"]  # Ray assigns GPUs itself

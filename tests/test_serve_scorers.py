@@ -1,0 +1,233 @@
+"""Scorer correctness: service scores equal a plain transformers forward, batch invariance, identity."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import httpx
+import pytest
+import torch
+
+from serve_support import LiveServer, make_config, png_bytes
+
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    from transformers import AutoModelForSequenceClassification
+
+    from rewardkit.models.tiny import build_tokenizer, tiny_config
+    from rewardkit.serve.scorers.clip import shape_config, shape_tokenizer
+
+    root = tmp_path_factory.mktemp("models")
+    tok = shape_tokenizer()
+    torch.manual_seed(1)
+    from transformers import CLIPModel
+
+    clip = CLIPModel(shape_config("tiny-clip", tok)).eval()
+    clip.save_pretrained(root / "clip")
+    tok.save_pretrained(root / "clip")
+    rm_tok = build_tokenizer(["hello world, a reward model", "say hi politely"] * 4, vocab_size=300)
+    cfg = tiny_config("tiny-llama", vocab_size=len(rm_tok), num_labels=1, pad_token_id=rm_tok.pad_token_id)
+    rm = AutoModelForSequenceClassification.from_config(cfg).eval()
+    rm.save_pretrained(root / "rm")
+    rm_tok.save_pretrained(root / "rm")
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(model_dirs):
+    cfg = make_config(
+        [
+            {"name": "clip", "kind": "clip", "path": str(model_dirs / "clip"), "max_batch_size": 16},
+            {"name": "rm", "kind": "hf_seqcls", "path": str(model_dirs / "rm"), "max_batch_size": 16},
+        ]
+    )
+    with LiveServer(cfg) as s:
+        yield s
+
+
+IMAGES = [png_bytes((40 + 7 * (k % 3), 30 + 5 * (k % 3)), seed=k) for k in range(6)]  # pairs share a size
+PROMPTS = ["a cat", "a painting of a dog", "a cat", "hello world", "a cat", "an astronaut riding a horse"]
+
+
+def score(server, scorer, items):
+    r = httpx.post(server.url + "/v1/score", json={"scorers": [scorer], "items": items}, timeout=60)
+    assert r.status_code == 200, r.text
+    return [x["scores"][scorer] for x in r.json()["results"]]
+
+
+def clip_items(idx):
+    return [
+        {"id": str(k), "prompt": PROMPTS[k], "image": {"b64": base64.b64encode(IMAGES[k]).decode()}}
+        for k in idx
+    ]
+
+
+def test_clip_service_equals_plain_transformers_forward(server, model_dirs):
+    from PIL import Image
+    from transformers import AutoTokenizer, CLIPModel
+
+    from rewardkit.serve.images import Preprocess
+
+    model = CLIPModel.from_pretrained(model_dirs / "clip", local_files_only=True).eval()
+    tok = AutoTokenizer.from_pretrained(model_dirs / "clip", local_files_only=True)
+    pre = Preprocess(size=model.config.vision_config.image_size)
+    got = score(server, "clip", clip_items(range(6)))
+    for k in range(6):
+        with Image.open(io.BytesIO(IMAGES[k])) as im:
+            arr = torch.from_numpy(__import__("numpy").asarray(im.convert("RGB")).copy()).permute(2, 0, 1)
+        enc = tok([PROMPTS[k]], return_tensors="pt")
+        with torch.no_grad():
+            out = model(
+                input_ids=enc["input_ids"],
+                attention_mask=enc["attention_mask"],
+                pixel_values=pre([arr], "cpu", torch.float32),
+            )
+        assert abs(out.logits_per_image[0, 0].item() - got[k]) <= TOL
+
+
+def test_clip_batch_invariance_and_repeated_prompts(server):
+    alone = [score(server, "clip", clip_items([k]))[0] for k in range(6)]
+    together = score(server, "clip", clip_items(range(6)))
+    shuffled = score(server, "clip", clip_items([5, 2, 0, 4, 1, 3]))
+    assert max(abs(a - b) for a, b in zip(alone, together, strict=True)) <= TOL
+    assert max(abs(alone[k] - s) for k, s in zip([5, 2, 0, 4, 1, 3], shuffled, strict=True)) <= TOL
+
+
+def test_preprocess_is_close_to_clip_image_processor():
+    import numpy as np
+    from PIL import Image
+    from transformers import CLIPImageProcessor
+
+    from rewardkit.serve.images import Preprocess
+
+    # A smooth photo-like image (resampling kernels differ most on pixel noise, which photos lack).
+    y, x = np.mgrid[0:161, 0:243]
+    arr = np.stack([127 + 100 * np.sin(x / 17.0), 127 + 100 * np.cos(y / 13.0), x * 255 // 243], -1).astype(
+        np.uint8
+    )
+    ref = CLIPImageProcessor(size={"shortest_edge": 64}, crop_size={"height": 64, "width": 64})(
+        images=Image.fromarray(arr), return_tensors="pt"
+    )["pixel_values"]
+    ours = Preprocess(size=64)([torch.from_numpy(arr.copy()).permute(2, 0, 1)], "cpu", torch.float32)
+    assert ours.shape == ref.shape
+    diff = (ours - ref).abs()
+    assert diff.mean().item() < 0.05 and diff.max().item() < 0.3  # ~2 and ~20 grey levels
+
+
+RM_ITEMS = [
+    {"id": "a", "prompt": "Say hi.", "response": "hi"},
+    {
+        "id": "b",
+        "prompt": [{"role": "user", "content": "hello world"}],
+        "response": "a much longer answer " * 5,
+    },
+    {"id": "c", "prompt": "x", "response": [{"role": "assistant", "content": "polite"}]},
+]
+
+
+def test_seqcls_service_equals_plain_forward_and_is_batch_invariant(server, model_dirs):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    model = AutoModelForSequenceClassification.from_pretrained(
+        model_dirs / "rm", local_files_only=True
+    ).eval()
+    tok = AutoTokenizer.from_pretrained(model_dirs / "rm", local_files_only=True)
+    together = score(server, "rm", RM_ITEMS)
+    for k, item in enumerate(RM_ITEMS):
+        prompt = (
+            item["prompt"]
+            if isinstance(item["prompt"], list)
+            else [{"role": "user", "content": item["prompt"]}]
+        )
+        response = (
+            item["response"]
+            if isinstance(item["response"], list)
+            else [{"role": "assistant", "content": item["response"]}]
+        )
+        text = tok.apply_chat_template(prompt + response, tokenize=False)
+        ids = tok(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
+        with torch.no_grad():
+            ref = model(input_ids=ids).logits[0, 0].item()
+        assert abs(ref - together[k]) <= TOL
+        assert abs(score(server, "rm", [item])[0] - together[k]) <= TOL
+
+
+def test_identity_is_stable_and_tracks_weights_dtype_and_options(model_dirs, tmp_path):
+    from transformers import CLIPModel
+
+    from rewardkit.serve.config import ScorerSpec, build_scorer
+
+    def ident(**kw):
+        s = build_scorer(ScorerSpec(name="c", kind="clip", device="cpu", **kw))
+        s.load()
+        return s.info().identity
+
+    base = ident(path=str(model_dirs / "clip"))
+    assert base == ident(path=str(model_dirs / "clip"))
+    assert base != ident(path=str(model_dirs / "clip"), dtype="bf16")
+    assert base != ident(path=str(model_dirs / "clip"), options={"divisor": 100.0})
+    m = CLIPModel.from_pretrained(model_dirs / "clip")
+    with torch.no_grad():
+        m.logit_scale.add_(0.1)
+    m.save_pretrained(tmp_path / "c2")
+    (tmp_path / "c2" / "tokenizer.json").write_bytes((model_dirs / "clip" / "tokenizer.json").read_bytes())
+    (tmp_path / "c2" / "tokenizer_config.json").write_bytes(
+        (model_dirs / "clip" / "tokenizer_config.json").read_bytes()
+    )
+    assert base != ident(path=str(tmp_path / "c2"))
+
+
+def test_pickscore_and_divisor_conventions():
+    from rewardkit.serve.config import ScorerSpec, build_scorer
+    from rewardkit.serve.scorers.base import ScoreItem
+
+    items = [ScoreItem(str(k), PROMPTS[k], "", IMAGES[k]) for k in range(3)]
+    scores = {}
+    for kind, opts in (("clip", {}), ("clip", {"divisor": 100.0}), ("pickscore", {})):
+        s = build_scorer(ScorerSpec(name="x", kind=kind, shape="tiny-clip", device="cpu", options=opts))
+        s.load()
+        scores[(kind, opts.get("divisor"))] = s.score_batch(items)
+    for a, b, c in zip(
+        scores[("clip", None)], scores[("clip", 100.0)], scores[("pickscore", None)], strict=True
+    ):
+        assert abs(a - c) <= TOL  # pickscore = exp(logit_scale)·cos, same shape and seed
+        assert abs(a / 100.0 - b) <= TOL
+
+
+def test_clip_undecodable_image_inside_batch_is_per_item_bad_image():
+    from rewardkit.serve.config import ScorerSpec, build_scorer
+    from rewardkit.serve.scorers.base import ItemError, ScoreItem
+
+    s = build_scorer(ScorerSpec(name="x", kind="clip", shape="tiny-clip", device="cpu"))
+    s.load()
+    out = s.score_batch([ScoreItem("a", "a cat", "", IMAGES[0]), ScoreItem("b", "a cat", "", b"garbage")])
+    assert isinstance(out[0], float)
+    assert isinstance(out[1], ItemError) and out[1].code == "bad_image"
+
+
+def test_text_token_budget_caps_padded_batch():
+    import asyncio
+
+    from rewardkit.serve.batcher import DynamicBatcher
+    from serve_support import DoubleScorer
+
+    scorer = DoubleScorer("d", {})
+    DoubleScorer.batches.clear()
+
+    async def run():
+        b = DynamicBatcher(scorer, max_batch_size=64, max_wait_ms=20, max_queue=100, token_budget=40)
+        b.start()
+        from rewardkit.serve.scorers.base import ScoreItem
+
+        items = [ScoreItem(str(k), "", "x" * (9 if k % 2 else 1)) for k in range(12)]
+        out = await b.submit(items)
+        await b.stop()
+        return out
+
+    out = asyncio.run(run())
+    assert out == [9.0 if k % 2 else 1.0 for k in range(12)]
+    assert sum(DoubleScorer.batches) == 12 and max(DoubleScorer.batches) <= 4  # 10 tokens x 4 rows = 40
