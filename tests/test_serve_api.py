@@ -43,6 +43,8 @@ def assert_error(r: httpx.Response, status: int, code: str) -> None:
     assert r.status_code == status, r.text
     body = r.json()
     assert body["code"] == code and isinstance(body["message"], str) and body["message"]
+    if r.url.path == "/v1/score":
+        assert all(float(r.headers[h]) >= 0 for h in ("x-queue-time", "x-inference-time", "x-total-time"))
 
 
 def test_scores_keep_order_ids_and_timing_headers(server):

@@ -132,6 +132,8 @@ RM_ITEMS = [
 def test_seqcls_service_equals_plain_forward_and_is_batch_invariant(server, model_dirs):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+    from rewardkit.data.tokenize import tokenize_branch
+
     model = AutoModelForSequenceClassification.from_pretrained(
         model_dirs / "rm", local_files_only=True
     ).eval()
@@ -148,12 +150,32 @@ def test_seqcls_service_equals_plain_forward_and_is_batch_invariant(server, mode
             if isinstance(item["response"], list)
             else [{"role": "assistant", "content": item["response"]}]
         )
-        text = tok.apply_chat_template(prompt + response, tokenize=False)
-        ids = tok(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
+        # the same ids training and evaluation feed the model (rewardkit.data.tokenize)
+        ids = torch.tensor([tokenize_branch(tok, prompt, response).input_ids])
         with torch.no_grad():
             ref = model(input_ids=ids).logits[0, 0].item()
         assert abs(ref - together[k]) <= TOL
         assert abs(score(server, "rm", [item])[0] - together[k]) <= TOL
+
+
+def test_text_items_that_cannot_be_scored_are_item_errors():
+    from rewardkit.serve.config import ScorerSpec, build_scorer
+    from rewardkit.serve.scorers.base import ItemError, ScoreItem
+
+    s = build_scorer(
+        ScorerSpec(name="t", kind="hf_seqcls", shape="tiny-text-rm", device="cpu", options={"max_length": 40})
+    )
+    s.load()
+    out = s.score_batch(
+        [
+            ScoreItem("ok", "hi", "hello"),
+            ScoreItem("long", "hi", "word " * 200),
+            ScoreItem("long-prompt", "word " * 200, "hello"),
+        ]
+    )
+    assert isinstance(out[0], float)
+    assert isinstance(out[1], ItemError) and out[1].code == "too_long"
+    assert isinstance(out[2], float)  # the oldest prompt tokens are dropped, as in training
 
 
 def test_identity_is_stable_and_tracks_weights_dtype_and_options(model_dirs, tmp_path):
@@ -231,3 +253,19 @@ def test_text_token_budget_caps_padded_batch():
     out = asyncio.run(run())
     assert out == [9.0 if k % 2 else 1.0 for k in range(12)]
     assert sum(DoubleScorer.batches) == 12 and max(DoubleScorer.batches) <= 4  # 10 tokens x 4 rows = 40
+
+
+def test_rm_scorer_matches_hf_seqcls_on_a_seqcls_directory(model_dirs):
+    """`rm` loads through rewardkit.models.loading (branch rm); on an HF seqcls directory it must
+    give exactly the `hf_seqcls` numbers."""
+    pytest.importorskip("rewardkit.models.loading")
+    from rewardkit.serve.config import ScorerSpec, build_scorer
+    from rewardkit.serve.scorers.base import ScoreItem
+
+    items = [ScoreItem(i["id"], i["prompt"], i["response"]) for i in RM_ITEMS]
+    scores = {}
+    for kind in ("rm", "hf_seqcls"):
+        s = build_scorer(ScorerSpec(name="x", kind=kind, path=str(model_dirs / "rm"), device="cpu"))
+        s.load()
+        scores[kind] = s.score_batch(items)
+    assert max(abs(a - b) for a, b in zip(scores["rm"], scores["hf_seqcls"], strict=True)) <= TOL

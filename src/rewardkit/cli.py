@@ -17,6 +17,7 @@ from rewardkit.errors import UsageError
 
 COMMAND_MODULES: list[str] = [
     # one line per feature package; each module defines register(subparsers)
+    "rewardkit.data.cli",
     "rewardkit.serve.cli",
     "rewardkit.bench.cli",
 ]

@@ -298,6 +298,14 @@ def create_app(
         started = time.perf_counter()
         timing = RequestTiming()
         current_timing.set(timing)
+
+        def timing_headers() -> dict[str, str]:
+            return {
+                "x-queue-time": f"{timing.queue_s * 1000:.3f}",
+                "x-inference-time": f"{timing.inference_s * 1000:.3f}",
+                "x-total-time": f"{(time.perf_counter() - started) * 1000:.3f}",
+            }
+
         try:
             check_auth(request)
             req, parts = await parse(request)
@@ -323,8 +331,7 @@ def create_app(
             by_scorer = await score_all(names, items) if items else {n: [] for n in names}
         except ServeError as err:
             count("/v1/score", err.status, err.code, started)
-            total = (time.perf_counter() - started) * 1000
-            return _error_response(err, {"x-total-time": f"{total:.3f}"})
+            return _error_response(err, timing_headers())
         results = []
         for i, item in enumerate(items):
             scores: dict[str, float] = {}
@@ -340,12 +347,7 @@ def create_app(
             "results": results,
             "scorers": {n: {"version": infos[n].version, "identity": infos[n].identity} for n in names},
         }
-        total = (time.perf_counter() - started) * 1000
-        headers = {
-            "x-queue-time": f"{timing.queue_s * 1000:.3f}",
-            "x-inference-time": f"{timing.inference_s * 1000:.3f}",
-            "x-total-time": f"{total:.3f}",
-        }
+        headers = timing_headers()
         if key := request.headers.get("idempotency-key"):
             headers["idempotency-key"] = key[:128]
         count("/v1/score", 200, "", started)

@@ -33,6 +33,8 @@ ITEM_ERROR_CODES: tuple[str, ...] = (
     "scorer_failed",
     "bad_image",
     "missing_reference",
+    "bad_input",
+    "too_long",
     "worker_lost",
 )
 

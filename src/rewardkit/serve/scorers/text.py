@@ -1,21 +1,22 @@
 """Text reward-model scorers: `hf_seqcls` (Hugging Face sequence classification, one label) and
 `rm` (rewardkit reward-model checkpoints).
 
-Both format an item the way chat reward models are trained: the prompt as user turn(s), the
-response as assistant turn(s), through the tokenizer's chat template (plain `prompt\\nresponse`
-when the tokenizer has none or `options.chat_template: false`). The reward is the head's
-output at the last non-padding token, computed in one padded forward per batch.
+Both tokenise an item exactly as training and evaluation do (`rewardkit.data.tokenize.
+tokenize_branch`): the prompt as user turn(s), the response as assistant turn(s), through the
+tokenizer's chat template (rewardkit's plain template when there is none); the reward is read
+at the last completion token. Serving and evaluation therefore give the same number for the
+same checkpoint. One right-padded forward per batch.
 
 Options: `trust_remote_code` (default false; only honoured when set in the config),
-`max_length` (default 2048 tokens, longer inputs are truncated from the right),
-`chat_template` (default true), `seed` (named shapes only).
+`max_length` (default 2048 tokens: longer items lose their oldest prompt tokens, as training's
+truncation does; a response alone longer than that is a `too_long` item error), `seed` (shapes).
 """
 
 from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from rewardkit.errors import ConfigError
+from rewardkit.errors import ConfigError, RewardkitError
 from rewardkit.serve.scorers.base import ItemError, ScoreItem, ScorerInfo
 from rewardkit.serve.scorers.common import (
     VERSION,
@@ -63,7 +64,7 @@ class SeqClsScorer(ModelScorer):
                 "tiny-llama", vocab_size=len(tokenizer), num_labels=1, pad_token_id=tokenizer.pad_token_id
             )
             torch.manual_seed(int(self.options.get("seed", 0)))
-            model = AutoModelForSequenceClassification.from_config(config)
+            model = AutoModelForSequenceClassification.from_config(config).to(torch_dtype(self.dtype))
             return model, tokenizer, f"shape:{self.shape}:seed={int(self.options.get('seed', 0))}"
         trust = self.options.get("trust_remote_code", False) is True
         tokenizer = AutoTokenizer.from_pretrained(self.path, local_files_only=True, trust_remote_code=trust)
@@ -82,38 +83,59 @@ class SeqClsScorer(ModelScorer):
             tokenizer.pad_token = tokenizer.eos_token
         if getattr(model.config, "pad_token_id", None) is None:
             model.config.pad_token_id = tokenizer.pad_token_id
-        tokenizer.padding_side = "right"
-        self.model = model.to(device=self.device, dtype=torch_dtype(self.dtype)).eval()
+        self.model = model.to(device=self.device).eval()
         self.tokenizer = tokenizer
 
-    def format(self, item: ScoreItem) -> str:
-        if self.options.get("chat_template", True) and getattr(self.tokenizer, "chat_template", None):
-            messages = as_messages(item.prompt, "user") + as_messages(item.response, "assistant")
-            return self.tokenizer.apply_chat_template(messages, tokenize=False)
-        return f"{as_text(item.prompt)}\n{as_text(item.response)}"
+    def encode(self, item: ScoreItem) -> list[int] | ItemError:
+        """Token ids of prompt + response, or the per-item reason they cannot be scored."""
+        from rewardkit.data.tokenize import tokenize_branch
+
+        try:
+            branch = tokenize_branch(
+                self.tokenizer, as_messages(item.prompt, "user"), as_messages(item.response, "assistant")
+            )
+        except RewardkitError as exc:
+            return ItemError("bad_input", f"{exc.code}: {exc.message}")
+        ids = branch.input_ids
+        if len(ids) > self.max_length:
+            if sum(branch.loss_mask) > self.max_length:
+                return ItemError(
+                    "too_long", f"response has {sum(branch.loss_mask)} tokens, max_length {self.max_length}"
+                )
+            ids = ids[len(ids) - self.max_length :]
+        return ids
 
     def item_tokens(self, item: ScoreItem) -> int:
         # An estimate (≈3 characters per token) keeps the event loop free of tokenisation;
         # the budget only needs to be roughly right to bound padded batch size.
         return min(self.max_length, (len(as_text(item.prompt)) + len(as_text(item.response))) // 3 + 8)
 
-    def _forward(self, enc):
-        return self.model(**enc).logits[:, 0]
+    def _forward(self, input_ids, attention_mask, lengths):
+        """One score per row; HF models pool at the last non-padding token themselves."""
+        return self.model(input_ids=input_ids, attention_mask=attention_mask).logits[:, 0]
 
     def score_batch(self, items: list[ScoreItem]) -> list[float | ItemError]:
         import torch
 
-        enc = self.tokenizer(
-            [self.format(i) for i in items],
-            padding=True,
-            truncation=True,
-            max_length=self.max_length,
-            return_tensors="pt",
-            add_special_tokens=False,
-        )
-        enc = {k: v.to(self.device) for k, v in enc.items() if k in ("input_ids", "attention_mask")}
+        results: list[float | ItemError] = [self.encode(i) for i in items]
+        rows = [k for k, r in enumerate(results) if isinstance(r, list)]
+        if not rows:
+            return results
+        seqs = [results[k] for k in rows]
+        width = max(map(len, seqs))
+        input_ids = torch.full((len(seqs), width), self.tokenizer.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for r, seq in enumerate(seqs):
+            input_ids[r, : len(seq)] = torch.tensor(seq)
+            attention_mask[r, : len(seq)] = 1
+        lengths = torch.tensor([len(seq) for seq in seqs])
         with torch.inference_mode():
-            return self._forward(enc).float().cpu().tolist()
+            scores = self._forward(
+                input_ids.to(self.device), attention_mask.to(self.device), lengths.to(self.device)
+            )
+        for k, v in zip(rows, scores.float().cpu().tolist(), strict=True):
+            results[k] = v
+        return results
 
     def info(self) -> ScorerInfo:
         opts = {k: v for k, v in self.options.items() if k != "trust_remote_code"}
@@ -138,7 +160,9 @@ class SeqClsScorer(ModelScorer):
 
 
 class RewardModelScorer(SeqClsScorer):
-    """A rewardkit reward-model checkpoint (scalar head), loaded by `rewardkit.models.loading`."""
+    """A rewardkit reward-model checkpoint, loaded by `rewardkit.models.loading.load_reward_model`
+    (which also accepts HF sequence-classification directories) and run through its
+    `forward(batch)` contract: rewardkit heads stay fp32 whatever the backbone dtype."""
 
     kind: ClassVar[str] = "rm"
 
@@ -150,7 +174,26 @@ class RewardModelScorer(SeqClsScorer):
         model, tokenizer, _metadata = load_reward_model(self.path, "cpu", torch_dtype(self.dtype))
         return model, tokenizer, weights_digest(self.path)
 
-    def _forward(self, enc):
-        out = self.model(**enc)
-        rewards = getattr(out, "rewards", out)
-        return rewards.reshape(rewards.shape[0], -1)[:, -1]
+    def _forward(self, input_ids, attention_mask, lengths):
+        if self.shape is not None:
+            return super()._forward(input_ids, attention_mask, lengths)
+        import torch
+
+        from rewardkit.models.batching import Batch
+
+        rows = input_ids.shape[0]
+        positions = (
+            torch.arange(input_ids.shape[1], device=input_ids.device).expand(rows, -1) * attention_mask
+        )
+        batch = Batch(
+            layout="right",
+            input_ids=input_ids,
+            position_ids=positions,
+            attention_mask=attention_mask,
+            segment_ids=None,
+            score_rows=torch.arange(rows, device=input_ids.device),
+            score_cols=lengths - 1,
+            num_pairs=0,
+            num_tokens=int(lengths.sum()),
+        )
+        return self.model(batch)

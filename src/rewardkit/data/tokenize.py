@@ -1,0 +1,234 @@
+"""Tokenise normalised pairs with the model's chat template, with an explicit truncation policy.
+
+How a branch is built (one branch = prompt + one completion):
+
+1. Render the prompt with `add_generation_prompt=True` and the whole conversation
+   (prompt + completion) with the tokenizer's chat template. The completion text is what
+   the full rendering adds after the prompt rendering; templates that rewrite earlier turns
+   (so the prompt is not a prefix) are refused.
+2. Trailing whitespace after the completion is dropped (ChatML's "\\n" after `<|im_end|>`
+   belongs to the next turn), but the template's end-of-turn marker is kept: it is part of
+   the completion. `loss_mask` is 1 on every completion token, end marker included, so a
+   DPO policy learns to stop; `score_index` is the last completion token, i.e. the
+   end-of-turn marker (`<|im_end|>`, `<|eot_id|>`, EOS), where a causal reward model has
+   read the whole completion and knows it is finished.
+3. Tokenizers without a chat template (BERT and other encoders) use `PLAIN_TEMPLATE`; the
+   sequence starts with BOS (or CLS) and the completion ends with EOS (or SEP) when the
+   tokenizer has one.
+
+Positions are explicit, never found by searching for padding, so tokenizers whose pad token
+equals EOS are handled correctly.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from rewardkit.data import reasons as R
+from rewardkit.data.reasons import Rejection
+from rewardkit.data.records import Message, PreferencePair, TokenizedBranch, TokenizedPair
+from rewardkit.errors import ConfigError, UsageError
+from rewardkit.hashing import sha256_json, sha256_text
+
+BUILTIN = "builtin"
+
+PLAIN_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ message['role'] + ': ' + message['content'] + '\n\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}"
+)
+"""Used when a tokenizer has no chat template: `role: content` blocks separated by a blank line."""
+
+_SPECIAL_ATTRS = ("bos_token", "eos_token", "pad_token", "unk_token", "sep_token", "cls_token", "mask_token")
+
+
+@dataclass(frozen=True)
+class TokenizeSettings:
+    """Length limits and what to do with pairs that exceed them.
+
+    `drop` (the default) rejects an over-length pair as `oversize`, as TRL does: a cut
+    completion may have lost exactly the part that made it better or worse, so a truncated
+    comparison can teach the wrong preference. `truncate` keeps such pairs: completions are
+    cut at the end to `max_completion_length`, then the prompt is cut from the front to fit
+    `max_length`.
+    """
+
+    max_length: int = 1024
+    max_completion_length: int = 512
+    truncation: Literal["drop", "truncate"] = "drop"
+
+    def __post_init__(self) -> None:
+        if self.truncation not in ("drop", "truncate"):
+            raise ConfigError(f"truncation must be 'drop' or 'truncate', got {self.truncation!r}")
+        if self.max_length < 2 or self.max_completion_length < 1:
+            raise ConfigError("max_length must be >= 2 and max_completion_length >= 1")
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def load_tokenizer(spec: str):
+    """A local tokenizer directory (offline, no remote code) or `builtin`, the synth task's tokenizer."""
+    if spec == BUILTIN:
+        from rewardkit.data.synth import builtin_tokenizer
+
+        return builtin_tokenizer()
+    if not Path(spec).is_dir():
+        raise UsageError(
+            f"tokenizer {spec!r} is not a directory (give a local tokenizer directory or 'builtin')"
+        )
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(spec, local_files_only=True, trust_remote_code=False)
+    except (OSError, ValueError, KeyError) as exc:
+        raise UsageError(f"cannot load tokenizer from {spec}: {str(exc).splitlines()[0]}") from None
+
+
+def template_sha256(tokenizer) -> str:
+    """Hash of the chat template actually applied (the plain template when there is none)."""
+    template = getattr(tokenizer, "chat_template", None)
+    if template is None:
+        return sha256_text("rewardkit-plain-template\n" + PLAIN_TEMPLATE)
+    return sha256_text(template) if isinstance(template, str) else sha256_json(template)
+
+
+def tokenizer_sha256(tokenizer) -> str:
+    """Hash of what decides token ids: the vocabulary/merges/normaliser pipeline and special tokens.
+
+    The backend's `truncation`/`padding` state is excluded: transformers changes it on the fly.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        pipeline = json.loads(backend.to_str())
+        pipeline.pop("truncation", None)
+        pipeline.pop("padding", None)
+    else:
+        pipeline = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
+    specials = {}
+    for attr in _SPECIAL_ATTRS:
+        token = getattr(tokenizer, attr, None)
+        if token is not None:
+            specials[attr] = [str(token), tokenizer.convert_tokens_to_ids(str(token))]
+    return sha256_json({"pipeline": pipeline, "special_tokens": specials})
+
+
+def render(tokenizer, messages: list[Message], *, add_generation_prompt: bool) -> str:
+    template = getattr(tokenizer, "chat_template", None) or PLAIN_TEMPLATE
+    return tokenizer.apply_chat_template(
+        messages, chat_template=template, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
+
+
+def completion_text(tokenizer, prompt: list[Message], prompt_text: str, completion: list[Message]) -> str:
+    """The text the template renders for `completion` after `prompt_text`, trailing whitespace dropped."""
+    full = render(tokenizer, [*prompt, *completion], add_generation_prompt=False)
+    if not full.startswith(prompt_text):
+        raise UsageError(
+            "the tokenizer's chat template does not render the prompt as a prefix of the conversation, "
+            "so the completion cannot be located"
+        )
+    return full[len(prompt_text) :].rstrip()
+
+
+def encode_texts(tokenizer, prompt_text: str, completions: list[str]) -> tuple[list[int], list[list[int]]]:
+    """Token ids of the prompt and of each completion, in one tokenizer call.
+
+    With the plain template the prompt starts with BOS (or CLS) and each completion ends with
+    EOS (or SEP), when the tokenizer has them; chat templates write their own markers.
+    """
+    encoded = tokenizer([prompt_text, *completions], add_special_tokens=False)["input_ids"]
+    prompt_ids, completion_ids = list(encoded[0]), [list(ids) for ids in encoded[1:]]
+    if getattr(tokenizer, "chat_template", None) is None:
+        start = _first_id(tokenizer, "bos_token_id", "cls_token_id")
+        end = _first_id(tokenizer, "eos_token_id", "sep_token_id")
+        if start is not None:
+            prompt_ids.insert(0, start)
+        if end is not None:
+            for ids in completion_ids:
+                ids.append(end)
+    return prompt_ids, completion_ids
+
+
+def tokenize_branch(tokenizer, prompt: list[Message], completion: list[Message]) -> TokenizedBranch:
+    """One untruncated branch (what a scorer feeds the model for a prompt + response)."""
+    prompt_text = render(tokenizer, prompt, add_generation_prompt=True)
+    prompt_ids, (completion_ids,) = encode_texts(
+        tokenizer, prompt_text, [completion_text(tokenizer, prompt, prompt_text, completion)]
+    )
+    if not completion_ids:
+        raise Rejection(R.EMPTY_COMPLETION, "completion has no tokens")
+    return _branch(prompt_ids, completion_ids)
+
+
+def tokenize_pair(pair: PreferencePair, tokenizer, settings: TokenizeSettings | None = None) -> TokenizedPair:
+    """Tokenise both branches under `settings`; raise `Rejection` (oversize, post_truncation, ...)."""
+    settings = settings or TokenizeSettings()
+    prompt_text = render(tokenizer, pair.prompt, add_generation_prompt=True)
+    texts = [
+        completion_text(tokenizer, pair.prompt, prompt_text, side) for side in (pair.chosen, pair.rejected)
+    ]
+    prompt_ids, (chosen, rejected) = encode_texts(tokenizer, prompt_text, texts)
+    if not chosen or not rejected:
+        raise Rejection(R.EMPTY_COMPLETION, "a completion has no tokens", pair_id=pair.pair_id)
+    limit, completion_limit = settings.max_length, settings.max_completion_length
+    sizes = f"prompt {len(prompt_ids)}, chosen {len(chosen)}, rejected {len(rejected)} tokens"
+
+    if settings.truncation == "drop":
+        longest = max(len(chosen), len(rejected))
+        if len(prompt_ids) + longest > limit or longest > completion_limit:
+            raise Rejection(
+                R.OVERSIZE,
+                f"{sizes}; limits max_length={limit}, max_completion_length={completion_limit}",
+                pair_id=pair.pair_id,
+            )
+        if chosen == rejected:
+            raise Rejection(R.IDENTICAL, "chosen and rejected tokenize to the same ids", pair_id=pair.pair_id)
+    else:
+        cut = len(chosen) > completion_limit or len(rejected) > completion_limit
+        chosen, rejected = chosen[:completion_limit], rejected[:completion_limit]
+        if chosen == rejected:
+            if cut:
+                raise Rejection(
+                    R.POST_TRUNCATION,
+                    f"chosen and rejected are identical after cutting completions to {completion_limit} tokens",
+                    pair_id=pair.pair_id,
+                )
+            raise Rejection(R.IDENTICAL, "chosen and rejected tokenize to the same ids", pair_id=pair.pair_id)
+        budget = limit - max(len(chosen), len(rejected))
+        if len(prompt_ids) > budget:
+            if budget < 1:
+                raise Rejection(
+                    R.OVERSIZE,
+                    f"{sizes}; after truncation no prompt token fits in max_length={limit}",
+                    pair_id=pair.pair_id,
+                )
+            prompt_ids = prompt_ids[-budget:]
+    return TokenizedPair(
+        pair_id=pair.pair_id,
+        chosen=_branch(prompt_ids, chosen),
+        rejected=_branch(prompt_ids, rejected),
+        margin=pair.margin,
+        subset=pair.subset,
+    )
+
+
+def _branch(prompt_ids: list[int], completion_ids: list[int]) -> TokenizedBranch:
+    input_ids = [*prompt_ids, *completion_ids]
+    return TokenizedBranch(
+        input_ids=input_ids,
+        loss_mask=[0] * len(prompt_ids) + [1] * len(completion_ids),
+        score_index=len(input_ids) - 1,
+    )
+
+
+def _first_id(tokenizer, *attrs: str) -> int | None:
+    for attr in attrs:
+        value = getattr(tokenizer, attr, None)
+        if value is not None:
+            return int(value)
+    return None
