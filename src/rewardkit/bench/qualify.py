@@ -603,14 +603,18 @@ def qualify(plan: Plan, out: Path) -> dict[str, Any]:
     summary["wall_s"] = time.perf_counter() - started
     rows = [row for label, run in runs.items() for row in report.csv_rows(run["points"], label)]
     report.write_csv(out / "results.csv", rows)
-    summary["plots"] = _plots(plan, deployments, runs, out / "plots")
+    summary["plots"] = _plots(plan, deployments, runs, summary["groups"], out / "plots")
     write_json(out / "summary.json", summary)
     write_text(out / "report.md", render_report(summary, runs))
     return summary
 
 
 def _plots(
-    plan: Plan, deployments: list[Deployment], runs: dict[str, dict[str, Any]], out: Path
+    plan: Plan,
+    deployments: list[Deployment],
+    runs: dict[str, dict[str, Any]],
+    groups: list[dict[str, Any]],
+    out: Path,
 ) -> list[str]:
     out.mkdir(parents=True, exist_ok=True)
     written = []
@@ -619,6 +623,9 @@ def _plots(
         if not mine:
             continue
         series = {d.label.split("/")[0]: runs[d.label]["points"] for d in mine}
+        for g in groups:
+            if g["dtype"] == dtype and g["status"] == "ok" and g.get("isolation"):
+                series["dedicated (isolation: slowest scorer)"] = g["points"]
         ref = max(
             runs[mine[0].label]["points"], key=lambda p: (p["batch"], p["concurrency"] or p["rate"] or 0)
         )
