@@ -145,6 +145,16 @@ def _pyplot():
     return plt
 
 
+def _save(plt: Any, fig: Any, ax: Any, path: Path, title: str) -> bool:
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def plot_throughput(path: Path, series: dict[str, list[dict[str, Any]]], title: str) -> bool:
     """items/s vs concurrency, one panel per batch size, one line per deployment."""
     plt = _pyplot()
@@ -190,13 +200,7 @@ def plot_latency_cdf(path: Path, samples: dict[str, list[float]], title: str) ->
     ax.set_xscale("log")
     ax.set_xlabel("request latency (ms, log)")
     ax.set_ylabel("fraction of requests")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+    return _save(plt, fig, ax, path, title)
 
 
 def plot_utilisation(path: Path, timelines: dict[str, list[dict[str, Any]]], title: str) -> bool:
@@ -216,10 +220,4 @@ def plot_utilisation(path: Path, timelines: dict[str, list[dict[str, Any]]], tit
     ax.set_xlabel("seconds since the deployment's first point")
     ax.set_ylabel("GPU utilisation %" if any_gpu else "host CPU utilisation % (no GPU sampled)")
     ax.set_ylim(0, 105)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+    return _save(plt, fig, ax, path, title)
