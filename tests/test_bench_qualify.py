@@ -181,3 +181,18 @@ def test_cli_exit_codes(tmp_path):
     plan.write_text("modes: [shared]\nscorers: [{name: a, kind: clip}]\n")
     bad = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
     assert bad.returncode == 2 and "must include dedicated" in bad.stderr
+
+
+@pytest.mark.slow
+def test_qualify_against_real_serve_deploy_processes(tmp_path):
+    """The real `rewardkit serve --deploy` (workers backend) with a rule scorer, two layouts."""
+    scorers = [{"name": "length", "kind": "length", "max_batch_size": 8, "max_wait_ms": 1}]
+    sweep = {**FAST_SWEEP, "concurrency": [2], "window_s": 0.3}
+    doc = {"gpus": [], "scorers": scorers, "dtypes": ["fp32"], "modes": ["dedicated", "consolidated"],
+           "sweep": sweep, "server": {"ready_timeout_s": 180}}  # fmt: skip
+    summary = qualify(parse_plan(doc), tmp_path)
+    assert summary["passed"], summary["failures"]
+    ded, cons = summary["groups"]
+    assert ded["isolation"] and cons["parity"]["length"]["max_abs_delta"] == 0.0
+    run = json.loads((tmp_path / "runs" / "consolidated-fp32.json").read_text())
+    assert run["mode"] == "consolidated" and run["environment"]["deployment"]["backend"] == "workers"
