@@ -11,11 +11,12 @@ def test_bench_writes_json_and_perf_analyzer_csv(tmp_path, capsys):
     out, table = tmp_path / "run.json", tmp_path / "run.csv"
     with serve_in_thread(make_app(["a", "b"], mode="consolidated")) as url:
         code = main(["bench", "--url", url, "--scorers", "a,b", "--batch", "1,2", "--concurrency", "2",
-                     "--slo-ms", "5000", "--out", str(out), "--csv", str(table), *FAST])  # fmt: skip
+                     "--slo-ms", "5000", "--coverage-pass", "--out", str(out), "--csv", str(table), *FAST])  # fmt: skip
     assert code == 0
     run = json.loads(out.read_text())
     assert run["mode"] == "consolidated" and run["config"]["batches"] == [1, 2]
     assert run["corpus"]["source"] == "generated" and run["corpus"]["size"] == 8
+    assert run["coverage"]["total"] == 4 and len(run["scores"]) == 8  # batches of 2 over 8 items
     rows = list(csv.DictReader(table.open()))
     assert [(r["Batch"], r["Concurrency"], r["Scorers"]) for r in rows] == [
         ("1", "2", "a+b"),

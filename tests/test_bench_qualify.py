@@ -129,6 +129,9 @@ def test_qualify_end_to_end_against_fake_deployments(tmp_path):
     assert ded["rewards_per_gpu_hour"] == pytest.approx(ded["items_per_s_mean"] * 1800)
     # dedicated by isolation: each point is the slower scorer's items/s
     iso = [json.loads((tmp_path / "runs" / f"dedicated-{s}-fp16.json").read_text()) for s in "ab"]
+    for run in iso:  # the coverage pass scored the whole corpus, so parity covers every item
+        assert run["coverage"] == {"total": 5, "ok": 5, "failed": 0, "failures_by_reason": {}}
+        assert len(run["scores"]) == FAST_SWEEP["corpus_size"]
     for k, point in enumerate(ded["points"]):
         assert point["items_per_s"] == min(run["points"][k]["items_per_s"] for run in iso)
     assert shared["ratio_vs_dedicated"]["rewards_per_gpu_hour"] == pytest.approx(

@@ -70,6 +70,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bench.add_argument(
         "--no-images", action="store_true", help="generated corpus without images (text scorers)"
     )
+    bench.add_argument(
+        "--coverage-pass", action="store_true", help="score every corpus item once before the sweep"
+    )
     bench.add_argument("--gpus", type=lambda t: [int(v) for v in t.split(",")], help="NVML indices to sample")
     bench.add_argument("--mode", help="deployment label when the service has no /v1/deployment")
     bench.add_argument("--out", type=Path, required=True, help="run JSON (schema: bench_run.schema.json)")
@@ -129,6 +132,7 @@ def run_bench_cli(args: argparse.Namespace) -> int:
         seed=args.seed,
         gpu_indices=args.gpus,
         mode=args.mode,
+        coverage_pass=args.coverage_pass,
     )
     run = run_bench(config, corpus, info)
     write_json(args.out, run)

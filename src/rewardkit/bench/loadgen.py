@@ -63,7 +63,7 @@ class RequestRecord:
     items: int
     ok: bool
     reasons: tuple[str, ...]
-    phase: str  # "warmup" | "measure"
+    phase: str  # "coverage" | "warmup" | "measure"
     queue_ms: float | None = None
     inference_ms: float | None = None
     total_ms: float | None = None
@@ -307,6 +307,28 @@ class LoadGenerator:
             if count > base_count:
                 out[key] = (total - base_total) / (count - base_count)
         return out or None
+
+    async def coverage_pass(self, batch: int) -> dict[str, Any]:
+        """Score every corpus item once, in order, before any load point.
+
+        The sweep alone covers only as many items as its busiest point sends; a coverage pass
+        makes per-item parity between deployments cover the whole corpus.
+        """
+        factory = RequestFactory(self.corpus, self.scorers, min(batch, len(self.corpus)))
+        failures: Counter[str] = Counter()
+        records = []
+        async with self.client(1) as client:
+            for _ in range(math.ceil(len(self.corpus) / factory.batch)):
+                body, ids = factory.next()
+                record = await self.send(client, body, ids, time.perf_counter(), "coverage")
+                records.append(record)
+                failures.update(record.reasons)
+        return {
+            "total": len(records),
+            "ok": sum(r.ok for r in records),
+            "failed": sum(not r.ok for r in records),
+            "failures_by_reason": dict(sorted(failures.items())),
+        }
 
     async def closed_loop(self, batch: int, concurrency: int, min_requests: int, warmup: int) -> Measurement:
         factory = RequestFactory(self.corpus, self.scorers, batch)

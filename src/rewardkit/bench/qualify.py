@@ -310,6 +310,7 @@ def _bench_config(plan: Plan, dep: Deployment, url: str) -> BenchConfig:
         seed=int(s.get("seed", 0)),
         gpu_indices=[g for g in plan.gpus[: dep.gpus_held]] or None,
         mode=dep.group,
+        coverage_pass=True,
     )
 
 

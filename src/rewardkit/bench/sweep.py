@@ -45,6 +45,7 @@ class BenchConfig:
     gpu_indices: list[int] | None = None
     monitor_interval_s: float = 0.5
     mode: str | None = None  # label for reports; the service's own /v1/deployment wins
+    coverage_pass: bool = False  # score every corpus item once before the sweep (parity needs all)
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -78,6 +79,7 @@ async def _run(config: BenchConfig, corpus: list[CorpusItem], corpus_info: dict[
     loop = "open" if config.rates else "closed"
     loads: list[float] = list(config.rates) if config.rates else [float(c) for c in config.concurrencies]
     grid = [(b, load) for b in config.batches for load in loads]
+    coverage = await gen.coverage_pass(max(config.batches)) if config.coverage_pass else None
     points = []
     origin = time.perf_counter()
     with monitor, tqdm(total=len(grid) * config.repetitions, desc="bench", unit="point", leave=False) as bar:
@@ -111,9 +113,10 @@ async def _run(config: BenchConfig, corpus: list[CorpusItem], corpus_info: dict[
                 "slo_ms": config.slo_ms,
             }
             points.append({**head, **point})
+    counted = [p["requests"] for p in points] + ([coverage] if coverage else [])
     failures: dict[str, int] = {}
-    for point in points:
-        for reason, count in point["requests"]["failures_by_reason"].items():
+    for requests in counted:
+        for reason, count in requests["failures_by_reason"].items():
             failures[reason] = failures.get(reason, 0) + count
     regimes = sorted({p["regime"] for p in points})
     return {
@@ -125,11 +128,12 @@ async def _run(config: BenchConfig, corpus: list[CorpusItem], corpus_info: dict[
         "served_scorers": served,
         "corpus": {**corpus_info, "size": len(corpus), "digest": corpus_digest(corpus)},
         "environment": environment,
+        "coverage": coverage,
         "points": points,
         "totals": {
-            "requests": sum(p["requests"]["total"] for p in points),
-            "ok": sum(p["requests"]["ok"] for p in points),
-            "failed": sum(p["requests"]["failed"] for p in points),
+            "requests": sum(r["total"] for r in counted),
+            "ok": sum(r["ok"] for r in counted),
+            "failed": sum(r["failed"] for r in counted),
             "failures_by_reason": dict(sorted(failures.items())),
             "item_errors_by_code": dict(sorted(gen.item_errors.items())),
             "items_per_s_max": max((p["items_per_s"] for p in points), default=0.0),
