@@ -199,3 +199,29 @@ def test_qualify_against_real_serve_deploy_processes(tmp_path):
     assert ded["isolation"] and cons["parity"]["length"]["max_abs_delta"] == 0.0
     run = json.loads((tmp_path / "runs" / "consolidated-fp32.json").read_text())
     assert run["mode"] == "consolidated" and run["environment"]["deployment"]["backend"] == "workers"
+
+
+def test_goals_compare_on_points_gpu_bound_in_both():
+    from rewardkit.bench.qualify import _goals
+
+    def group(name, mode, gpus, points):
+        pts = [
+            {"batch": b, "concurrency": c, "rate": None, "items_per_s": v, "regime": r}
+            for b, c, v, r in points
+        ]
+        return {"group": name, "mode": mode, "dtype": "fp16", "status": "ok", "gpus_held": gpus, "points": pts,
+                "validity": {"failed": 0}, "parity": None}  # fmt: skip
+
+    groups = [
+        group("dedicated", "dedicated", 2, [(8, 4, 50.0, "host_bound"), (32, 16, 100.0, "gpu_bound")]),
+        group("shared", "shared", 1, [(8, 4, 40.0, "host_bound"), (32, 16, 100.0, "gpu_bound")]),
+        group("mps50", "mps", 1, [(8, 4, 80.0, "host_bound"), (32, 16, 110.0, "gpu_bound")]),
+        group("consolidated", "consolidated", 1, [(8, 4, 10.0, "host_bound"), (32, 16, 99.0, "host_bound")]),
+    ]
+    goals = _goals(groups, "fp16")
+    mps = goals["mps50_vs_shared_items_per_s"]
+    assert mps["basis"] == "gpu_bound points" and mps["points"] == 1
+    assert mps["value"] == pytest.approx(1.1) and not mps["met"]  # the host-bound 2x does not count
+    cons = goals["consolidated_vs_dedicated_per_gpu_hour"]
+    assert cons["basis"].startswith("all points") and cons["value"] == pytest.approx(109 / 150 * 2)
+    assert goals["all_valid"] and goals["parity"]
