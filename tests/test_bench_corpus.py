@@ -44,11 +44,13 @@ def test_load_inputs(tmp_path):
         {"id": "a", "prompt": "p", "response": "r", "image_path": "cat.png"},
         {"id": "b", "prompt": "p", "response": "r2", "image_b64": base64.b64encode(b"jpg").decode()},
         {"id": "c", "prompt": "p", "response": "r3"},
+        {"id": "d", "prompt": "p", "response": "r4", "image": "cat.png"},
     ]
     path = tmp_path / "in.jsonl"
     path.write_text("\n".join(json.dumps(x) for x in lines) + "\n\n")
     items = load_inputs(path)
-    assert [i.id for i in items] == ["a", "b", "c"]
+    assert [i.id for i in items] == ["a", "b", "c", "d"]
+    assert items[3].image == items[0].image
     assert items[0].image == b"\x89PNG fake" and items[1].image == b"jpg" and items[2].image is None
 
 

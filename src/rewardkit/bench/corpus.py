@@ -137,7 +137,7 @@ def generate_corpus(size: int, *, seed: int = 0, images: bool = True) -> list[Co
 
 
 def load_inputs(path: str | Path) -> list[CorpusItem]:
-    """Read the user's items from JSON lines: {"id", "prompt", "response", "image_path"|"image_b64"}.
+    """Read the user's items from JSON lines: {"id", "prompt", "response", "image"|"image_path"|"image_b64"}.
 
     Relative image paths resolve against the file's directory. Ids must be unique, because
     scores are captured and compared per id.
@@ -163,8 +163,9 @@ def load_inputs(path: str | Path) -> list[CorpusItem]:
             if not isinstance(prompt, str) or not isinstance(response, str):
                 raise UsageError(f"{path}:{lineno}: 'prompt' and 'response' must be strings")
             image = None
-            if row.get("image_path") is not None:
-                image = (path.parent / str(row["image_path"])).read_bytes()
+            image_path = row.get("image_path", row.get("image"))  # `image`: as in `rewardkit score` inputs
+            if image_path is not None:
+                image = (path.parent / str(image_path)).read_bytes()
             elif row.get("image_b64") is not None:
                 try:
                     image = base64.b64decode(str(row["image_b64"]), validate=True)
