@@ -22,6 +22,7 @@ COMMAND_MODULES: list[str] = [
     "rewardkit.export",
     "rewardkit.eval.cli",
     "rewardkit.serve.cli",
+    "rewardkit.bench.cli",
 ]
 
 
