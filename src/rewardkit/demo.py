@@ -69,11 +69,15 @@ def _serve_and_score(model_dir: Path) -> dict:
         items = []
         for row in eval_rows:
             for side in ("chosen", "rejected"):
-                items.append({"id": f"{row['pair_id']}:{side}", "prompt": row["prompt"], "response": row[side]})
+                items.append(
+                    {"id": f"{row['pair_id']}:{side}", "prompt": row["prompt"], "response": row[side]}
+                )
         results = client.score(items, scorers=["rm"])
         scores = {r["id"]: r["scores"]["rm"] for r in results}
         wins = sum(scores[f"{r['pair_id']}:chosen"] > scores[f"{r['pair_id']}:rejected"] for r in eval_rows)
-        print(f"scored {len(items)} items over HTTP at {url}; chosen > rejected in {wins}/{len(eval_rows)} pairs")
+        print(
+            f"scored {len(items)} items over HTTP at {url}; chosen > rejected in {wins}/{len(eval_rows)} pairs"
+        )
         return {"url": url, "items": len(items), "http_pairs_correct": wins, "http_pairs": len(eval_rows)}
     finally:
         server.terminate()
@@ -91,28 +95,66 @@ def main() -> int:
     raw = RUN / "data" / "raw.jsonl"
 
     _rewardkit("data", "synth", "--out", str(raw), "--n", str(N_ROWS), "--seed", "0", "--corrupt", "1")
-    _rewardkit("data", "validate", str(raw), "--tokenizer", "builtin", "--report", str(RUN / "data" / "rejects.jsonl"), ok=(1,))
     _rewardkit(
-        "data", "prepare", str(raw), "--out", str(RUN / "data"), "--eval-size", str(EVAL_SIZE),
-        "--seed-key", "demo", "--tokenizer", "builtin",
+        "data",
+        "validate",
+        str(raw),
+        "--tokenizer",
+        "builtin",
+        "--report",
+        str(RUN / "data" / "rejects.jsonl"),
+        ok=(1,),
+    )
+    _rewardkit(
+        "data",
+        "prepare",
+        str(raw),
+        "--out",
+        str(RUN / "data"),
+        "--eval-size",
+        str(EVAL_SIZE),
+        "--seed-key",
+        "demo",
+        "--tokenizer",
+        "builtin",
     )
     probe = RUN / "data" / "probe.json"
-    _rewardkit("data", "freeze-probe", str(RUN / "data" / "eval.jsonl"), "--tokenizer", "builtin", "--out", str(probe))
+    _rewardkit(
+        "data",
+        "freeze-probe",
+        str(RUN / "data" / "eval.jsonl"),
+        "--tokenizer",
+        "builtin",
+        "--out",
+        str(probe),
+    )
 
     train_dir = RUN / "train"
     config = Path(__file__).parent / "configs" / "demo_rm.yaml"
     _rewardkit(
-        "train", "rm", "--config", str(config),
-        f"data.train={RUN / 'data' / 'train.jsonl'}", f"data.eval={RUN / 'data' / 'eval.jsonl'}",
-        f"data.probe={probe}", f"output_dir={train_dir}",
+        "train",
+        "rm",
+        "--config",
+        str(config),
+        f"data.train={RUN / 'data' / 'train.jsonl'}",
+        f"data.eval={RUN / 'data' / 'eval.jsonl'}",
+        f"data.probe={probe}",
+        f"output_dir={train_dir}",
     )
     model_dir = RUN / "model"
     final = sorted((train_dir / "checkpoints").iterdir())[-1]
     shutil.copytree(final, model_dir)
 
     _rewardkit(
-        "eval", "--model", str(model_dir), "--probe", str(probe), "--data", str(RUN / "data" / "eval.jsonl"),
-        "--out", str(RUN / "eval"),
+        "eval",
+        "--model",
+        str(model_dir),
+        "--probe",
+        str(probe),
+        "--data",
+        str(RUN / "data" / "eval.jsonl"),
+        "--out",
+        str(RUN / "eval"),
     )
     summary = json.loads((RUN / "eval" / "summary.json").read_text())
     http = _serve_and_score(model_dir)
@@ -121,9 +163,13 @@ def main() -> int:
     strict = summary["bootstrap"]["strict"]
     print("\n== rewardkit demo summary ==")
     print(f"held-out pairs        {summary['n_pairs']}")
-    print(f"accuracy (strict)     {summary['accuracy']:.4f}  95% CI [{strict['ci_95'][0]:.4f}, {strict['ci_95'][1]:.4f}]")
+    print(
+        f"accuracy (strict)     {summary['accuracy']:.4f}  95% CI [{strict['ci_95'][0]:.4f}, {strict['ci_95'][1]:.4f}]"
+    )
     print(f"one-sided lower 95%   {strict['lower_95']:.4f}  ({'pass' if strict['pass'] else 'FAIL'}: > 0.5)")
-    print(f"HTTP check            {http['http_pairs_correct']}/{http['http_pairs']} pairs ranked right via {http['url']}")
+    print(
+        f"HTTP check            {http['http_pairs_correct']}/{http['http_pairs']} pairs ranked right via {http['url']}"
+    )
     print(f"report                {(train_dir / 'report' / 'report.html').resolve()}")
     print(f"total time            {time.monotonic() - started:.0f} s")
     return 0 if summary["accuracy"] >= 0.9 else 1
