@@ -16,14 +16,13 @@ Sequence log-probs are **sums** over completion tokens (the DPO likelihood). IPO
 length-normalised log-probs, so `average=True` divides by the completion length, as TRL does
 for `loss_type="ipo"`.
 
-Only the logits of positions that predict a completion token are materialised (via
-transformers' `logits_to_keep`), which skips the vocabulary projection for prompt tokens and
-is most of the memory of a long-prompt batch.
+Only the logits of positions that predict a completion token are materialised, which skips
+the vocabulary projection for prompt and padding tokens and is most of the memory of a
+long-prompt batch.
 """
 
 from __future__ import annotations
 
-import inspect
 from typing import TYPE_CHECKING, Any
 
 from rewardkit.errors import ConfigError
@@ -51,9 +50,28 @@ def build_policy(cfg: Any, *, vocab_size: int | None = None):
     return build_backbone(_model_spec(cfg), vocab_size=vocab_size, auto_class=AutoModelForCausalLM)
 
 
-def _accepts_logits_to_keep(model) -> bool:
+def _completion_logits(model, kwargs: dict, rows: torch.Tensor, predictor: torch.Tensor) -> torch.Tensor:
+    """Logits [K, vocab] at the K positions that predict a completion token, in that order.
+
+    A forward pre-hook on the output embedding hands the LM head only those hidden states, so
+    the vocabulary projection never runs for prompt or padding positions, whatever the layout
+    (transformers' `logits_to_keep` selects one set of columns for all rows, which in packed
+    rows is nearly every column). Anything the model does to logits after its head (scaling,
+    soft-capping) still applies.
+    """
     inner = getattr(model, "module", model)  # DDP wraps the model; FSDP2 keeps its class
-    return "logits_to_keep" in inspect.signature(inner.forward).parameters
+    head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
+    if head is None:
+        return model(**kwargs, use_cache=False).logits[rows, predictor]
+
+    def keep_predicting_positions(_module, args):
+        return (args[0][rows, predictor], *args[1:])
+
+    handle = head.register_forward_pre_hook(keep_predicting_positions)
+    try:
+        return model(**kwargs, use_cache=False).logits
+    finally:
+        handle.remove()
 
 
 def sequence_logps(
@@ -81,14 +99,7 @@ def sequence_logps(
     targets = (loss_mask[:, 1:] != 0) & same_sequence & (segment_ids[:, 1:] >= 0)
     rows, predictor = targets.nonzero(as_tuple=True)  # logits at `predictor` predict token predictor+1
     kwargs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
-    if _accepts_logits_to_keep(model):
-        columns = torch.unique(predictor)
-        logits = model(**kwargs, use_cache=False, logits_to_keep=columns).logits
-        column_of = torch.searchsorted(columns, predictor)
-    else:
-        logits = model(**kwargs, use_cache=False).logits
-        column_of = predictor
-    selected = logits[rows, column_of].float()
+    selected = _completion_logits(model, kwargs, rows, predictor).float()
     labels = input_ids[rows, predictor + 1]
     token_logps = selected.gather(-1, labels[:, None]).squeeze(-1) - torch.logsumexp(selected, dim=-1)
     segments = segment_ids[rows, predictor + 1]

@@ -60,3 +60,15 @@ class Objective(Protocol):
 
     def validate_resume(self, metadata: dict[str, Any]) -> None:
         """Raise `CheckpointError` if a checkpoint was written by a different objective or head."""
+
+
+def check_objective(metadata: dict[str, Any], name: str, role: str, run_kind: str) -> None:
+    """Refuse to resume from a checkpoint another objective wrote."""
+    from rewardkit.models.loading import CheckpointError
+
+    if metadata.get("objective") != name or metadata.get("role") != role:
+        raise CheckpointError(
+            f"checkpoint objective {metadata.get('objective')!r} / role {metadata.get('role')!r};"
+            f" a {run_kind} run resumes only from {name!r} / {role!r}",
+            code="wrong_objective",
+        )

@@ -45,7 +45,7 @@ from rewardkit.train.dpo import (
     release,
 )
 from rewardkit.train.loop import EvalSet, RunResult, Trainer
-from rewardkit.train.objective import MicroBatchOutput
+from rewardkit.train.objective import MicroBatchOutput, check_objective
 
 log = logging.getLogger("rewardkit.train")
 
@@ -262,12 +262,7 @@ class DPOPolicyObjective:
 
     def validate_resume(self, metadata: dict[str, Any]) -> None:
         """Same objective, same loss, and the very same reference (parameter digest recomputed)."""
-        if metadata.get("objective") != self.name or metadata.get("role") != self.role:
-            raise CheckpointError(
-                f"checkpoint objective {metadata.get('objective')!r} / role {metadata.get('role')!r};"
-                f" a DPO run resumes only from {self.name!r} / {self.role!r}",
-                code="wrong_objective",
-            )
+        check_objective(metadata, self.name, self.role, "DPO")
         recorded = metadata.get("dpo") or {}
         for key in ("loss_type", "beta", "label_smoothing"):
             if recorded.get(key) != getattr(self.settings, key):

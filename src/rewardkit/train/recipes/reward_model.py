@@ -24,7 +24,7 @@ from rewardkit.models.loading import OBJECTIVE, CheckpointError, write_model_fil
 from rewardkit.models.reward_model import RewardModel, build_backbone, score_pairs
 from rewardkit.train.config import DataConfig, TrainConfig
 from rewardkit.train.loop import EvalSet, RunResult, Trainer
-from rewardkit.train.objective import MicroBatchOutput
+from rewardkit.train.objective import MicroBatchOutput, check_objective
 
 log = logging.getLogger("rewardkit.train")
 
@@ -162,12 +162,7 @@ class RewardModelObjective:
         return dict(self._metadata)
 
     def validate_resume(self, metadata: dict[str, Any]) -> None:
-        if metadata.get("objective") != self.name or metadata.get("role") != self.role:
-            raise CheckpointError(
-                f"checkpoint objective {metadata.get('objective')!r} / role {metadata.get('role')!r};"
-                f" a reward-model run resumes only from {self.name!r} / {self.role!r}",
-                code="wrong_objective",
-            )
+        check_objective(metadata, self.name, self.role, "reward-model")
         if metadata.get("head_type") != RewardModel.head_type:
             raise CheckpointError(
                 f"checkpoint head {metadata.get('head_type')!r}, this run trains {RewardModel.head_type!r}",
