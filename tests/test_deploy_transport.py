@@ -9,6 +9,7 @@ import tempfile
 
 import pytest
 
+from rewardkit.deploy.gateway import decode_batches, decode_timing
 from rewardkit.deploy.transport import (
     RemoteError,
     TransportClient,
@@ -21,6 +22,7 @@ from rewardkit.deploy.transport import (
     serve_unix,
 )
 from rewardkit.errors import RewardkitError
+from rewardkit.serve.metrics import BatchStats
 from rewardkit.serve.scorers.base import ScoreItem
 
 
@@ -121,3 +123,21 @@ def test_in_flight_requests_fail_with_worker_lost_when_the_peer_dies(sock_path):
         server.close()
 
     asyncio.run(go())
+
+
+def test_relayed_timing_and_batches_are_validated_not_trusted():
+    """A confused worker can at worst lose its metrics; it cannot fail a request or add labels."""
+    good = {"scorer": "a", "inference_s": 0.5, "queue_delays": [0.1, 0.2], "outcomes": ["ok", "non_finite"]}
+    bad = [
+        {**good, "scorer": "not-mine"},
+        {**good, "inference_s": -1},
+        {**good, "queue_delays": [0.1]},
+        {**good, "queue_delays": [0.1, True]},
+        {**good, "outcomes": ["ok", 3]},
+        {**good, "queue_delays": [], "outcomes": []},
+        "junk",
+    ]
+    assert decode_batches([good, *bad], {"a"}) == [BatchStats("a", 0.5, (0.1, 0.2), ("ok", "non_finite"))]
+    assert decode_batches("junk", {"a"}) == []
+    assert decode_timing({"queue_s": 0.25, "inference_s": 1}) == (0.25, 1.0)
+    assert decode_timing({"queue_s": "x", "inference_s": -3}) == (0.0, 0.0) == decode_timing(None)

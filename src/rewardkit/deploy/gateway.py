@@ -8,6 +8,10 @@ and scorers on other workers are untouched.
 Shutdown is ordered so nothing in flight is cut off and MPS is never quit under a client:
 stop admission → drain in-flight requests (bounded) → stop workers → MPS: wait for an
 empty client list (bounded) → quit → remove the private directories.
+
+Batching happens in the workers, so each answer relays the request's queue/inference time
+and the worker's finished batches; the gateway records them exactly as the in-process batcher
+does (`record_timing`, `ServeMetrics.observe_batch`), so headers and `/metrics` match.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import shutil
 import tempfile
 import time
@@ -26,7 +31,9 @@ from rewardkit.deploy.supervisor import Supervisor, SupervisorSettings
 from rewardkit.deploy.transport import RemoteError, WorkerLost, encode_items
 from rewardkit.serve.batcher import check_value
 from rewardkit.serve.errors import STATUS_BY_CODE, ServeError
+from rewardkit.serve.metrics import BatchStats, ServeMetrics
 from rewardkit.serve.scorers.base import ItemError, ScoreItem, ScorerInfo
+from rewardkit.serve.timing import record_timing
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +52,50 @@ def decode_results(raw: Any, n: int) -> list[float | ItemError]:
             out.append(ItemError(str(err.get("code", "scorer_failed")), str(err.get("message", ""))))
         else:
             out.append(ItemError("scorer_failed", f"worker returned {r!r}"))
+    return out
+
+
+def _seconds(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) and value >= 0 else None
+
+
+def decode_timing(raw: Any) -> tuple[float, float]:
+    """(queue_s, inference_s) a worker measured; anything malformed reads as 0, never an error."""
+    raw = raw if isinstance(raw, dict) else {}
+    return _seconds(raw.get("queue_s")) or 0.0, _seconds(raw.get("inference_s")) or 0.0
+
+
+def _batch_stats(entry: Any, scorers: set[str]) -> BatchStats | None:
+    if not isinstance(entry, dict):
+        return None
+    scorer, delays, outcomes = entry.get("scorer"), entry.get("queue_delays"), entry.get("outcomes")
+    inference_s = _seconds(entry.get("inference_s"))
+    if (
+        not isinstance(scorer, str)
+        or scorer not in scorers
+        or inference_s is None
+        or not isinstance(delays, list)
+        or not isinstance(outcomes, list)
+        or not 0 < len(delays) == len(outcomes)
+        or any(_seconds(d) is None for d in delays)
+        or not all(isinstance(o, str) for o in outcomes)
+    ):
+        return None
+    return BatchStats(scorer, inference_s, tuple(float(d) for d in delays), tuple(outcomes))
+
+
+def decode_batches(raw: Any, scorers: set[str]) -> list[BatchStats]:
+    """Relayed batches of this worker's own scorers. A malformed one is dropped and logged:
+    metrics must never fail a request, and a worker must not invent metric labels."""
+    out: list[BatchStats] = []
+    for entry in raw if isinstance(raw, list) else []:
+        stats = _batch_stats(entry, scorers)
+        if stats is None:
+            log.warning("dropping malformed batch stats from a worker: %.200r", entry)
+        else:
+            out.append(stats)
     return out
 
 
@@ -80,10 +131,14 @@ class GatewayBackend:
             imports=config.imports,
             settings=self.settings,
         )
+        self.metrics: ServeMetrics | None = None  # the app's, via attach_metrics
         self._admitting = False
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._started_at: float | None = None
+
+    def attach_metrics(self, metrics: ServeMetrics) -> None:
+        self.metrics = metrics
 
     async def start(self) -> None:
         if self.mps is not None:
@@ -135,6 +190,11 @@ class GatewayBackend:
             self._in_flight -= 1
             if self._in_flight == 0:
                 self._idle.set()
+        queue_s, inference_s = decode_timing(header.get("timing"))
+        record_timing(queue_s=queue_s, inference_s=inference_s)
+        if self.metrics is not None:
+            for stats in decode_batches(header.get("batches"), {s.name for s in worker.plan.scorers}):
+                self.metrics.observe_batch(stats)
         return decode_results(header.get("results"), len(items))
 
     def scorer_infos(self) -> dict[str, ScorerInfo]:

@@ -9,7 +9,11 @@ batches exactly like the single-process service, and a consolidated worker (ever
 one process) shares one CUDA context and one event loop that drives all batchers.
 
 The socket is bound only after every scorer has loaded and produced a finite warm-up score,
-so "the socket accepts connections" already means "ready". The worker exits when its stdin
+so "the socket accepts connections" already means "ready".
+
+Every score answer also carries the request's queue/inference time and the batches the
+worker ran since its last answer, so the gateway can fill `x-queue-time`/`x-inference-time`
+and the batch histograms on its own `/metrics`: batching happens here, not in the gateway. The worker exits when its stdin
 closes: if the supervisor dies, no orphan keeps holding GPU memory or an MPS client slot.
 """
 
@@ -28,6 +32,8 @@ import sys
 from typing import Any
 
 from rewardkit.deploy.transport import TransportError, decode_items, serve_unix
+from rewardkit.serve.metrics import BatchStats, ServeMetrics
+from rewardkit.serve.timing import RequestTiming, current_timing
 
 log = logging.getLogger("rewardkit.deploy.worker")
 
@@ -57,17 +63,45 @@ def encode_results(results: list[Any]) -> list[dict[str, Any]]:
     return out
 
 
-class WorkerServer:
-    """Maps transport ops onto an `InProcessBackend`."""
+class RelayMetrics(ServeMetrics):
+    """The worker's batcher metrics: every batch is also kept until the next answer relays it.
 
-    def __init__(self, backend: Any) -> None:
+    Draining on any answer (not attributing batches to requests) observes each batch exactly
+    once at the gateway, even when one batch served several requests.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._unsent: list[BatchStats] = []
+
+    def observe_batch(self, stats: BatchStats) -> None:
+        super().observe_batch(stats)
+        self._unsent.append(stats)
+
+    def drain(self) -> list[dict[str, Any]]:
+        out = [dataclasses.asdict(s) for s in self._unsent]
+        self._unsent.clear()
+        return out
+
+
+class WorkerServer:
+    """Maps transport ops onto an `InProcessBackend` (built with `metrics=server.metrics`)."""
+
+    def __init__(self, backend: Any, metrics: RelayMetrics) -> None:
         self.backend = backend
+        self.metrics = metrics
 
     async def handle(self, op: str, header: dict[str, Any], body: bytes) -> tuple[dict[str, Any], bytes]:
         if op == "score":
             items = decode_items(header.get("items"), body)
+            timing = RequestTiming()
+            current_timing.set(timing)  # this request's own task: the batcher records into it
             results = await self.backend.score(str(header.get("scorer")), items)
-            return {"results": encode_results(results)}, b""
+            return {
+                "results": encode_results(results),
+                "timing": {"queue_s": timing.queue_s, "inference_s": timing.inference_s},
+                "batches": self.metrics.drain(),
+            }, b""
         if op == "health":
             ready, details = self.backend.ready()
             infos = {n: dataclasses.asdict(i) for n, i in self.backend.scorer_infos().items()}
@@ -111,13 +145,14 @@ async def run_worker(
     from rewardkit.serve.backend import InProcessBackend
     from rewardkit.serve.config import config_from_dict
 
-    backend = InProcessBackend(config_from_dict(plan["service"]))
+    metrics = RelayMetrics()
+    backend = InProcessBackend(config_from_dict(plan["service"]), metrics=metrics)
     await backend.start()
     ready, details = backend.ready()
     if not ready:
         log.error("worker %s failed to load: %s", plan.get("name"), json.dumps(details))
         return EXIT_LOAD_FAILED
-    server = await serve_unix(socket_path, WorkerServer(backend).handle)
+    server = await serve_unix(socket_path, WorkerServer(backend, metrics).handle)
     log.info("worker %s ready on %s (pid %d)", plan.get("name"), socket_path, os.getpid())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from rewardkit.serve.errors import ServeError
-from rewardkit.serve.metrics import ServeMetrics
+from rewardkit.serve.metrics import BatchStats, ServeMetrics
 from rewardkit.serve.scorers.base import ItemError, ScoreItem, Scorer
 from rewardkit.serve.timing import record_timing
 
@@ -239,14 +239,14 @@ class DynamicBatcher:
             results = [ItemError("scorer_failed", message)] * len(items)
         elapsed = time.perf_counter() - started
         if self.metrics is not None:
-            m = self.metrics
-            m.batch_size.labels(self.name).observe(len(batch))
-            m.inference.labels(self.name).observe(elapsed)
-            for e, r in zip(batch, results, strict=True):
-                m.queue_delay.labels(self.name).observe(e.started - e.enqueued)
-                m.items.labels(self.name, "ok" if isinstance(r, float) else r.code).inc()
-                if isinstance(r, ItemError) and r.code == "non_finite":
-                    m.non_finite.labels(self.name).inc()
+            self.metrics.observe_batch(
+                BatchStats(
+                    scorer=self.name,
+                    inference_s=elapsed,
+                    queue_delays=tuple(e.started - e.enqueued for e in batch),
+                    outcomes=tuple("ok" if isinstance(r, float) else r.code for r in results),
+                )
+            )
         for e, r in zip(batch, results, strict=True):
             if not e.future.done():
                 e.future.set_result((r, elapsed))

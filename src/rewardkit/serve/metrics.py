@@ -6,10 +6,22 @@ The batch-size and queue-delay histograms are what let a load test split queuein
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+@dataclass(frozen=True)
+class BatchStats:
+    """One forward as the metrics see it. Plain data so a deploy worker can relay it as JSON."""
+
+    scorer: str
+    inference_s: float
+    queue_delays: tuple[float, ...]  # one per item: enqueue → batch start
+    outcomes: tuple[str, ...]  # one per item: "ok" or the item's error code
 
 
 class ServeMetrics:
@@ -60,3 +72,16 @@ class ServeMetrics:
             registry=r,
         )
         self.queue_depth = Gauge("rewardkit_queue_depth", "Items waiting per scorer", ["scorer"], registry=r)
+
+    def observe_batch(self, stats: BatchStats) -> None:
+        """The per-batch observations, in one place: the in-process batcher calls this directly,
+        the deploy gateway calls it for every batch a worker relays, so /metrics reads the same."""
+        name = stats.scorer
+        self.batch_size.labels(name).observe(len(stats.queue_delays))
+        self.inference.labels(name).observe(stats.inference_s)
+        for delay in stats.queue_delays:
+            self.queue_delay.labels(name).observe(delay)
+        for outcome in stats.outcomes:
+            self.items.labels(name, outcome).inc()
+            if outcome == "non_finite":
+                self.non_finite.labels(name).inc()
