@@ -43,6 +43,15 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _ready(url: str) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(f"{url}/health/ready", timeout=2.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def _serve_and_score(model_dir: Path) -> dict:
     """Start `rewardkit serve` on a free loopback port, score through HTTP, shut it down."""
     from rewardkit.client import RewardClient
@@ -59,9 +68,9 @@ def _serve_and_score(model_dir: Path) -> dict:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        client = RewardClient(url, timeout=30.0)
+        client = RewardClient(url)
         deadline = time.monotonic() + 120
-        while not client.ready():
+        while not _ready(url):
             if server.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"demo: the server did not become ready; see {RUN / 'serve.log'}")
             time.sleep(0.5)
@@ -73,7 +82,7 @@ def _serve_and_score(model_dir: Path) -> dict:
                     {"id": f"{row['pair_id']}:{side}", "prompt": row["prompt"], "response": row[side]}
                 )
         results = client.score(items, scorers=["rm"])
-        scores = {r["id"]: r["scores"]["rm"] for r in results}
+        scores = {r.id: r.scores["rm"] for r in results}
         wins = sum(scores[f"{r['pair_id']}:chosen"] > scores[f"{r['pair_id']}:rejected"] for r in eval_rows)
         print(
             f"scored {len(items)} items over HTTP at {url}; chosen > rejected in {wins}/{len(eval_rows)} pairs"
@@ -125,6 +134,11 @@ def main() -> int:
         str(RUN / "data" / "eval.jsonl"),
         "--tokenizer",
         "builtin",
+        # the same tokenisation settings as configs/demo_rm.yaml: the trainer checks the probe
+        "--max-length",
+        "128",
+        "--max-completion-length",
+        "64",
         "--out",
         str(probe),
     )
@@ -139,7 +153,8 @@ def main() -> int:
         f"data.train={RUN / 'data' / 'train.jsonl'}",
         f"data.eval={RUN / 'data' / 'eval.jsonl'}",
         f"data.probe={probe}",
-        f"output_dir={train_dir}",
+        "data.synth=null",
+        f"run.run_dir={train_dir}",
     )
     model_dir = RUN / "model"
     final = sorted((train_dir / "checkpoints").iterdir())[-1]
