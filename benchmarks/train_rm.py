@@ -101,6 +101,7 @@ def bench_rewardkit(args, pairs, device) -> dict:
                     "layout": "packed",
                     "precision": "bf16" if device.type == "cuda" else "fp32",
                     "progress": False,
+                    "compile": args.compile,
                 },
             },
         )
@@ -132,10 +133,30 @@ def bench_rewardkit(args, pairs, device) -> dict:
         out = result_block(args.steps * args.batch_pairs, tokens, seconds, n_params, peak)
         out["padding_efficiency"] = sum(efficiency) / len(efficiency)
         out["non_embedding_params"] = n_params
+        out["attn_implementation"] = trainer.raw_model.config._attn_implementation
+        out["compile"] = args.compile
+        out["micro_batch_pairs"] = args.batch_pairs // args.grad_accum
+        if args.profile_out:
+            out["profile"] = str(profile_steps(trainer, device, args.profile_out))
         del trainer
         if device.type == "cuda":
             torch.cuda.empty_cache()
         return out
+
+
+def profile_steps(trainer, device: torch.device, path: Path, steps: int = 2) -> Path:
+    """Kernel-time table of a few more optimizer steps (where the step time goes)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            trainer.train_step()
+        sync(device)
+    key = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(prof.key_averages().table(sort_by=key, row_limit=40, max_name_column_width=90))
+    return path
 
 
 def bench_trl(args, pairs, device) -> dict:
@@ -152,7 +173,8 @@ def bench_trl(args, pairs, device) -> dict:
 
     tok = builtin_tokenizer()
     config = tiny_config(args.model, vocab_size=args.vocab, num_labels=1, pad_token_id=tok.pad_token_id)
-    config._attn_implementation = args.attn
+    # TRL's padded batches need a mask-capable kernel; rk_varlen is rewardkit's packed path.
+    config._attn_implementation = "sdpa" if args.attn in ("auto", "rk_varlen") else args.attn
     torch.manual_seed(0)
     model = AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
     n_params = non_embedding_params(model)
@@ -219,7 +241,9 @@ def main() -> int:
     parser.add_argument("--grad-accum", type=int, default=4)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--attn", default="sdpa")
+    parser.add_argument("--attn", default="auto", help="auto = rk_varlen on CUDA (TRL gets sdpa then)")
+    parser.add_argument("--compile", action="store_true", help="rewardkit: torch.compile each block")
+    parser.add_argument("--profile-out", type=Path, help="write a torch.profiler kernel table here")
     parser.add_argument("--gradient-checkpointing", action="store_true")
     parser.add_argument("--skip-trl", action="store_true")
     parser.add_argument("--out", type=Path, required=True)

@@ -7,16 +7,20 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rewardkit.errors import ConfigError
+from rewardkit.models.attention import VARLEN
 from rewardkit.models.policy import check_policy_semantics, sequence_logps
 from rewardkit.models.tiny import tiny_config
 
 VOCAB = 97
 
 
-@pytest.fixture(scope="module")
-def model():
+@pytest.fixture(scope="module", params=["sdpa", VARLEN])
+def model(request):
+    """The same weights under transformers' SDPA and under rewardkit's padding-free attention."""
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(tiny_config("tiny-llama", vocab_size=VOCAB), dtype=torch.float32)
+    config = tiny_config("tiny-llama", vocab_size=VOCAB)
+    config._attn_implementation = request.param
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     return model.eval()
 
 

@@ -131,3 +131,35 @@ def test_cuda_bf16_autocast_keeps_fp32_head_and_trains(tmp_path):
     losses = [trainer.train_step()["loss"] for _ in range(6)]
     assert losses[-1] < losses[0]
     assert trainer.raw_model.head.weight.dtype == torch.float32
+
+
+@pytest.mark.slow
+def test_compiled_blocks_give_the_eager_losses(tmp_path):
+    pairs = random_pairs(16, seed=5)
+    eager = make_trainer(train_config(tmp_path / "eager", run={"max_steps": 3}), pairs, info=SOLO)
+    compiled = make_trainer(
+        train_config(tmp_path / "compiled", run={"max_steps": 3, "compile": True}), pairs, info=SOLO
+    )
+    layers = compiled.raw_model.backbone.layers
+    assert all(
+        hasattr(layer, "_compiled_call_impl") and layer._compiled_call_impl is not None for layer in layers
+    )
+    for _ in range(3):
+        assert compiled.train_step()["loss"] == pytest.approx(eager.train_step()["loss"], abs=1e-5)
+
+
+@pytest.mark.gpu
+def test_cuda_packed_varlen_compiled_training_matches_sdpa(tmp_path):
+    """The production GPU path (rk_varlen + compile + fused AdamW) trains like plain SDPA."""
+    cuda = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cuda"))
+    pairs = random_pairs(16, seed=6)
+    losses = {}
+    for name, model, run in (
+        ("sdpa", {"attn_implementation": "sdpa"}, {}),
+        ("varlen", {"attn_implementation": "rk_varlen"}, {"compile": True}),
+    ):
+        cfg = train_config(tmp_path / name, model=model, run={"max_steps": 4, "precision": "bf16", **run})
+        trainer = make_trainer(cfg, pairs, info=cuda)
+        assert trainer.raw_model.config._attn_implementation == model["attn_implementation"]
+        losses[name] = [trainer.train_step()["loss"] for _ in range(4)]
+    assert losses["varlen"] == pytest.approx(losses["sdpa"], abs=2e-2)

@@ -16,6 +16,7 @@ from torch import nn
 
 from rewardkit.errors import RewardkitError
 from rewardkit.hashing import sha256_file
+from rewardkit.models.attention import resolve_attn_implementation
 from rewardkit.models.batching import Batch
 
 FORMAT_VERSION = 1
@@ -117,7 +118,7 @@ def load_rewardkit_model(path: str | Path, *, dtype: torch.dtype | None = None) 
     if not weights.is_file():
         raise CheckpointError(f"{path}: missing {WEIGHTS_FILE}", code="missing_weights")
     config = AutoConfig.from_pretrained(path, local_files_only=True)
-    config._attn_implementation = meta.get("attn_implementation") or "sdpa"
+    config._attn_implementation = resolve_attn_implementation(meta.get("attn_implementation"))
     model = RewardModel(AutoModel.from_config(config, dtype=torch.float32))
     state = load_file(str(weights))
     missing, unexpected = model.load_state_dict(state, strict=False)

@@ -99,6 +99,11 @@ def sequence_logps(
     targets = (loss_mask[:, 1:] != 0) & same_sequence & (segment_ids[:, 1:] >= 0)
     rows, predictor = targets.nonzero(as_tuple=True)  # logits at `predictor` predict token predictor+1
     kwargs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+    if attention_mask is None and position_ids is not None:
+        from rewardkit.models.attention import packed_attention_kwargs
+
+        inner = getattr(model, "module", model)  # DDP wraps the model
+        kwargs.update(packed_attention_kwargs(inner.config, position_ids))
     selected = _completion_logits(model, kwargs, rows, predictor).float()
     labels = input_ids[rows, predictor + 1]
     token_logps = selected.gather(-1, labels[:, None]).squeeze(-1) - torch.logsumexp(selected, dim=-1)

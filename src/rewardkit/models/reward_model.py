@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from rewardkit.data.records import TokenizedPair
+from rewardkit.models.attention import packed_attention_kwargs, resolve_attn_implementation
 from rewardkit.models.batching import Batch, Layout, block_attention_mask, collate
 
 # Bidirectional backbones: packed rows need an explicit block-diagonal mask for these, while
@@ -60,7 +61,7 @@ def build_backbone(
     from rewardkit.models.tiny import tiny_config
 
     auto_class = auto_class or AutoModel
-    attn = spec.get("attn_implementation") or "sdpa"
+    attn = resolve_attn_implementation(spec.get("attn_implementation"))
     overrides = dict(spec.get("config_overrides") or {})
     if spec.get("path"):
         kwargs: dict[str, Any] = {
@@ -118,8 +119,10 @@ class RewardModel(nn.Module):
         kwargs: dict[str, Any] = {"input_ids": batch.input_ids, "position_ids": batch.position_ids}
         if batch.layout == "packed":
             if self.causal:
-                # No mask and no cache: transformers detects the restarting positions.
+                # No mask and no cache: transformers detects the restarting positions, and
+                # rk_varlen gets the sequence boundaries directly.
                 kwargs["use_cache"] = False
+                kwargs.update(packed_attention_kwargs(self.backbone.config, batch.position_ids))
             else:
                 kwargs["attention_mask"] = block_attention_mask(batch.segment_ids)
         else:

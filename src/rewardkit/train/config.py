@@ -29,7 +29,7 @@ class ModelConfig:
     gguf_file: str | None = None
     init_from: str | None = None  # rewardkit RM checkpoint or HF *ForSequenceClassification dir
     config_overrides: dict[str, Any] = field(default_factory=dict)
-    attn_implementation: str = "sdpa"
+    attn_implementation: str = "auto"  # rk_varlen on CUDA, sdpa on CPU (models/attention.py)
     trust_remote_code: bool = False
     gradient_checkpointing: bool = False
 
@@ -88,6 +88,9 @@ class RunConfig:
     tensorboard: bool = False
     progress: bool = True
     num_threads: int | None = None
+    # torch.compile each transformer block (regional: one graph reused by every layer). Fuses the
+    # norm / rotary / activation elementwise work that dominates small models in eager mode.
+    compile: bool = False
 
 
 @dataclass

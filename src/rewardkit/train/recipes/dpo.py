@@ -168,7 +168,7 @@ class DPOPolicyObjective:
             "reference": self.sidecar.to_json() if self.sidecar else None,
             "tokenizer_sha256": tokenizer_sha256(tokenizer),
             "template_sha256": template_sha256(tokenizer),
-            "attn_implementation": self.cfg.model.attn_implementation,
+            "attn_implementation": policy.config._attn_implementation,
             "max_length": self.cfg.data.max_length,
         }
         return policy

@@ -117,7 +117,7 @@ class RewardModelObjective:
             "base_model": _base_identity(self.cfg, model.config),
             "tokenizer_sha256": tokenizer_sha256(tokenizer),
             "template_sha256": template_sha256(tokenizer),
-            "attn_implementation": self.cfg.model.attn_implementation,
+            "attn_implementation": model.config._attn_implementation,
             "max_length": self.cfg.data.max_length,
         }
         return model

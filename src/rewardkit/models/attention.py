@@ -1,0 +1,146 @@
+"""Padding-free attention for packed rows: flash-attention varlen on CUDA, exact SDPA elsewhere.
+
+Packed rows hold several sequences back to back with `position_ids` restarting at 0. With
+plain SDPA, transformers turns the restarts into a dense block-causal mask of
+[rows, 1, width, width], which rules out the flash kernel and spends attention FLOPs and
+memory on blocks that are masked anyway. `rk_varlen` instead flattens the rows into one token
+stream and hands the sequence boundaries (`cu_seq_lens`) to `torch.nn.attention.varlen`, the
+flash-attention varlen kernel that ships with PyTorch, so each sequence attends only within
+itself and no mask is built per layer.
+
+It is a transformers attention implementation (`attn_implementation="rk_varlen"`, or `"auto"`,
+which picks it when CUDA is present). Calls without `cu_seq_lens_q` — padded batches, serving,
+encoders with an explicit mask — go to transformers' own SDPA path unchanged. Where the flash
+kernel cannot run (CPU, fp32), the same boundaries are honoured by per-sequence SDPA, which is
+what the CPU tests compare against the padded layouts.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+VARLEN = "rk_varlen"
+AUTO = "auto"
+
+
+def resolve_attn_implementation(name: str | None) -> str:
+    """`auto` (or unset) → `rk_varlen` when CUDA is available, else `sdpa`; other names pass through."""
+    if name in (None, "", AUTO):
+        return VARLEN if torch.cuda.is_available() else "sdpa"
+    return name
+
+
+def packed_attention_kwargs(config: Any, position_ids: torch.Tensor) -> dict[str, Any]:
+    """Model-forward kwargs that tell `rk_varlen` where each packed sequence starts.
+
+    Boundaries come from the restarting `position_ids` of the flattened rows, so trailing pad
+    slots (which `collate` numbers as one more sequence) and row ends are boundaries too.
+    Empty for any other attention implementation, which derives its own mask.
+    """
+    if getattr(config, "_attn_implementation", None) != VARLEN:
+        return {}
+    flat = position_ids.reshape(-1)
+    starts = (flat == 0).nonzero().flatten()
+    end = torch.tensor([flat.numel()], device=flat.device, dtype=starts.dtype)
+    cu = torch.cat([starts, end]).to(torch.int32)
+    longest = int((cu[1:] - cu[:-1]).max())  # one host sync per forward, not per layer
+    return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
+
+
+def _flash_varlen():
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:  # torch < 2.10
+        return None, frozenset()
+    return varlen_attn, frozenset(inspect.signature(varlen_attn).parameters)
+
+
+_VARLEN_ATTN, _VARLEN_PARAMS = _flash_varlen()
+
+
+def _flash(q, k, v, cu, longest: int, scale: float | None, causal: bool) -> torch.Tensor:
+    kwargs: dict[str, Any] = {"scale": scale}
+    if "window_size" in _VARLEN_PARAMS:  # torch >= 2.11
+        kwargs["window_size"] = (-1, 0) if causal else (-1, -1)
+    else:  # torch 2.10
+        kwargs["is_causal"] = causal
+    if k.shape[1] != q.shape[1]:
+        if "enable_gqa" in _VARLEN_PARAMS:
+            kwargs["enable_gqa"] = True
+        else:
+            k, v = _repeat_kv(k, v, q.shape[1])
+    return _VARLEN_ATTN(q, k, v, cu, cu, longest, longest, **kwargs)
+
+
+def _repeat_kv(k: torch.Tensor, v: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    groups = heads // k.shape[1]
+    return k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+
+
+def _per_sequence(q, k, v, cu: torch.Tensor, scale: float | None, causal: bool) -> torch.Tensor:
+    """Reference semantics of the varlen kernel: SDPA on each sequence alone ([T, H, D] layout)."""
+    if k.shape[1] != q.shape[1]:
+        k, v = _repeat_kv(k, v, q.shape[1])
+    bounds = cu.tolist()
+    outs = []
+    for start, stop in zip(bounds[:-1], bounds[1:], strict=True):
+        o = F.scaled_dot_product_attention(
+            q[start:stop].transpose(0, 1),
+            k[start:stop].transpose(0, 1),
+            v[start:stop].transpose(0, 1),
+            is_causal=causal,
+            scale=scale,
+        )
+        outs.append(o.transpose(0, 1))
+    return torch.cat(outs)
+
+
+def varlen_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers attention-interface entry: [B, H, S, D] in, [B, S, H, D] out."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    cu = kwargs.get("cu_seq_lens_q")
+    if cu is None:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    if dropout:
+        raise ValueError("rk_varlen does not implement attention dropout; set attention_dropout=0")
+    if kwargs.get("sliding_window") is not None:
+        raise ValueError("rk_varlen does not implement sliding-window attention; use sdpa")
+    rows, heads, width, dim = query.shape
+    q = query.transpose(1, 2).reshape(rows * width, heads, dim)
+    k = key.transpose(1, 2).reshape(rows * width, key.shape[1], dim)
+    v = value.transpose(1, 2).reshape(rows * width, value.shape[1], dim)
+    causal = bool(getattr(module, "is_causal", True))
+    if _VARLEN_ATTN is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
+        out = _flash(q, k, v, cu, int(kwargs["max_length_q"]), scaling, causal)
+    else:
+        out = _per_sequence(q, k, v, cu, scaling, causal)
+    return out.reshape(rows, width, heads, dim), None
+
+
+def register() -> None:
+    """Make `rk_varlen` a valid `attn_implementation` (idempotent; runs on import)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register(VARLEN, varlen_attention_forward)
+    # Calls without boundaries fall back to SDPA, so they need SDPA's masks.
+    ALL_MASK_ATTENTION_FUNCTIONS.register(VARLEN, sdpa_mask)
+
+
+register()
