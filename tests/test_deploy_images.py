@@ -10,6 +10,7 @@ from rewardkit.bench.corpus import generate_corpus
 from rewardkit.deploy.config import DeviceProbe, parse_deploy_config
 from rewardkit.deploy.gateway import GatewayBackend
 from rewardkit.deploy.images import SharedDecoder, share_image_decoding
+from rewardkit.deploy.streams import OwnStream
 from rewardkit.deploy.supervisor import SupervisorSettings
 from rewardkit.deploy.transport import encode_items
 from rewardkit.deploy.worker import RelayMetrics, WorkerServer
@@ -101,7 +102,7 @@ def test_consolidated_worker_scores_equal_per_scorer_decoding_exactly(share):
     async def go():
         scorers = [build_scorer(s) for s in cfg.scorers]
         metrics = RelayMetrics()
-        backend = InProcessBackend(cfg, metrics=metrics, scorers=scorers)
+        backend = InProcessBackend(cfg, metrics=metrics, scorers=[OwnStream(s) for s in scorers])
         await backend.start()
         images = share_image_decoding(scorers) if share else {}
         server = WorkerServer(backend, metrics, images)
@@ -180,3 +181,45 @@ def test_cuda_prefetch_puts_pillow_images_on_the_device_and_keeps_scores_exact()
     assert got[-1].code == want[-1].code == "bad_image"
     shared.release(blobs)
     assert shared.held == 0
+
+
+def test_own_stream_is_a_transparent_wrapper_on_cpu():
+    (spec,) = config_from_dict({"scorers": [SERVICE["scorers"][0]]}).scorers
+    inner = build_scorer(spec)
+    wrapped = OwnStream(inner)
+    wrapped.load()
+    assert wrapped.stream is None  # CPU: nothing to overlap
+    assert (wrapped.name, wrapped.kind, wrapped.modality) == ("l", "clip", "image_text")
+    assert wrapped.info() == inner.info() and wrapped.warmup_item() == inner.warmup_item()
+    (batch,) = requests(1, 3)
+    assert wrapped.score_batch(batch)[:-1] == inner.score_batch(batch)[:-1]
+
+
+@pytest.mark.gpu
+def test_cuda_consolidated_scorers_on_own_streams_with_shared_decode_score_exactly():
+    """Two CLIP scorers in one process, each on its own stream, reading one shared decode, from
+    two threads at once (as the consolidated worker runs them): bit-equal to scoring alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rewardkit.serve.config import ScorerSpec
+
+    specs = [ScorerSpec(name=n, kind="clip", shape="tiny-clip", device="cuda", options={"seed": k})
+             for k, n in enumerate("lh")]  # fmt: skip
+    alone = [build_scorer(s) for s in specs]
+    hosted = [OwnStream(build_scorer(s)) for s in specs]
+    for a, h in zip(alone, hosted, strict=True):
+        a.load()
+        h.load()
+        h.inner.model.load_state_dict(a.model.state_dict())
+        assert h.stream is not None
+    batches = requests(4, 8)
+    want = [[a.score_batch(b) for b in batches] for a in alone]
+    shared = share_image_decoding([h.inner for h in hosted])["l"]
+    blobs = [i.image for b in batches for i in b]
+    asyncio.run(shared.prefetch(blobs))
+    with ThreadPoolExecutor(2) as pool:
+        got = list(pool.map(lambda h: [h.score_batch(b) for b in batches], hosted))
+    shared.release(blobs)
+    flat = [[getattr(v, "code", v) for b in per_scorer for v in b] for per_scorer in (*want, *got)]
+    assert flat[2:] == flat[:2]  # bit-equal scores; the broken JPEG is bad_image either way
+    assert flat[0][-1] == "bad_image" and all(isinstance(v, float) for v in flat[0][:-1])

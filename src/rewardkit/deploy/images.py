@@ -12,11 +12,11 @@ Scores do not change: the scorer's own decoder runs on the same bytes, and every
 decoding (resize, crop, normalise, forward) is the scorer's unchanged code. A miss (the
 warm-up, a request already released) decodes in the batch exactly as before.
 
-On CUDA, images that Pillow decoded (PNG, and JPEGs nvJPEG refuses) are copied to the device
-here, from pinned memory on a side stream, so the copy neither waits for the forward queued on
-the default stream nor delays it. The destination is allocated on the default stream, the
-stream the scorers consume on, so the caching allocator cannot hand it out again while a
-scorer's kernels still read it.
+On CUDA the prefetch runs on a side stream: nvJPEG's output and the pinned-memory copies of
+what Pillow decoded (PNG, JPEGs nvJPEG refuses) are ordered there and complete before anyone
+reads them, so they never wait behind a forward queued on a scorer's stream (a copy from
+pageable memory synchronises its whole stream). Each reader records its own stream on the
+tensor, so the caching allocator cannot reuse the memory while that reader's kernels run.
 """
 
 from __future__ import annotations
@@ -102,7 +102,13 @@ class SharedDecoder:
             if entry is None:
                 misses.append(k)
                 continue
-            results[k] = entry.done.result()  # a decode error is the value, never raised
+            value = entry.done.result()  # a decode error is the value, never raised
+            if getattr(value, "is_cuda", False):
+                import torch
+
+                # made on the side stream: keep the allocator from reusing it under the reader
+                value.record_stream(torch.cuda.current_stream(value.device))
+            results[k] = value
             with self._lock:
                 self.hits += 1
         if misses:
@@ -114,7 +120,7 @@ class SharedDecoder:
 
     def _fill(self, todo: list[tuple[bytes, _Entry]]) -> None:
         try:
-            values = self._to_device(self.inner.decode([blob for blob, _ in todo]))
+            values = self._decode_ready([blob for blob, _ in todo])
         except BaseException as exc:  # every waiter must wake, whatever happened
             log.exception("image prefetch failed for %d images", len(todo))
             values = [exc] * len(todo)
@@ -123,26 +129,25 @@ class SharedDecoder:
         for (_, entry), value in zip(todo, values, strict=True):
             entry.done.set_result(value)
 
-    def _to_device(self, values: list[object]) -> list[object]:
+    def _decode_ready(self, blobs: list[bytes]) -> list[object]:
+        """Decode; on CUDA, on a side stream, with every tensor on the device and complete on return."""
         if not str(self.device).startswith("cuda"):
-            return values
+            return self.inner.decode(blobs)
         import torch
 
-        on_host = [k for k, v in enumerate(values) if isinstance(v, torch.Tensor) and v.device.type == "cpu"]
-        if not on_host:
-            return values
         with self._lock:
             if self._stream is None:
                 self._stream = torch.cuda.Stream(device=self.device)
             stream = self._stream
-        pinned = [values[k].pin_memory() for k in on_host]  # type: ignore[union-attr]
-        outs = [torch.empty_like(p, device=self.device) for p in pinned]  # default stream's pool
-        with torch.cuda.stream(stream):
-            for src, dst in zip(pinned, outs, strict=True):
-                dst.copy_(src, non_blocking=True)
-        stream.synchronize()
-        for k, dst in zip(on_host, outs, strict=True):
-            values[k] = dst
+        with torch.cuda.stream(stream):  # nvJPEG's output and our copies are ordered on `stream`
+            values = self.inner.decode(blobs)
+            on_host = [
+                k for k, v in enumerate(values) if isinstance(v, torch.Tensor) and v.device.type == "cpu"
+            ]
+            pinned = [values[k].pin_memory() for k in on_host]  # type: ignore[union-attr]
+            for k, src in zip(on_host, pinned, strict=True):
+                values[k] = src.to(self.device, non_blocking=True)
+        stream.synchronize()  # complete for any consumer stream; `decode` records the consumer's
         return values
 
     def close(self) -> None:

@@ -160,13 +160,16 @@ async def run_worker(
     for module in plan.get("imports", []):
         importlib.import_module(module)
     from rewardkit.deploy.images import share_image_decoding
+    from rewardkit.deploy.streams import OwnStream
     from rewardkit.serve.backend import InProcessBackend
     from rewardkit.serve.config import build_scorer, config_from_dict
 
     metrics = RelayMetrics()
     config = config_from_dict(plan["service"])
     scorers = [build_scorer(spec) for spec in config.scorers]
-    backend = InProcessBackend(config, metrics=metrics, scorers=scorers)
+    # several scorers in one process (consolidated): each on its own CUDA stream, see streams.py
+    hosted = [OwnStream(s) for s in scorers] if len(scorers) > 1 else scorers
+    backend = InProcessBackend(config, metrics=metrics, scorers=hosted)
     await backend.start()
     ready, details = backend.ready()
     if not ready:
