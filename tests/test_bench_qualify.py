@@ -78,6 +78,61 @@ def test_h200_plan_expands_to_the_documented_twelve_deployments():
         parse_deploy_config(dep.doc, probe(1))  # the 50% reduced-precision runs are allowed explicitly
 
 
+@pytest.mark.parametrize(("dtype", "batches"), [("bf16", [32]), ("fp32", [16])])
+def test_h200_bf16_and_fp32_plans_run_six_deployments_each(dtype, batches):
+    from rewardkit.deploy.config import parse_deploy_config
+
+    plan = load_plan(ROOT / "benchmarks" / f"qualify_h200_{dtype}.yaml")
+    deployments = expand(plan)
+    assert plan.dtypes == [dtype] and [d.group for d in deployments] == [
+        "dedicated", "dedicated", "shared", "mps100", "mps50", "consolidated"
+    ]  # fmt: skip
+    assert plan.sweep["batch"] == batches and plan.budget_s == 200
+    for dep in deployments:
+        parse_deploy_config(dep.doc, probe(1))
+
+
+def test_a_deployment_is_terminated_when_qualify_is_killed(tmp_path):
+    """SIGKILL of qualify (e.g. a device time limit) still SIGTERMs the server it started, so the
+    gateway can stop its workers and quit its MPS daemon. The server here never becomes ready."""
+    import os
+    import signal
+    import textwrap
+    import time
+
+    pid_file, term_file = tmp_path / "server.pid", tmp_path / "server.term"
+    server = textwrap.dedent(
+        f"""
+        import os, signal, sys, time
+        signal.signal(signal.SIGTERM, lambda *a: (open({str(term_file)!r}, "w").write("term"), sys.exit(0)))
+        open({str(pid_file)!r}, "w").write(str(os.getpid()))
+        time.sleep(60)
+        """
+    )
+    parent = textwrap.dedent(
+        f"""
+        import sys
+        from pathlib import Path
+        from rewardkit.bench.qualify import Deployment, running
+        dep = Deployment("x/fp32", "x", "shared", "fp32", {{}}, ["a"], 1)
+        with running(dep, Path({str(tmp_path / "work")!r}), {{"command": [sys.executable, "-c", {server!r}]}}):
+            pass
+        """
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", parent], env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    )
+    deadline = time.monotonic() + 30
+    while not (pid_file.exists() and pid_file.read_text()):
+        assert time.monotonic() < deadline and proc.poll() is None, "server did not start"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    while not term_file.exists():
+        assert time.monotonic() < deadline, "the server outlived qualify without a SIGTERM"
+        time.sleep(0.05)
+
+
 @pytest.mark.parametrize(
     ("doc", "message"),
     [

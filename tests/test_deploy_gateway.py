@@ -137,6 +137,35 @@ def test_drain_lets_in_flight_requests_finish_before_workers_stop():
     assert asyncio.run(go()) == [1.0, 2.0]
 
 
+def test_metrics_queue_depth_counts_items_at_the_worker_until_answered():
+    from prometheus_client import generate_latest
+
+    from rewardkit.serve.metrics import ServeMetrics
+
+    gw = GatewayBackend(parse_deploy_config(deploy_doc(slow_delay=1.0), CPU), settings=FAST)
+    metrics = ServeMetrics()
+    gw.attach_metrics(metrics)
+
+    def depth(scorer):
+        return metrics.registry.get_sample_value("rewardkit_queue_depth", {"scorer": scorer})
+
+    async def go():
+        await gw.start()
+        try:
+            assert depth("slow") == depth("fast") == 0
+            pending = [asyncio.ensure_future(gw.score("slow", items(4, f"r{r}-"))) for r in range(3)]
+            await asyncio.sleep(0.1)  # each batch of 4 takes 1 s: all 12 items are still out
+            assert depth("slow") == 12 and depth("fast") == 0
+            assert 'rewardkit_queue_depth{scorer="slow"} 12.0' in generate_latest(metrics.registry).decode()
+            results = await asyncio.gather(*pending)
+            assert all(isinstance(v, float) for r in results for v in r)
+            assert depth("slow") == 0
+        finally:
+            await gw.stop()
+
+    asyncio.run(go())
+
+
 def test_worker_that_cannot_load_is_failed_not_restarted():
     doc = deploy_doc()
     doc["scorers"][0]["options"]["fail_load"] = True

@@ -11,23 +11,33 @@ from serve_support import jpeg_bytes
 
 @pytest.mark.gpu
 def test_cuda_clip_matches_cpu_and_reports_device_decode():
+    import torch
+
     items = [
         ScoreItem(str(k), f"prompt {k % 2}", "", jpeg_bytes((64 + 8 * k, 48), (30 * k, 100, 200 - 20 * k)))
         for k in range(5)
     ]
     items.append(ScoreItem("bad", "x", "", b"\xff\xd8garbage\xff\xd9"))
-    scores = {}
-    for device in ("cpu", "cuda"):
-        scorer = build_scorer(ScorerSpec(name="c", kind="clip", shape="tiny-clip", device=device))
-        scorer.load()
-        scores[device] = scorer.score_batch(items)
-        if device == "cuda":
-            pytest.importorskip("torchvision")
-            assert scorer.info().extra["decode_on_device"] is True
-    for cpu, gpu in zip(scores["cpu"][:-1], scores["cuda"][:-1], strict=True):
+    cpu = build_scorer(ScorerSpec(name="c", kind="clip", shape="tiny-clip", device="cpu"))
+    cpu.load()
+    gpu = build_scorer(ScorerSpec(name="c", kind="clip", shape="tiny-clip", device="cuda"))
+    gpu.load()
+    # A shape's random init draws from the init device's RNG, so the same seed gives different
+    # weights on CPU and CUDA. Compare the *paths* on one set of weights: the CPU init, copied.
+    gpu.model.load_state_dict(cpu.model.state_dict())
+    for (name, a), b in zip(gpu.model.state_dict().items(), cpu.model.state_dict().values(), strict=True):
+        assert a.device.type == "cuda" and torch.equal(a.cpu(), b), name
+    pytest.importorskip("torchvision")
+    assert gpu.info().extra["decode_on_device"] is True
+    on_cpu, on_gpu = cpu.score_batch(items), gpu.score_batch(items)
+    assert all(isinstance(s, float) for s in on_cpu[:-1] + on_gpu[:-1]), (on_cpu, on_gpu)
+    # The images differ in colour, so equal-looking scores would mean the comparison is vacuous.
+    assert max(on_cpu[:-1]) - min(on_cpu[:-1]) > 1e-3, on_cpu
+    for k, (c, g) in enumerate(zip(on_cpu[:-1], on_gpu[:-1], strict=True)):
         # nvJPEG and libjpeg may round a few pixels differently: close, not bit-equal.
-        assert abs(cpu - gpu) <= 1e-2 * max(1.0, abs(cpu))
-    assert isinstance(scores["cuda"][-1], ItemError) and scores["cuda"][-1].code == "bad_image"
+        assert abs(c - g) <= 1e-2 * max(1.0, abs(c)), (k, c, g)
+    assert isinstance(on_cpu[-1], ItemError) and on_cpu[-1].code == "bad_image"
+    assert isinstance(on_gpu[-1], ItemError) and on_gpu[-1].code == "bad_image"
 
 
 @pytest.mark.gpu

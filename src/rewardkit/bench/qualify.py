@@ -233,6 +233,18 @@ def _log_tail(path: Path, lines: int = 15) -> str:
         return ""
 
 
+def _terminate_with_parent() -> None:
+    """In the server child (Linux): SIGTERM it if qualify dies, even by SIGKILL (a device time
+    limit), so the gateway still drains, stops its workers and quits the MPS daemon it started.
+    Its own session protects it from our process group, so nothing else would tell it."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
+
+
 @contextlib.contextmanager
 def running(dep: Deployment, workdir: Path, server: dict[str, Any]) -> Iterator[tuple[str, float]]:
     """Start the deployment, wait until ready (bounded), yield (base URL, startup seconds), stop it."""
@@ -252,7 +264,12 @@ def running(dep: Deployment, workdir: Path, server: dict[str, Any]) -> Iterator[
     with open(log_path, "wb") as log_file:
         # own session: a stuck deployment's workers can be killed as a group without touching ours
         proc = subprocess.Popen(
-            command, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            command,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_terminate_with_parent,
         )
     try:
         deadline = started + ready_timeout

@@ -136,9 +136,18 @@ class GatewayBackend:
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._started_at: float | None = None
+        self._outstanding = {s.name: 0 for s in config.scorers}
 
     def attach_metrics(self, metrics: ServeMetrics) -> None:
+        """Use the app's metrics. `rewardkit_queue_depth` is read live at every scrape: the items
+        forwarded to a scorer's worker and not yet answered (queued there, or in its running
+        batch). The queue itself lives in the worker, so this is the gateway's exact view of it."""
         self.metrics = metrics
+        for name in self._outstanding:
+            metrics.queue_depth.labels(name).set_function(lambda name=name: self._outstanding[name])
+
+    def queue_depths(self) -> dict[str, int]:
+        return dict(self._outstanding)
 
     async def start(self) -> None:
         if self.mps is not None:
@@ -171,6 +180,7 @@ class GatewayBackend:
             )
         raw_items, body = encode_items(items)
         self._in_flight += 1
+        self._outstanding[scorer] += len(items)
         self._idle.clear()
         try:
             header, _ = await client.call(
@@ -188,6 +198,7 @@ class GatewayBackend:
             ) from None
         finally:
             self._in_flight -= 1
+            self._outstanding[scorer] -= len(items)
             if self._in_flight == 0:
                 self._idle.set()
         queue_s, inference_s = decode_timing(header.get("timing"))

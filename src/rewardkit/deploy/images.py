@@ -1,0 +1,175 @@
+"""Decode each image once per worker, when its request arrives, for every image scorer there.
+
+Why: the gateway sends a request's items once per scorer, and each CLIP scorer decoded every
+image again inside its own batch, on the batch's critical path. A consolidated worker (one
+process, both towers) therefore decoded every image twice, serially with the forwards; the
+fp16 H200 run measured it at 58 % GPU utilisation, host-bound. Here the worker decodes a
+request's images as soon as the request arrives (off the event loop, while the GPU runs
+earlier batches), keeps the tensors while any request that holds them is in flight, and the
+scorers' batches read them instead of decoding.
+
+Scores do not change: the scorer's own decoder runs on the same bytes, and everything after
+decoding (resize, crop, normalise, forward) is the scorer's unchanged code. A miss (the
+warm-up, a request already released) decodes in the batch exactly as before.
+
+On CUDA the prefetch runs on a side stream: nvJPEG's output and the pinned-memory copies of
+what Pillow decoded (PNG, JPEGs nvJPEG refuses) are ordered there and complete before anyone
+reads them, so they never wait behind a forward queued on a scorer's stream (a copy from
+pageable memory synchronises its whole stream). Each reader records its own stream on the
+tensor, so the caching allocator cannot reuse the memory while that reader's kernels run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from rewardkit.serve.images import ImageDecoder
+
+log = logging.getLogger(__name__)
+
+
+class _Entry:
+    __slots__ = ("done", "holders")
+
+    def __init__(self) -> None:
+        self.done: Future[object] = Future()  # the decoded tensor, or the exception decoding raised
+        self.holders = 0
+
+
+class SharedDecoder:
+    """Drop-in for a scorer's `ImageDecoder` (`decode`, `device`, `on_device`), plus `prefetch`.
+
+    `prefetch(blobs)` holds one reference per blob and decodes the ones nobody holds yet;
+    `release(blobs)` drops them. `decode(blobs)` (the scorer's call) reads held entries,
+    waiting for one still being decoded, and decodes the rest itself.
+    """
+
+    def __init__(self, inner: ImageDecoder, *, threads: int = 2) -> None:
+        self.inner = inner
+        self.device = inner.device
+        self._lock = threading.Lock()
+        self._entries: dict[bytes, _Entry] = {}
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="image-prefetch")
+        self._stream: Any = None
+        self.decoded = 0  # images this object decoded, in prefetch or on a miss
+        self.hits = 0  # images a scorer read from a held entry
+
+    @property
+    def on_device(self) -> bool:
+        return self.inner.on_device
+
+    @property
+    def held(self) -> int:
+        return len(self._entries)
+
+    async def prefetch(self, blobs: list[bytes]) -> None:
+        """Hold every blob and return once all of them are decoded (by this call or another)."""
+        todo: list[tuple[bytes, _Entry]] = []
+        waits: dict[int, _Entry] = {}
+        with self._lock:
+            for blob in blobs:
+                entry = self._entries.get(blob)
+                if entry is None:
+                    entry = self._entries[blob] = _Entry()
+                    todo.append((blob, entry))
+                entry.holders += 1
+                waits[id(entry)] = entry
+        if todo:
+            self._pool.submit(self._fill, todo)
+        await asyncio.gather(*(asyncio.wrap_future(e.done) for e in waits.values()))
+
+    def release(self, blobs: Iterable[bytes]) -> None:
+        with self._lock:
+            for blob in blobs:
+                entry = self._entries.get(blob)
+                if entry is None:
+                    continue
+                entry.holders -= 1
+                if entry.holders <= 0:
+                    del self._entries[blob]
+
+    def decode(self, blobs: list[bytes]) -> list[object]:
+        results: list[object] = [None] * len(blobs)
+        misses = []
+        for k, blob in enumerate(blobs):
+            with self._lock:
+                entry = self._entries.get(blob)
+            if entry is None:
+                misses.append(k)
+                continue
+            value = entry.done.result()  # a decode error is the value, never raised
+            if getattr(value, "is_cuda", False):
+                import torch
+
+                # made on the side stream: keep the allocator from reusing it under the reader
+                value.record_stream(torch.cuda.current_stream(value.device))
+            results[k] = value
+            with self._lock:
+                self.hits += 1
+        if misses:
+            with self._lock:
+                self.decoded += len(misses)
+            for k, value in zip(misses, self.inner.decode([blobs[k] for k in misses]), strict=True):
+                results[k] = value
+        return results
+
+    def _fill(self, todo: list[tuple[bytes, _Entry]]) -> None:
+        try:
+            values = self._decode_ready([blob for blob, _ in todo])
+        except BaseException as exc:  # every waiter must wake, whatever happened
+            log.exception("image prefetch failed for %d images", len(todo))
+            values = [exc] * len(todo)
+        with self._lock:
+            self.decoded += len(todo)
+        for (_, entry), value in zip(todo, values, strict=True):
+            entry.done.set_result(value)
+
+    def _decode_ready(self, blobs: list[bytes]) -> list[object]:
+        """Decode; on CUDA, on a side stream, with every tensor on the device and complete on return."""
+        if not str(self.device).startswith("cuda"):
+            return self.inner.decode(blobs)
+        import torch
+
+        with self._lock:
+            if self._stream is None:
+                self._stream = torch.cuda.Stream(device=self.device)
+            stream = self._stream
+        with torch.cuda.stream(stream):  # nvJPEG's output and our copies are ordered on `stream`
+            values = self.inner.decode(blobs)
+            on_host = [
+                k for k, v in enumerate(values) if isinstance(v, torch.Tensor) and v.device.type == "cpu"
+            ]
+            pinned = [values[k].pin_memory() for k in on_host]  # type: ignore[union-attr]
+            for k, src in zip(on_host, pinned, strict=True):
+                values[k] = src.to(self.device, non_blocking=True)
+        stream.synchronize()  # complete for any consumer stream; `decode` records the consumer's
+        return values
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def share_image_decoding(scorers: Iterable[Any]) -> dict[str, SharedDecoder]:
+    """Give every loaded scorer that decodes with an `ImageDecoder` one `SharedDecoder` per device.
+
+    Returns scorer name → its shared decoder, so the worker knows whose requests to prefetch.
+    Decoded pixels do not depend on a scorer's preprocessing (size, mean, std) or dtype, so
+    every image scorer on a device can read the same tensors.
+    """
+    by_device: dict[str, SharedDecoder] = {}
+    out: dict[str, SharedDecoder] = {}
+    for scorer in scorers:
+        decoder = getattr(scorer, "decoder", None)
+        if not isinstance(decoder, ImageDecoder):
+            continue
+        shared = by_device.get(str(decoder.device))
+        if shared is None:
+            shared = by_device[str(decoder.device)] = SharedDecoder(decoder)
+        scorer.decoder = shared
+        out[scorer.name] = shared
+    return out
