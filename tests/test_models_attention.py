@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from _rm_helpers import VOCAB, random_pairs
 from rewardkit.models import attention
-from rewardkit.models.attention import VARLEN, packed_attention_kwargs, resolve_attn_implementation
+from rewardkit.models.attention import VARLEN, packed_attention, resolve_attn_implementation
 from rewardkit.models.batching import collate
 from rewardkit.models.reward_model import RewardModel, build_backbone
 
@@ -20,12 +20,15 @@ class _Config:
 def test_boundaries_come_from_restarting_positions():
     # row 0: sequences of 3 and 2 tokens, then 1 pad slot; row 1: one sequence of 6
     positions = torch.tensor([[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 4, 5]])
-    kwargs = packed_attention_kwargs(_Config(), positions)
+    with packed_attention(_Config(), positions) as kwargs:
+        assert attention._BOUNDARIES_GIVEN.get()
+    assert not attention._BOUNDARIES_GIVEN.get()
     assert kwargs["cu_seq_lens_q"].tolist() == [0, 3, 5, 6, 12]
     assert kwargs["cu_seq_lens_q"].dtype == torch.int32
     assert kwargs["max_length_q"] == kwargs["max_length_k"] == 6
     sdpa = type("C", (), {"_attn_implementation": "sdpa"})()
-    assert packed_attention_kwargs(sdpa, positions) == {}
+    with packed_attention(sdpa, positions) as kwargs:
+        assert kwargs == {} and not attention._BOUNDARIES_GIVEN.get()
 
 
 def test_auto_resolves_to_sdpa_without_cuda(monkeypatch):
@@ -97,3 +100,32 @@ def test_flash_kernel_matches_per_sequence_reference_on_cuda(dtype):
     flash = attention._flash(q, k, v, cu, 159, None, True)
     exact = attention._per_sequence(q.float(), k.float(), v.float(), cu, None, True)
     torch.testing.assert_close(flash.float(), exact, atol=2e-2, rtol=0)
+
+
+def test_varlen_models_pack_a_micro_batch_into_one_unpadded_row(monkeypatch):
+    from transformers import masking_utils
+
+    import rewardkit.models.attention as attn_module
+
+    built = []
+    real_mask = masking_utils.sdpa_mask
+    monkeypatch.setattr(masking_utils, "sdpa_mask", lambda *a, **k: built.append(1) or real_mask(*a, **k))
+    attn_module.register()  # re-wrap the patched sdpa_mask
+    torch.manual_seed(0)
+    model = RewardModel(
+        build_backbone({"tiny": "tiny-llama", "attn_implementation": VARLEN}, vocab_size=VOCAB)
+    )
+    model.eval()
+    pairs = random_pairs(9, seed=7)
+    one_row = collate(
+        pairs, layout="packed", max_length=32, row_length=attention.packed_row_length(model.config, 32)
+    )
+    assert one_row.input_ids.shape[0] == 1 and one_row.padding_efficiency == 1.0
+    with torch.no_grad():
+        got = model(one_row)
+        assert built == []  # boundaries given: no T x T mask is built
+        expected = model(collate(pairs, layout="right"))
+        assert built  # the padded batch still gets SDPA's mask
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+    sdpa = type("C", (), {"_attn_implementation": "sdpa"})()
+    assert attention.packed_row_length(sdpa, 32) == 32

@@ -17,7 +17,11 @@ what the CPU tests compare against the padded layouts.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import inspect
+import sys
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -34,21 +38,44 @@ def resolve_attn_implementation(name: str | None) -> str:
     return name
 
 
-def packed_attention_kwargs(config: Any, position_ids: torch.Tensor) -> dict[str, Any]:
+# Set while a forward carries explicit boundaries, so the mask hook below builds no mask.
+_BOUNDARIES_GIVEN: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "rk_varlen_boundaries", default=False
+)
+
+
+def is_varlen(config: Any) -> bool:
+    return getattr(config, "_attn_implementation", None) == VARLEN
+
+
+def packed_row_length(config: Any, max_length: int | None) -> int | None:
+    """Slots per packed row: unbounded (one row, no padding at all) for `rk_varlen`, whose cost
+    does not grow with the row; `max_length` otherwise, which bounds SDPA's dense row mask."""
+    return sys.maxsize if is_varlen(config) else max_length
+
+
+@contextlib.contextmanager
+def packed_attention(config: Any, position_ids: torch.Tensor) -> Iterator[dict[str, Any]]:
     """Model-forward kwargs that tell `rk_varlen` where each packed sequence starts.
 
     Boundaries come from the restarting `position_ids` of the flattened rows, so trailing pad
     slots (which `collate` numbers as one more sequence) and row ends are boundaries too.
-    Empty for any other attention implementation, which derives its own mask.
+    Inside the block transformers builds no mask (the boundaries replace it); for any other
+    attention implementation the kwargs are empty and transformers derives its own mask.
     """
-    if getattr(config, "_attn_implementation", None) != VARLEN:
-        return {}
+    if not is_varlen(config):
+        yield {}
+        return
     flat = position_ids.reshape(-1)
     starts = (flat == 0).nonzero().flatten()
     end = torch.tensor([flat.numel()], device=flat.device, dtype=starts.dtype)
     cu = torch.cat([starts, end]).to(torch.int32)
     longest = int((cu[1:] - cu[:-1]).max())  # one host sync per forward, not per layer
-    return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
+    token = _BOUNDARIES_GIVEN.set(True)
+    try:
+        yield {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
+    finally:
+        _BOUNDARIES_GIVEN.reset(token)
 
 
 def _flash_varlen():
@@ -138,9 +165,13 @@ def register() -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
+    def mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
+        # Calls without boundaries fall back to SDPA, so they need SDPA's masks; packed calls
+        # with boundaries need none (a one-row micro-batch would otherwise get a T×T mask).
+        return None if _BOUNDARIES_GIVEN.get() else sdpa_mask(*args, **kwargs)
+
     AttentionInterface.register(VARLEN, varlen_attention_forward)
-    # Calls without boundaries fall back to SDPA, so they need SDPA's masks.
-    ALL_MASK_ATTENTION_FUNCTIONS.register(VARLEN, sdpa_mask)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(VARLEN, mask)
 
 
 register()

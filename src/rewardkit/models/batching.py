@@ -91,15 +91,18 @@ def collate(
     layout: Layout = "right",
     pad_token_id: int = 0,
     max_length: int | None = None,
+    row_length: int | None = None,
 ) -> Batch:
-    """Build one `Batch`. `max_length` bounds each sequence and, when packed, each row."""
+    """Build one `Batch`. `max_length` bounds each sequence and, when packed, each row unless
+    `row_length` sets the packed row capacity (see `attention.packed_row_length`)."""
     if not pairs:
         raise ValueError("cannot collate an empty list of pairs")
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; choose one of {', '.join(LAYOUTS)}")
     seqs, score_idx = _sequences(pairs, max_length)
     if layout == "packed":
-        return _packed(seqs, score_idx, len(pairs), pad_token_id, max_length or max(map(len, seqs)))
+        capacity = row_length or max_length or max(map(len, seqs))
+        return _packed(seqs, score_idx, len(pairs), pad_token_id, capacity)
     width = max(map(len, seqs))
     rows = len(seqs)
     input_ids = torch.full((rows, width), pad_token_id, dtype=torch.long)

@@ -23,6 +23,7 @@ long-prompt batch.
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any
 
 from rewardkit.errors import ConfigError
@@ -99,12 +100,14 @@ def sequence_logps(
     targets = (loss_mask[:, 1:] != 0) & same_sequence & (segment_ids[:, 1:] >= 0)
     rows, predictor = targets.nonzero(as_tuple=True)  # logits at `predictor` predict token predictor+1
     kwargs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+    boundaries = contextlib.nullcontext({})
     if attention_mask is None and position_ids is not None:
-        from rewardkit.models.attention import packed_attention_kwargs
+        from rewardkit.models.attention import packed_attention
 
         inner = getattr(model, "module", model)  # DDP wraps the model
-        kwargs.update(packed_attention_kwargs(inner.config, position_ids))
-    selected = _completion_logits(model, kwargs, rows, predictor).float()
+        boundaries = packed_attention(inner.config, position_ids)
+    with boundaries as extra:
+        selected = _completion_logits(model, {**kwargs, **extra}, rows, predictor).float()
     labels = input_ids[rows, predictor + 1]
     token_logps = selected.gather(-1, labels[:, None]).squeeze(-1) - torch.logsumexp(selected, dim=-1)
     segments = segment_ids[rows, predictor + 1]

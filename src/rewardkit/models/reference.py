@@ -269,13 +269,21 @@ def _check_weights(root: Path, entries: dict[str, str]) -> None:
                 raise ReferenceVerificationError(f"{shard}: listed in {index} but missing from {root}")
 
 
-def load_pinned_reference(spec: PinnedSnapshot, *, dtype: torch.dtype | None = None):
+def load_pinned_reference(
+    spec: PinnedSnapshot, *, dtype: torch.dtype | None = None, attn_implementation: str | None = None
+):
     """Verify, then load the snapshot as a frozen causal LM (never remote code)."""
     from transformers import AutoModelForCausalLM
 
+    from rewardkit.models.attention import resolve_attn_implementation
+
     verified = verify_snapshot(spec)
     model = AutoModelForCausalLM.from_pretrained(
-        verified.directory, local_files_only=True, trust_remote_code=False, dtype=dtype
+        verified.directory,
+        local_files_only=True,
+        trust_remote_code=False,
+        dtype=dtype,
+        attn_implementation=resolve_attn_implementation(attn_implementation),
     )
     return freeze(model)
 

@@ -9,6 +9,7 @@ s_c − s_r) and is left out so exported `*ForSequenceClassification` heads matc
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,7 +18,7 @@ import torch
 from torch import nn
 
 from rewardkit.data.records import TokenizedPair
-from rewardkit.models.attention import packed_attention_kwargs, resolve_attn_implementation
+from rewardkit.models.attention import packed_attention, resolve_attn_implementation
 from rewardkit.models.batching import Batch, Layout, block_attention_mask, collate
 
 # Bidirectional backbones: packed rows need an explicit block-diagonal mask for these, while
@@ -117,19 +118,20 @@ class RewardModel(nn.Module):
 
     def forward(self, batch: Batch) -> torch.Tensor:
         kwargs: dict[str, Any] = {"input_ids": batch.input_ids, "position_ids": batch.position_ids}
+        boundaries = contextlib.nullcontext({})
+        if self.causal:
+            kwargs["use_cache"] = False
         if batch.layout == "packed":
             if self.causal:
-                # No mask and no cache: transformers detects the restarting positions, and
-                # rk_varlen gets the sequence boundaries directly.
-                kwargs["use_cache"] = False
-                kwargs.update(packed_attention_kwargs(self.backbone.config, batch.position_ids))
+                # No mask: transformers detects the restarting positions, and rk_varlen gets
+                # the sequence boundaries directly.
+                boundaries = packed_attention(self.backbone.config, batch.position_ids)
             else:
                 kwargs["attention_mask"] = block_attention_mask(batch.segment_ids)
         else:
             kwargs["attention_mask"] = batch.attention_mask
-            if self.causal:
-                kwargs["use_cache"] = False
-        hidden = self.backbone(**kwargs).last_hidden_state
+        with boundaries as extra:
+            hidden = self.backbone(**kwargs, **extra).last_hidden_state
         last = hidden[batch.score_rows, batch.score_cols]
         with torch.autocast(device_type=last.device.type, enabled=False):
             # sum over the size-1 output dim: a fresh tensor, not a view (FSDP2 hooks the output).

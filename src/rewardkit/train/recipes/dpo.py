@@ -22,6 +22,7 @@ from rewardkit.data.records import TokenizedPair
 from rewardkit.errors import ConfigError
 from rewardkit.hashing import sha256_file
 from rewardkit.losses import dpo_loss
+from rewardkit.models.attention import packed_row_length
 from rewardkit.models.batching import collate
 from rewardkit.models.loading import WEIGHTS_FILE, CheckpointError
 from rewardkit.models.policy import POLICY_LOADER, build_policy, check_policy_semantics
@@ -135,7 +136,10 @@ class DPOPolicyObjective:
             spec = PinnedSnapshot(
                 ref.repo, ref.revision, Path(ref.path), Path(ref.cache_dir) if ref.cache_dir else None
             )
-            self.reference = load_pinned_reference(spec, dtype=torch.float32)
+            # the policy's attention, so both read a packed batch the same way (rk_varlen: one row)
+            self.reference = load_pinned_reference(
+                spec, dtype=torch.float32, attn_implementation=policy.config._attn_implementation
+            )
             if self.reference.config.vocab_size != policy.config.vocab_size:
                 raise ConfigError(
                     f"reference vocabulary {self.reference.config.vocab_size} != policy vocabulary"
@@ -213,6 +217,7 @@ class DPOPolicyObjective:
             layout=self.cfg.run.layout,
             pad_token_id=self.pad_token_id,
             max_length=self.cfg.data.max_length,
+            row_length=packed_row_length(self.policy.config, self.cfg.data.max_length),
         ).to(device)
         losses, metrics = component.loss(model, batch, pairs)
         return MicroBatchOutput(

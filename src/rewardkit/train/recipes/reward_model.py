@@ -19,6 +19,7 @@ from rewardkit.data.records import PreferencePair, TokenizedPair
 from rewardkit.errors import ConfigError
 from rewardkit.hashing import sha256_file, sha256_json
 from rewardkit.losses import bradley_terry, center_rewards_penalty
+from rewardkit.models.attention import packed_row_length
 from rewardkit.models.batching import collate
 from rewardkit.models.loading import OBJECTIVE, CheckpointError, write_model_files
 from rewardkit.models.reward_model import RewardModel, build_backbone, score_pairs
@@ -130,6 +131,7 @@ class RewardModelObjective:
             layout=self.cfg.run.layout,
             pad_token_id=self.pad_token_id,
             max_length=self.cfg.data.max_length,
+            row_length=packed_row_length(self._backbone_config, self.cfg.data.max_length),
         ).to(device)
         scores = model(batch)
         n = len(pairs)
