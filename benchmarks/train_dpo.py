@@ -114,6 +114,7 @@ def run_rewardkit(args, *, precompute: bool) -> dict:
             f"dpo.beta={args.beta}",
             f"dpo.precompute_reference={str(precompute).lower()}",
             f"dpo.reference_batch_size={args.batch_pairs}",
+            f"model.gradient_checkpointing={str(args.gradient_checkpointing).lower()}",
         ],
     )
     objective = DPOPolicyObjective(cfg, train_pairs=pairs, data_sha256="benchmark")
@@ -191,6 +192,8 @@ def run_trl(args) -> dict:
         remove_unused_columns=False,
         dataloader_num_workers=0,
         disable_dropout=True,
+        # TRL 1.16 turns gradient checkpointing on by default; both trainers get the same setting
+        gradient_checkpointing=args.gradient_checkpointing,
     )
     timer = Timer()
     trainer = PreTokenized(
@@ -263,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=1e-6)
     parser.add_argument("--beta", type=float, default=0.1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--gradient-checkpointing", action="store_true", help="on for both trainers (default: off for both)"
+    )
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

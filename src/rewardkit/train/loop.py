@@ -98,6 +98,12 @@ def compile_blocks(model: torch.nn.Module) -> int:
     blocks = [m for m in backbone.modules() if type(m).__name__ in names]
     if not blocks:
         raise UsageError(f"run.compile: {type(backbone).__name__} declares no transformer blocks to compile")
+    import torch._inductor.config
+
+    # torch 2.11's inductor asserts in its memory-coalescing tiling analysis on these dynamic
+    # shapes (tiling_utils.get_pw_red_splits, seen on the H200); without the analysis it picks
+    # tiles with its older heuristics.
+    torch._inductor.config.triton.coalesce_tiling_analysis = False
     for block in blocks:
         block.compile(dynamic=True)
     return len(blocks)
