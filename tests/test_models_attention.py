@@ -129,3 +129,34 @@ def test_varlen_models_pack_a_micro_batch_into_one_unpadded_row(monkeypatch):
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
     sdpa = type("C", (), {"_attn_implementation": "sdpa"})()
     assert attention.packed_row_length(sdpa, 32) == 32
+
+
+def test_autocast_brings_rotary_promoted_inputs_back_to_the_autocast_dtype():
+    # Rotary embeddings multiply bf16 projections by fp32 cos/sin; q and k arrive in fp32.
+    q, k = torch.randn(5, 2, 4), torch.randn(5, 1, 4)
+    v = torch.randn(5, 1, 4, dtype=torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        cast = attention._autocast_inputs(q, k, v)
+    assert [t.dtype for t in cast] == [torch.bfloat16] * 3
+    assert [t.dtype for t in attention._autocast_inputs(q, k, v)] == [
+        torch.float32,
+        torch.float32,
+        torch.bfloat16,
+    ]
+
+
+@pytest.mark.gpu
+def test_bf16_autocast_training_forward_takes_the_flash_kernel(monkeypatch):
+    def refuse(*_args):
+        raise AssertionError("fell back to per-sequence attention")
+
+    monkeypatch.setattr(attention, "_per_sequence", refuse)
+    torch.manual_seed(0)
+    model = RewardModel(
+        build_backbone({"tiny": "tiny-llama", "attn_implementation": VARLEN}, vocab_size=VOCAB)
+    ).cuda()
+    batch = collate(random_pairs(6, seed=2), layout="packed", row_length=10_000).to("cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        scores = model(batch)
+    scores.sum().backward()
+    assert torch.isfinite(scores).all()

@@ -19,13 +19,17 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import inspect
+import logging
 import sys
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+logger = logging.getLogger(__name__)
 
 VARLEN = "rk_varlen"
 AUTO = "auto"
@@ -153,11 +157,37 @@ def varlen_attention_forward(
     k = key.transpose(1, 2).reshape(rows * width, key.shape[1], dim)
     v = value.transpose(1, 2).reshape(rows * width, value.shape[1], dim)
     causal = bool(getattr(module, "is_causal", True))
+    q, k, v = _autocast_inputs(q, k, v)
     if _VARLEN_ATTN is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
         out = _flash(q, k, v, cu, int(kwargs["max_length_q"]), scaling, causal)
     else:
+        if q.is_cuda:
+            _warn_slow_path(q.dtype)
         out = _per_sequence(q, k, v, cu, scaling, causal)
     return out.reshape(rows, width, heads, dim), None
+
+
+def _autocast_inputs(q, k, v) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Cast q, k, v to the autocast dtype, as autocast does for SDPA but not for a custom op.
+
+    Under bf16 autocast the projections come out in bf16, but rotary embeddings multiply q and
+    k by fp32 cos/sin (computed from the fp32 embedding output), which promotes them back to
+    fp32. Without this cast every packed forward would miss the flash kernel.
+    """
+    device = q.device.type
+    if not torch.is_autocast_enabled(device):
+        return q, k, v
+    dtype = torch.get_autocast_dtype(device)
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+@functools.cache
+def _warn_slow_path(dtype: torch.dtype) -> None:
+    logger.warning(
+        "rk_varlen: %s inputs on CUDA have no flash varlen kernel; attending sequence by sequence "
+        "(slow). Train in bf16/fp16 or use attn_implementation=sdpa",
+        dtype,
+    )
 
 
 def register() -> None:
