@@ -160,10 +160,11 @@ class ClipScorer(ModelScorer):
             config = shape_config(self.shape, tokenizer)
             seed = int(self.options.get("seed", 0))
             torch.manual_seed(seed)
-            # Initialise directly on the device in the serving dtype: a 1B-parameter random init
-            # on CPU takes longer than the whole benchmark.
-            with torch.device(self.device):
-                model = CLIPModel._from_config(config, dtype=dtype)
+            # Initialise on the CPU, in fp32, then move: CUDA's random kernels size their grid
+            # from the SM count, so the same seed gives other weights under an MPS partition
+            # (and on another GPU model), and the identity below would name different models.
+            with torch.device("cpu"):
+                model = CLIPModel._from_config(config, dtype=torch.float32)
             self._weights = f"shape:{self.shape}:seed={seed}"
         else:
             tokenizer = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
