@@ -31,7 +31,6 @@ import signal
 import sys
 from typing import Any
 
-from rewardkit.deploy.images import SharedDecoder
 from rewardkit.deploy.transport import TransportError, decode_items, serve_unix
 from rewardkit.serve.metrics import BatchStats, ServeMetrics
 from rewardkit.serve.timing import RequestTiming, current_timing
@@ -88,16 +87,13 @@ class RelayMetrics(ServeMetrics):
 class WorkerServer:
     """Maps transport ops onto an `InProcessBackend` (built with `metrics=server.metrics`).
 
-    `images` maps an image scorer's name to the worker's `SharedDecoder`: a request for it has
-    its images decoded on arrival, once per worker, before its items join the batch queue.
+    The backend decodes an image request's images on arrival, once per worker, before its
+    items join the batch queue (`rewardkit.serve.prefetch`).
     """
 
-    def __init__(
-        self, backend: Any, metrics: RelayMetrics, images: dict[str, SharedDecoder] | None = None
-    ) -> None:
+    def __init__(self, backend: Any, metrics: RelayMetrics) -> None:
         self.backend = backend
         self.metrics = metrics
-        self.images = images or {}
 
     async def handle(self, op: str, header: dict[str, Any], body: bytes) -> tuple[dict[str, Any], bytes]:
         if op == "score":
@@ -105,15 +101,7 @@ class WorkerServer:
             scorer = str(header.get("scorer"))
             timing = RequestTiming()
             current_timing.set(timing)  # this request's own task: the batcher records into it
-            shared = self.images.get(scorer)
-            blobs = [i.image for i in items if i.image] if shared is not None else []
-            try:
-                if blobs:
-                    await shared.prefetch(blobs)
-                results = await self.backend.score(scorer, items)
-            finally:
-                if blobs:
-                    shared.release(blobs)
+            results = await self.backend.score(scorer, items)  # images decode on arrival there
             return {
                 "results": encode_results(results),
                 "timing": {"queue_s": timing.queue_s, "inference_s": timing.inference_s},
@@ -159,7 +147,6 @@ async def run_worker(
         )
     for module in plan.get("imports", []):
         importlib.import_module(module)
-    from rewardkit.deploy.images import share_image_decoding
     from rewardkit.deploy.streams import OwnStream
     from rewardkit.serve.backend import InProcessBackend
     from rewardkit.serve.config import build_scorer, config_from_dict
@@ -175,10 +162,7 @@ async def run_worker(
     if not ready:
         log.error("worker %s failed to load: %s", plan.get("name"), json.dumps(details))
         return EXIT_LOAD_FAILED
-    images = share_image_decoding(scorers)
-    if images:
-        log.info("worker %s: images decoded on arrival, shared by %s", plan.get("name"), sorted(images))
-    server = await serve_unix(socket_path, WorkerServer(backend, metrics, images).handle)
+    server = await serve_unix(socket_path, WorkerServer(backend, metrics).handle)
     log.info("worker %s ready on %s (pid %d)", plan.get("name"), socket_path, os.getpid())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -187,8 +171,6 @@ async def run_worker(
     await stop.wait()
     server.close()
     await backend.stop()
-    for shared in set(images.values()):
-        shared.close()
     return 0
 
 

@@ -17,6 +17,7 @@ from rewardkit.serve.batcher import DynamicBatcher, ItemResult, check_value
 from rewardkit.serve.config import ServiceConfig, build_scorer
 from rewardkit.serve.errors import ServeError
 from rewardkit.serve.metrics import ServeMetrics
+from rewardkit.serve.prefetch import SharedDecoder, share_image_decoding
 from rewardkit.serve.scorers.base import ItemError, ScoreItem, Scorer, ScorerInfo
 from rewardkit.serve.timing import record_timing
 
@@ -54,10 +55,13 @@ class InProcessBackend:
         *,
         metrics: ServeMetrics | None = None,
         scorers: list[Scorer] | None = None,
+        share_images: bool = True,
     ) -> None:
         self.config = config
         self.metrics = metrics
         self._prebuilt = scorers
+        self._share_images = share_images
+        self.images: dict[str, SharedDecoder] = {}  # scorer name → decoder its requests prefetch into
         self._batchers: dict[str, DynamicBatcher] = {}
         self._infos: dict[str, ScorerInfo] = {}
         self._status: dict[str, str] = {s.name: "pending" for s in config.scorers}
@@ -98,10 +102,17 @@ class InProcessBackend:
             self._infos[scorer.name] = scorer.info()
             self._status[scorer.name] = "ready"
             log.info("scorer %s ready (%s)", scorer.name, self._infos[scorer.name].identity[:12])
+        if self._share_images:
+            self.images = share_image_decoding([s for s in scorers if s.name in self._batchers])
+            if self.images:
+                log.info("images decoded on arrival, shared by %s", sorted(self.images))
 
     async def stop(self) -> None:
         await asyncio.gather(*(b.stop() for b in self._batchers.values()))
         self._batchers.clear()
+        for shared in {id(d): d for d in self.images.values()}.values():
+            shared.close()
+        self.images = {}
 
     async def score(self, scorer: str, items: list[ScoreItem]) -> list[ItemResult]:
         batcher = self._batchers.get(scorer)
@@ -109,7 +120,15 @@ class InProcessBackend:
             raise ServeError(
                 "not_ready", f"scorer {scorer!r} is {self._status.get(scorer, 'unknown')}", retry_after=5
             )
-        return await batcher.submit(items)
+        shared = self.images.get(scorer)
+        blobs = [i.image for i in items if i.image] if shared is not None else []
+        try:
+            if blobs:
+                await shared.prefetch(blobs)
+            return await batcher.submit(items)
+        finally:
+            if blobs:
+                shared.release(blobs)
 
     def scorer_infos(self) -> dict[str, ScorerInfo]:
         return dict(self._infos)

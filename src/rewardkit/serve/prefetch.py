@@ -1,12 +1,14 @@
-"""Decode each image once per worker, when its request arrives, for every image scorer there.
+"""Decode each image once per process, when its request arrives, for every image scorer there.
 
-Why: the gateway sends a request's items once per scorer, and each CLIP scorer decoded every
-image again inside its own batch, on the batch's critical path. A consolidated worker (one
-process, both towers) therefore decoded every image twice, serially with the forwards; the
-fp16 H200 run measured it at 58 % GPU utilisation, host-bound. Here the worker decodes a
-request's images as soon as the request arrives (off the event loop, while the GPU runs
-earlier batches), keeps the tensors while any request that holds them is in flight, and the
-scorers' batches read them instead of decoding.
+Why: a CLIP scorer decoded its images inside its own batch, on the batch's critical path,
+serially with the forward; and a request scored by several image scorers (the gateway sends
+its items once per scorer; a service's multi-scorer request fans out the same way) decoded
+every image once per scorer. A consolidated worker (one process, both towers) therefore
+decoded every image twice, serially with the forwards; the fp16 H200 run measured it at 58 %
+GPU utilisation, host-bound. Here `InProcessBackend` (the service and every deploy worker)
+decodes a request's images as soon as the request arrives (off the event loop, while the GPU
+runs earlier batches), keeps the tensors while any request that holds them is in flight, and
+the scorers' batches read them instead of decoding.
 
 Scores do not change: the scorer's own decoder runs on the same bytes, and everything after
 decoding (resize, crop, normalise, forward) is the scorer's unchanged code. A miss (the
@@ -157,19 +159,21 @@ class SharedDecoder:
 def share_image_decoding(scorers: Iterable[Any]) -> dict[str, SharedDecoder]:
     """Give every loaded scorer that decodes with an `ImageDecoder` one `SharedDecoder` per device.
 
-    Returns scorer name → its shared decoder, so the worker knows whose requests to prefetch.
+    Returns scorer name → its shared decoder, so the backend knows whose requests to prefetch.
     Decoded pixels do not depend on a scorer's preprocessing (size, mean, std) or dtype, so
-    every image scorer on a device can read the same tensors.
+    every image scorer on a device can read the same tensors. A wrapper that holds its scorer
+    as `inner` (`deploy.streams.OwnStream`) shares the wrapped scorer's decoder.
     """
     by_device: dict[str, SharedDecoder] = {}
     out: dict[str, SharedDecoder] = {}
     for scorer in scorers:
-        decoder = getattr(scorer, "decoder", None)
+        target = getattr(scorer, "inner", scorer)
+        decoder = getattr(target, "decoder", None)
         if not isinstance(decoder, ImageDecoder):
             continue
         shared = by_device.get(str(decoder.device))
         if shared is None:
             shared = by_device[str(decoder.device)] = SharedDecoder(decoder)
-        scorer.decoder = shared
+        target.decoder = shared
         out[scorer.name] = shared
     return out

@@ -1,4 +1,4 @@
-"""Images decoded once per worker on arrival (rewardkit.deploy.images): same scores, one decode."""
+"""Images decoded once per process on arrival (rewardkit.serve.prefetch): same scores, one decode."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import pytest
 from rewardkit.bench.corpus import generate_corpus
 from rewardkit.deploy.config import DeviceProbe, parse_deploy_config
 from rewardkit.deploy.gateway import GatewayBackend
-from rewardkit.deploy.images import SharedDecoder, share_image_decoding
 from rewardkit.deploy.streams import OwnStream
 from rewardkit.deploy.supervisor import SupervisorSettings
 from rewardkit.deploy.transport import encode_items
@@ -17,6 +16,7 @@ from rewardkit.deploy.worker import RelayMetrics, WorkerServer
 from rewardkit.serve.backend import InProcessBackend
 from rewardkit.serve.config import build_scorer, config_from_dict
 from rewardkit.serve.images import ImageDecoder
+from rewardkit.serve.prefetch import SharedDecoder, share_image_decoding
 from rewardkit.serve.scorers.base import ItemError, ScoreItem
 
 BAD_JPEG = b"\xff\xd8garbage\xff\xd9"
@@ -102,10 +102,13 @@ def test_consolidated_worker_scores_equal_per_scorer_decoding_exactly(share):
     async def go():
         scorers = [build_scorer(s) for s in cfg.scorers]
         metrics = RelayMetrics()
-        backend = InProcessBackend(cfg, metrics=metrics, scorers=[OwnStream(s) for s in scorers])
+        backend = InProcessBackend(
+            cfg, metrics=metrics, scorers=[OwnStream(s) for s in scorers], share_images=share
+        )
         await backend.start()
-        images = share_image_decoding(scorers) if share else {}
-        server = WorkerServer(backend, metrics, images)
+        images = backend.images
+        assert set(images) == ({"l", "h"} if share else set())
+        server = WorkerServer(backend, metrics)
         got: dict[str, list] = {"l": [], "h": [], "len": []}
         try:
             for batch in batches:
@@ -130,6 +133,34 @@ def test_consolidated_worker_scores_equal_per_scorer_decoding_exactly(share):
         n_images = sum(len(b) for b in batches)
         assert shared.decoded == n_images  # once per image, not once per image per scorer
         assert shared.hits == 2 * n_images and shared.held == 0
+
+
+def test_service_backend_decodes_a_requests_images_on_arrival_and_scores_exactly():
+    """`rewardkit serve` (one InProcessBackend, plain scorers): the batch reads prefetched pixels."""
+    cfg = config_from_dict({"scorers": [SERVICE["scorers"][0]]})
+    reference = build_scorer(cfg.scorers[0])
+    reference.load()
+    batches = requests(2, 5)
+
+    async def go():
+        backend = InProcessBackend(cfg)
+        await backend.start()
+        try:
+            shared = backend.images["l"]
+            results = [await backend.score("l", batch) for batch in batches]
+            return results, shared.decoded, shared.hits, shared.held
+        finally:
+            await backend.stop()
+
+    results, decoded, hits, held = asyncio.run(go())
+    n_images = sum(len(b) for b in batches)
+    assert (decoded, hits, held) == (n_images, n_images, 0)  # every batch image came from the prefetch
+    for batch, got in zip(batches, results, strict=True):
+        want = reference.score_batch(batch)
+        assert [r for r in got if not isinstance(r, ItemError)] == [
+            w for w in want if not isinstance(w, ItemError)
+        ]
+    assert results[-1][-1].code == "bad_image"
 
 
 def test_consolidated_gateway_over_real_worker_matches_in_process_scores():
