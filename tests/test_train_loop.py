@@ -163,3 +163,53 @@ def test_cuda_packed_varlen_compiled_training_matches_sdpa(tmp_path):
         assert trainer.raw_model.config._attn_implementation == model["attn_implementation"]
         losses[name] = [trainer.train_step()["loss"] for _ in range(4)]
     assert losses["varlen"] == pytest.approx(losses["sdpa"], abs=2e-2)
+
+
+class _RecordingWriter:
+    """Stands in for torch.utils.tensorboard.SummaryWriter (the tensorboard package is optional)."""
+
+    instances: list["_RecordingWriter"] = []
+
+    def __init__(self, log_dir: str) -> None:
+        self.log_dir, self.scalars, self.closed = log_dir, [], False
+        _RecordingWriter.instances.append(self)
+
+    def add_scalar(self, tag, value, step):
+        self.scalars.append((tag, float(value), step))
+
+    def close(self):
+        self.closed = True
+
+
+def test_tensorboard_gets_every_train_step_and_each_eval(tmp_path, monkeypatch):
+    import sys
+    import types
+
+    fake = types.ModuleType("torch.utils.tensorboard")
+    fake.SummaryWriter = _RecordingWriter
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", fake)
+    _RecordingWriter.instances.clear()
+    cfg = train_config(tmp_path, run={"max_steps": 3, "eval_every": 2, "tensorboard": True})
+    make_trainer(cfg, eval_pairs=random_pairs(6, seed=3, max_len=20), info=SOLO).fit()
+    (writer,) = _RecordingWriter.instances
+    assert writer.log_dir == str(tmp_path / "tensorboard") and writer.closed
+    logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    train_loss = [(step, value) for tag, value, step in writer.scalars if tag == "train/loss"]
+    assert train_loss == [(m["step"], pytest.approx(m["loss"])) for m in logged] and len(logged) == 3
+    eval_steps = sorted({step for tag, _, step in writer.scalars if tag.startswith("eval/")})
+    assert eval_steps == [0, 2, 3]
+    summary = json.loads((tmp_path / "eval" / "step-0000003" / "summary.json").read_text())
+    final = {tag: value for tag, value, step in writer.scalars if step == 3 and tag.startswith("eval/")}
+    assert final["eval/accuracy"] == pytest.approx(summary["accuracy"])
+    assert final["eval/accuracy_lower_95"] == pytest.approx(summary["bootstrap"]["strict"]["lower_95"])
+
+
+def test_tensorboard_without_the_package_is_a_clear_error(tmp_path, monkeypatch):
+    import sys
+
+    from rewardkit.errors import UsageError
+
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import raises ImportError
+    cfg = train_config(tmp_path, run={"max_steps": 1, "tensorboard": True})
+    with pytest.raises(UsageError, match="tensorboard package"):
+        make_trainer(cfg, info=SOLO).fit()

@@ -86,6 +86,10 @@ def _autocast(cfg: TrainConfig, device: torch.device):
     return contextlib.nullcontext(), "fp32"
 
 
+# Scalars of an eval summary that TensorBoard plots (with the bootstrap's one-sided lower bound).
+_TB_EVAL_KEYS = ("accuracy", "accuracy_tie_aware", "tie_rate", "margin_mean", "loss_mean")
+
+
 def compile_blocks(model: torch.nn.Module) -> int:
     """`torch.compile` every repeated transformer block in place; returns how many.
 
@@ -309,6 +313,12 @@ class Trainer:
             )
             self.eval_summaries[self.step] = summary
             log.info("eval step %d: accuracy %.4f on %d pairs", self.step, summary["accuracy"], len(pairs))
+            if self._tb is not None:
+                for key in _TB_EVAL_KEYS:
+                    self._tb.add_scalar(f"eval/{key}", summary[key], self.step)
+                self._tb.add_scalar(
+                    "eval/accuracy_lower_95", summary["bootstrap"]["strict"]["lower_95"], self.step
+                )
         if self.step == 0:
             self.step0_eval = {"probe_sha256": probe_sha, "n_pairs": len(pairs), "batch_plan": plan}
         return summary
@@ -382,8 +392,6 @@ class Trainer:
                 except ImportError as exc:
                     raise UsageError("run.tensorboard=true needs the tensorboard package") from exc
                 self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
-        if self.step == 0:
-            self.evaluate()
         progress = None
         if info.is_main and cfg.run.progress:
             from tqdm import tqdm
@@ -392,6 +400,8 @@ class Trainer:
         metrics: dict[str, Any] = {}
         last_saved = None
         try:
+            if self.step == 0:
+                self.evaluate()
             while self.step < cfg.run.max_steps:
                 metrics = self.train_step()
                 if not math.isfinite(metrics["loss"]):
@@ -413,13 +423,13 @@ class Trainer:
                     and self.step < cfg.run.max_steps
                 ):
                     self.evaluate()
+            last_saved = self.save()
+            self.evaluate(final=True)
         finally:
             if progress is not None:
                 progress.close()
-        last_saved = self.save()
-        self.evaluate(final=True)
-        if self._tb is not None:
-            self._tb.close()
+            if self._tb is not None:
+                self._tb.close()
         return RunResult(
             run_dir=self.run_dir,
             step=self.step,
