@@ -57,6 +57,41 @@ def test_fsdp2_matches_ddp_losses_on_two_gloo_ranks(tmp_path):
     assert ddp == pytest.approx(fsdp, abs=1e-5)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
+def test_two_ranks_share_the_probe_and_match_single_process_scores(tmp_path, parallel):
+    from _rm_dist_worker import EVAL_PAIRS
+
+    mp.spawn(worker, args=(2, _free_port(), str(tmp_path), parallel, "eval"), nprocs=2, join=True)
+    result = json.loads((tmp_path / f"{parallel}-eval.json").read_text())
+    assert result["scored_per_rank"] == [[6], [6]]  # ceil(11 / 2) each, not 11 each
+    assert result["summary"]["batch_plan"]["eval_ranks"] == 2 and result["summary"]["n_pairs"] == EVAL_PAIRS
+    solo = make_trainer(
+        train_config(tmp_path / "solo"), eval_pairs=random_pairs(EVAL_PAIRS, seed=5, max_len=20), info=SOLO
+    )
+    assert "eval_ranks" not in solo.evaluate()["batch_plan"]
+
+    def rows(run_dir):
+        path = run_dir / "eval" / "step-0000000" / "pairs.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()]
+
+    shared, alone = rows(tmp_path / "run"), rows(tmp_path / "solo")
+    assert [r["pair_id"] for r in shared] == [r["pair_id"] for r in alone]
+    for a, b in zip(shared, alone, strict=True):
+        assert a["chosen_score"] == pytest.approx(b["chosen_score"], abs=1e-5)
+        assert a["rejected_score"] == pytest.approx(b["rejected_score"], abs=1e-5)
+
+
+def test_eval_shards_are_equal_length_and_cover_the_probe_in_order():
+    from rewardkit.train.loop import eval_shard
+
+    pairs = list(range(7))
+    shards = [eval_shard(pairs, rank, 3) for rank in range(3)]
+    assert shards == [[0, 1, 2], [3, 4, 5], [6, 6, 6]]
+    assert [p for shard in shards for p in shard][: len(pairs)] == pairs
+    assert eval_shard(pairs[:1], 1, 2) == [0]  # fewer pairs than ranks: every rank still forwards
+
+
 def test_micro_batch_loss_matches_trl_formula(tmp_path):
     cfg = train_config(tmp_path, loss={"center_rewards_coefficient": 0.01})
     trainer = make_trainer(cfg, info=SOLO)

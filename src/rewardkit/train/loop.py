@@ -30,7 +30,14 @@ from rewardkit.eval.metrics import TIE_TOLERANCE
 from rewardkit.models.loading import CheckpointError
 from rewardkit.train import checkpoint as ckpt
 from rewardkit.train.config import TrainConfig, dump_yaml
-from rewardkit.train.distributed import DistInfo, all_reduce_sum, grad_sync, init_distributed, wrap_model
+from rewardkit.train.distributed import (
+    DistInfo,
+    all_gather_objects,
+    all_reduce_sum,
+    grad_sync,
+    init_distributed,
+    wrap_model,
+)
 from rewardkit.train.objective import Objective
 from rewardkit.train.sampler import PairSampler
 
@@ -111,6 +118,14 @@ def compile_blocks(model: torch.nn.Module) -> int:
     for block in blocks:
         block.compile(dynamic=True)
     return len(blocks)
+
+
+def eval_shard(pairs: Sequence[TokenizedPair], rank: int, world_size: int) -> list[TokenizedPair]:
+    """This rank's contiguous share of the probe. Every share has the same length (the last
+    ones repeat the final pair, whose extra scores are dropped), so every rank runs the same
+    number of forwards: FSDP2 needs every rank in every forward."""
+    per_rank = -(-len(pairs) // world_size)
+    return [pairs[min(i, len(pairs) - 1)] for i in range(rank * per_rank, (rank + 1) * per_rank)]
 
 
 def seed_everything(seed: int, rank: int) -> None:
@@ -273,15 +288,38 @@ class Trainer:
 
     # ---- evaluation ---------------------------------------------------------------------
     def batch_plan(self) -> dict[str, Any]:
-        return {
+        plan = {
             "batch_size": self.cfg.run.eval_batch_size,
             "layout": self.cfg.run.layout,
             "precision": self.precision,
             "device_type": self.info.device.type,
         }
+        if self.info.world_size > 1:  # the probe is split across ranks, which changes the batches
+            plan["eval_ranks"] = self.info.world_size
+        return plan
+
+    def _score_probe(
+        self, pairs: Sequence[TokenizedPair]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """(chosen, rejected, losses) for every probe pair in order; each rank scores one share."""
+        world = self.info.world_size
+        shard = eval_shard(pairs, self.info.rank, world) if world > 1 else pairs
+        with self.autocast:
+            chosen, rejected, losses = self.objective.score(
+                self.raw_model, shard, self.cfg.run.eval_batch_size
+            )
+        if world == 1:
+            return chosen, rejected, losses
+        parts = all_gather_objects((chosen, rejected, losses))
+        n = len(pairs)
+
+        def joined(k: int) -> np.ndarray:
+            return np.concatenate([part[k] for part in parts])[:n]
+
+        return joined(0), joined(1), None if losses is None else joined(2)
 
     def evaluate(self, *, final: bool = False) -> dict[str, Any] | None:
-        """Score the frozen eval set and write RUN/eval/step-NNNNNNN/ (every rank scores; rank 0 writes)."""
+        """Score the frozen eval set and write RUN/eval/step-NNNNNNN/ (ranks share the scoring; rank 0 writes)."""
         from rewardkit.eval.artifacts import assert_same_contract, eval_step_dir, write_eval_artifacts
 
         if self.eval_set is None:
@@ -293,10 +331,7 @@ class Trainer:
             assert_same_contract(
                 self.step0_eval, {"probe_sha256": probe_sha, "n_pairs": len(pairs), "batch_plan": plan}
             )
-        with self.autocast:
-            chosen, rejected, losses = self.objective.score(
-                self.raw_model, pairs, self.cfg.run.eval_batch_size
-            )
+        chosen, rejected, losses = self._score_probe(pairs)
         summary = None
         if self.info.is_main:
             summary = write_eval_artifacts(
