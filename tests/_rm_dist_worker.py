@@ -18,8 +18,19 @@ def worker(rank: int, world: int, port: int, out: str, parallel: str, mode: str)
 
     from _rm_helpers import make_trainer, train_config
 
-    cfg = train_config(os.path.join(out, "run"), run={"parallel": parallel, "max_steps": 3, "grad_accum": 1})
-    if mode == "eval":
+    run_dir = os.path.join(out, "run-resumed" if mode == "resume" else "run")
+    cfg = train_config(run_dir, run={"parallel": parallel, "max_steps": 4, "grad_accum": 1})
+    if mode in ("uninterrupted", "resume"):
+        trainer = make_trainer(cfg)
+        if mode == "resume":
+            trainer.resume(os.path.join(out, "run", "checkpoints", "step-0000002"))
+        result = {}
+        while trainer.step < 4:
+            loss = trainer.train_step()["loss"]
+            result[trainer.step] = loss  # the step just taken
+            if mode == "uninterrupted" and trainer.step == 2:
+                trainer.save()  # collective: every rank takes part
+    elif mode == "eval":
         from _rm_helpers import random_pairs
 
         trainer = make_trainer(cfg, eval_pairs=random_pairs(EVAL_PAIRS, seed=5, max_len=20))
@@ -43,8 +54,8 @@ def worker(rank: int, world: int, port: int, out: str, parallel: str, mode: str)
         result = grads
     elif mode == "loss":
         result = [trainer.train_step()["loss"] for _ in range(3)]
-    if rank == 0 and mode == "eval":
-        with open(os.path.join(out, f"{parallel}-eval.json"), "w") as handle:
+    if rank == 0 and mode in ("eval", "uninterrupted", "resume"):
+        with open(os.path.join(out, f"{parallel}-{mode}.json"), "w") as handle:
             json.dump(result, handle)
     elif rank == 0:
         torch.save(result, os.path.join(out, f"{parallel}-{mode}.pt"))

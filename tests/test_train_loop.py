@@ -82,6 +82,17 @@ def test_two_ranks_share_the_probe_and_match_single_process_scores(tmp_path, par
         assert a["rejected_score"] == pytest.approx(b["rejected_score"], abs=1e-5)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
+def test_two_rank_resume_reproduces_the_uninterrupted_losses(tmp_path, parallel):
+    for mode in ("uninterrupted", "resume"):
+        mp.spawn(worker, args=(2, _free_port(), str(tmp_path), parallel, mode), nprocs=2, join=True)
+    full = json.loads((tmp_path / f"{parallel}-uninterrupted.json").read_text())
+    resumed = json.loads((tmp_path / f"{parallel}-resume.json").read_text())
+    assert sorted(full) == ["1", "2", "3", "4"] and sorted(resumed) == ["3", "4"]
+    assert [resumed[s] for s in ("3", "4")] == [full[s] for s in ("3", "4")]  # bit for bit
+
+
 def test_eval_shards_are_equal_length_and_cover_the_probe_in_order():
     from rewardkit.train.loop import eval_shard
 
