@@ -16,7 +16,9 @@ pytest.importorskip("ray.serve")
 
 from rewardkit.deploy.config import DeviceProbe, parse_deploy_config
 from rewardkit.deploy.ray_backend import RayBackend
+from rewardkit.serve.metrics import ServeMetrics
 from rewardkit.serve.scorers.base import ItemError, ScoreItem
+from rewardkit.serve.timing import RequestTiming, current_timing
 
 CPU = DeviceProbe(cuda_available=False, gpu_count=0, control_binary=None)
 
@@ -53,7 +55,17 @@ def test_ray_backend_scores_batches_and_reports_lost_replicas(ray_env):
             assert backend.ready()[0], backend.ready()
             assert set(backend.scorer_infos()) == {"slow", "len"}
             items = [ScoreItem(id=str(k), prompt="p", response="x" * k) for k in range(1, 4)]
+            metrics = ServeMetrics()
+            backend.attach_metrics(metrics)
+            timing = RequestTiming()
+            current_timing.set(timing)
             assert await backend.score("slow", items) == [1.0, 2.0, 3.0]
+            # the replica's timing and batch reach the headers and /metrics, as from a worker
+            assert 0.5 <= timing.inference_s < 5 and 0 <= timing.queue_s < 5, timing
+            batched = metrics.registry.get_sample_value("rewardkit_batch_size_count", {"scorer": "slow"})
+            items_seen = metrics.registry.get_sample_value("rewardkit_batch_size_sum", {"scorer": "slow"})
+            assert batched >= 1 and items_seen == 3
+            current_timing.set(None)
             dep = backend.deployment()
             assert dep["backend"] == "ray" and [s["num_replicas"] for s in dep["scorers"]] == [1, 2]
             (pid,) = dep["scorers"][0]["replica_pids_seen"]

@@ -76,8 +76,8 @@ def _batch_stats(entry: Any, scorers: set[str]) -> BatchStats | None:
         not isinstance(scorer, str)
         or scorer not in scorers
         or inference_s is None
-        or not isinstance(delays, list)
-        or not isinstance(outcomes, list)
+        or not isinstance(delays, list | tuple)  # JSON from a worker, tuples from a Ray replica
+        or not isinstance(outcomes, list | tuple)
         or not 0 < len(delays) == len(outcomes)
         or any(_seconds(d) is None for d in delays)
         or not all(isinstance(o, str) for o in outcomes)

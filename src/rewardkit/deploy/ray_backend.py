@@ -29,12 +29,14 @@ import time
 from typing import Any
 
 from rewardkit.deploy.config import MPS_MODES, DeployConfig, ScorerPlacement
-from rewardkit.deploy.gateway import decode_results
+from rewardkit.deploy.gateway import decode_batches, decode_results, decode_timing
 from rewardkit.deploy.mps import ManagedMps
 from rewardkit.deploy.transport import decode_items, encode_items
 from rewardkit.deploy.worker import encode_results
 from rewardkit.serve.errors import ServeError
+from rewardkit.serve.metrics import BatchStats, ServeMetrics, outcome
 from rewardkit.serve.scorers.base import ItemError, ScoreItem, ScorerInfo
+from rewardkit.serve.timing import record_timing
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +59,7 @@ class ScorerReplica:
         if not isinstance(warm, float) or not math.isfinite(warm):
             raise RuntimeError(f"scorer {self.spec.name}: warm-up did not produce a finite score: {warm}")
         self._check_value = check_value
+        self._unsent: list[dict[str, Any]] = []  # finished batches, relayed with the next answer
         self.score_item.set_max_batch_size(self.spec.max_batch_size)
         self.score_item.set_batch_wait_timeout_s(self.spec.max_wait_ms / 1000)
 
@@ -64,18 +67,40 @@ class ScorerReplica:
         return {**dataclasses.asdict(self.scorer.info()), "pid": os.getpid()}
 
     async def score(self, raw_items: list[dict[str, Any]], body: bytes) -> dict[str, Any]:
+        """Results plus the timing and batch stats the worker transport carries (gateway.py reads
+        both the same way), so x-queue-time / x-inference-time and /metrics work under Ray too."""
         items = decode_items(raw_items, body)
-        results = await asyncio.gather(*(self.score_item(item) for item in items))
-        return {"pid": os.getpid(), "results": encode_results(list(results))}
+        arrived = time.perf_counter()
+        answers = await asyncio.gather(*(self.score_item((item, arrived)) for item in items))
+        batches, self._unsent = self._unsent, []
+        return {
+            "pid": os.getpid(),
+            "results": encode_results([value for value, _, _ in answers]),
+            "timing": {
+                "queue_s": max((queued for _, queued, _ in answers), default=0.0),
+                "inference_s": max((took for _, _, took in answers), default=0.0),
+            },
+            "batches": batches,
+        }
 
-    async def score_item(self, items: list[ScoreItem]) -> list[Any]:  # replaced by @serve.batch below
+    async def score_item(self, entries: list[tuple[ScoreItem, float]]) -> list[tuple[Any, float, float]]:
+        """One batch (`@serve.batch` below gathers it): (value, queue_s, inference_s) per item."""
+        items = [item for item, _ in entries]
+        started = time.perf_counter()
         try:
             values = await asyncio.to_thread(self.scorer.score_batch, items)
+            if len(values) != len(items):
+                values = [ItemError("scorer_failed", f"scorer returned {len(values)} values")] * len(items)
+            else:
+                values = [self._check_value(v) for v in values]
         except Exception as exc:
-            return [ItemError("scorer_failed", f"{type(exc).__name__}: {exc}"[:500])] * len(items)
-        if len(values) != len(items):
-            return [ItemError("scorer_failed", f"scorer returned {len(values)} values")] * len(items)
-        return [self._check_value(v) for v in values]
+            values = [ItemError("scorer_failed", f"{type(exc).__name__}: {exc}"[:500])] * len(items)
+        took = time.perf_counter() - started
+        delays = [started - arrived for _, arrived in entries]
+        self._unsent.append(
+            dataclasses.asdict(BatchStats(self.spec.name, took, tuple(delays), tuple(map(outcome, values))))
+        )
+        return [(value, delay, took) for value, delay in zip(values, delays, strict=True)]
 
 
 def _batched_replica_class() -> type:
@@ -115,6 +140,10 @@ class RayBackend:
         self._owns_ray = False
         self._admitting = False
         self._poller: asyncio.Task[None] | None = None
+        self.metrics: ServeMetrics | None = None  # the app's, via attach_metrics
+
+    def attach_metrics(self, metrics: ServeMetrics) -> None:
+        self.metrics = metrics
 
     def _actor_options(self, p: ScorerPlacement) -> dict[str, Any]:
         env: dict[str, str] = {}
@@ -232,6 +261,11 @@ class RayBackend:
                 raise ServeError("queue_full", str(exc), retry_after=1) from None
             raise
         self._pids[scorer].add(int(out["pid"]))
+        queue_s, inference_s = decode_timing(out.get("timing"))
+        record_timing(queue_s=queue_s, inference_s=inference_s)
+        if self.metrics is not None:
+            for stats in decode_batches(out.get("batches"), {scorer}):
+                self.metrics.observe_batch(stats)
         return decode_results(out.get("results"), len(items))
 
     def scorer_infos(self) -> dict[str, ScorerInfo]:

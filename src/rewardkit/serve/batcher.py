@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from rewardkit.serve.errors import ServeError
-from rewardkit.serve.metrics import BatchStats, ServeMetrics
+from rewardkit.serve.metrics import BatchStats, ServeMetrics, outcome
 from rewardkit.serve.scorers.base import ItemError, ScoreItem, Scorer
 from rewardkit.serve.timing import record_timing
 
@@ -244,7 +244,7 @@ class DynamicBatcher:
                     scorer=self.name,
                     inference_s=elapsed,
                     queue_delays=tuple(e.started - e.enqueued for e in batch),
-                    outcomes=tuple("ok" if isinstance(r, float) else r.code for r in results),
+                    outcomes=tuple(outcome(r) for r in results),
                 )
             )
         for e, r in zip(batch, results, strict=True):

@@ -14,6 +14,11 @@ _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
 
+def outcome(result: object) -> str:
+    """A batch result as the metrics label it: "ok" for a score, else the item's error code."""
+    return "ok" if isinstance(result, float) else getattr(result, "code", "scorer_failed")
+
+
 @dataclass(frozen=True)
 class BatchStats:
     """One forward as the metrics see it. Plain data so a deploy worker can relay it as JSON."""
