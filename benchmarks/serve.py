@@ -60,6 +60,12 @@ def parse_args(argv=None):
     p.add_argument("--batches", default=None, help="items per request (default 1,4,8)")
     p.add_argument("--concurrency", default=None, help="concurrent clients (default 1,4,16)")
     p.add_argument("--modes", default="naive,http,inproc")
+    p.add_argument(
+        "--transport",
+        choices=["json", "multipart"],
+        default="json",
+        help="http mode: base64 JSON or raw parts",
+    )
     p.add_argument("--cell-seconds", type=float, default=None, help="measured seconds per cell")
     p.add_argument("--warmup-seconds", type=float, default=None)
     p.add_argument("--max-batch-size", type=int, default=128)
@@ -218,8 +224,10 @@ class HttpLoad:
         else:
             await self._session.aclose()
 
-    async def post(self, path: str, body: bytes) -> tuple[int, dict, dict]:
-        headers = {"content-type": "application/json"}
+    async def post(
+        self, path: str, body: bytes, content_type: str = "application/json"
+    ) -> tuple[int, dict, dict]:
+        headers = {"content-type": content_type}
         if self.kind == "aiohttp":
             async with self._session.post(self.base + path, data=body, headers=headers) as r:
                 return r.status, json.loads(await r.read()), dict(r.headers)
@@ -276,6 +284,21 @@ def request_bodies(images: list[bytes], batch: int, n: int = 16) -> list[bytes]:
     return bodies
 
 
+def encode_request(items: list[dict], scorer: str, transport: str) -> tuple[bytes, str]:
+    """One POST /v1/score body and its content type, built by the client's own encoder:
+    `json` carries base64 images, `multipart` raw image parts (no base64 either way round)."""
+    import httpx
+
+    from rewardkit.client import score_request_kwargs
+
+    request = httpx.Request(
+        "POST",
+        "http://bench/v1/score",
+        **score_request_kwargs(items, [scorer], None, transport == "multipart"),
+    )
+    return request.read(), request.headers["content-type"]
+
+
 async def run_cells(args, url: str, backend, images: list[bytes]) -> list[dict]:
     from rewardkit.serve.scorers.base import ScoreItem
 
@@ -287,9 +310,7 @@ async def run_cells(args, url: str, backend, images: list[bytes]) -> list[dict]:
                 for mode in args.modes:
                     for batch in args.batches:
                         item_sets = request_bodies(images, batch)
-                        ours = [
-                            json.dumps({"scorers": [name], "items": items}).encode() for items in item_sets
-                        ]
+                        ours = [encode_request(items, name, args.transport) for items in item_sets]
                         naive = [json.dumps({"items": items}).encode() for items in item_sets]
                         direct = [
                             [
@@ -304,7 +325,7 @@ async def run_cells(args, url: str, backend, images: list[bytes]) -> list[dict]:
                                 k, mode=mode, batch=batch, ours=ours, naive=naive, direct=direct, name=name
                             ):
                                 if mode == "http":
-                                    status, body, headers = await load.post("/v1/score", ours[k % len(ours)])
+                                    status, body, headers = await load.post("/v1/score", *ours[k % len(ours)])
                                     if status != 200:
                                         return 0, batch, None
                                     bad = sum(1 for r in body["results"] if r["errors"])
@@ -332,6 +353,7 @@ async def run_cells(args, url: str, backend, images: list[bytes]) -> list[dict]:
                                 mode=mode,
                                 batch=batch,
                                 concurrency=conc,
+                                transport=args.transport if mode == "http" else None,
                                 mfu=(cell["items_per_s"] * flop / PEAK_FLOPS) if flop else None,
                             )
                             cells.append(cell)

@@ -89,7 +89,7 @@ def _item_json(item: ScoreItem | Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _request(
+def score_request_kwargs(
     items: Iterable[ScoreItem | Mapping[str, Any]],
     scorers: list[str],
     pin: Mapping[str, str] | None,
@@ -150,7 +150,7 @@ class _Base:
 
     def _prepare(self, items, scorers: list[str], pin: Mapping[str, str] | None) -> dict[str, Any]:
         """The POST's arguments, with one idempotency key for this request and all its retries."""
-        kwargs = _request(items, scorers, pin, self.multipart)
+        kwargs = score_request_kwargs(items, scorers, pin, self.multipart)
         kwargs["headers"] = {**kwargs.get("headers", {}), "idempotency-key": uuid.uuid4().hex}
         return kwargs
 
