@@ -1,0 +1,50 @@
+#!/bin/bash
+# Every H200 benchmark of docs/benchmarks/, as one scripted device call, results in one tarball.
+#
+#   bash benchmarks/run_h200.sh OUT SECTION...     SECTION: tests train_rm train_dpo serve qualify
+#
+# Run from the repository root on the GPU machine, with the carried wheels installed
+# (python3 -m pip install --no-index --no-deps --target /tmp/site .whl/*.whl) and
+# PYTHONPATH=/tmp/site:src. Each section writes OUT/<section>/ and a line with its exit code and
+# wall time to OUT/times.log; OUT/results.tar.gz holds everything. The device returns only a few
+# files from $OUT, so give OUT outside it and copy the two back, e.g.
+#   bash benchmarks/run_h200.sh /tmp/rk tests train_rm; cp /tmp/rk/results.tar.gz /tmp/rk/times.log $OUT/
+# Each step has its own time limit so one hang cannot eat the call; a failed step does not
+# stop the next one.
+set -u
+OUT=$1; shift
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+T0=$(date +%s)
+step() {  # step NAME LIMIT_S COMMAND...
+    local name=$1 limit=$2; shift 2
+    timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+    echo "$name rc=$? t=$(( $(date +%s) - T0 ))s" >> "$OUT/times.log"
+}
+for section in "$@"; do
+    mkdir -p "$OUT/$section"
+    case $section in
+    tests)
+        step tests 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests ;;
+    train_rm)
+        step train_rm-8x4-trl 170 python3 benchmarks/train_rm.py --out "$OUT/train_rm/8x4_trl.json"
+        step train_rm-32x1-compile 200 python3 benchmarks/train_rm.py --grad-accum 1 --skip-trl --compile \
+            --out "$OUT/train_rm/32x1_compile.json" ;;
+    train_dpo)
+        step train_dpo 220 python3 benchmarks/train_dpo.py --out "$OUT/train_dpo/no_gc.json"
+        step train_dpo-gc 220 python3 benchmarks/train_dpo.py --gradient-checkpointing \
+            --out "$OUT/train_dpo/gc.json" ;;
+    serve)
+        step serve-json 300 python3 benchmarks/serve.py --shapes clip-vit-h-14 --dtypes bf16 --modes http,inproc \
+            --out "$OUT/serve/vit_h_bf16_json.json"
+        step serve-multipart 300 python3 benchmarks/serve.py --shapes clip-vit-h-14 --dtypes bf16 --modes http \
+            --transport multipart --out "$OUT/serve/vit_h_bf16_multipart.json" ;;
+    qualify)
+        for plan in bf16 fp32; do  # ';' semantics: a parity failure exits 1, the next plan still runs
+            step "qualify-$plan" 230 python3 -m rewardkit qualify --plan "benchmarks/qualify_h200_$plan.yaml" \
+                --out "$OUT/qualify/$plan"
+        done ;;
+    *) echo "unknown section $section" >> "$OUT/times.log" ;;
+    esac
+done
+tar -czf /tmp/results.tar.gz -C "$OUT" --exclude=results.tar.gz . && mv /tmp/results.tar.gz "$OUT/results.tar.gz"
