@@ -92,6 +92,7 @@ def test_cli_trains_logs_trl_metrics_and_exports_a_plain_causal_lm(tmp_path, cap
         ("dpo.temperature=0.7", "DPO log-probs are taken at temperature 1"),
         ("model.config_overrides.attention_dropout=0.1", "policy has dropout > 0"),
         ("model.lora.r=8", "LoRA needs an explicit reference strategy"),
+        ("dpo.reference_dtype=fp16", "dpo.reference_dtype must be one of fp32, bf16"),
     ],
 )
 def test_cli_refuses_settings_that_break_dpo(tmp_path, capsys, override, message):
@@ -110,6 +111,30 @@ def test_precomputed_reference_trains_like_the_live_one(tmp_path):
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-6)
         assert a["rewards/margins"] == pytest.approx(b["rewards/margins"], abs=1e-6)
     assert live.final_accuracy == pytest.approx(cached.final_accuracy, abs=1e-9)
+
+
+def test_bf16_reference_is_stored_in_bf16_and_trains_like_the_fp32_one(tmp_path):
+    from rewardkit.train.recipes.dpo import DPOPolicyObjective
+
+    cfg = config(tmp_path / "probe", "dpo.reference_dtype=bf16")
+    objective = DPOPolicyObjective(cfg, train_pairs=[], data_sha256="x")
+    objective.build_model(builtin_tokenizer())
+    assert {p.dtype for p in objective.reference.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in objective.policy.parameters()} == {torch.float32}
+
+    fp32 = run(config(tmp_path / "fp32", "run.max_steps=2"))
+    bf16 = run(config(tmp_path / "bf16", "run.max_steps=2", "dpo.reference_dtype=bf16"))
+    rows_fp32, rows_bf16 = metrics(tmp_path / "fp32"), metrics(tmp_path / "bf16")
+    # step 1: the same fp32 policy; only the reference's log-probs carry bf16 rounding
+    assert rows_bf16[0]["logps/chosen"] == pytest.approx(rows_fp32[0]["logps/chosen"], abs=1e-6)
+    assert rows_bf16[0]["rewards/margins"] != rows_fp32[0]["rewards/margins"]  # the cast took effect
+    for a, b in zip(rows_fp32, rows_bf16, strict=True):
+        assert b["loss"] == pytest.approx(a["loss"], abs=2e-2)
+    digests = [
+        json.loads((r.checkpoint / "rewardkit.json").read_text())["reference"]["param_sha256"]
+        for r in (fp32, bf16)
+    ]
+    assert digests[0] != digests[1]  # the cache key and resume check tell the dtypes apart
 
 
 def test_resume_recomputes_and_compares_the_reference_sidecar(tmp_path):

@@ -69,6 +69,9 @@ class ReferenceSettings:
             raise ConfigError("dpo.reference.repo/revision/path/cache_dir only apply to source: snapshot")
 
 
+REFERENCE_DTYPES = ("fp32", "bf16")
+
+
 @dataclass(frozen=True)
 class DPOSettings:
     """The `dpo:` config section (see docs/dpo.md for every key and why it defaults as it does)."""
@@ -80,6 +83,7 @@ class DPOSettings:
     allow_dropout: bool = False
     precompute_reference: bool = False
     reference_batch_size: int = 8
+    reference_dtype: str = "fp32"  # bf16 halves the frozen reference's weights
     reference_cache_dir: str | None = None
     reference: ReferenceSettings = field(default_factory=ReferenceSettings)
 
@@ -105,6 +109,10 @@ class DPOSettings:
             )
         if self.reference_batch_size < 1:
             raise ConfigError("dpo.reference_batch_size must be >= 1")
+        if self.reference_dtype not in REFERENCE_DTYPES:
+            raise ConfigError(
+                f"dpo.reference_dtype must be one of {', '.join(REFERENCE_DTYPES)}, got {self.reference_dtype!r}"
+            )
         if self.loss_type == "reference_free" and self.precompute_reference:
             raise ConfigError("dpo.precompute_reference has no reference to precompute with reference_free")
 

@@ -125,12 +125,19 @@ class DPOPolicyObjective:
         self._metadata: dict[str, Any] = {}
 
     # ---- model ------------------------------------------------------------------------
+    def _cast_reference(self, reference: nn.Module) -> nn.Module:
+        """`dpo.reference_dtype: bf16` stores the frozen reference in bf16 (half its fp32 weights).
+        Under bf16 autocast its matmuls see the same bf16 weights either way; norms and the
+        vocabulary projection then run in bf16 too. The parameter digest is taken after the
+        cast, so the precompute cache and resume checks tell the two dtypes apart."""
+        return reference.to(torch.bfloat16) if self.settings.reference_dtype == "bf16" else reference
+
     def _build_reference(self, policy: nn.Module) -> None:
         ref = self.settings.reference
         if not self.settings.needs_reference:
             return
         if ref.source == "initial_policy":
-            self.reference = freeze(copy.deepcopy(policy))
+            self.reference = self._cast_reference(freeze(copy.deepcopy(policy)))
             self.sidecar = sidecar_for(self.reference, source="initial_policy")
         else:
             spec = PinnedSnapshot(
@@ -138,7 +145,9 @@ class DPOPolicyObjective:
             )
             # the policy's attention, so both read a packed batch the same way (rk_varlen: one row)
             self.reference = load_pinned_reference(
-                spec, dtype=torch.float32, attn_implementation=policy.config._attn_implementation
+                spec,
+                dtype=torch.bfloat16 if self.settings.reference_dtype == "bf16" else torch.float32,
+                attn_implementation=policy.config._attn_implementation,
             )
             if self.reference.config.vocab_size != policy.config.vocab_size:
                 raise ConfigError(
