@@ -115,6 +115,7 @@ def run_rewardkit(args, *, precompute: bool) -> dict:
             f"dpo.precompute_reference={str(precompute).lower()}",
             f"dpo.reference_batch_size={args.batch_pairs}",
             f"model.gradient_checkpointing={str(args.gradient_checkpointing).lower()}",
+            f"dpo.reference_dtype={args.reference_dtype}",
         ],
     )
     objective = DPOPolicyObjective(cfg, train_pairs=pairs, data_sha256="benchmark")
@@ -266,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=1e-6)
     parser.add_argument("--beta", type=float, default=0.1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--reference-dtype", choices=["fp32", "bf16"], default="fp32", help="rewardkit modes")
     parser.add_argument(
         "--gradient-checkpointing", action="store_true", help="on for both trainers (default: off for both)"
     )
