@@ -57,7 +57,9 @@ def test_prefetch_decodes_each_image_once_and_release_drops_it():
 
     async def go():
         # two scorers' calls for the same request arrive together, as the gateway sends them
-        await asyncio.gather(shared.prefetch(blobs), shared.prefetch(blobs))
+        first, second = shared.hold(blobs), shared.hold(blobs)
+        assert first == second == blobs
+        await asyncio.gather(shared.ready(first), shared.ready(second))
         assert sorted(inner.seen) == sorted(blobs) and shared.held == len(blobs)
         out = shared.decode(blobs + [b"not held"])
         assert shared.hits == len(blobs) and inner.seen[-1] == b"not held"
@@ -77,6 +79,26 @@ def test_prefetch_decodes_each_image_once_and_release_drops_it():
     shared.close()
 
 
+def test_held_images_are_capped_and_the_rest_decode_in_their_batch():
+    inner = CountingDecoder()
+    shared = SharedDecoder(inner, max_held=3)
+    (batch,) = requests(1, 5)
+    blobs = [i.image for i in batch]
+    held = shared.hold(blobs)
+    assert held == blobs[:3] and shared.held == 3  # over the cap: not held, not decoded ahead
+    assert shared.hold(blobs[:2]) == blobs[:2]  # already held images can always be shared
+    asyncio.run(shared.ready(held))
+    assert sorted(inner.seen) == sorted(blobs[:3])
+    out = shared.decode(blobs[:4])
+    assert shared.hits == 3 and inner.seen[-1] == blobs[3]  # the fourth decodes in the batch
+    direct = ImageDecoder("cpu").decode(blobs[:4])
+    assert all(got.equal(want) for got, want in zip(out, direct, strict=True))
+    shared.release(held)
+    shared.release(blobs[:2])
+    assert shared.held == 0
+    shared.close()
+
+
 def test_share_image_decoding_gives_image_scorers_one_decoder_per_device():
     cfg = config_from_dict(SERVICE)
     scorers = [build_scorer(s) for s in cfg.scorers]
@@ -85,6 +107,7 @@ def test_share_image_decoding_gives_image_scorers_one_decoder_per_device():
     shared = share_image_decoding(scorers)
     assert set(shared) == {"l", "h"} and shared["l"] is shared["h"]
     assert scorers[0].decoder is scorers[1].decoder is shared["l"]
+    assert shared["l"].max_held == 4 * 64  # four of the largest batch ahead
     assert not hasattr(scorers[2], "decoder")
 
 
@@ -204,7 +227,7 @@ def test_cuda_prefetch_puts_pillow_images_on_the_device_and_keeps_scores_exact()
     want = own.score_batch(batch)
     shared = share_image_decoding([shared_user])["c"]
     blobs = [i.image for i in batch]
-    asyncio.run(shared.prefetch(blobs))
+    asyncio.run(shared.ready(shared.hold(blobs)))
     held = shared.decode(blobs)
     assert all(t.device.type == "cuda" for t in held[:-1]), [t.device for t in held[:-1]]
     got = shared_user.score_batch(batch)
@@ -247,7 +270,7 @@ def test_cuda_consolidated_scorers_on_own_streams_with_shared_decode_score_exact
     want = [[a.score_batch(b) for b in batches] for a in alone]
     shared = share_image_decoding([h.inner for h in hosted])["l"]
     blobs = [i.image for b in batches for i in b]
-    asyncio.run(shared.prefetch(blobs))
+    asyncio.run(shared.ready(shared.hold(blobs)))
     with ThreadPoolExecutor(2) as pool:
         got = list(pool.map(lambda h: [h.score_batch(b) for b in batches], hosted))
     shared.release(blobs)

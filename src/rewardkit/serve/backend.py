@@ -121,14 +121,14 @@ class InProcessBackend:
                 "not_ready", f"scorer {scorer!r} is {self._status.get(scorer, 'unknown')}", retry_after=5
             )
         shared = self.images.get(scorer)
-        blobs = [i.image for i in items if i.image] if shared is not None else []
+        if shared is None:
+            return await batcher.submit(items)
+        held = shared.hold([i.image for i in items if i.image])
         try:
-            if blobs:
-                await shared.prefetch(blobs)
+            await shared.ready(held)  # decoded before the items queue: overlaps earlier forwards
             return await batcher.submit(items)
         finally:
-            if blobs:
-                shared.release(blobs)
+            shared.release(held)
 
     def scorer_infos(self) -> dict[str, ScorerInfo]:
         return dict(self._infos)

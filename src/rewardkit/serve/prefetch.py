@@ -44,16 +44,20 @@ class _Entry:
 
 
 class SharedDecoder:
-    """Drop-in for a scorer's `ImageDecoder` (`decode`, `device`, `on_device`), plus `prefetch`.
+    """Drop-in for a scorer's `ImageDecoder` (`decode`, `device`, `on_device`), plus prefetching.
 
-    `prefetch(blobs)` holds one reference per blob and decodes the ones nobody holds yet;
-    `release(blobs)` drops them. `decode(blobs)` (the scorer's call) reads held entries,
-    waiting for one still being decoded, and decodes the rest itself.
+    `hold(blobs)` takes one reference per blob, starts decoding the ones nobody holds yet and
+    returns the blobs it holds; `ready(held)` waits until they are decoded; `release(held)`
+    drops the references. `decode(blobs)` (the scorer's call) reads held entries, waiting for one
+    still being decoded, and decodes the rest itself. At most `max_held` distinct images are held:
+    decoded pixels are far larger than their JPEG, and a long queue must not hold them all; past
+    the cap a request's new images are decoded in its batch, as without prefetching.
     """
 
-    def __init__(self, inner: ImageDecoder, *, threads: int = 2) -> None:
+    def __init__(self, inner: ImageDecoder, *, threads: int = 2, max_held: int = 256) -> None:
         self.inner = inner
         self.device = inner.device
+        self.max_held = max_held
         self._lock = threading.Lock()
         self._entries: dict[bytes, _Entry] = {}
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="image-prefetch")
@@ -69,21 +73,30 @@ class SharedDecoder:
     def held(self) -> int:
         return len(self._entries)
 
-    async def prefetch(self, blobs: list[bytes]) -> None:
-        """Hold every blob and return once all of them are decoded (by this call or another)."""
+    def hold(self, blobs: list[bytes]) -> list[bytes]:
+        """Take a reference on each blob (new ones only while under `max_held`); returns those
+        held, which the caller must `release` whatever happens next."""
         todo: list[tuple[bytes, _Entry]] = []
-        waits: dict[int, _Entry] = {}
+        held: list[bytes] = []
         with self._lock:
             for blob in blobs:
                 entry = self._entries.get(blob)
                 if entry is None:
+                    if len(self._entries) >= self.max_held:
+                        continue
                     entry = self._entries[blob] = _Entry()
                     todo.append((blob, entry))
                 entry.holders += 1
-                waits[id(entry)] = entry
+                held.append(blob)
         if todo:
             self._pool.submit(self._fill, todo)
-        await asyncio.gather(*(asyncio.wrap_future(e.done) for e in waits.values()))
+        return held
+
+    async def ready(self, held: list[bytes]) -> None:
+        """Return once every held blob is decoded (by this request's `hold` or another's)."""
+        with self._lock:
+            entries = {id(e): e for e in (self._entries[blob] for blob in held)}
+        await asyncio.gather(*(asyncio.wrap_future(e.done) for e in entries.values()))
 
     def release(self, blobs: Iterable[bytes]) -> None:
         with self._lock:
@@ -164,6 +177,9 @@ def share_image_decoding(scorers: Iterable[Any]) -> dict[str, SharedDecoder]:
     every image scorer on a device can read the same tensors. A wrapper that holds its scorer
     as `inner` (`deploy.streams.OwnStream`) shares the wrapped scorer's decoder.
     """
+    scorers = list(scorers)
+    # four batches' worth of images ahead of the GPU is enough to overlap decoding with forwards
+    max_held = 4 * max((getattr(s, "max_batch_size", 32) for s in scorers), default=32)
     by_device: dict[str, SharedDecoder] = {}
     out: dict[str, SharedDecoder] = {}
     for scorer in scorers:
@@ -173,7 +189,7 @@ def share_image_decoding(scorers: Iterable[Any]) -> dict[str, SharedDecoder]:
             continue
         shared = by_device.get(str(decoder.device))
         if shared is None:
-            shared = by_device[str(decoder.device)] = SharedDecoder(decoder)
+            shared = by_device[str(decoder.device)] = SharedDecoder(decoder, max_held=max_held)
         target.decoder = shared
         out[scorer.name] = shared
     return out
