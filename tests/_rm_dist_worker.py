@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -59,5 +60,9 @@ def worker(rank: int, world: int, port: int, out: str, parallel: str, mode: str)
             json.dump(result, handle)
     elif rank == 0:
         torch.save(result, os.path.join(out, f"{parallel}-{mode}.pt"))
+    # Free the trainer (DDP's reducer holds the process group) while the group is alive: freed
+    # after destroy_process_group, the reducer's gloo teardown can deadlock on the GIL.
+    del trainer
+    gc.collect()
     dist.barrier()
     dist.destroy_process_group()

@@ -40,6 +40,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.timeout(240)  # a gloo teardown hang fails here instead of stalling the suite
 @pytest.mark.slow
 def test_gradient_is_identical_for_dp1_and_dp2(tmp_path):
     mp.spawn(worker, args=(2, _free_port(), str(tmp_path), "ddp", "grad"), nprocs=2, join=True)
@@ -48,6 +49,7 @@ def test_gradient_is_identical_for_dp1_and_dp2(tmp_path):
     _assert_same(dp1, dp2)
 
 
+@pytest.mark.timeout(240)  # a gloo teardown hang fails here instead of stalling the suite
 @pytest.mark.slow
 def test_fsdp2_matches_ddp_losses_on_two_gloo_ranks(tmp_path):
     for parallel in ("ddp", "fsdp2"):
@@ -57,6 +59,7 @@ def test_fsdp2_matches_ddp_losses_on_two_gloo_ranks(tmp_path):
     assert ddp == pytest.approx(fsdp, abs=1e-5)
 
 
+@pytest.mark.timeout(240)  # a gloo teardown hang fails here instead of stalling the suite
 @pytest.mark.slow
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
 def test_two_ranks_share_the_probe_and_match_single_process_scores(tmp_path, parallel):
@@ -82,6 +85,7 @@ def test_two_ranks_share_the_probe_and_match_single_process_scores(tmp_path, par
         assert a["rejected_score"] == pytest.approx(b["rejected_score"], abs=1e-5)
 
 
+@pytest.mark.timeout(240)  # a gloo teardown hang fails here instead of stalling the suite
 @pytest.mark.slow
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
 def test_two_rank_resume_reproduces_the_uninterrupted_losses(tmp_path, parallel):
