@@ -125,19 +125,20 @@ class DPOPolicyObjective:
         self._metadata: dict[str, Any] = {}
 
     # ---- model ------------------------------------------------------------------------
-    def _cast_reference(self, reference: nn.Module) -> nn.Module:
-        """`dpo.reference_dtype: bf16` stores the frozen reference in bf16 (half its fp32 weights).
-        Under bf16 autocast its matmuls see the same bf16 weights either way; norms and the
-        vocabulary projection then run in bf16 too. The parameter digest is taken after the
-        cast, so the precompute cache and resume checks tell the two dtypes apart."""
-        return reference.to(torch.bfloat16) if self.settings.reference_dtype == "bf16" else reference
+    @property
+    def _reference_dtype(self) -> torch.dtype:
+        """`dpo.reference_dtype`: bf16 stores the frozen reference at half its fp32 size. Under
+        bf16 autocast its matmuls see the same bf16 weights either way; norms and the vocabulary
+        projection then run in bf16 too. The parameter digest is taken in this dtype, so the
+        precompute cache and resume checks tell the two apart."""
+        return torch.bfloat16 if self.settings.reference_dtype == "bf16" else torch.float32
 
     def _build_reference(self, policy: nn.Module) -> None:
         ref = self.settings.reference
         if not self.settings.needs_reference:
             return
         if ref.source == "initial_policy":
-            self.reference = self._cast_reference(freeze(copy.deepcopy(policy)))
+            self.reference = freeze(copy.deepcopy(policy)).to(self._reference_dtype)
             self.sidecar = sidecar_for(self.reference, source="initial_policy")
         else:
             spec = PinnedSnapshot(
@@ -146,7 +147,7 @@ class DPOPolicyObjective:
             # the policy's attention, so both read a packed batch the same way (rk_varlen: one row)
             self.reference = load_pinned_reference(
                 spec,
-                dtype=torch.bfloat16 if self.settings.reference_dtype == "bf16" else torch.float32,
+                dtype=self._reference_dtype,
                 attn_implementation=policy.config._attn_implementation,
             )
             if self.reference.config.vocab_size != policy.config.vocab_size:
