@@ -108,6 +108,10 @@ def test_share_image_decoding_gives_image_scorers_one_decoder_per_device():
     assert set(shared) == {"l", "h"} and shared["l"] is shared["h"]
     assert scorers[0].decoder is scorers[1].decoder is shared["l"]
     assert shared["l"].max_held == 4 * 64  # four of the largest batch ahead
+    scorers[2].max_batch_size = 512  # a text scorer's batch does not size the image cap
+    for s in scorers[:2]:
+        s.decoder = s.decoder.inner
+    assert share_image_decoding(scorers)["l"].max_held == 4 * 64
     assert not hasattr(scorers[2], "decoder")
 
 

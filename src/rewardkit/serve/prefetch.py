@@ -177,16 +177,17 @@ def share_image_decoding(scorers: Iterable[Any]) -> dict[str, SharedDecoder]:
     every image scorer on a device can read the same tensors. A wrapper that holds its scorer
     as `inner` (`deploy.streams.OwnStream`) shares the wrapped scorer's decoder.
     """
-    scorers = list(scorers)
-    # four batches' worth of images ahead of the GPU is enough to overlap decoding with forwards
-    max_held = 4 * max((getattr(s, "max_batch_size", 32) for s in scorers), default=32)
-    by_device: dict[str, SharedDecoder] = {}
-    out: dict[str, SharedDecoder] = {}
+    image_scorers = []  # (scorer, the object holding its decoder)
     for scorer in scorers:
         target = getattr(scorer, "inner", scorer)
-        decoder = getattr(target, "decoder", None)
-        if not isinstance(decoder, ImageDecoder):
-            continue
+        if isinstance(getattr(target, "decoder", None), ImageDecoder):
+            image_scorers.append((scorer, target))
+    # four of the largest image batch ahead of the GPU is enough to overlap decoding with forwards
+    max_held = 4 * max((scorer.max_batch_size for scorer, _ in image_scorers), default=32)
+    by_device: dict[str, SharedDecoder] = {}
+    out: dict[str, SharedDecoder] = {}
+    for scorer, target in image_scorers:
+        decoder = target.decoder
         shared = by_device.get(str(decoder.device))
         if shared is None:
             shared = by_device[str(decoder.device)] = SharedDecoder(decoder, max_held=max_held)
