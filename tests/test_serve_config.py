@@ -46,6 +46,7 @@ def test_loads_yaml_with_defaults(tmp_path, monkeypatch):
         ({"scorers": [{"kind": "length"}]}, "name"),
         ({"scorers": [{"name": "a", "kind": "length"}], "limits": {"max_items": -1}}, "limits.max_items"),
         ({"scorers": [{"name": "a", "kind": "length"}], "limtis": {}}, "unknown keys ['limtis']"),
+        ({"scorers": [{"name": "a", "kind": "length"}], "prefetch_images": "no"}, "prefetch_images"),
     ],
 )
 def test_bad_configs_name_the_problem(raw, message):

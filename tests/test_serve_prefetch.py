@@ -190,6 +190,26 @@ def test_service_backend_decodes_a_requests_images_on_arrival_and_scores_exactly
     assert results[-1][-1].code == "bad_image"
 
 
+def test_prefetch_images_false_decodes_in_the_batch_with_the_same_scores():
+    cfg = config_from_dict({"scorers": [SERVICE["scorers"][0]], "prefetch_images": False})
+    reference = build_scorer(cfg.scorers[0])
+    reference.load()
+    (batch,) = requests(1, 5)
+
+    async def go():
+        backend = InProcessBackend(cfg)
+        await backend.start()
+        try:
+            return backend.images, await backend.score("l", batch)
+        finally:
+            await backend.stop()
+
+    images, got = asyncio.run(go())
+    assert images == {}  # nothing prefetched: the scorer kept its own decoder
+    want = reference.score_batch(batch)
+    assert got[:-1] == want[:-1] and got[-1].code == want[-1].code == "bad_image"
+
+
 def test_consolidated_gateway_over_real_worker_matches_in_process_scores():
     """The worker process wires it up (prebuilt scorers, shared decoder) and scores stay exact."""
     doc = {"mode": "consolidated", "gpus": [], "scorers": [dict(s) for s in SERVICE["scorers"][:2]]}

@@ -55,12 +55,13 @@ class InProcessBackend:
         *,
         metrics: ServeMetrics | None = None,
         scorers: list[Scorer] | None = None,
-        share_images: bool = True,
+        share_images: bool | None = None,
     ) -> None:
+        """`share_images` overrides the config's `prefetch_images` (None: the config decides)."""
         self.config = config
         self.metrics = metrics
         self._prebuilt = scorers
-        self._share_images = share_images
+        self._share_images = config.prefetch_images if share_images is None else share_images
         self.images: dict[str, SharedDecoder] = {}  # scorer name → decoder its requests prefetch into
         self._batchers: dict[str, DynamicBatcher] = {}
         self._infos: dict[str, ScorerInfo] = {}

@@ -109,8 +109,13 @@ class ServiceConfig:
     scorers: list[ScorerSpec]
     limits: Limits = field(default_factory=Limits)
     token: str | None = None
+    prefetch_images: bool = True
+    """Decode a request's images when it arrives (thread pool, off the event loop, once for every
+    image scorer of the process); false: each batch decodes its own images in one call."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.prefetch_images, bool):
+            raise ConfigError("service config: prefetch_images must be true or false")
         names = [s.name for s in self.scorers]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
@@ -137,9 +142,10 @@ def _build(cls: type, raw: Any, where: str) -> Any:
 def config_from_dict(raw: Any) -> ServiceConfig:
     if not isinstance(raw, dict):
         raise ConfigError("service config must be a mapping with a 'scorers' list")
-    unknown = sorted(set(raw) - {"scorers", "limits", "token"})
+    known = {"scorers", "limits", "token", "prefetch_images"}
+    unknown = sorted(set(raw) - known)
     if unknown:
-        raise ConfigError(f"service config: unknown keys {unknown}; known: ['limits', 'scorers', 'token']")
+        raise ConfigError(f"service config: unknown keys {unknown}; known: {sorted(known)}")
     scorers_raw = raw.get("scorers")
     if not isinstance(scorers_raw, list) or not scorers_raw:
         raise ConfigError("service config: 'scorers' must be a non-empty list")
@@ -153,7 +159,9 @@ def config_from_dict(raw: Any) -> ServiceConfig:
     token = raw.get("token")
     if token is not None and not isinstance(token, str):
         raise ConfigError("service config: token must be a string")
-    return ServiceConfig(scorers=scorers, limits=limits, token=token)
+    return ServiceConfig(
+        scorers=scorers, limits=limits, token=token, prefetch_images=raw.get("prefetch_images", True)
+    )
 
 
 def load_config(path: str | Path) -> ServiceConfig:
