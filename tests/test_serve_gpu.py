@@ -47,3 +47,62 @@ def test_cuda_half_precision_scores_are_finite(dtype):
     scorer.load()
     out = scorer.score_batch([ScoreItem(str(k), "a cat", "", jpeg_bytes((256, 256))) for k in range(4)])
     assert all(isinstance(v, float) for v in out)
+
+
+@pytest.mark.gpu
+def test_cuda_host_decode_option_uses_pillow_and_scores_like_nvjpeg():
+    pytest.importorskip("torchvision")
+    items = [
+        ScoreItem(str(k), "a cat", "", jpeg_bytes((80 + 8 * k, 64), (40 * k, 90, 160))) for k in range(4)
+    ]
+    spec = {"name": "c", "kind": "clip", "shape": "tiny-clip", "device": "cuda"}
+    device, host = (
+        build_scorer(ScorerSpec(**spec)),
+        build_scorer(ScorerSpec(**spec, options={"decode": "host"})),
+    )
+    device.load()
+    host.load()
+    assert device.info().extra["decode_on_device"] is True
+    assert host.info().extra["decode_on_device"] is False
+    for a, b in zip(device.score_batch(items), host.score_batch(items), strict=True):
+        assert abs(a - b) <= 1e-2 * max(1.0, abs(a)), (a, b)  # nvJPEG vs libjpeg rounding
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("shape", "dtype"), [("tiny-clip", "fp32"), ("clip-vit-l-14", "bf16")])
+def test_cuda_graph_replays_score_like_eager_at_every_batch_size(shape, dtype):
+    """Buckets of max_batch_size 16: 1 and 16 exact, 3 and 9 padded, 40 three replays (chunks)."""
+    items = [
+        ScoreItem(
+            str(k),
+            f"prompt number {k % 7}" + " and more" * (k % 3),
+            "",
+            jpeg_bytes((72 + 4 * k, 64), (5 * k, 90, 160)),
+        )
+        for k in range(40)
+    ]
+    spec = {
+        "name": "c",
+        "kind": "clip",
+        "shape": shape,
+        "device": "cuda",
+        "dtype": dtype,
+        "max_batch_size": 16,
+    }
+    eager = build_scorer(ScorerSpec(**spec))
+    graphed = build_scorer(ScorerSpec(**spec, options={"cuda_graphs": True}))
+    eager.load()
+    graphed.load()
+    assert graphed.info().extra["cuda_graph_sizes"] == [1, 2, 4, 8, 16]
+    assert graphed.info().identity != eager.info().identity
+    for n in (1, 3, 9, 16, 40):
+        a, b = eager.score_batch(items[:n]), graphed.score_batch(items[:n])
+        assert all(isinstance(v, float) for v in a + b), (a, b)
+        if dtype == "fp32":
+            assert all(abs(x - y) <= 1e-5 * max(1.0, abs(x)) for x, y in zip(a, b, strict=True)), (n, a, b)
+        else:
+            diff = sum((x - y) ** 2 for x, y in zip(a, b, strict=True)) ** 0.5
+            assert diff <= 2e-2 * sum(x * x for x in a) ** 0.5, (n, a, b)
+    # a padded replay must not depend on what the padding rows held
+    again = graphed.score_batch(items[:3])
+    assert again == graphed.score_batch(items[:3]) and again == graphed.score_batch(items[:3][::-1])[::-1]

@@ -9,6 +9,7 @@ import httpx
 import pytest
 import torch
 
+from rewardkit.errors import ConfigError
 from serve_support import LiveServer, make_config, png_bytes
 
 TOL = 1e-5
@@ -192,6 +193,12 @@ def test_identity_is_stable_and_tracks_weights_dtype_and_options(model_dirs, tmp
     assert base == ident(path=str(model_dirs / "clip"))
     assert base != ident(path=str(model_dirs / "clip"), dtype="bf16")
     assert base != ident(path=str(model_dirs / "clip"), options={"divisor": 100.0})
+    assert base != ident(path=str(model_dirs / "clip"), options={"decode": "host"})
+    assert base == ident(path=str(model_dirs / "clip"), options={"decode": "device"})
+    with pytest.raises(ConfigError, match="options.decode"):
+        ident(path=str(model_dirs / "clip"), options={"decode": "gpu"})
+    with pytest.raises(ConfigError, match="needs a CUDA device"):
+        ident(path=str(model_dirs / "clip"), options={"cuda_graphs": True})
     m = CLIPModel.from_pretrained(model_dirs / "clip")
     with torch.no_grad():
         m.logit_scale.add_(0.1)
@@ -315,3 +322,13 @@ def test_rm_scorer_on_a_rewardkit_checkpoint_equals_the_eval_scoring_path(tmp_pa
             ref = model(batch)[0].item()
         assert abs(ref - got) <= TOL
     assert scorer.info().kind == "rm" and len(scorer.info().identity) == 64
+
+
+def test_graph_bucket_sizes_cover_every_batch_up_to_the_limit():
+    from rewardkit.serve.graphs import bucket_sizes
+
+    assert bucket_sizes(1) == [1]
+    assert bucket_sizes(16) == [1, 2, 4, 8, 16]
+    assert bucket_sizes(64) == [1, 2, 4, 8, 16, 32, 48, 64]
+    assert bucket_sizes(100) == [1, 2, 4, 8, 16, 32, 48, 64, 80, 96, 100]
+    assert bucket_sizes(12) == [1, 2, 4, 8, 12]

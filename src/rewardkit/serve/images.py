@@ -107,14 +107,17 @@ def _pil_decode(data: bytes):
 class ImageDecoder:
     """Bytes -> uint8 CHW tensors; per image either a tensor or the exception that decoding raised."""
 
-    def __init__(self, device: str, *, threads: int = 4) -> None:
+    def __init__(self, device: str, *, threads: int = 4, on_device: bool = True) -> None:
+        """`on_device=False` decodes with Pillow even on a GPU (the `decode: host` scorer option)."""
         self.device = device
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="image-decode")
-        try:
-            import torchvision.io as tvio  # optional: only where already installed (the GPU box)
-        except Exception:
-            tvio = None
-        self._tvio = tvio if device.startswith("cuda") else None
+        tvio = None
+        if device.startswith("cuda") and on_device:
+            try:
+                import torchvision.io as tvio  # optional: only where already installed (the GPU box)
+            except Exception:
+                tvio = None
+        self._tvio = tvio
 
     @property
     def on_device(self) -> bool:

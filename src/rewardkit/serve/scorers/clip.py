@@ -13,7 +13,13 @@ are decoded on the GPU when torchvision is importable there, else by Pillow on a
 preprocessing is torch ops on the scorer's device (`rewardkit.serve.images`).
 
 Named shapes (random init, the real compute): `clip-vit-l-14`, `clip-vit-h-14`, `pickscore`
-(= CLIP-H/14 dims) and `tiny-clip` (tests). Options: `divisor`, `seed`, `decode_threads`.
+(= CLIP-H/14 dims) and `tiny-clip` (tests). Options: `divisor`, `seed`, `decode_threads`, and
+`decode`: `device` (default: nvJPEG through torchvision when it is importable on a CUDA box) or
+`host` (Pillow threads, then one copy to the device). nvJPEG and libjpeg round a few pixels
+differently, so `host` is part of the identity. `cuda_graphs: true` (CUDA only) replays both towers
+as CUDA graphs captured at bucket batch sizes (`rewardkit.serve.graphs`); texts are then padded
+to CLIP's 77 positions and run without a padding mask, as CLIP was trained: attention is causal
+and the score reads the end-of-text position, so the padding after it changes nothing.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from rewardkit.errors import ConfigError
+from rewardkit.serve.graphs import BucketGraphs, bucket_sizes
 from rewardkit.serve.images import ImageDecoder, Preprocess
 from rewardkit.serve.scorers.base import ItemError, ScoreItem
 from rewardkit.serve.scorers.common import (
@@ -139,7 +146,9 @@ def shape_config(shape: str, tokenizer):
 class ClipScorer(ModelScorer):
     kind: ClassVar[str] = "clip"
     modality: ClassVar = "image_text"
-    allowed_options: ClassVar[frozenset[str]] = frozenset({"divisor", "seed", "decode_threads"})
+    allowed_options: ClassVar[frozenset[str]] = frozenset(
+        {"divisor", "seed", "decode_threads", "decode", "cuda_graphs"}
+    )
     shapes: ClassVar[tuple[str, ...]] = tuple(CLIP_SHAPES)
     default_divisor: ClassVar[float] = 1.0
 
@@ -148,7 +157,17 @@ class ClipScorer(ModelScorer):
         self.divisor = float(self.options.get("divisor", self.default_divisor))
         if not self.divisor > 0:
             raise ConfigError(f"scorer {name!r}: options.divisor must be > 0")
+        if self.options.get("decode", "device") not in ("device", "host"):
+            raise ConfigError(f"scorer {name!r}: options.decode must be 'device' or 'host'")
+        self.cuda_graphs = self.options.get("cuda_graphs", False)
+        if not isinstance(self.cuda_graphs, bool):
+            raise ConfigError(f"scorer {name!r}: options.cuda_graphs must be true or false")
+        if self.cuda_graphs and not str(self.device).startswith("cuda"):
+            raise ConfigError(
+                f"scorer {name!r}: options.cuda_graphs needs a CUDA device, not {self.device!r}"
+            )
         self.preprocess = self.decoder = None
+        self._graphs: dict[str, BucketGraphs] = {}
 
     def load(self) -> None:
         import torch
@@ -173,7 +192,28 @@ class ClipScorer(ModelScorer):
         self.model = model.to(device=self.device, dtype=dtype).eval()
         self.tokenizer = tokenizer
         self.preprocess = Preprocess.from_model_dir(self.path, model.config.vision_config.image_size)
-        self.decoder = ImageDecoder(self.device, threads=int(self.options.get("decode_threads", 4)))
+        self.decoder = ImageDecoder(
+            self.device,
+            threads=int(self.options.get("decode_threads", 4)),
+            on_device=self.options.get("decode", "device") == "device",
+        )
+        if self.cuda_graphs:
+            self._capture_graphs()
+
+    def _capture_graphs(self) -> None:
+        import torch
+
+        sizes = bucket_sizes(self.max_batch_size)
+        side = self.preprocess.size
+        (ids,) = self._text_inputs(["a photo"])
+
+        def pixels(n: int):
+            return (torch.randn(n, 3, side, side, device=self.device, dtype=self.model.dtype),)
+
+        self._graphs = {
+            "image": BucketGraphs(self._image_tower, pixels, sizes),
+            "text": BucketGraphs(self._text_tower, lambda n: (ids.expand(n, -1).clone(),), sizes),
+        }
 
     def warmup_item(self) -> ScoreItem:
         import io
@@ -184,15 +224,27 @@ class ClipScorer(ModelScorer):
         Image.new("RGB", (64, 48), (120, 30, 200)).save(buf, format="JPEG")
         return ScoreItem(id="warmup", prompt="a purple square", response="", image=buf.getvalue())
 
-    def encode_text(self, texts: list[str]):
-        enc = self.tokenizer(texts, padding=True, truncation=True, max_length=77, return_tensors="pt")
-        ids, mask = enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device)
+    def _text_inputs(self, texts: list[str]) -> tuple:
+        """Token ids (and, eager, the padding mask) on the device; graphs need all 77 positions."""
+        padding = "max_length" if self.cuda_graphs else True
+        enc = self.tokenizer(texts, padding=padding, truncation=True, max_length=77, return_tensors="pt")
+        ids = enc["input_ids"].to(self.device)
+        return (ids,) if self.cuda_graphs else (ids, enc["attention_mask"].to(self.device))
+
+    def _text_tower(self, ids, mask=None):
         pooled = self.model.text_model(input_ids=ids, attention_mask=mask).pooler_output
         return self.model.text_projection(pooled)
 
-    def encode_images(self, pixels):
+    def _image_tower(self, pixels):
         pooled = self.model.vision_model(pixel_values=pixels).pooler_output
         return self.model.visual_projection(pooled)
+
+    def encode_text(self, texts: list[str]):
+        tower = self._graphs.get("text", self._text_tower)
+        return tower(*self._text_inputs(texts))
+
+    def encode_images(self, pixels):
+        return self._graphs.get("image", self._image_tower)(pixels)
 
     def score_batch(self, items: list[ScoreItem]) -> list[float | ItemError]:
         import torch
@@ -223,13 +275,19 @@ class ClipScorer(ModelScorer):
         return results
 
     def identity_options(self) -> dict[str, Any]:
-        return {"divisor": self.divisor, **({"seed": self.options["seed"]} if "seed" in self.options else {})}
+        kept = {k: self.options[k] for k in ("seed",) if k in self.options}
+        if self.options.get("decode") == "host":  # `device` falls back to the host where it must
+            kept["decode"] = "host"
+        if self.cuda_graphs:  # padded bucket shapes: other GEMM shapes, other rounding
+            kept["cuda_graphs"] = True
+        return {"divisor": self.divisor, **kept}
 
     def info_extra(self) -> dict[str, Any]:
         return {
             "divisor": self.divisor,
             "image_size": self.preprocess.size,
             "decode_on_device": self.decoder.on_device,
+            "cuda_graph_sizes": self._graphs["image"].sizes if self._graphs else [],
         }
 
 
@@ -237,4 +295,4 @@ class PickScoreScorer(ClipScorer):
     """PickScore: exp(logit_scale)·cos on a CLIP-H/14 model; the divisor is fixed at 1."""
 
     kind: ClassVar[str] = "pickscore"
-    allowed_options = frozenset({"seed", "decode_threads"})
+    allowed_options = frozenset({"seed", "decode_threads", "decode", "cuda_graphs"})
