@@ -1,7 +1,8 @@
 #!/bin/bash
 # Every H200 benchmark of docs/benchmarks/, as one scripted device call, results in one tarball.
 #
-#   bash benchmarks/run_h200.sh OUT SECTION...     SECTION: tests train_rm train_dpo serve qualify
+#   bash benchmarks/run_h200.sh OUT SECTION...     SECTION: tests train_rm train_dpo clip_forward serve
+#                                                  serve_graphs serve_decode qualify qualify_bf16
 #
 # Run from the repository root on the GPU machine, with the carried wheels installed
 # (python3 -m pip install --no-index --no-deps --target /tmp/site .whl/*.whl) and
@@ -25,7 +26,7 @@ for section in "$@"; do
     mkdir -p "$OUT/$section"
     case $section in
     tests)
-        step tests 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests ;;
+        step tests 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests ;;
     train_rm)
         step train_rm-8x4-trl 170 python3 benchmarks/train_rm.py --out "$OUT/train_rm/8x4_trl.json"
         step train_rm-32x1-compile 200 python3 benchmarks/train_rm.py --grad-accum 1 --skip-trl --compile \
@@ -39,6 +40,20 @@ for section in "$@"; do
             --out "$OUT/serve/vit_h_bf16_json.json"
         step serve-multipart 300 python3 benchmarks/serve.py --shapes clip-vit-h-14 --dtypes bf16 --modes http \
             --transport multipart --out "$OUT/serve/vit_h_bf16_multipart.json" ;;
+    clip_forward)
+        step clip_forward 240 python3 benchmarks/clip_forward.py --shapes clip-vit-h-14 --variants eager,graphs \
+            --out "$OUT/clip_forward/vit_h_bf16.json" ;;
+    serve_graphs)
+        step serve-graphs 200 python3 benchmarks/serve.py --shapes clip-vit-h-14 --dtypes bf16 --modes http,inproc \
+            --transport multipart --cuda-graphs --out "$OUT/serve/vit_h_bf16_multipart_graphs.json" ;;
+    serve_decode)  # where images are decoded: in the batch (no prefetch) or by Pillow on arrival
+        step serve-noprefetch 200 python3 benchmarks/serve.py --shapes clip-vit-h-14 --dtypes bf16 --modes http,inproc \
+            --transport multipart --no-prefetch --out "$OUT/serve/vit_h_bf16_multipart_noprefetch.json"
+        step serve-host 200 python3 benchmarks/serve.py --shapes clip-vit-h-14 --dtypes bf16 --modes http,inproc \
+            --transport multipart --decode host --out "$OUT/serve/vit_h_bf16_multipart_host.json" ;;
+    qualify_bf16)
+        step qualify-bf16 230 python3 -m rewardkit qualify --plan benchmarks/qualify_h200_bf16.yaml \
+            --out "$OUT/qualify/bf16" ;;
     qualify)
         for plan in bf16 fp32; do  # ';' semantics: a parity failure exits 1, the next plan still runs
             step "qualify-$plan" 230 python3 -m rewardkit qualify --plan "benchmarks/qualify_h200_$plan.yaml" \

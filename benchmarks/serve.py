@@ -70,6 +70,12 @@ def parse_args(argv=None):
     p.add_argument("--warmup-seconds", type=float, default=None)
     p.add_argument("--max-batch-size", type=int, default=128)
     p.add_argument("--max-wait-ms", type=float, default=2.0)
+    p.add_argument(
+        "--no-prefetch", action="store_true", help="prefetch_images: false (each batch decodes its own)"
+    )
+    p.add_argument(
+        "--decode", choices=("device", "host"), default="device", help="the scorers' decode option"
+    )
     p.add_argument("--image-size", type=int, default=256, help="side of the JPEGs sent")
     # internal: run the server side (rewardkit app + naive routes) in this process
     p.add_argument("--server", type=Path, help=argparse.SUPPRESS)
@@ -422,11 +428,13 @@ def main(argv=None) -> int:
                 "max_batch_size": args.max_batch_size,
                 "max_wait_ms": args.max_wait_ms,
                 "max_queue": 100000,
+                "options": {"decode": args.decode, **({"cuda_graphs": True} if args.cuda_graphs else {})},
             }
             for s in args.shapes
             for d in args.dtypes
         ],
         "limits": {"max_items": 4096, "max_body_bytes": 256 * 1024 * 1024},
+        "prefetch_images": not args.no_prefetch,
     }
     images = make_images(64, args.image_size)
     port = free_port()
@@ -472,6 +480,10 @@ def main(argv=None) -> int:
             "cell_seconds": args.cell_seconds,
             "max_batch_size": args.max_batch_size,
             "max_wait_ms": args.max_wait_ms,
+            "prefetch_images": not args.no_prefetch,
+            "decode": args.decode,
+            "cuda_graphs": args.cuda_graphs,
+            "transport": args.transport,
             "image_size": args.image_size,
             "peak_flops": PEAK_FLOPS,
             "flop_per_pair": FLOP_PER_PAIR,
