@@ -44,15 +44,16 @@ class BucketGraphs:
         make_inputs: Callable[[int], tuple[Any, ...]],
         sizes: list[int],
         *,
+        device: str = "cuda",
         warmup: int = 2,
     ) -> None:
         import torch
 
         self.fn = fn
         self.sizes = sorted(sizes)
-        self._pool = torch.cuda.graph_pool_handle()
         self._graphs: dict[int, tuple[Any, tuple[Any, ...], Any]] = {}
-        with torch.inference_mode():
+        with torch.cuda.device(device), torch.inference_mode():
+            self._pool = torch.cuda.graph_pool_handle()
             for n in reversed(self.sizes):
                 self._graphs[n] = self._capture(make_inputs(n), warmup)
 

@@ -211,8 +211,10 @@ class ClipScorer(ModelScorer):
             return (torch.randn(n, 3, side, side, device=self.device, dtype=self.model.dtype),)
 
         self._graphs = {
-            "image": BucketGraphs(self._image_tower, pixels, sizes),
-            "text": BucketGraphs(self._text_tower, lambda n: (ids.expand(n, -1).clone(),), sizes),
+            "image": BucketGraphs(self._image_tower, pixels, sizes, device=self.device),
+            "text": BucketGraphs(
+                self._text_tower, lambda n: (ids.expand(n, -1).clone(),), sizes, device=self.device
+            ),
         }
 
     def warmup_item(self) -> ScoreItem:
