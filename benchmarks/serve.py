@@ -76,6 +76,7 @@ def parse_args(argv=None):
     p.add_argument(
         "--decode", choices=("device", "host"), default="device", help="the scorers' decode option"
     )
+    p.add_argument("--cuda-graphs", action="store_true", help="the scorers' cuda_graphs option")
     p.add_argument("--image-size", type=int, default=256, help="side of the JPEGs sent")
     # internal: run the server side (rewardkit app + naive routes) in this process
     p.add_argument("--server", type=Path, help=argparse.SUPPRESS)
