@@ -87,7 +87,8 @@ def test_h200_bf16_and_fp32_plans_run_six_deployments_each(dtype, batches):
     assert plan.dtypes == [dtype] and [d.group for d in deployments] == [
         "dedicated", "dedicated", "shared", "mps100", "mps50", "consolidated"
     ]  # fmt: skip
-    assert plan.sweep["batch"] == batches and plan.budget_s == 200
+    # six deployments of ~45 s each (shapes initialise on the CPU) must fit in the budget
+    assert plan.sweep["batch"] == batches and plan.budget_s >= 6 * 45
     for dep in deployments:
         parse_deploy_config(dep.doc, probe(1))
 
