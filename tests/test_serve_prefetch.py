@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -77,6 +78,66 @@ def test_prefetch_decodes_each_image_once_and_release_drops_it():
 
     asyncio.run(go())
     shared.close()
+
+
+class GatedDecoder(CountingDecoder):
+    """Its first call waits for `gate`, so requests pile up behind it as under load."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate, self.calls = threading.Event(), 0
+
+    def decode(self, blobs):
+        self.calls += 1
+        if self.calls == 1:
+            assert self.gate.wait(10)
+        return super().decode(blobs)
+
+
+def test_requests_arriving_during_a_decode_are_decoded_together_in_the_next_call():
+    inner = GatedDecoder()
+    shared = SharedDecoder(inner)
+    batches = requests(4, 4)
+    blobs = [[i.image for i in b] for b in batches]
+
+    async def go():
+        held = [shared.hold(blobs[0])]
+        await asyncio.sleep(0.05)  # the drainer is inside its first call now
+        held += [shared.hold(b) for b in blobs[1:]]
+        inner.gate.set()
+        await asyncio.gather(*(shared.ready(h) for h in held))
+        return held
+
+    held = asyncio.run(go())
+    assert inner.calls == shared.prefetch_calls == 2  # the three later requests: one call
+    assert sorted(inner.seen) == sorted(b for bs in blobs for b in bs)
+    out = shared.decode(blobs[2])
+    direct = ImageDecoder("cpu").decode(blobs[2])
+    assert all(
+        got.equal(want) if not isinstance(want, Exception) else isinstance(got, Exception)
+        for got, want in zip(out, direct, strict=True)
+    )
+    for h in held:
+        shared.release(h)
+    assert shared.held == 0
+    shared.close()
+
+
+def test_closing_wakes_requests_whose_images_were_never_decoded():
+    inner = GatedDecoder()
+    shared = SharedDecoder(inner)
+    first, second = (i.image for i in requests(1, 2)[0])
+
+    async def go():
+        shared.hold([first])
+        await asyncio.sleep(0.05)
+        waiting = shared.hold([second])  # queued behind the gated call
+        shared.close()
+        await asyncio.wait_for(shared.ready(waiting), 5)  # woken, not hung
+        inner.gate.set()
+
+    asyncio.run(go())
+    assert isinstance(shared.decode([second])[0], RuntimeError)
 
 
 def test_held_images_are_capped_and_the_rest_decode_in_their_batch():

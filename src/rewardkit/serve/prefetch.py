@@ -46,24 +46,30 @@ class _Entry:
 class SharedDecoder:
     """Drop-in for a scorer's `ImageDecoder` (`decode`, `device`, `on_device`), plus prefetching.
 
-    `hold(blobs)` takes one reference per blob, starts decoding the ones nobody holds yet and
-    returns the blobs it holds; `ready(held)` waits until they are decoded; `release(held)`
+    `hold(blobs)` takes one reference per blob, queues the ones nobody holds yet for decoding (one
+    drainer decodes everything queued in one call) and returns the blobs it holds; `ready(held)` waits until they are decoded; `release(held)`
     drops the references. `decode(blobs)` (the scorer's call) reads held entries, waiting for one
     still being decoded, and decodes the rest itself. At most `max_held` distinct images are held:
     decoded pixels are far larger than their JPEG, and a long queue must not hold them all; past
     the cap a request's new images are decoded in its batch, as without prefetching.
     """
 
-    def __init__(self, inner: ImageDecoder, *, threads: int = 2, max_held: int = 256) -> None:
+    def __init__(self, inner: ImageDecoder, *, max_held: int = 256) -> None:
         self.inner = inner
         self.device = inner.device
         self.max_held = max_held
         self._lock = threading.Lock()
         self._entries: dict[bytes, _Entry] = {}
-        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="image-prefetch")
+        # One drainer decodes everything waiting in one call (one nvJPEG batch, one stream sync;
+        # the inner decoder's own threads parallelise Pillow). One call per request made small
+        # concurrent requests wait on each other's GPU round trips (docs/benchmarks/serve.md).
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="image-prefetch")
+        self._pending: list[tuple[bytes, _Entry]] = []
+        self._draining = False
         self._stream: Any = None
         self.decoded = 0  # images this object decoded, in prefetch or on a miss
         self.hits = 0  # images a scorer read from a held entry
+        self.prefetch_calls = 0  # decode calls the drainer made (each covers every waiting request)
 
     @property
     def on_device(self) -> bool:
@@ -88,8 +94,11 @@ class SharedDecoder:
                     todo.append((blob, entry))
                 entry.holders += 1
                 held.append(blob)
-        if todo:
-            self._pool.submit(self._fill, todo)
+            self._pending += todo
+            start = bool(todo) and not self._draining
+            self._draining = self._draining or start
+        if start:
+            self._pool.submit(self._drain)
         return held
 
     async def ready(self, held: list[bytes]) -> None:
@@ -133,6 +142,18 @@ class SharedDecoder:
                 results[k] = value
         return results
 
+    def _drain(self) -> None:
+        """Decode what is waiting, in one call, until nothing is (requests arriving meanwhile
+        join the next call: batching with no added wait)."""
+        while True:
+            with self._lock:
+                todo, self._pending = self._pending, []
+                if not todo:
+                    self._draining = False
+                    return
+                self.prefetch_calls += 1
+            self._fill(todo)
+
     def _fill(self, todo: list[tuple[bytes, _Entry]]) -> None:
         try:
             values = self._decode_ready([blob for blob, _ in todo])
@@ -166,6 +187,10 @@ class SharedDecoder:
         return values
 
     def close(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for _, entry in pending:  # nobody will decode these now: wake whoever waits for them
+            entry.done.set_result(RuntimeError("image decoder closed"))
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
