@@ -81,7 +81,7 @@ def test_prefetch_decodes_each_image_once_and_release_drops_it():
 
 
 class GatedDecoder(CountingDecoder):
-    """Its first call waits for `gate`, so requests pile up behind it as under load."""
+    """Its first two calls wait for `gate` (both CPU drainers busy), so requests pile up as under load."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -89,34 +89,33 @@ class GatedDecoder(CountingDecoder):
 
     def decode(self, blobs):
         self.calls += 1
-        if self.calls == 1:
+        if self.calls <= 2:
             assert self.gate.wait(10)
         return super().decode(blobs)
 
 
-def test_requests_arriving_during_a_decode_are_decoded_together_in_the_next_call():
+def test_requests_arriving_while_every_drainer_is_busy_are_decoded_together():
     inner = GatedDecoder()
     shared = SharedDecoder(inner)
-    batches = requests(4, 4)
-    blobs = [[i.image for i in b] for b in batches]
+    blobs = [[i.image for i in b] for b in requests(5, 3)]
 
     async def go():
-        held = [shared.hold(blobs[0])]
-        await asyncio.sleep(0.05)  # the drainer is inside its first call now
-        held += [shared.hold(b) for b in blobs[1:]]
+        held = []
+        for b in blobs[:2]:  # on the CPU two decode calls run at once: one per request here
+            held.append(shared.hold(b))
+            await asyncio.sleep(0.05)
+        assert inner.calls == 2
+        held += [shared.hold(b) for b in blobs[2:]]  # both drainers busy: these three queue
         inner.gate.set()
         await asyncio.gather(*(shared.ready(h) for h in held))
         return held
 
     held = asyncio.run(go())
-    assert inner.calls == shared.prefetch_calls == 2  # the three later requests: one call
+    assert inner.calls == shared.prefetch_calls == 3  # the three later requests: one call
     assert sorted(inner.seen) == sorted(b for bs in blobs for b in bs)
-    out = shared.decode(blobs[2])
-    direct = ImageDecoder("cpu").decode(blobs[2])
-    assert all(
-        got.equal(want) if not isinstance(want, Exception) else isinstance(got, Exception)
-        for got, want in zip(out, direct, strict=True)
-    )
+    out = shared.decode(blobs[3])
+    direct = ImageDecoder("cpu").decode(blobs[3])
+    assert all(got.equal(want) for got, want in zip(out, direct, strict=True))
     for h in held:
         shared.release(h)
     assert shared.held == 0
@@ -126,18 +125,19 @@ def test_requests_arriving_during_a_decode_are_decoded_together_in_the_next_call
 def test_closing_wakes_requests_whose_images_were_never_decoded():
     inner = GatedDecoder()
     shared = SharedDecoder(inner)
-    first, second = (i.image for i in requests(1, 2)[0])
+    first, second, third = (i.image for i in requests(1, 3)[0])
 
     async def go():
-        shared.hold([first])
-        await asyncio.sleep(0.05)
-        waiting = shared.hold([second])  # queued behind the gated call
+        for blob in (first, second):  # both drainers block in their calls
+            shared.hold([blob])
+            await asyncio.sleep(0.05)
+        waiting = shared.hold([third])  # queued behind them
         shared.close()
         await asyncio.wait_for(shared.ready(waiting), 5)  # woken, not hung
         inner.gate.set()
 
     asyncio.run(go())
-    assert isinstance(shared.decode([second])[0], RuntimeError)
+    assert isinstance(shared.decode([third])[0], RuntimeError)
 
 
 def test_held_images_are_capped_and_the_rest_decode_in_their_batch():

@@ -46,7 +46,7 @@ class _Entry:
 class SharedDecoder:
     """Drop-in for a scorer's `ImageDecoder` (`decode`, `device`, `on_device`), plus prefetching.
 
-    `hold(blobs)` takes one reference per blob, queues the ones nobody holds yet for decoding (one
+    `hold(blobs)` takes one reference per blob, queues the ones nobody holds yet for decoding (a
     drainer decodes everything queued in one call) and returns the blobs it holds; `ready(held)` waits until they are decoded; `release(held)`
     drops the references. `decode(blobs)` (the scorer's call) reads held entries, waiting for one
     still being decoded, and decodes the rest itself. At most `max_held` distinct images are held:
@@ -60,12 +60,15 @@ class SharedDecoder:
         self.max_held = max_held
         self._lock = threading.Lock()
         self._entries: dict[bytes, _Entry] = {}
-        # One drainer decodes everything waiting in one call (one nvJPEG batch, one stream sync;
-        # the inner decoder's own threads parallelise Pillow). One call per request made small
-        # concurrent requests wait on each other's GPU round trips (docs/benchmarks/serve.md).
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="image-prefetch")
+        # At most `_max_drainers` decode calls run at once, and requests that arrive while they
+        # are all busy are decoded together in the next call. On CUDA that is one call at a
+        # time: one nvJPEG batch and one stream sync for everything waiting (one call per
+        # request made small concurrent requests wait on each other's GPU round trips,
+        # docs/benchmarks/serve.md). Pillow on the CPU gains from two calls in parallel.
+        self._max_drainers = 1 if str(self.device).startswith("cuda") else 2
+        self._pool = ThreadPoolExecutor(max_workers=self._max_drainers, thread_name_prefix="image-prefetch")
         self._pending: list[tuple[bytes, _Entry]] = []
-        self._draining = False
+        self._drainers = 0
         self._stream: Any = None
         self.decoded = 0  # images this object decoded, in prefetch or on a miss
         self.hits = 0  # images a scorer read from a held entry
@@ -95,8 +98,8 @@ class SharedDecoder:
                 entry.holders += 1
                 held.append(blob)
             self._pending += todo
-            start = bool(todo) and not self._draining
-            self._draining = self._draining or start
+            start = bool(todo) and self._drainers < self._max_drainers
+            self._drainers += start
         if start:
             self._pool.submit(self._drain)
         return held
@@ -143,13 +146,13 @@ class SharedDecoder:
         return results
 
     def _drain(self) -> None:
-        """Decode what is waiting, in one call, until nothing is (requests arriving meanwhile
-        join the next call: batching with no added wait)."""
+        """Decode what is waiting, in one call, until nothing is (requests arriving while every
+        drainer is busy join the next call: batching with no added wait)."""
         while True:
             with self._lock:
                 todo, self._pending = self._pending, []
                 if not todo:
-                    self._draining = False
+                    self._drainers -= 1
                     return
                 self.prefetch_calls += 1
             self._fill(todo)
