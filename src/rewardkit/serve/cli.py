@@ -29,6 +29,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--token", help="require this bearer token (default: $REWARDKIT_TOKEN, else none)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.add_argument(
+        "--access-log",
+        action="store_true",
+        help="log one line per request (off by default: at thousands of requests/s the lines cost "
+        "event-loop time, and /metrics already counts requests by status and code)",
+    )
     serve.set_defaults(func=cmd_serve)
 
     score = subparsers.add_parser("score", help="score a JSONL file of items through a running service")
@@ -85,7 +91,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "binding %s without a token: anyone who can reach it can score", args.host
         )
     app = create_app(backend, config)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=args.access_log)
     return 0
 
 
