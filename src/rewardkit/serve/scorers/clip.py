@@ -24,6 +24,8 @@ and the score reads the end-of-text position, so the padding after it changes no
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any, ClassVar
 
 from rewardkit.errors import ConfigError
@@ -36,6 +38,8 @@ from rewardkit.serve.scorers.common import (
     torch_dtype,
     weights_digest,
 )
+
+log = logging.getLogger(__name__)
 
 _VIT_H = {
     "vision": {
@@ -210,12 +214,17 @@ class ClipScorer(ModelScorer):
         def pixels(n: int):
             return (torch.randn(n, 3, side, side, device=self.device, dtype=self.model.dtype),)
 
+        started = time.perf_counter()
         self._graphs = {
             "image": BucketGraphs(self._image_tower, pixels, sizes, device=self.device),
             "text": BucketGraphs(
                 self._text_tower, lambda n: (ids.expand(n, -1).clone(),), sizes, device=self.device
             ),
         }
+        log.info(
+            "scorer %s: captured %d CUDA graphs (batch sizes %s) in %.1f s",
+            self.name, 2 * len(sizes), sizes, time.perf_counter() - started,
+        )  # fmt: skip
 
     def warmup_item(self) -> ScoreItem:
         import io
