@@ -161,7 +161,8 @@ class ClipScorer(ModelScorer):
         self.divisor = float(self.options.get("divisor", self.default_divisor))
         if not self.divisor > 0:
             raise ConfigError(f"scorer {name!r}: options.divisor must be > 0")
-        if self.options.get("decode", "device") not in ("device", "host"):
+        self.decode = self.options.get("decode", "device")
+        if self.decode not in ("device", "host"):
             raise ConfigError(f"scorer {name!r}: options.decode must be 'device' or 'host'")
         self.cuda_graphs = self.options.get("cuda_graphs", False)
         if not isinstance(self.cuda_graphs, bool):
@@ -199,7 +200,7 @@ class ClipScorer(ModelScorer):
         self.decoder = ImageDecoder(
             self.device,
             threads=int(self.options.get("decode_threads", 4)),
-            on_device=self.options.get("decode", "device") == "device",
+            on_device=self.decode == "device",
         )
         if self.cuda_graphs:
             self._capture_graphs()
@@ -286,8 +287,8 @@ class ClipScorer(ModelScorer):
         return results
 
     def identity_options(self) -> dict[str, Any]:
-        kept = {k: self.options[k] for k in ("seed",) if k in self.options}
-        if self.options.get("decode") == "host":  # `device` falls back to the host where it must
+        kept = {"seed": self.options["seed"]} if "seed" in self.options else {}
+        if self.decode == "host":  # `device` falls back to the host where it must
             kept["decode"] = "host"
         if self.cuda_graphs:  # padded bucket shapes: other GEMM shapes, other rounding
             kept["cuda_graphs"] = True
