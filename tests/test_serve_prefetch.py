@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 
 import pytest
@@ -191,7 +192,9 @@ def test_consolidated_worker_scores_equal_per_scorer_decoding_exactly(share):
         scorers = [build_scorer(s) for s in cfg.scorers]
         metrics = RelayMetrics()
         backend = InProcessBackend(
-            cfg, metrics=metrics, scorers=[OwnStream(s) for s in scorers], share_images=share
+            dataclasses.replace(cfg, prefetch_images=share),
+            metrics=metrics,
+            scorers=[OwnStream(s) for s in scorers],
         )
         await backend.start()
         images = backend.images

@@ -55,13 +55,10 @@ class InProcessBackend:
         *,
         metrics: ServeMetrics | None = None,
         scorers: list[Scorer] | None = None,
-        share_images: bool | None = None,
     ) -> None:
-        """`share_images` overrides the config's `prefetch_images` (None: the config decides)."""
         self.config = config
         self.metrics = metrics
         self._prebuilt = scorers
-        self._share_images = config.prefetch_images if share_images is None else share_images
         self.images: dict[str, SharedDecoder] = {}  # scorer name → decoder its requests prefetch into
         self._batchers: dict[str, DynamicBatcher] = {}
         self._infos: dict[str, ScorerInfo] = {}
@@ -103,7 +100,7 @@ class InProcessBackend:
             self._infos[scorer.name] = scorer.info()
             self._status[scorer.name] = "ready"
             log.info("scorer %s ready (%s)", scorer.name, self._infos[scorer.name].identity[:12])
-        if self._share_images:
+        if self.config.prefetch_images:
             self.images = share_image_decoding([s for s in scorers if s.name in self._batchers])
             if self.images:
                 log.info("images decoded on arrival, shared by %s", sorted(self.images))

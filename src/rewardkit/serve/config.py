@@ -159,9 +159,8 @@ def config_from_dict(raw: Any) -> ServiceConfig:
     token = raw.get("token")
     if token is not None and not isinstance(token, str):
         raise ConfigError("service config: token must be a string")
-    return ServiceConfig(
-        scorers=scorers, limits=limits, token=token, prefetch_images=raw.get("prefetch_images", True)
-    )
+    prefetch = raw.get("prefetch_images", ServiceConfig.prefetch_images)  # absent: the field's default
+    return ServiceConfig(scorers=scorers, limits=limits, token=token, prefetch_images=prefetch)
 
 
 def load_config(path: str | Path) -> ServiceConfig:
