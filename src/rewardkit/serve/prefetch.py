@@ -47,8 +47,8 @@ class SharedDecoder:
     """Drop-in for a scorer's `ImageDecoder` (`decode`, `device`, `on_device`), plus prefetching.
 
     `hold(blobs)` takes one reference per blob, queues the ones nobody holds yet for decoding (a
-    drainer decodes everything queued in one call) and returns the blobs it holds; `ready(held)` waits until they are decoded; `release(held)`
-    drops the references. `decode(blobs)` (the scorer's call) reads held entries, waiting for one
+    drainer decodes everything queued in one call) and returns the blobs it holds;
+    `ready(held)` waits until they are decoded; `release(held)` drops the references. `decode(blobs)` (the scorer's call) reads held entries, waiting for one
     still being decoded, and decodes the rest itself. At most `max_held` distinct images are held:
     decoded pixels are far larger than their JPEG, and a long queue must not hold them all; past
     the cap a request's new images are decoded in its batch, as without prefetching.
@@ -99,7 +99,8 @@ class SharedDecoder:
                 held.append(blob)
             self._pending += todo
             start = bool(todo) and self._drainers < self._max_drainers
-            self._drainers += start
+            if start:
+                self._drainers += 1
         if start:
             self._pool.submit(self._drain)
         return held
