@@ -17,6 +17,7 @@ TFLOP/s used elsewhere.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import platform
 import statistics
@@ -28,9 +29,7 @@ import torch
 
 from rewardkit.serve.scorers.clip import ClipScorer
 from rewardkit.train.loop import compile_blocks
-
-FLOP_PER_PAIR = {"clip-vit-l-14": 175e9, "clip-vit-h-14": 380e9, "tiny-clip": 0.0}
-PEAK_FLOPS = 790e12
+from serve import FLOP_PER_PAIR, PEAK_FLOPS  # benchmarks/serve.py: the same FLOP counts and peak
 
 
 def parse_args(argv=None):
@@ -100,7 +99,7 @@ def measure(shape: str, variant: str, args, device: str) -> list[dict]:
     rows = []
     for batch in args.batches:
         inputs = [torch.randn(batch, 3, size, size, device=device, dtype=dtype) for _ in range(4)]
-        turn = iter(range(10**9))
+        turn = itertools.count()
 
         def forward(inputs: list = inputs, turn=turn) -> None:
             with torch.inference_mode():
@@ -124,7 +123,7 @@ def measure(shape: str, variant: str, args, device: str) -> list[dict]:
                 "batch": batch,
                 "ms": seconds * 1000,
                 "pairs_per_s": pairs_per_s,
-                "mfu": pairs_per_s * FLOP_PER_PAIR[shape] / PEAK_FLOPS,
+                "mfu": pairs_per_s * FLOP_PER_PAIR.get(shape, 0.0) / PEAK_FLOPS,  # tiny-clip: none
                 "warmup_s": warm_s,
             }
         )
