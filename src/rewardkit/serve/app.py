@@ -32,6 +32,7 @@ from rewardkit.serve.config import ServiceConfig
 from rewardkit.serve.errors import ServeError
 from rewardkit.serve.images import check_image
 from rewardkit.serve.metrics import ServeMetrics
+from rewardkit.serve.multipart import parse_multipart
 from rewardkit.serve.scorers.base import ItemError, ScoreItem, ScorerInfo
 from rewardkit.serve.timing import RequestTiming, current_timing
 
@@ -194,17 +195,8 @@ def create_app(
         content_type = request.headers.get("content-type", "")
         parts: dict[str, bytes] = {}
         if content_type.startswith("multipart/form-data"):
-            request._body = body  # starlette replays a cached body into form()
-            try:
-                form = await request.form(max_files=limits.max_items, max_fields=limits.max_items + 16)
-            except Exception as exc:  # python-multipart raises several types for broken bodies
-                raise ServeError("invalid_request", f"malformed multipart body: {exc}") from None
-            raw_json: Any = None
-            for key, value in form.multi_items():
-                if key == "request":
-                    raw_json = value if isinstance(value, str) else await value.read()
-                elif not isinstance(value, str):
-                    parts[key] = await value.read()
+            parts = parse_multipart(body, content_type, max_parts=limits.max_items + 1)
+            raw_json: Any = parts.pop("request", None)
             if raw_json is None:
                 raise ServeError("invalid_request", "multipart body needs a 'request' part holding the JSON")
         else:
