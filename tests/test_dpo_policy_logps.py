@@ -8,7 +8,8 @@ from transformers import AutoModelForCausalLM
 
 from rewardkit.errors import ConfigError
 from rewardkit.models.attention import VARLEN
-from rewardkit.models.policy import check_policy_semantics, sequence_logps
+from rewardkit.models import policy
+from rewardkit.models.policy import check_policy_semantics, sequence_logps, token_logps
 from rewardkit.models.tiny import tiny_config
 
 VOCAB = 97
@@ -131,3 +132,36 @@ def test_dropout_is_refused_unless_allowed():
         check_policy_semantics(model, allow_dropout=False)
     check_policy_semantics(model, allow_dropout=True)
     check_policy_semantics(AutoModelForCausalLM.from_config(tiny_config("tiny-llama")), allow_dropout=False)
+
+
+@pytest.mark.parametrize("chunk_elements", [1 << 26, 3 * 50])  # one chunk; 3 rows per chunk
+def test_token_logps_matches_log_softmax_values_and_gradients(monkeypatch, chunk_elements):
+    monkeypatch.setattr(policy, "LOGSUMEXP_CHUNK_ELEMENTS", chunk_elements)
+    gen = torch.Generator().manual_seed(3)
+    logits = (torch.randn(11, 50, generator=gen, dtype=torch.float64) * 4).requires_grad_()
+    labels = torch.randint(0, 50, (11,), generator=gen)
+    weights = torch.randn(11, generator=gen, dtype=torch.float64)
+    ours = token_logps(logits, labels)
+    (grad_ours,) = torch.autograd.grad((ours * weights).sum(), logits)
+    plain = torch.log_softmax(logits, -1).gather(-1, labels[:, None]).squeeze(-1)
+    (grad_plain,) = torch.autograd.grad((plain * weights).sum(), logits)
+    assert ours.dtype == torch.float64
+    torch.testing.assert_close(ours, plain, rtol=0, atol=1e-12)
+    torch.testing.assert_close(grad_ours, grad_plain, rtol=0, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda x: token_logps(x, labels), (logits.detach().requires_grad_(),))
+
+
+def test_token_logps_of_bf16_logits_is_fp32_with_a_bf16_gradient():
+    gen = torch.Generator().manual_seed(4)
+    logits32 = torch.randn(6, 40, generator=gen) * 3
+    labels = torch.randint(0, 40, (6,), generator=gen)
+    logits = logits32.bfloat16().requires_grad_()
+    ours = token_logps(logits, labels)
+    assert ours.dtype == torch.float32
+    expected = torch.log_softmax(logits.detach().float(), -1).gather(-1, labels[:, None]).squeeze(-1)
+    torch.testing.assert_close(ours, expected, rtol=0, atol=1e-6)
+    ours.sum().backward()
+    assert logits.grad.dtype == torch.bfloat16
+    reference = torch.softmax(logits.detach().float(), -1).neg()
+    reference[torch.arange(6), labels] += 1
+    torch.testing.assert_close(logits.grad.float(), reference, rtol=0, atol=4e-3)
