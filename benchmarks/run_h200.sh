@@ -2,7 +2,9 @@
 # Every H200 benchmark of docs/benchmarks/, as one scripted device call, results in one tarball.
 #
 #   bash benchmarks/run_h200.sh OUT SECTION...     SECTION: tests train_rm train_dpo clip_forward serve
-#                                                  serve_graphs serve_decode qualify_bf16 qualify_fp32
+#                                                  clip_forward_towers serve_graphs serve_decode
+#                                                  serve_pipeline serve_http train_dpo_gc
+#                                                  qualify_bf16 qualify_fp32
 #
 # Run from the repository root on the GPU machine, with the carried wheels installed
 # (python3 -m pip install --no-index --no-deps --target /tmp/site .whl/*.whl) and
@@ -43,6 +45,9 @@ for section in "$@"; do
     clip_forward)
         step clip_forward 240 python3 benchmarks/clip_forward.py --shapes clip-vit-h-14 --variants eager,graphs \
             --out "$OUT/clip_forward/vit_h_bf16.json" ;;
+    clip_forward_towers)  # GPU time per item of each qualify tower (eager, the plans' batches): the consolidated ceiling
+        step clip_forward-towers 200 python3 benchmarks/clip_forward.py --shapes clip-vit-l-14,clip-vit-h-14 \
+            --variants eager --batches 16,32,64 --out "$OUT/clip_forward/towers_bf16.json" ;;
     serve_graphs)
         step serve-graphs 200 python3 benchmarks/serve.py --shapes clip-vit-h-14 --dtypes bf16 --modes http,inproc \
             --transport multipart --cuda-graphs --out "$OUT/serve/vit_h_bf16_multipart_graphs.json" ;;
@@ -51,6 +56,22 @@ for section in "$@"; do
             --transport multipart --no-prefetch --out "$OUT/serve/vit_h_bf16_multipart_noprefetch.json"
         step serve-host 200 python3 benchmarks/serve.py --shapes clip-vit-h-14 --dtypes bf16 --modes http,inproc \
             --transport multipart --decode host --out "$OUT/serve/vit_h_bf16_multipart_host.json" ;;
+    serve_pipeline)  # max_batch_size 64 against 128 items in flight: one batch runs while the other's round trip
+        for mb in 64 128; do
+            step "serve-mb$mb" 200 python3 benchmarks/serve.py --shapes clip-vit-h-14 --dtypes bf16 --modes http,inproc \
+                --transport multipart --cuda-graphs --batches 8 --concurrency 8,16,32 --cell-seconds 4 \
+                --max-batch-size $mb --out "$OUT/serve/vit_h_bf16_graphs_mb$mb.json"
+        done ;;
+    serve_http)  # the HTTP front: in the scorer's process (serve --config) or a gateway before one worker (--deploy)
+        for backend in inproc workers; do
+            modes=http; [ $backend = inproc ] && modes=http,inproc
+            step "serve-$backend" 200 python3 benchmarks/serve.py --shapes clip-vit-h-14 --dtypes bf16 --modes $modes \
+                --transport multipart --cuda-graphs --batches 8 --concurrency 16,32 --cell-seconds 4 \
+                --max-batch-size 64 --server-backend $backend --out "$OUT/serve/vit_h_bf16_graphs_$backend.json"
+        done ;;
+    train_dpo_gc)
+        step train_dpo-gc 220 python3 benchmarks/train_dpo.py --gradient-checkpointing \
+            --out "$OUT/train_dpo/gc.json" ;;
     qualify_bf16|qualify_fp32)  # ~270 s each since shapes initialise on the CPU: one per call
         plan=${section#qualify_}
         step "qualify-$plan" 360 python3 -m rewardkit qualify --plan "benchmarks/qualify_h200_$plan.yaml" \

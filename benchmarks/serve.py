@@ -78,6 +78,13 @@ def parse_args(argv=None):
     )
     p.add_argument("--cuda-graphs", action="store_true", help="the scorers' cuda_graphs option")
     p.add_argument("--image-size", type=int, default=256, help="side of the JPEGs sent")
+    p.add_argument(
+        "--server-backend",
+        choices=("inproc", "workers"),
+        default="inproc",
+        help="http mode's server: scorers in the HTTP process (`serve --config`), or a gateway in "
+        "front of one dedicated worker process (`serve --deploy`, no naive routes)",
+    )
     # internal: run the server side (rewardkit app + naive routes) in this process
     p.add_argument("--server", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -88,6 +95,8 @@ def parse_args(argv=None):
     args.batches = [int(x) for x in (args.batches or ("1,4" if smoke else "1,4,8")).split(",")]
     args.concurrency = [int(x) for x in (args.concurrency or ("1,4" if smoke else "1,4,16")).split(",")]
     args.modes = args.modes.split(",")
+    if args.server_backend == "workers" and "naive" in args.modes:
+        p.error("--server-backend workers has no naive routes: drop naive from --modes")
     args.cell_seconds = args.cell_seconds or (1.5 if smoke else 1.0)
     args.warmup_seconds = args.warmup_seconds if args.warmup_seconds is not None else (0.5 if smoke else 0.3)
     return args
@@ -442,12 +451,16 @@ def main(argv=None) -> int:
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory() as tmp:
         cfg_path = Path(tmp) / "service.yaml"
-        cfg_path.write_text(yaml.safe_dump(raw))
+        if args.server_backend == "workers":
+            deploy = {**raw, "mode": "dedicated", "gpus": [0] if device == "cuda" else []}
+            cfg_path.write_text(yaml.safe_dump(deploy))
+            command = ["-m", "rewardkit", "serve", "--deploy", str(cfg_path), "--log-level", "warning"]
+        else:
+            cfg_path.write_text(yaml.safe_dump(raw))
+            command = [__file__, "--server", str(cfg_path)]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         started = time.perf_counter()
-        proc = subprocess.Popen(
-            [sys.executable, __file__, "--server", str(cfg_path), "--port", str(port)], env=env
-        )
+        proc = subprocess.Popen([sys.executable, *command, "--port", str(port)], env=env)
         try:
             backend = InProcessBackend(config_from_dict(raw))
 
@@ -485,6 +498,7 @@ def main(argv=None) -> int:
             "decode": args.decode,
             "cuda_graphs": args.cuda_graphs,
             "transport": args.transport,
+            "server_backend": args.server_backend,
             "image_size": args.image_size,
             "peak_flops": PEAK_FLOPS,
             "flop_per_pair": FLOP_PER_PAIR,
