@@ -56,7 +56,7 @@ for section in "$@"; do
             --transport multipart --no-prefetch --out "$OUT/serve/vit_h_bf16_multipart_noprefetch.json"
         step serve-host 200 python3 benchmarks/serve.py --shapes clip-vit-h-14 --dtypes bf16 --modes http,inproc \
             --transport multipart --decode host --out "$OUT/serve/vit_h_bf16_multipart_host.json" ;;
-    serve_pipeline)  # max_batch_size 64 against 128 items in flight: one batch runs while the other's round trip
+    serve_pipeline)  # max_batch_size 64 or 128, 64 to 256 items in flight: does a half-size batch pipeline round trips?
         for mb in 64 128; do
             step "serve-mb$mb" 200 python3 benchmarks/serve.py --shapes clip-vit-h-14 --dtypes bf16 --modes http,inproc \
                 --transport multipart --cuda-graphs --batches 8 --concurrency 8,16,32 --cell-seconds 4 \
@@ -67,7 +67,7 @@ for section in "$@"; do
             modes=http; [ $backend = inproc ] && modes=http,inproc
             step "serve-$backend" 200 python3 benchmarks/serve.py --shapes clip-vit-h-14 --dtypes bf16 --modes $modes \
                 --transport multipart --cuda-graphs --batches 8 --concurrency 16,32 --cell-seconds 4 \
-                --max-batch-size 64 --server-backend $backend --out "$OUT/serve/vit_h_bf16_graphs_$backend.json"
+                --server-backend $backend --out "$OUT/serve/vit_h_bf16_graphs_$backend.json"
         done ;;
     train_dpo_gc)
         step train_dpo-gc 220 python3 benchmarks/train_dpo.py --gradient-checkpointing \
