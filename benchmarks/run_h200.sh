@@ -68,7 +68,10 @@ for section in "$@"; do
             step "serve-$backend" 200 python3 benchmarks/serve.py --shapes clip-vit-h-14 --dtypes bf16 --modes $modes \
                 --transport multipart --cuda-graphs --batches 8 --concurrency 16,32 --cell-seconds 4 \
                 --server-backend $backend --out "$OUT/serve/vit_h_bf16_graphs_$backend.json"
-        done ;;
+        done
+        step serve-switch 150 python3 benchmarks/serve.py --shapes clip-vit-h-14 --dtypes bf16 --modes http \
+            --transport multipart --cuda-graphs --batches 8 --concurrency 16,32 --cell-seconds 4 \
+            --switch-interval-ms 0.5 --out "$OUT/serve/vit_h_bf16_graphs_switch05.json" ;;
     train_dpo_gc)
         step train_dpo-gc 220 python3 benchmarks/train_dpo.py --gradient-checkpointing \
             --out "$OUT/train_dpo/gc.json" ;;

@@ -85,6 +85,12 @@ def parse_args(argv=None):
         help="http mode's server: scorers in the HTTP process (`serve --config`), or a gateway in "
         "front of one dedicated worker process (`serve --deploy`, no naive routes)",
     )
+    p.add_argument(
+        "--switch-interval-ms",
+        type=float,
+        default=None,
+        help="sys.setswitchinterval in the inproc server (Python's default is 5 ms)",
+    )
     # internal: run the server side (rewardkit app + naive routes) in this process
     p.add_argument("--server", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -415,6 +421,8 @@ def main(argv=None) -> int:
         # cores stall at every barrier, which would measure the scheduler, not the service.
         torch.set_num_threads(1)
     if args.server:
+        if args.switch_interval_ms:
+            sys.setswitchinterval(args.switch_interval_ms / 1000)
         run_server(args.server, args.port)
         return 0
     import transformers
@@ -458,6 +466,8 @@ def main(argv=None) -> int:
         else:
             cfg_path.write_text(yaml.safe_dump(raw))
             command = [__file__, "--server", str(cfg_path)]
+            if args.switch_interval_ms:
+                command += ["--switch-interval-ms", str(args.switch_interval_ms)]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         started = time.perf_counter()
         proc = subprocess.Popen([sys.executable, *command, "--port", str(port)], env=env)
@@ -499,6 +509,7 @@ def main(argv=None) -> int:
             "cuda_graphs": args.cuda_graphs,
             "transport": args.transport,
             "server_backend": args.server_backend,
+            "switch_interval_ms": args.switch_interval_ms,
             "image_size": args.image_size,
             "peak_flops": PEAK_FLOPS,
             "flop_per_pair": FLOP_PER_PAIR,
