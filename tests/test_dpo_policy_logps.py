@@ -7,8 +7,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rewardkit.errors import ConfigError
-from rewardkit.models.attention import VARLEN
 from rewardkit.models import policy
+from rewardkit.models.attention import VARLEN
 from rewardkit.models.policy import check_policy_semantics, sequence_logps, token_logps
 from rewardkit.models.tiny import tiny_config
 
