@@ -112,7 +112,7 @@ class _TokenLogps(torch.autograd.Function):
         logits, labels, lse = ctx.saved_tensors
         grad = torch.empty_like(logits)
         for rows in _chunks(logits):
-            g = grad_out[rows, None].to(lse.dtype)
+            g = grad_out[rows, None]  # forward's output dtype, lse's
             part = torch.exp(logits[rows].to(lse.dtype) - lse[rows, None]).mul_(-g)
             part.scatter_add_(-1, labels[rows, None], g)
             grad[rows] = part

@@ -48,8 +48,9 @@ class SharedDecoder:
 
     `hold(blobs)` takes one reference per blob, queues the ones nobody holds yet for decoding (a
     drainer decodes everything queued in one call) and returns the blobs it holds;
-    `ready(held)` waits until they are decoded; `release(held)` drops the references. `decode(blobs)` (the scorer's call) reads held entries, waiting for one
-    still being decoded, and decodes the rest itself. At most `max_held` distinct images are held:
+    `ready(held)` waits until they are decoded; `release(held)` drops the references.
+    `decode(blobs)` (the scorer's call) reads held entries, waiting for one still being
+    decoded, and decodes the rest itself. At most `max_held` distinct images are held:
     decoded pixels are far larger than their JPEG, and a long queue must not hold them all; past
     the cap a request's new images are decoded in its batch, as without prefetching.
     """
