@@ -24,6 +24,9 @@ step() {  # step NAME LIMIT_S COMMAND...
     timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
     echo "$name rc=$? t=$(( $(date +%s) - T0 ))s" >> "$OUT/times.log"
 }
+# ViT-H/14 bf16, CUDA graphs, multipart, 8 items per request, 4 s cells: the HTTP-path experiments
+VIT_H_B8_GRAPHS=(python3 benchmarks/serve.py --shapes clip-vit-h-14 --dtypes bf16 --transport multipart
+                 --cuda-graphs --batches 8 --cell-seconds 4)
 for section in "$@"; do
     mkdir -p "$OUT/$section"
     case $section in
@@ -58,19 +61,16 @@ for section in "$@"; do
             --transport multipart --decode host --out "$OUT/serve/vit_h_bf16_multipart_host.json" ;;
     serve_pipeline)  # max_batch_size 64 or 128, 64 to 256 items in flight: does a half-size batch pipeline round trips?
         for mb in 64 128; do
-            step "serve-mb$mb" 200 python3 benchmarks/serve.py --shapes clip-vit-h-14 --dtypes bf16 --modes http,inproc \
-                --transport multipart --cuda-graphs --batches 8 --concurrency 8,16,32 --cell-seconds 4 \
+            step "serve-mb$mb" 200 "${VIT_H_B8_GRAPHS[@]}" --modes http,inproc --concurrency 8,16,32 \
                 --max-batch-size $mb --out "$OUT/serve/vit_h_bf16_graphs_mb$mb.json"
         done ;;
     serve_http)  # the HTTP front: in the scorer's process (serve --config) or a gateway before one worker (--deploy)
         for backend in inproc workers; do
             modes=http; [ $backend = inproc ] && modes=http,inproc
-            step "serve-$backend" 200 python3 benchmarks/serve.py --shapes clip-vit-h-14 --dtypes bf16 --modes $modes \
-                --transport multipart --cuda-graphs --batches 8 --concurrency 16,32 --cell-seconds 4 \
+            step "serve-$backend" 200 "${VIT_H_B8_GRAPHS[@]}" --modes $modes --concurrency 16,32 \
                 --server-backend $backend --out "$OUT/serve/vit_h_bf16_graphs_$backend.json"
         done
-        step serve-switch 150 python3 benchmarks/serve.py --shapes clip-vit-h-14 --dtypes bf16 --modes http \
-            --transport multipart --cuda-graphs --batches 8 --concurrency 16,32 --cell-seconds 4 \
+        step serve-switch 150 "${VIT_H_B8_GRAPHS[@]}" --modes http --concurrency 16,32 \
             --switch-interval-ms 0.5 --out "$OUT/serve/vit_h_bf16_graphs_switch05.json" ;;
     train_dpo_gc)
         step train_dpo-gc 220 python3 benchmarks/train_dpo.py --gradient-checkpointing \

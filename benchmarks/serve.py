@@ -103,6 +103,8 @@ def parse_args(argv=None):
     args.modes = args.modes.split(",")
     if args.server_backend == "workers" and "naive" in args.modes:
         p.error("--server-backend workers has no naive routes: drop naive from --modes")
+    if args.server_backend == "workers" and args.switch_interval_ms:
+        p.error("--switch-interval-ms applies to the inproc server only")
     args.cell_seconds = args.cell_seconds or (1.5 if smoke else 1.0)
     args.warmup_seconds = args.warmup_seconds if args.warmup_seconds is not None else (0.5 if smoke else 0.3)
     return args
