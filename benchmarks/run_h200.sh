@@ -4,7 +4,7 @@
 #   bash benchmarks/run_h200.sh OUT SECTION...     SECTION: tests train_rm train_dpo clip_forward serve
 #                                                  clip_forward_towers serve_graphs serve_decode
 #                                                  serve_pipeline serve_http train_dpo_gc
-#                                                  qualify_bf16 qualify_fp32
+#                                                  qualify_fp16 qualify_bf16 qualify_fp32 qualify_mps_bf16
 #
 # Run from the repository root on the GPU machine, with the carried wheels installed
 # (python3 -m pip install --no-index --no-deps --target /tmp/site .whl/*.whl) and
@@ -75,9 +75,9 @@ for section in "$@"; do
     train_dpo_gc)
         step train_dpo-gc 220 python3 benchmarks/train_dpo.py --gradient-checkpointing \
             --out "$OUT/train_dpo/gc.json" ;;
-    qualify_bf16|qualify_fp32)  # ~270 s each since shapes initialise on the CPU: one per call
+    qualify_*)  # qualify_h200_<plan>.yaml; ~270-330 s each since shapes initialise on the CPU
         plan=${section#qualify_}
-        step "qualify-$plan" 360 python3 -m rewardkit qualify --plan "benchmarks/qualify_h200_$plan.yaml" \
+        step "qualify-$plan" 450 python3 -m rewardkit qualify --plan "benchmarks/qualify_h200_$plan.yaml" \
             --out "$OUT/qualify/$plan" ;;
     *) echo "unknown section $section" >> "$OUT/times.log" ;;
     esac
