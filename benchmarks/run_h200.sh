@@ -1,7 +1,7 @@
 #!/bin/bash
 # Every H200 benchmark of docs/benchmarks/, as one scripted device call, results in one tarball.
 #
-#   bash benchmarks/run_h200.sh OUT SECTION...     SECTION: tests train_rm train_dpo clip_forward serve
+#   bash benchmarks/run_h200.sh OUT SECTION...     SECTION: tests train_rm train_dpo clip_forward serve profile
 #                                                  clip_forward_towers serve_graphs serve_decode
 #                                                  serve_pipeline serve_http train_dpo_gc
 #                                                  qualify_fp16 qualify_bf16 qualify_fp32 qualify_mps_bf16
@@ -36,10 +36,8 @@ for section in "$@"; do
         step train_rm-8x4-trl 170 python3 benchmarks/train_rm.py --out "$OUT/train_rm/8x4_trl.json"
         step train_rm-32x1-compile 200 python3 benchmarks/train_rm.py --grad-accum 1 --skip-trl --compile \
             --out "$OUT/train_rm/32x1_compile.json" ;;
-    train_dpo)
-        step train_dpo 220 python3 benchmarks/train_dpo.py --out "$OUT/train_dpo/no_gc.json"
-        step train_dpo-gc 220 python3 benchmarks/train_dpo.py --gradient-checkpointing \
-            --out "$OUT/train_dpo/gc.json" ;;
+    train_dpo)  # without gradient checkpointing; train_dpo_gc has it on for both trainers
+        step train_dpo 220 python3 benchmarks/train_dpo.py --out "$OUT/train_dpo/no_gc.json" ;;
     serve)
         step serve-json 300 python3 benchmarks/serve.py --shapes clip-vit-h-14 --dtypes bf16 --modes http,inproc \
             --out "$OUT/serve/vit_h_bf16_json.json"
@@ -75,6 +73,14 @@ for section in "$@"; do
     train_dpo_gc)
         step train_dpo-gc 220 python3 benchmarks/train_dpo.py --gradient-checkpointing \
             --out "$OUT/train_dpo/gc.json" ;;
+    profile)  # torch.profiler windows inside dedicated and consolidated workers, then their summaries
+        rm -rf /tmp/rk_traces
+        step qualify-profile 330 python3 -m rewardkit qualify --plan benchmarks/qualify_h200_profile.yaml \
+            --out "$OUT/profile/qualify"
+        ls -l --time-style=full-iso /tmp/rk_traces > "$OUT/profile/traces.ls" 2>&1
+        # oldest first = the plan's deployment order (traces are several MB each: summaries travel, traces stay)
+        step trace-summary 120 sh -c "ls -tr /tmp/rk_traces/*.trace.json.gz | xargs python3 -m rewardkit.bench.trace \
+            > $OUT/profile/traces.json" ;;
     qualify_*)  # qualify_h200_<plan>.yaml; ~270-330 s each since shapes initialise on the CPU
         plan=${section#qualify_}
         step "qualify-$plan" 450 python3 -m rewardkit qualify --plan "benchmarks/qualify_h200_$plan.yaml" \

@@ -73,10 +73,12 @@ class RelayMetrics(ServeMetrics):
     def __init__(self) -> None:
         super().__init__()
         self._unsent: list[BatchStats] = []
+        self.batches_run = 0  # what an opt-in profile window counts to (deploy/profiling.py)
 
     def observe_batch(self, stats: BatchStats) -> None:
         super().observe_batch(stats)
         self._unsent.append(stats)
+        self.batches_run += 1
 
     def drain(self) -> list[dict[str, Any]]:
         out = [dataclasses.asdict(s) for s in self._unsent]
@@ -138,6 +140,12 @@ def _exit_when_stdin_closes(loop: asyncio.AbstractEventLoop, leftovers: list[str
     loop.add_reader(fd, on_readable)
 
 
+def _log_profile_failure(task: asyncio.Task) -> None:
+    # a failed trace must not stop the worker serving; it is said in the log, loudly
+    if not task.cancelled() and task.exception() is not None:
+        log.error("profile window failed: %r", task.exception())
+
+
 async def run_worker(
     plan: dict[str, Any], socket_path: str, plan_path: str | None = None, watch_parent: bool = True
 ) -> int:
@@ -147,6 +155,7 @@ async def run_worker(
         )
     for module in plan.get("imports", []):
         importlib.import_module(module)
+    from rewardkit.deploy.profiling import ProfileWindow, profile_window
     from rewardkit.deploy.streams import OwnStream
     from rewardkit.serve.backend import InProcessBackend
     from rewardkit.serve.config import build_scorer, config_from_dict
@@ -164,11 +173,19 @@ async def run_worker(
         return EXIT_LOAD_FAILED
     server = await serve_unix(socket_path, WorkerServer(backend, metrics).handle)
     log.info("worker %s ready on %s (pid %d)", plan.get("name"), socket_path, os.getpid())
+    window = ProfileWindow.from_env()
+    profiling = None
+    if window is not None:
+        name = str(plan.get("name", "worker"))
+        profiling = asyncio.create_task(profile_window(window, lambda: metrics.batches_run, name))
+        profiling.add_done_callback(_log_profile_failure)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    if profiling is not None:
+        profiling.cancel()
     server.close()
     await backend.stop()
     return 0

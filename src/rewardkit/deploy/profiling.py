@@ -1,0 +1,85 @@
+"""An opt-in torch.profiler window inside a live worker, for "where does the GPU time go".
+
+Set `REWARDKIT_WORKER_PROFILE=DIR` in the environment of `rewardkit serve --deploy` (a qualify
+plan's `server.env` does this). Every worker then waits until it has run
+`REWARDKIT_WORKER_PROFILE_AFTER_BATCHES` batches (default 20, so start-up, warm-up and the first
+requests are behind it), records CPU and CUDA activity for `REWARDKIT_WORKER_PROFILE_SECONDS`
+(default 2), and writes `DIR/<worker>-<pid>.trace.json.gz`, a Chrome/Perfetto trace that
+`rewardkit.bench.trace` summarises (GPU busy time, overlap of streams, top kernels).
+
+The window is triggered by batches served, not by wall time, because how long a deployment
+takes to start varies by minutes with the model and the machine; a batch count does not.
+Profiling costs host time while it records, so the window's throughput is not a measurement;
+the trace's kernel times and gaps are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger("rewardkit.deploy.profiling")
+
+ENV_DIR = "REWARDKIT_WORKER_PROFILE"
+ENV_AFTER_BATCHES = "REWARDKIT_WORKER_PROFILE_AFTER_BATCHES"
+ENV_SECONDS = "REWARDKIT_WORKER_PROFILE_SECONDS"
+
+
+@dataclass(frozen=True)
+class ProfileWindow:
+    directory: Path
+    after_batches: int = 20
+    seconds: float = 2.0
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> ProfileWindow | None:
+        """The configured window, or None when profiling is off; bad values are a clear error."""
+        env = dict(os.environ if env is None else env)
+        directory = env.get(ENV_DIR)
+        if not directory:
+            return None
+        try:
+            after = int(env.get(ENV_AFTER_BATCHES, "20"))
+            seconds = float(env.get(ENV_SECONDS, "2"))
+        except ValueError as exc:
+            raise ValueError(f"{ENV_AFTER_BATCHES} / {ENV_SECONDS}: {exc}") from None
+        if after < 0 or not 0 < seconds <= 60:
+            raise ValueError(f"{ENV_AFTER_BATCHES} must be >= 0 and {ENV_SECONDS} in (0, 60]")
+        return cls(Path(directory), after, seconds)
+
+
+async def profile_window(window: ProfileWindow, batches_run: Callable[[], int], name: str) -> Path:
+    """Wait for `after_batches` batches, record `seconds`, write the gzipped trace; its path."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    while batches_run() < window.after_batches:
+        await asyncio.sleep(0.05)
+    activities = [ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(ProfilerActivity.CUDA)
+    prof = profile(activities=activities)
+    prof.start()
+    log.info("profiling worker %s for %.1f s", name, window.seconds)
+    try:
+        await asyncio.sleep(window.seconds)
+    finally:
+        prof.stop()
+    window.directory.mkdir(parents=True, exist_ok=True)
+    out = window.directory / f"{name}-{os.getpid()}.trace.json.gz"
+    with tempfile.TemporaryDirectory(dir=window.directory) as tmp:
+        raw = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(raw))
+        staged = Path(tmp) / "trace.json.gz"
+        with open(raw, "rb") as src, gzip.open(staged, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        os.replace(staged, out)
+    log.info("worker %s trace written to %s", name, out)
+    return out
