@@ -93,8 +93,10 @@ def test_settings_refuse_what_breaks_dpo(raw, message):
 def test_lora_needs_a_reference_strategy():
     with pytest.raises(ConfigError, match="LoRA needs an explicit reference strategy"):
         check_lora({"lora": {"r": 8}}, {})
-    with pytest.raises(ConfigError, match="full parameters only"):
-        check_lora({"lora": {"r": 8}}, {"reference": {"source": "initial_policy"}})
+    with pytest.raises(ConfigError, match="LoRA needs an explicit reference strategy"):
+        check_lora({"lora": {}}, {"reference": {}})  # an empty section is LoRA with defaults
+    check_lora({"lora": {"r": 8}}, {"reference": {"source": "initial_policy"}})
+    check_lora({"lora": None}, None)
     check_lora({"tiny": "tiny-llama"}, None)
 
 

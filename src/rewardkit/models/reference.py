@@ -341,9 +341,11 @@ class ReferenceSidecar:
             raise ReferenceMismatchError(f"reference sidecar lacks {exc.args[0]!r}") from exc
 
 
-def sidecar_for(model, *, source: str, repo: str = "", revision: str = "") -> ReferenceSidecar:
+def sidecar_for(
+    model, *, source: str, repo: str = "", revision: str = "", loader: str = LOADER
+) -> ReferenceSidecar:
     return ReferenceSidecar(
-        source=source, repo=repo, revision=revision, loader=LOADER, param_sha256=parameter_digest(model)
+        source=source, repo=repo, revision=revision, loader=loader, param_sha256=parameter_digest(model)
     )
 
 

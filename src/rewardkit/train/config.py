@@ -20,6 +20,35 @@ from rewardkit.errors import ConfigError
 
 
 @dataclass
+class LoraConfig:
+    """`model.lora`: train low-rank adapters on a frozen base instead of every parameter (peft).
+
+    Only DPO policies take adapters, and only with an explicit `dpo.reference.source`
+    (docs/dpo.md). `alpha / r` scales the update; `target_modules` is peft's: a list of module
+    names or "all-linear" (every linear layer but the output head).
+    """
+
+    r: int = 16
+    alpha: float = 32.0
+    dropout: float = 0.0  # > 0 makes the policy's log-probs stochastic: refused unless dpo.allow_dropout
+    target_modules: list[str] | str = "all-linear"
+
+    def __post_init__(self) -> None:
+        if self.r < 1:
+            raise ConfigError(f"model.lora.r must be >= 1, got {self.r}")
+        if not self.alpha > 0:
+            raise ConfigError(f"model.lora.alpha must be > 0, got {self.alpha}")
+        if not 0 <= self.dropout < 1:
+            raise ConfigError(f"model.lora.dropout must be in [0, 1), got {self.dropout}")
+        if not self.target_modules:
+            raise ConfigError("model.lora.target_modules must name at least one module")
+
+    @property
+    def scaling(self) -> float:
+        return self.alpha / self.r
+
+
+@dataclass
 class ModelConfig:
     """Backbone source: exactly one of `tiny`, `config` (inline dict with model_type) or `path`."""
 
@@ -32,6 +61,7 @@ class ModelConfig:
     attn_implementation: str = "auto"  # rk_varlen on CUDA, sdpa on CPU (models/attention.py)
     trust_remote_code: bool = False
     gradient_checkpointing: bool = False
+    lora: LoraConfig | None = None
 
 
 @dataclass

@@ -16,10 +16,12 @@ and frees the reference model, which leaves the policy alone on the accelerator.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -129,19 +131,20 @@ class DPOSettings:
 
 
 def check_lora(model_section: Any, dpo_section: Any) -> None:
-    """Refuse LoRA without an explicit reference strategy, and LoRA at all (full parameters only).
+    """Refuse LoRA without an explicit reference strategy.
 
-    With adapters the natural reference is the base model with adapters disabled; a default
-    would silently pick one, so the strategy must be stated before anything else is said.
+    With adapters the natural reference is the base model with adapters disabled
+    (`source: initial_policy`), but a pinned SFT snapshot is just as common; a default would
+    silently pick one, so the strategy must be stated.
     """
-    if not isinstance(model_section, dict) or not model_section.get("lora"):
+    if not isinstance(model_section, dict) or model_section.get("lora") is None:
         return
     reference = (dpo_section or {}).get("reference") if isinstance(dpo_section, dict) else None
     if not isinstance(reference, dict) or "source" not in reference:
         raise ConfigError(
             "model.lora is set but dpo.reference.source is not: LoRA needs an explicit reference strategy"
+            " (initial_policy: the frozen base with adapters disabled; snapshot: a pinned model)"
         )
-    raise ConfigError("model.lora: rewardkit trains DPO policies with full parameters only")
 
 
 def branch_targets(batch: Batch, pairs: Sequence[TokenizedPair]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -270,12 +273,14 @@ def precompute_reference(
     batch_size: int,
     layout: str = "right",
     pad_token_id: int = 0,
+    context: Callable[[], AbstractContextManager] = contextlib.nullcontext,
 ) -> ReferenceLogps:
     """Score every pair with the frozen reference once, or reuse the cache for the same key.
 
     The cache file is `<cache_dir>/<key>.safetensors`; the key covers the data digest, the
     reference's parameter digest and whether log-probs are averaged, so a changed dataset,
-    reference or loss type can never reuse stale values.
+    reference or loss type can never reuse stale values. `context` is entered around the
+    scoring (a LoRA policy's base runs with its adapters disabled).
     """
     import torch
     from safetensors import safe_open
@@ -301,7 +306,7 @@ def precompute_reference(
         log.warning("reference cache %s does not match this run; recomputing", path)
     device = next(reference.parameters()).device
     chosen_parts, rejected_parts = [], []
-    with torch.no_grad():
+    with torch.no_grad(), context():
         for start in tqdm(range(0, len(pairs), batch_size), desc="reference log-probs", unit="batch"):
             chunk = pairs[start : start + batch_size]
             batch = collate(chunk, layout=layout, pad_token_id=pad_token_id).to(device)
@@ -342,7 +347,12 @@ class DPOObjective:
     name = "dpo"
 
     def __init__(
-        self, settings: DPOSettings, *, reference=None, reference_logps: ReferenceLogps | None = None
+        self,
+        settings: DPOSettings,
+        *,
+        reference=None,
+        reference_logps: ReferenceLogps | None = None,
+        reference_context: Callable[[], AbstractContextManager] = contextlib.nullcontext,
     ):
         if settings.needs_reference and (reference is None) == (reference_logps is None):
             raise ValueError(
@@ -351,6 +361,8 @@ class DPOObjective:
         self.settings = settings
         self.reference = reference if settings.needs_reference else None
         self.reference_logps = reference_logps
+        # entered around every reference forward: a LoRA policy's own base runs with adapters off
+        self.reference_context = reference_context
 
     def reference_batch(self, batch: Batch, pairs: Sequence[TokenizedPair]):
         import torch
@@ -359,7 +371,7 @@ class DPOObjective:
             return None, None
         if self.reference_logps is not None:
             return self.reference_logps.lookup(pairs, batch.input_ids.device)
-        with torch.no_grad():
+        with torch.no_grad(), self.reference_context():
             return batch_logps(self.reference, batch, pairs, average=self.settings.average_logps)
 
     def loss(self, policy, batch: Batch, pairs: Sequence[TokenizedPair]):

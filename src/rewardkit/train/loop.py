@@ -396,7 +396,8 @@ class Trainer:
                 f" {self.data_sha256[:12]}; pass --allow-new-data to continue on different data",
                 code="data_mismatch",
             )
-        ckpt.load_full_state(self.raw_model, self.optimizer, directory)
+        self.objective.load_model_state(self.raw_model, directory)
+        ckpt.load_optimizer_state(self.raw_model, self.optimizer, directory)
         state = ckpt.load_trainer_state(directory, self.info)
         self.scheduler.load_state_dict(state["scheduler"])
         if not new_data:  # on new data the position of the old data means nothing: start it afresh

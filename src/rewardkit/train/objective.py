@@ -55,6 +55,9 @@ class Objective(Protocol):
     def write_model(self, directory: Path, state_dict: dict[str, torch.Tensor], tokenizer: Any) -> str:
         """Write the model files of a checkpoint; return the weights' SHA-256."""
 
+    def load_model_state(self, model: nn.Module, directory: Path) -> None:
+        """Restore the trained weights from a checkpoint (before its optimizer state is loaded)."""
+
     def checkpoint_metadata(self) -> dict[str, Any]:
         """objective, role, head_type, base-model identity ... for `rewardkit.json`."""
 

@@ -7,7 +7,9 @@ evaluation artifacts) is the reward-model loop's, unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -25,6 +27,14 @@ from rewardkit.losses import dpo_loss
 from rewardkit.models.attention import packed_row_length
 from rewardkit.models.batching import collate
 from rewardkit.models.loading import WEIGHTS_FILE, CheckpointError
+from rewardkit.models.lora import (
+    BASE_LOADER,
+    adapters_disabled,
+    apply_lora,
+    load_adapter,
+    merged_state_dict,
+    write_adapter,
+)
 from rewardkit.models.policy import POLICY_LOADER, build_policy, check_policy_semantics
 from rewardkit.models.reference import (
     PinnedSnapshot,
@@ -34,6 +44,7 @@ from rewardkit.models.reference import (
     load_pinned_reference,
     sidecar_for,
 )
+from rewardkit.train.checkpoint import load_model_weights
 from rewardkit.train.config import TrainConfig, from_dict, read_config_data
 from rewardkit.train.dpo import (
     DPOObjective,
@@ -123,6 +134,7 @@ class DPOPolicyObjective:
         self.component: DPOObjective | None = None
         self._eval_logps: ReferenceLogps | None = None
         self._metadata: dict[str, Any] = {}
+        self.lora = cfg.model.lora
 
     # ---- model ------------------------------------------------------------------------
     @property
@@ -134,10 +146,22 @@ class DPOPolicyObjective:
         return torch.bfloat16 if self.settings.reference_dtype == "bf16" else torch.float32
 
     def _build_reference(self, policy: nn.Module) -> None:
+        """The frozen reference: a copy of the step-0 policy, a pinned snapshot, or (LoRA with
+        `initial_policy`) the policy's own base, run with its adapters disabled: no copy at all."""
         ref = self.settings.reference
         if not self.settings.needs_reference:
             return
-        if ref.source == "initial_policy":
+        if ref.source == "initial_policy" and self.lora is not None:
+            if self.settings.reference_dtype != "fp32":
+                raise ConfigError(
+                    "dpo.reference_dtype: with model.lora and reference.source: initial_policy the"
+                    " reference is the policy's own frozen base, which has no dtype of its own"
+                )
+            self.reference = policy
+            self.sidecar = sidecar_for(
+                policy, source="initial_policy", loader=f"{POLICY_LOADER}+{BASE_LOADER}"
+            )
+        elif ref.source == "initial_policy":
             self.reference = freeze(copy.deepcopy(policy)).to(self._reference_dtype)
             self.sidecar = sidecar_for(self.reference, source="initial_policy")
         else:
@@ -159,6 +183,15 @@ class DPOPolicyObjective:
                 self.reference, source="snapshot", repo=ref.repo, revision=ref.revision
             )
 
+    @property
+    def _reference_is_policy(self) -> bool:
+        return self.reference is not None and self.reference is self.policy
+
+    def _reference_context(self):
+        if self._reference_is_policy:
+            return adapters_disabled(self.policy)
+        return contextlib.nullcontext()
+
     def build_model(self, tokenizer: Any) -> nn.Module:
         from rewardkit.data.tokenize import template_sha256, tokenizer_sha256
 
@@ -170,21 +203,40 @@ class DPOPolicyObjective:
         check_policy_semantics(policy, allow_dropout=self.settings.allow_dropout)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.pad_token_id = int(pad or 0)
-        self._build_reference(policy)
+        if self.lora is not None:
+            if self.lora.dropout > 0 and not self.settings.allow_dropout:
+                raise ConfigError(
+                    f"model.lora.dropout={self.lora.dropout}: dropout makes the policy's log-probs"
+                    " stochastic; set dpo.allow_dropout: true to train with it anyway"
+                )
+            # digest the base before adapters exist: it is what a LoRA run's reference is
+            policy = self._with_reference_of_base(policy)
+        else:
+            self._build_reference(policy)
         self.policy = policy
         self._metadata = {
             "objective": self.name,
             "role": self.role,
             "head_type": HEAD_TYPE,
             "loader": POLICY_LOADER,
-            "architecture": type(policy).__name__,
+            "architecture": type(policy.get_base_model() if self.lora else policy).__name__,
             "dpo": self.settings.to_json(),
+            "lora": dataclasses.asdict(self.lora) if self.lora else None,
             "reference": self.sidecar.to_json() if self.sidecar else None,
             "tokenizer_sha256": tokenizer_sha256(tokenizer),
             "template_sha256": template_sha256(tokenizer),
             "attn_implementation": policy.config._attn_implementation,
             "max_length": self.cfg.data.max_length,
         }
+        return policy
+
+    def _with_reference_of_base(self, base: nn.Module) -> nn.Module:
+        """Build the reference against the plain base (a snapshot is checked against it, the
+        initial policy is digested as it), then wrap the base with fresh adapters."""
+        self._build_reference(base)
+        policy = apply_lora(base, self.lora)
+        if self.reference is base:
+            self.reference = policy  # the same frozen weights, reached with adapters disabled
         return policy
 
     def _prepare(self, device: torch.device) -> DPOObjective:
@@ -195,7 +247,9 @@ class DPOPolicyObjective:
         if self.reference is None or not s.precompute_reference:
             if self.reference is not None:
                 self.reference.to(device)
-            self.component = DPOObjective(s, reference=self.reference)
+            self.component = DPOObjective(
+                s, reference=self.reference, reference_context=self._reference_context
+            )
             return self.component
         self.reference.to(device)
         cache_dir = Path(s.reference_cache_dir or Path(self.cfg.run.run_dir) / "reference_cache")
@@ -206,13 +260,15 @@ class DPOPolicyObjective:
             "batch_size": s.reference_batch_size,
             "layout": self.cfg.run.layout,
             "pad_token_id": self.pad_token_id,
+            "context": self._reference_context,
         }
         train = precompute_reference(self.reference, self.train_pairs, data_digest=self.data_sha256, **common)
         if self.eval_pairs:
             self._eval_logps = precompute_reference(
                 self.reference, self.eval_pairs, data_digest=self.eval_sha256 or "eval", **common
             )
-        release(self.reference)
+        if not self._reference_is_policy:  # a LoRA policy's base is the policy: nothing to free
+            release(self.reference)
         self.reference = None
         self.component = DPOObjective(s, reference_logps=train)
         return self.component
@@ -270,7 +326,20 @@ class DPOPolicyObjective:
         return np.concatenate(chosen), np.concatenate(rejected), np.concatenate(losses)
 
     def write_model(self, directory: Path, state_dict: dict[str, torch.Tensor], tokenizer: Any) -> str:
-        return write_causal_lm(Path(directory), self.policy, state_dict, tokenizer)
+        """The plain causal LM; with LoRA, merged, plus peft's adapter files for resume."""
+        if self.lora is None:
+            return write_causal_lm(Path(directory), self.policy, state_dict, tokenizer)
+        merged = merged_state_dict(state_dict, self.lora.scaling)
+        sha = write_causal_lm(Path(directory), self.policy.get_base_model(), merged, tokenizer)
+        write_adapter(Path(directory), self.policy, state_dict)
+        return sha
+
+    def load_model_state(self, model: nn.Module, directory: Path) -> None:
+        """Full runs load the weights; LoRA runs load only the adapters onto the rebuilt base."""
+        if self.lora is None:
+            load_model_weights(model, directory)
+        else:
+            load_adapter(model, directory)
 
     def checkpoint_metadata(self) -> dict[str, Any]:
         return dict(self._metadata)
@@ -278,6 +347,12 @@ class DPOPolicyObjective:
     def validate_resume(self, metadata: dict[str, Any]) -> None:
         """Same objective, same loss, and the very same reference (parameter digest recomputed)."""
         check_objective(metadata, self.name, self.role, "DPO")
+        lora = dataclasses.asdict(self.lora) if self.lora else None
+        if metadata.get("lora") != lora:
+            raise CheckpointError(
+                f"checkpoint was trained with model.lora={metadata.get('lora')!r}, this run has {lora!r}",
+                code="lora_mismatch",
+            )
         recorded = metadata.get("dpo") or {}
         for key in ("loss_type", "beta", "label_smoothing"):
             if recorded.get(key) != getattr(self.settings, key):

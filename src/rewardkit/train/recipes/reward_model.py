@@ -23,6 +23,7 @@ from rewardkit.models.attention import packed_row_length
 from rewardkit.models.batching import collate
 from rewardkit.models.loading import OBJECTIVE, CheckpointError, write_model_files
 from rewardkit.models.reward_model import RewardModel, build_backbone, score_pairs
+from rewardkit.train.checkpoint import load_model_weights
 from rewardkit.train.config import DataConfig, TrainConfig
 from rewardkit.train.loop import EvalSet, RunResult, Trainer
 from rewardkit.train.objective import MicroBatchOutput, check_objective
@@ -99,6 +100,10 @@ class RewardModelObjective:
     def build_model(self, tokenizer: Any) -> RewardModel:
         from rewardkit.data.tokenize import template_sha256, tokenizer_sha256
 
+        if self.cfg.model.lora is not None:
+            raise ConfigError(
+                "model.lora: adapters are for DPO policies; reward models train every parameter"
+            )
         if self.cfg.model.init_from:
             model = _from_init(self.cfg.model.init_from)
         else:
@@ -159,6 +164,9 @@ class RewardModelObjective:
 
     def write_model(self, directory: Path, state_dict: dict[str, torch.Tensor], tokenizer: Any) -> str:
         return write_model_files(directory, state_dict, self._backbone_config, tokenizer)
+
+    def load_model_state(self, model: nn.Module, directory: Path) -> None:
+        load_model_weights(model, directory)
 
     def checkpoint_metadata(self) -> dict[str, Any]:
         return dict(self._metadata)
