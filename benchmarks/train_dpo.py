@@ -10,6 +10,15 @@ chosen + rejected sequences over the timed steps, after warm-up steps.
     PYTHONPATH=src python3 benchmarks/train_dpo.py --out train_dpo_h200.json
     # CPU smoke (tiny model, seconds):
     PYTHONPATH=src python3 benchmarks/train_dpo.py --smoke --out train_dpo_cpu.json
+    # LoRA adapters (r=16 on every linear layer) against a pinned snapshot reference:
+    PYTHONPATH=src python3 benchmarks/train_dpo.py --lora 16 --reference snapshot \
+        --modes rewardkit_live,rewardkit_precomputed --out lora_snapshot.json
+
+With `--lora R` the policy trains adapters on a frozen base (alpha = 2R). `--reference
+initial_policy` (default) makes the base itself the reference, reached with adapters disabled
+(TRL: `peft_config` and no `ref_model`); `--reference snapshot` writes the policy's starting
+weights as a pinned local Hugging Face snapshot, which the policy starts from and the reference
+is loaded from (an SFT -> DPO run), so the reference is a second copy that precompute can free.
 
 TRL runs only where `trl` (and `datasets`) import; otherwise its entry records why it was skipped.
 """
@@ -74,6 +83,59 @@ def peak_memory() -> dict:
     }
 
 
+SNAPSHOT_REVISION = "0123456789abcdef0123456789abcdef01234567"
+
+
+def write_snapshot(args, directory: Path) -> Path:
+    """The benchmark policy's starting weights as a pinned local snapshot (HF's local_dir layout)."""
+    import hashlib
+
+    import torch
+    from huggingface_hub._local_folder import write_download_metadata
+    from transformers import AutoModelForCausalLM
+
+    from rewardkit.models.reference import git_blob_sha1
+    from rewardkit.models.tiny import tiny_config
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(
+        tiny_config(args.model, vocab_size=args.vocab), dtype=torch.float32
+    )
+    model.save_pretrained(directory)
+    for path in sorted(p for p in directory.iterdir() if p.is_file()):
+        if path.suffix == ".json":
+            etag = git_blob_sha1(path)
+        else:
+            digest = hashlib.sha256()
+            with open(path, "rb") as f:
+                for block in iter(lambda: f.read(1 << 24), b""):
+                    digest.update(block)
+            etag = digest.hexdigest()
+        write_download_metadata(directory, path.name, SNAPSHOT_REVISION, etag)
+    return directory
+
+
+def model_overrides(args, run_dir: Path) -> list[str]:
+    """The `model.` / `dpo.reference.` overrides for the policy source, adapters and reference."""
+    if args.reference == "snapshot":
+        snapshot = write_snapshot(args, run_dir / "snapshot")
+        source = [
+            "model.tiny=null",
+            f"model.path={snapshot}",
+            "dpo.reference.source=snapshot",
+            "dpo.reference.repo=bench/policy",
+            f"dpo.reference.revision={SNAPSHOT_REVISION}",
+            f"dpo.reference.path={snapshot}",
+        ]
+    else:
+        source = [f"model.tiny={args.model}", f"model.config_overrides.vocab_size={args.vocab}"]
+        if args.lora:
+            source.append("dpo.reference.source=initial_policy")
+    if args.lora:
+        source += [f"model.lora.r={args.lora}", f"model.lora.alpha={2 * args.lora}"]
+    return source
+
+
 def run_rewardkit(args, *, precompute: bool) -> dict:
     import torch
 
@@ -100,8 +162,7 @@ def run_rewardkit(args, *, precompute: bool) -> dict:
     cfg = load_dpo_config(
         None,
         [
-            f"model.tiny={args.model}",
-            f"model.config_overrides.vocab_size={args.vocab}",
+            *model_overrides(args, run_dir),
             f"data.max_length={args.prompt_len + args.completion_len}",
             f"run.global_batch_pairs={args.batch_pairs}",
             f"run.max_steps={args.warmup + args.steps}",
@@ -197,13 +258,24 @@ def run_trl(args) -> dict:
         gradient_checkpointing=args.gradient_checkpointing,
     )
     timer = Timer()
+    if args.lora:  # adapters on the frozen base, which TRL then uses as the reference (no ref_model)
+        from peft import LoraConfig
+
+        adapters = {
+            "peft_config": LoraConfig(
+                r=args.lora, lora_alpha=2 * args.lora, lora_dropout=0.0, target_modules="all-linear",
+                task_type="CAUSAL_LM",
+            ),
+        }  # fmt: skip
+    else:  # TRL 1.x rebuilds a missing ref_model from a hub path, which we lack
+        adapters = {"ref_model": copy.deepcopy(model)}
     trainer = PreTokenized(
         model=model,
-        ref_model=copy.deepcopy(model),  # TRL 1.x rebuilds a missing ref_model from a hub path, which we lack
         args=trl_args,
         train_dataset=dataset,
         processing_class=tokenizer,
         callbacks=[timer],
+        **adapters,
     )
     timer.trainer = trainer
     trainer.train()
@@ -271,9 +343,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--gradient-checkpointing", action="store_true", help="on for both trainers (default: off for both)"
     )
+    parser.add_argument("--lora", type=int, default=0, help="train LoRA adapters of this rank (alpha = 2 r)")
+    parser.add_argument(
+        "--reference",
+        choices=["initial_policy", "snapshot"],
+        default="initial_policy",
+        help="snapshot: a pinned local snapshot of the starting weights (rewardkit modes only)",
+    )
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.reference == "snapshot" and "trl_live" in args.modes.split(","):
+        parser.error("--reference snapshot measures rewardkit's modes only: drop trl_live from --modes")
     full = {
         "model": "qwen2-0.5b",
         "pairs": 96,
