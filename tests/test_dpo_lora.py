@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 
 import pytest
 import torch
-from huggingface_hub._local_folder import write_download_metadata
 from peft import LoraConfig as PeftLoraConfig
 from peft import PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM
@@ -16,10 +14,10 @@ from rewardkit.data.synth import builtin_tokenizer
 from rewardkit.errors import ConfigError
 from rewardkit.models.loading import CheckpointError
 from rewardkit.models.lora import merged_state_dict
-from rewardkit.models.reference import git_blob_sha1, parameter_digest
+from rewardkit.models.reference import parameter_digest
 from rewardkit.models.tiny import tiny_config
 from rewardkit.train.recipes.dpo import DPOPolicyObjective, export_causal_lm, run
-from test_dpo_training import REVISION, config, metrics
+from test_dpo_training import REVISION, config, metrics, sft_snapshot
 
 LORA = ("model.lora.r=4", "model.lora.alpha=8", "dpo.reference.source=initial_policy")
 IDS = torch.tensor([[5, 17, 42, 9, 3, 77, 12, 64]])
@@ -148,14 +146,7 @@ def test_precomputed_reference_equals_the_live_base(tmp_path):
 
 
 def test_a_pinned_snapshot_reference_is_a_separate_model_that_precompute_frees(tmp_path):
-    torch.manual_seed(3)
-    sft = AutoModelForCausalLM.from_config(tiny_config("tiny-llama", vocab_size=len(builtin_tokenizer())))
-    snapshot = tmp_path / "sft"
-    sft.save_pretrained(snapshot)
-    for path in sorted(p for p in snapshot.iterdir() if p.is_file()):
-        json_file = path.suffix == ".json"
-        etag = git_blob_sha1(path) if json_file else hashlib.sha256(path.read_bytes()).hexdigest()
-        write_download_metadata(snapshot, path.name, REVISION, etag)
+    snapshot = sft_snapshot(tmp_path / "sft")
     overrides = (
         "model.lora.r=4",
         "dpo.reference.source=snapshot",

@@ -152,17 +152,22 @@ def test_resume_recomputes_and_compares_the_reference_sidecar(tmp_path):
         run(config(run_dir, "run.max_steps=2", "dpo.beta=0.5"), resume=str(step1))
 
 
-def test_pinned_snapshot_reference(tmp_path):
-    """SFT → DPO: policy and reference both start from a verified local_dir snapshot."""
+def sft_snapshot(snapshot: Path) -> Path:
+    """A tiny-llama saved to `snapshot`, pinned at REVISION with huggingface_hub's local_dir metadata."""
     torch.manual_seed(3)
     sft = AutoModelForCausalLM.from_config(tiny_config("tiny-llama", vocab_size=len(builtin_tokenizer())))
-    snapshot = tmp_path / "sft"
     sft.save_pretrained(snapshot)
     for path in sorted(p for p in snapshot.iterdir() if p.is_file()):
         etag = (
             git_blob_sha1(path) if path.suffix == ".json" else hashlib.sha256(path.read_bytes()).hexdigest()
         )
         write_download_metadata(snapshot, path.name, REVISION, etag)
+    return snapshot
+
+
+def test_pinned_snapshot_reference(tmp_path):
+    """SFT → DPO: policy and reference both start from a verified local_dir snapshot."""
+    snapshot = sft_snapshot(tmp_path / "sft")
     reference = [
         "dpo.reference.source=snapshot",
         "dpo.reference.repo=acme/sft",
