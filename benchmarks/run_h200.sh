@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/run_h200.sh OUT SECTION...     SECTION: tests train_rm train_dpo clip_forward serve profile
 #                                                  clip_forward_towers serve_graphs serve_decode
-#                                                  serve_pipeline serve_http train_dpo_gc
+#                                                  serve_pipeline serve_http train_dpo_gc train_dpo_lora
 #                                                  qualify_fp16 qualify_bf16 qualify_fp32 qualify_mps_bf16
 #
 # Run from the repository root on the GPU machine, with the carried wheels installed
@@ -70,6 +70,15 @@ for section in "$@"; do
         done
         step serve-switch 150 "${VIT_H_B8_GRAPHS[@]}" --modes http --concurrency 16,32 \
             --switch-interval-ms 0.5 --out "$OUT/serve/vit_h_bf16_graphs_switch05.json" ;;
+    train_dpo_lora)  # LoRA r=16, checkpointing on: a pinned snapshot reference (precompute frees it) at 1 and
+                     # 4 micro-batches per step, then the base itself as reference against TRL + peft
+        for accum in 1 4; do
+            step "train_dpo-lora-snapshot-ga$accum" 200 python3 benchmarks/train_dpo.py --gradient-checkpointing \
+                --lora 16 --reference snapshot --grad-accum $accum --modes rewardkit_live,rewardkit_precomputed \
+                --out "$OUT/train_dpo/lora_snapshot_ga$accum.json"
+        done
+        step train_dpo-lora-base 260 python3 benchmarks/train_dpo.py --gradient-checkpointing --lora 16 \
+            --out "$OUT/train_dpo/lora_base.json" ;;
     train_dpo_gc)
         step train_dpo-gc 220 python3 benchmarks/train_dpo.py --gradient-checkpointing \
             --out "$OUT/train_dpo/gc.json" ;;

@@ -165,6 +165,7 @@ def run_rewardkit(args, *, precompute: bool) -> dict:
             *model_overrides(args, run_dir),
             f"data.max_length={args.prompt_len + args.completion_len}",
             f"run.global_batch_pairs={args.batch_pairs}",
+            f"run.grad_accum={args.grad_accum}",
             f"run.max_steps={args.warmup + args.steps}",
             f"run.layout={args.layout}",
             f"run.run_dir={run_dir}",
@@ -236,8 +237,8 @@ def run_trl(args) -> dict:
     out_dir = tempfile.mkdtemp(prefix="trl-dpo-bench-")
     trl_args = DPOConfig(
         output_dir=out_dir,
-        per_device_train_batch_size=args.batch_pairs,
-        gradient_accumulation_steps=1,
+        per_device_train_batch_size=args.batch_pairs // args.grad_accum,
+        gradient_accumulation_steps=args.grad_accum,
         max_steps=args.warmup + args.steps,
         learning_rate=args.lr,
         lr_scheduler_type="constant",
@@ -342,6 +343,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reference-dtype", choices=["fp32", "bf16"], default="fp32", help="rewardkit modes")
     parser.add_argument(
         "--gradient-checkpointing", action="store_true", help="on for both trainers (default: off for both)"
+    )
+    parser.add_argument(
+        "--grad-accum",
+        type=int,
+        default=1,
+        help="micro-batches per step (both trainers; divides --batch-pairs)",
     )
     parser.add_argument("--lora", type=int, default=0, help="train LoRA adapters of this rank (alpha = 2 r)")
     parser.add_argument(
