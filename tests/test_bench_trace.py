@@ -66,8 +66,10 @@ def test_busy_idle_overlap_and_gaps_are_the_union_arithmetic(trace):
 def test_plain_json_traces_and_the_cli(tmp_path, capsys):
     path = tmp_path / "t.json"
     path.write_text(json.dumps({"traceEvents": EVENTS}))
-    assert main([str(path)]) == 0
+    png = tmp_path / "split.png"
+    assert main([str(path), "--plot", str(png)]) == 0
     assert json.loads(capsys.readouterr().out)[0]["gpu"]["kernels"] == 3
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert main([]) == 2
 
 

@@ -117,12 +117,55 @@ def summarize_trace(path: str | Path, top: int = 15) -> dict[str, Any]:
     }
 
 
+def plot_summaries(summaries: list[dict[str, Any]], out: str | Path, labels: list[str] | None = None) -> Path:
+    """One bar per trace: the window split into GPU time by kind and idle (stream time beyond
+    the busy union, i.e. overlap, makes a bar longer than 100 %, which is the point)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kinds = ["gemm", "attention", "other", "gpu_memcpy", "gpu_memset"]
+    labels = labels or [Path(s["trace"]).name.split(".")[0] for s in summaries]
+    fig, ax = plt.subplots(figsize=(8, 1.4 + 0.6 * len(summaries)))
+    for row, s in enumerate(summaries):
+        left = 0.0
+        for kind in [*kinds, "idle"]:
+            ms = s["gpu"]["idle_ms"] if kind == "idle" else s["gpu"]["time_by_kind_ms"].get(kind, 0.0)
+            share = 100 * ms / s["window_ms"]
+            color = "lightgrey" if kind == "idle" else f"C{kinds.index(kind)}"
+            ax.barh(row, share, left=left, color=color, label=kind if row == 0 else None)
+            left += share
+    ax.set_yticks(range(len(summaries)), labels)
+    ax.invert_yaxis()
+    ax.axvline(100, color="black", linewidth=0.8)
+    ax.set_xlabel("% of the profiled window (kernel time by kind, then idle)")
+    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=3, fontsize=8, frameon=False)
+    fig.tight_layout()
+    out = Path(out)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if not args:
-        print("usage: python -m rewardkit.bench.trace TRACE.json[.gz] ...", file=sys.stderr)
-        return 2
-    print(json.dumps([summarize_trace(p) for p in args], indent=2))
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m rewardkit.bench.trace", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("traces", nargs="+", help="torch.profiler Chrome traces (.json or .json.gz)")
+    parser.add_argument(
+        "--plot", type=Path, help="also write a PNG: each window split by kernel kind and idle"
+    )
+    try:
+        args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    summaries = [summarize_trace(p) for p in args.traces]
+    print(json.dumps(summaries, indent=2))
+    if args.plot:
+        plot_summaries(summaries, args.plot)
     return 0
 
 
