@@ -175,7 +175,6 @@ def run_rewardkit(args, *, precompute: bool) -> dict:
             "optim.max_grad_norm=1.0",
             f"dpo.beta={args.beta}",
             f"dpo.precompute_reference={str(precompute).lower()}",
-            f"dpo.reference_batch_size={args.batch_pairs}",
             f"model.gradient_checkpointing={str(args.gradient_checkpointing).lower()}",
             f"dpo.reference_dtype={args.reference_dtype}",
         ],

@@ -194,3 +194,24 @@ def test_pinned_snapshot_reference(tmp_path):
                 f"dpo.reference.path={copy}",
             )
         )
+
+
+def test_precompute_scores_in_training_micro_batches_unless_told(tmp_path, monkeypatch):
+    """The pass runs beside the policy on the device: a bigger batch would set the peak memory."""
+    import rewardkit.train.recipes.dpo as recipe
+
+    seen = []
+    real = recipe.precompute_reference
+
+    def spy(reference, pairs, **kwargs):
+        seen.append(kwargs["batch_size"])
+        return real(reference, pairs, **kwargs)
+
+    monkeypatch.setattr(recipe, "precompute_reference", spy)
+    run(config(tmp_path / "a", "run.max_steps=1", "run.grad_accum=4", "dpo.precompute_reference=true"))
+    run(
+        config(
+            tmp_path / "b", "run.max_steps=1", "dpo.precompute_reference=true", "dpo.reference_batch_size=3"
+        )
+    )
+    assert seen == [2, 2, 3, 3]  # train and eval passes: 8 pairs / 4 micro-batches, then as configured

@@ -84,7 +84,7 @@ class DPOSettings:
     temperature: float = 1.0
     allow_dropout: bool = False
     precompute_reference: bool = False
-    reference_batch_size: int = 8
+    reference_batch_size: int | None = None  # None: the training micro-batch (docs/dpo.md)
     reference_dtype: str = "fp32"  # bf16 halves the frozen reference's weights
     reference_cache_dir: str | None = None
     reference: ReferenceSettings = field(default_factory=ReferenceSettings)
@@ -109,7 +109,7 @@ class DPOSettings:
                 f"dpo.temperature={self.temperature}: DPO log-probs are taken at temperature 1; "
                 "a sampling temperature does not apply to preference training"
             )
-        if self.reference_batch_size < 1:
+        if self.reference_batch_size is not None and self.reference_batch_size < 1:
             raise ConfigError("dpo.reference_batch_size must be >= 1")
         if self.reference_dtype not in REFERENCE_DTYPES:
             raise ConfigError(

@@ -257,7 +257,7 @@ class DPOPolicyObjective:
             "cache_dir": cache_dir,
             "reference_digest": self.sidecar.param_sha256,
             "average": s.average_logps,
-            "batch_size": s.reference_batch_size,
+            "batch_size": s.reference_batch_size or self._micro_batch_pairs(),
             "layout": self.cfg.run.layout,
             "pad_token_id": self.pad_token_id,
             "context": self._reference_context,
@@ -272,6 +272,14 @@ class DPOPolicyObjective:
         self.reference = None
         self.component = DPOObjective(s, reference_logps=train)
         return self.component
+
+    def _micro_batch_pairs(self) -> int:
+        """Pairs per training micro-batch: the precompute pass runs while the policy is on the
+        device, so a larger reference batch than this would set the run's peak memory."""
+        import torch.distributed as dist
+
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        return max(1, self.cfg.run.global_batch_pairs // (world * self.cfg.run.grad_accum))
 
     # ---- the loop's protocol ----------------------------------------------------------
     def micro_batch(
