@@ -189,8 +189,14 @@ class Trainer:
         seed_everything(cfg.run.seed, 0)  # identical initial weights on every rank
         self.raw_model = objective.build_model(tokenizer).to(self.info.device)
         if cfg.model.gradient_checkpointing:
-            # a reward model checkpoints its backbone; a DPO policy is itself a PreTrainedModel
-            getattr(self.raw_model, "backbone", self.raw_model).gradient_checkpointing_enable()
+            # a reward model checkpoints its backbone; a DPO policy is itself a PreTrainedModel.
+            # transformers 5.2x renames the method (the old name warns and goes in v6).
+            target = getattr(self.raw_model, "backbone", self.raw_model)
+            enable = (
+                getattr(target, "activation_checkpointing_enable", None)
+                or target.gradient_checkpointing_enable
+            )
+            enable()
         self.raw_model.train()
         if cfg.run.compile:
             compile_blocks(self.raw_model)
