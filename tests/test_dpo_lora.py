@@ -173,6 +173,7 @@ def test_a_pinned_snapshot_reference_is_a_separate_model_that_precompute_frees(t
         (("model.lora.dropout=0.1",), "dropout makes the policy's log-probs stochastic"),
         (("dpo.reference_dtype=bf16",), "has no dtype of its own"),
         (("model.lora.target_modules=[no_such_proj]",), "model.lora"),
+        (("model.lora.target_modules=[embed_tokens]",), "only linear layers take adapters"),
         (("model.lora.r=0",), "model.lora.r must be >= 1"),
     ],
 )

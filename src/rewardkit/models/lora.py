@@ -36,6 +36,7 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
 PEFT_PREFIX = "base_model.model."
 ADAPTER_NAME = "default"
+_ADAPTER_SUFFIXES = (f".lora_A.{ADAPTER_NAME}.weight", f".lora_B.{ADAPTER_NAME}.weight")
 BASE_LOADER = "peft.disable_adapter"
 """Appended to the reference sidecar's loader when the reference is a LoRA policy's own base."""
 
@@ -60,9 +61,14 @@ def apply_lora(policy: nn.Module, lora: Any) -> nn.Module:
         task_type="CAUSAL_LM",
     )
     try:
-        return peft.get_peft_model(policy, config)
+        model = peft.get_peft_model(policy, config)
     except ValueError as exc:  # e.g. target_modules that name nothing in this architecture
         raise ConfigError(f"model.lora: {exc}") from None
+    # checkpoints merge linear adapters only: refuse others now, not at the first save
+    other = [n for n in model.state_dict() if ".lora_" in n and not n.endswith(_ADAPTER_SUFFIXES)]
+    if other:
+        raise ConfigError(f"model.lora.target_modules: only linear layers take adapters here, not {other[0]}")
+    return model
 
 
 def is_lora(model: nn.Module) -> bool:
@@ -84,13 +90,13 @@ def merged_state_dict(state: dict[str, torch.Tensor], scaling: float) -> dict[st
     `base_model.model.` prefix is dropped.
     """
     out: dict[str, torch.Tensor] = {}
-    a_suffix, b_suffix = f".lora_A.{ADAPTER_NAME}.weight", f".lora_B.{ADAPTER_NAME}.weight"
+    a_suffix, b_suffix = _ADAPTER_SUFFIXES
     for name, value in state.items():
         if not name.startswith(PEFT_PREFIX):
             raise ValueError(f"{name}: not a peft state dict entry")
         plain = name[len(PEFT_PREFIX) :]
         if ".lora_" in plain:
-            if not (plain.endswith(a_suffix) or plain.endswith(b_suffix)):
+            if not plain.endswith(_ADAPTER_SUFFIXES):
                 raise ValueError(f"{name}: only plain LoRA on linear layers can be merged")
             continue
         if ".base_layer." in plain:
