@@ -281,3 +281,36 @@ def test_goals_compare_on_points_gpu_bound_in_both():
     cons = goals["consolidated_vs_dedicated_per_gpu_hour"]
     assert cons["basis"].startswith("all points") and cons["value"] == pytest.approx(109 / 150 * 2)
     assert goals["all_valid"] and goals["parity"]
+
+
+def test_consolidated_goal_states_its_equal_utilisation_ceiling():
+    """The H200 bf16 long-window numbers: clip_l 1792 items/s at 82.7 %, clip_h 1081 at 85.5 %."""
+    from rewardkit.bench.qualify import _goals, equal_utilisation_ceiling, gpu_ms_per_item
+
+    def run(points):
+        return {"points": [{"items_per_s": v, "resources": {"gpu_util_mean": u}} for v, u in points]}
+
+    clip_l = gpu_ms_per_item(run([(1792.0, 82.7)]))
+    clip_h = gpu_ms_per_item(run([(1081.0, 85.5), (1081.0, 85.5)]))
+    assert clip_l == pytest.approx(0.4615, abs=1e-4) and clip_h == pytest.approx(0.7909, abs=1e-4)
+    assert equal_utilisation_ceiling({"clip_l": clip_l, "clip_h": clip_h}) == pytest.approx(
+        2 * clip_h / (clip_l + clip_h)
+    )
+    # equal towers gain nothing per GPU-hour; only a negligible second scorer approaches 2x
+    assert equal_utilisation_ceiling({"a": 1.0, "b": 1.0}) == pytest.approx(1.0)
+    assert equal_utilisation_ceiling({"a": 1.0, "b": 1e-6}) == pytest.approx(2.0, abs=1e-5)
+    assert equal_utilisation_ceiling({"a": 1.0, "b": None}) is None  # no GPU samples: no claim
+    assert gpu_ms_per_item(run([(10.0, None)])) is None
+
+    point = {"batch": 32, "concurrency": 16, "rate": None, "regime": "gpu_bound"}
+    base = {"dtype": "bf16", "status": "ok", "validity": {"failed": 0}, "parity": None}
+    groups = [
+        {**base, "group": "dedicated", "mode": "dedicated", "gpus_held": 2, "points": [{**point, "items_per_s": 1081.0}],
+         "gpu_ms_per_item": {"clip_l": clip_l, "clip_h": clip_h}},
+        {**base, "group": "consolidated", "mode": "consolidated", "gpus_held": 1,
+         "points": [{**point, "items_per_s": 700.0}]},
+    ]  # fmt: skip
+    goal = _goals(groups, "bf16")["consolidated_vs_dedicated_per_gpu_hour"]
+    assert goal["value"] == pytest.approx(2 * 700 / 1081)
+    assert goal["equal_utilisation_ceiling"] == pytest.approx(1.263, abs=1e-3)
+    assert goal["gpu_ms_per_item"] == {"clip_l": clip_l, "clip_h": clip_h}

@@ -445,6 +445,29 @@ def _validity(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def gpu_ms_per_item(run: dict[str, Any]) -> float | None:
+    """A scorer's GPU-busy milliseconds per item when it ran alone: NVML utilisation (the share
+    of time a kernel was running) over items/s, averaged over its load points. An estimate
+    from sampling, but it needs no profiler and matches CUDA-event tower times on the H200
+    (docs/benchmarks/qualification-h200.md)."""
+    values = [
+        (p["resources"] or {}).get("gpu_util_mean") / 100 * 1000 / p["items_per_s"]
+        for p in run["points"]
+        if (p["resources"] or {}).get("gpu_util_mean") is not None and p["items_per_s"] > 0
+    ]
+    return float(np.mean(values)) if values else None
+
+
+def equal_utilisation_ceiling(ms_per_item: dict[str, float | None]) -> float | None:
+    """Consolidated / dedicated-by-isolation rewards per GPU-hour if both kept their GPUs
+    equally busy: n · max(t) / Σ t. Dedicated holds n GPUs and answers at the slowest scorer's
+    rate; consolidated does every scorer's GPU work on one GPU."""
+    times = list(ms_per_item.values())
+    if not times or any(t is None or t <= 0 for t in times):
+        return None
+    return len(times) * max(times) / sum(times)
+
+
 def _group_record(deps: list[Deployment], runs: list[dict[str, Any]], startup: list[float]) -> dict[str, Any]:
     dep = deps[0]
     points = _combine_isolation(runs) if len(runs) > 1 else [_point_view(p) for p in runs[0]["points"]]
@@ -471,6 +494,10 @@ def _group_record(deps: list[Deployment], runs: list[dict[str, Any]], startup: l
         "gpu_util_mean": _mean([p["gpu_util_mean"] for p in points]),
         "unstable_points": sum(not p["stable"] for p in points),
         "validity": _validity(runs),
+        # per scorer alone: what bounds the consolidated goal (`equal_utilisation_ceiling`)
+        "gpu_ms_per_item": {d.scorers[0]: gpu_ms_per_item(r) for d, r in zip(deps, runs, strict=True)}
+        if len(runs) > 1
+        else None,
         "points": points,
     }
 
@@ -511,6 +538,9 @@ def _goals(groups: list[dict[str, Any]], dtype: str) -> dict[str, Any]:
     if consolidated is not None and dedicated is not None:
         goal = _compare(consolidated, dedicated, 2.0, per_gpu=True)
         if goal is not None:
+            if dedicated.get("gpu_ms_per_item"):
+                goal["equal_utilisation_ceiling"] = equal_utilisation_ceiling(dedicated["gpu_ms_per_item"])
+                goal["gpu_ms_per_item"] = dedicated["gpu_ms_per_item"]
             goals["consolidated_vs_dedicated_per_gpu_hour"] = goal
     return goals
 
@@ -758,6 +788,13 @@ def render_report(summary: dict[str, Any], runs: dict[str, dict[str, Any]]) -> s
                     f"- {name} ≥ {goal['target']}: {goal['value']:.2f} ({verdict}; "
                     f"mean over {goal['points']} {goal['basis']})"
                 )
+                if goal.get("equal_utilisation_ceiling") is not None:
+                    times = ", ".join(f"{k} {v:.2f} ms" for k, v in goal["gpu_ms_per_item"].items())
+                    lines.append(
+                        f"  - at equal GPU utilisation this ratio is at most "
+                        f"{goal['equal_utilisation_ceiling']:.2f} (n · max t / Σ t over the GPU-busy time"
+                        f" per item of each scorer alone: {times}); above it, dedicated's GPUs were the less busy"
+                    )
     lines += ["", "## Plots", ""]
     lines += [f"![{p}]({p})" for p in summary.get("plots", [])] or ["(matplotlib not installed: no plots)"]
     lines += ["", "## Every load point", ""]
