@@ -19,11 +19,12 @@ import asyncio
 import gzip
 import logging
 import os
-import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from rewardkit.atomic import write_bytes
 
 log = logging.getLogger("rewardkit.deploy.profiling")
 
@@ -46,8 +47,8 @@ class ProfileWindow:
         if not directory:
             return None
         try:
-            after = int(env.get(ENV_AFTER_BATCHES, "20"))
-            seconds = float(env.get(ENV_SECONDS, "2"))
+            after = int(env.get(ENV_AFTER_BATCHES, cls.after_batches))
+            seconds = float(env.get(ENV_SECONDS, cls.seconds))
         except ValueError as exc:
             raise ValueError(f"{ENV_AFTER_BATCHES} / {ENV_SECONDS}: {exc}") from None
         if after < 0 or not 0 < seconds <= 60:
@@ -72,14 +73,10 @@ async def profile_window(window: ProfileWindow, batches_run: Callable[[], int], 
         await asyncio.sleep(window.seconds)
     finally:
         prof.stop()
-    window.directory.mkdir(parents=True, exist_ok=True)
     out = window.directory / f"{name}-{os.getpid()}.trace.json.gz"
-    with tempfile.TemporaryDirectory(dir=window.directory) as tmp:
+    with tempfile.TemporaryDirectory() as tmp:  # the profiler exports to a path, not a stream
         raw = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(raw))
-        staged = Path(tmp) / "trace.json.gz"
-        with open(raw, "rb") as src, gzip.open(staged, "wb") as dst:
-            shutil.copyfileobj(src, dst)
-        os.replace(staged, out)
+        write_bytes(out, gzip.compress(raw.read_bytes()))
     log.info("worker %s trace written to %s", name, out)
     return out

@@ -160,6 +160,7 @@ async def run_worker(
     from rewardkit.serve.backend import InProcessBackend
     from rewardkit.serve.config import build_scorer, config_from_dict
 
+    window = ProfileWindow.from_env()  # a bad setting fails here, before any model loads
     metrics = RelayMetrics()
     config = config_from_dict(plan["service"])
     scorers = [build_scorer(spec) for spec in config.scorers]
@@ -173,7 +174,6 @@ async def run_worker(
         return EXIT_LOAD_FAILED
     server = await serve_unix(socket_path, WorkerServer(backend, metrics).handle)
     log.info("worker %s ready on %s (pid %d)", plan.get("name"), socket_path, os.getpid())
-    window = ProfileWindow.from_env()
     profiling = None
     if window is not None:
         name = str(plan.get("name", "worker"))

@@ -21,7 +21,6 @@ frozen base (and with it the reference) by rounding.
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -69,10 +68,6 @@ def apply_lora(policy: nn.Module, lora: Any) -> nn.Module:
     if other:
         raise ConfigError(f"model.lora.target_modules: only linear layers take adapters here, not {other[0]}")
     return model
-
-
-def is_lora(model: nn.Module) -> bool:
-    return hasattr(getattr(model, "module", model), "peft_config")
 
 
 @contextlib.contextmanager
@@ -124,7 +119,9 @@ def write_adapter(directory: Path, model: nn.Module, state: dict[str, torch.Tens
 
 
 def load_adapter(model: nn.Module, directory: Path) -> None:
-    """Restore a checkpoint's adapters into `model` (whose base is already the run's base)."""
+    """Restore a checkpoint's adapters into `model` (whose base is already the run's base).
+
+    Called after the objective's `validate_resume`, which compares the recorded `model.lora`."""
     from safetensors.torch import load_file
 
     from rewardkit.models.loading import CheckpointError
@@ -136,16 +133,8 @@ def load_adapter(model: nn.Module, directory: Path) -> None:
             f"{directory}: a LoRA run resumes from {ADAPTER_DIR}/{ADAPTER_WEIGHTS} and {ADAPTER_CONFIG}, which are missing",
             code="missing_state",
         )
-    recorded = json.loads((adapter_dir / ADAPTER_CONFIG).read_text())
+    # different adapter settings were refused before this, from the checkpoint's `lora` metadata
     inner = getattr(model, "module", model)
-    current = inner.peft_config[ADAPTER_NAME]
-    for key in ("r", "lora_alpha"):
-        if recorded.get(key) != getattr(current, key):
-            raise CheckpointError(
-                f"{directory}: adapters were trained with {key}={recorded.get(key)!r}, this run has"
-                f" {getattr(current, key)!r}",
-                code="lora_mismatch",
-            )
     device = next(inner.parameters()).device
     result = _peft().set_peft_model_state_dict(inner, load_file(str(path), device=str(device)))
     if getattr(result, "unexpected_keys", None):

@@ -184,6 +184,11 @@ class DPOPolicyObjective:
             )
 
     @property
+    def _lora_json(self) -> dict[str, Any] | None:
+        """`model.lora` as checkpoints record it and resumes compare it."""
+        return dataclasses.asdict(self.lora) if self.lora else None
+
+    @property
     def _reference_is_policy(self) -> bool:
         return self.reference is not None and self.reference is self.policy
 
@@ -221,7 +226,7 @@ class DPOPolicyObjective:
             "loader": POLICY_LOADER,
             "architecture": type(policy.get_base_model() if self.lora else policy).__name__,
             "dpo": self.settings.to_json(),
-            "lora": dataclasses.asdict(self.lora) if self.lora else None,
+            "lora": self._lora_json,
             "reference": self.sidecar.to_json() if self.sidecar else None,
             "tokenizer_sha256": tokenizer_sha256(tokenizer),
             "template_sha256": template_sha256(tokenizer),
@@ -355,7 +360,7 @@ class DPOPolicyObjective:
     def validate_resume(self, metadata: dict[str, Any]) -> None:
         """Same objective, same loss, and the very same reference (parameter digest recomputed)."""
         check_objective(metadata, self.name, self.role, "DPO")
-        lora = dataclasses.asdict(self.lora) if self.lora else None
+        lora = self._lora_json
         if metadata.get("lora") != lora:
             raise CheckpointError(
                 f"checkpoint was trained with model.lora={metadata.get('lora')!r}, this run has {lora!r}",
