@@ -88,12 +88,11 @@ SNAPSHOT_REVISION = "0123456789abcdef0123456789abcdef01234567"
 
 def write_snapshot(args, directory: Path) -> Path:
     """The benchmark policy's starting weights as a pinned local snapshot (HF's local_dir layout)."""
-    import hashlib
-
     import torch
     from huggingface_hub._local_folder import write_download_metadata
     from transformers import AutoModelForCausalLM
 
+    from rewardkit.hashing import sha256_file
     from rewardkit.models.reference import git_blob_sha1
     from rewardkit.models.tiny import tiny_config
 
@@ -103,14 +102,7 @@ def write_snapshot(args, directory: Path) -> Path:
     )
     model.save_pretrained(directory)
     for path in sorted(p for p in directory.iterdir() if p.is_file()):
-        if path.suffix == ".json":
-            etag = git_blob_sha1(path)
-        else:
-            digest = hashlib.sha256()
-            with open(path, "rb") as f:
-                for block in iter(lambda: f.read(1 << 24), b""):
-                    digest.update(block)
-            etag = digest.hexdigest()
+        etag = git_blob_sha1(path) if path.suffix == ".json" else sha256_file(path)
         write_download_metadata(directory, path.name, SNAPSHOT_REVISION, etag)
     return directory
 

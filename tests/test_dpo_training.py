@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -14,6 +13,7 @@ from transformers import AutoModelForCausalLM
 
 from rewardkit.cli import main
 from rewardkit.data.synth import builtin_tokenizer
+from rewardkit.hashing import sha256_file
 from rewardkit.models.loading import CheckpointError
 from rewardkit.models.reference import ReferenceMismatchError, ReferenceVerificationError, git_blob_sha1
 from rewardkit.models.tiny import tiny_config
@@ -158,9 +158,7 @@ def sft_snapshot(snapshot: Path) -> Path:
     sft = AutoModelForCausalLM.from_config(tiny_config("tiny-llama", vocab_size=len(builtin_tokenizer())))
     sft.save_pretrained(snapshot)
     for path in sorted(p for p in snapshot.iterdir() if p.is_file()):
-        etag = (
-            git_blob_sha1(path) if path.suffix == ".json" else hashlib.sha256(path.read_bytes()).hexdigest()
-        )
+        etag = git_blob_sha1(path) if path.suffix == ".json" else sha256_file(path)
         write_download_metadata(snapshot, path.name, REVISION, etag)
     return snapshot
 
