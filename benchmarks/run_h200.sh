@@ -70,9 +70,9 @@ for section in "$@"; do
         done
         step serve-switch 150 "${VIT_H_B8_GRAPHS[@]}" --modes http --concurrency 16,32 \
             --switch-interval-ms 0.5 --out "$OUT/serve/vit_h_bf16_graphs_switch05.json" ;;
-    train_dpo_lora)  # LoRA r=16, checkpointing on: a pinned snapshot reference (precompute frees it) at 1 and
-                     # 4 micro-batches per step, then the base itself as reference against TRL + peft
-        for accum in 1 4; do
+    train_dpo_lora)  # LoRA r=16, checkpointing on: a pinned snapshot reference (precompute frees it) at 1, 4
+                     # and 8 micro-batches per step, then the base itself as reference against TRL + peft
+        for accum in 1 4 8; do
             step "train_dpo-lora-snapshot-ga$accum" 200 python3 benchmarks/train_dpo.py --gradient-checkpointing \
                 --lora 16 --reference snapshot --grad-accum $accum --modes rewardkit_live,rewardkit_precomputed \
                 --out "$OUT/train_dpo/lora_snapshot_ga$accum.json"

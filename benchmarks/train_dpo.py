@@ -179,17 +179,23 @@ def run_rewardkit(args, *, precompute: bool) -> dict:
     if device.type == "cuda":
         torch.cuda.synchronize()
     prepare_s = time.perf_counter() - started
+    prepare = peak_memory()  # the reference pass alone (precomputed: both models' weights + a forward)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     step_tokens_per_s, losses = [], []
     for step in range(args.warmup + args.steps):
         metrics = trainer.train_step()
         losses.append(metrics["loss"])
         if step >= args.warmup:
             step_tokens_per_s.append(metrics["tokens_per_s"])
+    train = peak_memory()
     return {
         "tokens_per_s": statistics.median(step_tokens_per_s),
         "reference_prepare_s": prepare_s,
         "losses": losses,
-        **peak_memory(),
+        **{key: max(prepare[key], train[key]) for key in train},  # the whole run's peak
+        **{f"prepare_{key}": value for key, value in prepare.items()},
+        **{f"train_{key}": value for key, value in train.items()},
     }
 
 

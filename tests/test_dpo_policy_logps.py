@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM
 from rewardkit.errors import ConfigError
 from rewardkit.models import policy
 from rewardkit.models.attention import VARLEN
-from rewardkit.models.policy import check_policy_semantics, sequence_logps, token_logps
+from rewardkit.models.policy import check_policy_semantics, linear_token_logps, sequence_logps, token_logps
 from rewardkit.models.tiny import tiny_config
 
 VOCAB = 97
@@ -165,3 +165,115 @@ def test_token_logps_of_bf16_logits_is_fp32_with_a_bf16_gradient():
     reference = torch.softmax(logits.detach().float(), -1).neg()
     reference[torch.arange(6), labels] += 1
     torch.testing.assert_close(logits.grad.float(), reference, rtol=0, atol=4e-3)
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("chunk_elements", [1 << 26, 3 * 50])
+def test_linear_token_logps_matches_the_projected_token_logps(monkeypatch, chunk_elements, with_bias):
+    """Values and gradients of hidden, weight and bias equal the unfused projection's."""
+    monkeypatch.setattr(policy, "LOGSUMEXP_CHUNK_ELEMENTS", chunk_elements)
+    gen = torch.Generator().manual_seed(5)
+    hidden = torch.randn(11, 8, generator=gen, dtype=torch.float64).requires_grad_()
+    weight = torch.randn(50, 8, generator=gen, dtype=torch.float64).requires_grad_()
+    bias = torch.randn(50, generator=gen, dtype=torch.float64).requires_grad_() if with_bias else None
+    labels = torch.randint(0, 50, (11,), generator=gen)
+    weights = torch.randn(11, generator=gen, dtype=torch.float64)
+    inputs = (hidden, weight) + ((bias,) if with_bias else ())
+    ours = linear_token_logps(hidden, weight, bias, labels)
+    grads_ours = torch.autograd.grad((ours * weights).sum(), inputs)
+    plain = torch.log_softmax(torch.nn.functional.linear(hidden, weight, bias), -1)
+    plain = plain.gather(-1, labels[:, None]).squeeze(-1)
+    grads_plain = torch.autograd.grad((plain * weights).sum(), inputs)
+    assert ours.dtype == torch.float64
+    torch.testing.assert_close(ours, plain, rtol=0, atol=1e-12)
+    for mine, theirs in zip(grads_ours, grads_plain, strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-12)
+    fused = lambda h, w, *b: linear_token_logps(h, w, b[0] if b else None, labels)  # noqa: E731
+    assert torch.autograd.gradcheck(fused, tuple(t.detach().requires_grad_() for t in inputs))
+
+
+def test_linear_token_logps_under_bf16_autocast_projects_in_bf16():
+    """Under autocast the head's matmul is bf16, as `lm_head` would run; the result is fp32."""
+    gen = torch.Generator().manual_seed(6)
+    hidden = torch.randn(9, 16, generator=gen).requires_grad_()
+    weight = torch.randn(40, 16, generator=gen).requires_grad_()
+    labels = torch.randint(0, 40, (9,), generator=gen)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ours = linear_token_logps(hidden, weight, None, labels)
+        plain = token_logps(torch.nn.functional.linear(hidden, weight), labels)
+    assert ours.dtype == torch.float32
+    torch.testing.assert_close(ours, plain, rtol=0, atol=1e-6)
+    ours_grads = torch.autograd.grad(ours.sum(), (hidden, weight))
+    plain_grads = torch.autograd.grad(plain.sum(), (hidden, weight))
+    for mine, theirs in zip(ours_grads, plain_grads, strict=True):
+        assert mine.dtype == torch.float32
+        torch.testing.assert_close(mine, theirs, rtol=2e-2, atol=2e-2)
+
+
+def _tiny_causal_lm(model_type: str, *, tied: bool):
+    from transformers import AutoConfig
+
+    torch.manual_seed(7)
+    config = AutoConfig.for_model(
+        model_type,
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        tie_word_embeddings=tied,
+    )
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+
+
+def _logps_and_grads(model, batch, num_segments):
+    model.zero_grad()
+    logps, _ = sequence_logps(model, **batch, num_segments=num_segments)
+    logps.square().sum().backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    return logps.detach(), grads
+
+
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("model_type", sorted(policy.FUSED_HEAD_MODEL_TYPES))
+def test_fused_head_equals_the_model_s_own_head(monkeypatch, sequences, model_type, tied):
+    """Each listed architecture's logits are exactly lm_head(hidden): fused and unfused log-probs
+    and every parameter gradient agree (tied embeddings included), and the fused path ran."""
+    model = _tiny_causal_lm(model_type, tied=tied)
+    batch = packed(sequences, rows=2)
+    calls, head_rows = [], []
+    monkeypatch.setattr(policy, "linear_token_logps", lambda *a: calls.append(1) or linear_token_logps(*a))
+    handle = model.get_output_embeddings().register_forward_hook(
+        lambda _m, _a, out: head_rows.append(out.shape[0])
+    )
+    fused, fused_grads = _logps_and_grads(model, batch, len(sequences))
+    handle.remove()
+    assert calls and head_rows == [0], "the fused path did not run, or the head projected states itself"
+    monkeypatch.setattr(policy, "FUSED_HEAD_MODEL_TYPES", frozenset())
+    plain, plain_grads = _logps_and_grads(model, batch, len(sequences))
+    assert len(calls) == 1
+    torch.testing.assert_close(fused, plain, rtol=0, atol=1e-5)
+    assert fused_grads.keys() == plain_grads.keys()
+    for name, grad in fused_grads.items():
+        torch.testing.assert_close(grad, plain_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_a_soft_capping_or_adapted_head_is_not_fused():
+    """Gemma 2 caps logits after its head, and a LoRA-targeted head is not a plain Linear: both
+    keep the general path, which applies whatever the model does after the projection."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model(
+        "gemma2", vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+    )  # fmt: skip
+    assert config.final_logit_softcapping
+    assert policy._fusable_head(AutoModelForCausalLM.from_config(config)) is None
+    llama = _tiny_causal_lm("llama", tied=False)
+    assert policy._fusable_head(llama) is llama.lm_head
+    adapted = get_peft_model(llama, LoraConfig(r=2, target_modules=["lm_head", "q_proj"]))
+    assert policy._fusable_head(adapted) is None

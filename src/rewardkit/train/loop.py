@@ -191,12 +191,14 @@ class Trainer:
         if cfg.model.gradient_checkpointing:
             # a reward model checkpoints its backbone; a DPO policy is itself a PreTrainedModel.
             # transformers 5.2x renames the method (the old name warns and goes in v6).
+            # Non-reentrant explicitly: the reentrant variant passes no gradient to a block whose
+            # inputs do not require one, which is every block of a LoRA policy (frozen embedding).
             target = getattr(self.raw_model, "backbone", self.raw_model)
             enable = (
                 getattr(target, "activation_checkpointing_enable", None)
                 or target.gradient_checkpointing_enable
             )
-            enable()
+            enable({"use_reentrant": False})
         self.raw_model.train()
         if cfg.run.compile:
             compile_blocks(self.raw_model)
