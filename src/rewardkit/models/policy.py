@@ -57,15 +57,19 @@ the head (tests compare each with the unfused path), so the head can be fused in
 
 def _fusable_head(model) -> torch.nn.Linear | None:
     """The output projection, when completion log-probs may be computed without materialising
-    logits: a plain `nn.Linear` of a listed architecture, with ordinary (not FSDP-sharded)
-    weights. Anything else (a LoRA-wrapped head, soft-capping models) takes the general path."""
-    from torch.distributed.tensor import DTensor
+    logits: a plain `nn.Linear` of a listed architecture in a model that FSDP does not manage.
+    (FSDP2 runs its reduce-scatter from hooks on the module's outputs, and a fused head's
+    gradient bypasses them.) Anything else, e.g. a LoRA-wrapped head or a soft-capping model,
+    takes the general path."""
+    from torch.distributed.fsdp import FSDPModule
 
     inner = getattr(model, "module", model)  # DDP wraps the model; FSDP2 keeps its class
     head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
-    if type(head) is not torch.nn.Linear or isinstance(head.weight, DTensor):
+    if type(head) is not torch.nn.Linear:
         return None
     if getattr(inner.config, "model_type", None) not in FUSED_HEAD_MODEL_TYPES:
+        return None
+    if any(isinstance(module, FSDPModule) for module in inner.modules()):
         return None
     return head
 

@@ -51,6 +51,19 @@ def init_distributed() -> DistInfo:
     return DistInfo(rank=rank, world_size=world, local_rank=local_rank, device=device)
 
 
+def transformer_blocks(model: nn.Module) -> list[nn.Module]:
+    """The repeated blocks of a transformers model: the classes it lists in `_no_split_modules`.
+
+    They are the units FSDP2 shards (one all-gather per block instead of the whole model at
+    once) and `run.compile` compiles. Found by class, not by attribute path, so a reward model's
+    `backbone`, a causal LM's `model.layers`, an encoder's `encoder.layer` and a peft wrapper
+    around any of them all resolve.
+    """
+    backbone = getattr(model, "backbone", model)
+    names = set(getattr(backbone, "_no_split_modules", None) or ())
+    return [module for module in backbone.modules() if type(module).__name__ in names]
+
+
 def wrap_model(model: nn.Module, info: DistInfo, parallel: str) -> nn.Module:
     """DDP or FSDP2 (`fully_shard` per transformer block, then the root) when world_size > 1."""
     if not info.enabled:
@@ -63,10 +76,7 @@ def wrap_model(model: nn.Module, info: DistInfo, parallel: str) -> nn.Module:
     if parallel == "fsdp2":
         from torch.distributed.fsdp import fully_shard
 
-        layers = getattr(getattr(model, "backbone", model), "layers", None)
-        if layers is None:
-            layers = getattr(getattr(getattr(model, "backbone", model), "encoder", None), "layer", [])
-        for block in layers:
+        for block in transformer_blocks(model):
             fully_shard(block)
         fully_shard(model)
         return model

@@ -36,6 +36,7 @@ from rewardkit.train.distributed import (
     all_reduce_sum,
     grad_sync,
     init_distributed,
+    transformer_blocks,
     wrap_model,
 )
 from rewardkit.train.objective import Objective
@@ -104,11 +105,9 @@ def compile_blocks(model: torch.nn.Module) -> int:
     so the embedding, head and loss stay eager. Shapes are dynamic because packed batches
     change their row count and the varlen kernel its longest-sequence argument every step.
     """
-    backbone = getattr(model, "backbone", model)
-    names = set(getattr(backbone, "_no_split_modules", None) or ())
-    blocks = [m for m in backbone.modules() if type(m).__name__ in names]
+    blocks = transformer_blocks(model)
     if not blocks:
-        raise UsageError(f"run.compile: {type(backbone).__name__} declares no transformer blocks to compile")
+        raise UsageError(f"run.compile: {type(model).__name__} declares no transformer blocks to compile")
     import torch._inductor.config
 
     # torch 2.11's inductor asserts in its memory-coalescing tiling analysis on these dynamic
