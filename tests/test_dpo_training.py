@@ -113,6 +113,35 @@ def test_precomputed_reference_trains_like_the_live_one(tmp_path):
     assert live.final_accuracy == pytest.approx(cached.final_accuracy, abs=1e-9)
 
 
+def test_the_reference_pass_runs_before_the_policy_moves_to_the_device(tmp_path):
+    """The trainer scores and frees a precomputed reference while the policy is still on the
+    CPU, so on an accelerator the two models never share the device."""
+    from rewardkit.train.loop import Trainer
+    from rewardkit.train.recipes.dpo import DPOPolicyObjective
+    from rewardkit.train.recipes.reward_model import prepare_data
+
+    cfg = config(tmp_path / "run", "run.max_steps=1", "dpo.precompute_reference=true")
+    data = prepare_data(cfg)
+    objective = DPOPolicyObjective(cfg, train_pairs=data.train, data_sha256=data.data_sha256)
+    events: list = []
+    build, prepare = objective.build_model, objective.prepare
+
+    def build_spied(tokenizer):
+        model = build(tokenizer)
+        move = model.to
+        model.to = lambda *a, **k: events.append("policy.to") or move(*a, **k)
+        return model
+
+    objective.build_model = build_spied
+    objective.prepare = lambda device: (
+        events.append(("prepare", objective.reference is not None)) or prepare(device)
+    )
+    Trainer(cfg, objective, train_pairs=data.train, tokenizer=data.tokenizer, data_sha256=data.data_sha256)
+    assert events == [("prepare", True), "policy.to"]
+    assert objective.reference is None  # scored, then freed
+    assert list((tmp_path / "run" / "reference_cache").glob("*.safetensors"))
+
+
 def test_bf16_reference_is_stored_in_bf16_and_trains_like_the_fp32_one(tmp_path):
     from rewardkit.train.recipes.dpo import DPOPolicyObjective
 

@@ -110,8 +110,9 @@ def _completion_logps(model, kwargs: dict, rows: torch.Tensor, predictor: torch.
     return linear_token_logps(kept[0], fused.weight, fused.bias, labels)
 
 
-LOGSUMEXP_CHUNK_ELEMENTS = 1 << 26
-"""Logits processed per chunk by `token_logps` and `linear_token_logps` (256 MB in fp32)."""
+LOGSUMEXP_CHUNK_ELEMENTS = 1 << 24
+"""Logits processed per chunk by `token_logps` and `linear_token_logps`: 64 MB in fp32, about
+0.2 GB of transients per chunk in all, and still 30 GFLOP per chunk projection at 0.5B shapes."""
 
 
 def token_logps(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -152,9 +153,10 @@ def _chunks(rows: int, vocab: int):
 
 
 def _logits_grad(logits: torch.Tensor, lse: torch.Tensor, labels: torch.Tensor, grad_out: torch.Tensor):
-    """d(grad_out · log softmax(logits)[label]) / d logits, in lse's dtype: g·(onehot − softmax)."""
+    """d(grad_out · log softmax(logits)[label]) / d logits, in lse's dtype: g·(onehot − softmax).
+    One buffer, updated in place (a copy even when the logits are already in lse's dtype)."""
     g = grad_out[:, None]
-    grad = torch.exp(logits.to(lse.dtype) - lse[:, None]).mul_(-g)
+    grad = logits.to(lse.dtype, copy=True).sub_(lse[:, None]).exp_().mul_(-g)
     return grad.scatter_add_(-1, labels[:, None], g)
 
 

@@ -186,7 +186,11 @@ class Trainer:
         if cfg.run.num_threads:
             torch.set_num_threads(cfg.run.num_threads)
         seed_everything(cfg.run.seed, 0)  # identical initial weights on every rank
-        self.raw_model = objective.build_model(tokenizer).to(self.info.device)
+        self.autocast, self.precision = _autocast(cfg, self.info.device)
+        model = objective.build_model(tokenizer)
+        with self.autocast:  # a reference pass runs in training's precision
+            objective.prepare(self.info.device)  # before the model takes its place on the device
+        self.raw_model = model.to(self.info.device)
         if cfg.model.gradient_checkpointing:
             # a reward model checkpoints its backbone; a DPO policy is itself a PreTrainedModel.
             # transformers 5.2x renames the method (the old name warns and goes in v6).
@@ -220,7 +224,6 @@ class Trainer:
             grad_accum=cfg.run.grad_accum,
             seed=cfg.run.seed,
         )
-        self.autocast, self.precision = _autocast(cfg, self.info.device)
         self.step = 0
         self.pairs_consumed = 0
         self.eval_summaries: dict[int, dict[str, Any]] = {}

@@ -42,6 +42,11 @@ class Objective(Protocol):
     def build_model(self, tokenizer: Any) -> nn.Module:
         """A freshly initialised (or `init_from`-loaded) fp32 model on CPU."""
 
+    def prepare(self, device: torch.device) -> None:
+        """Ready what training needs besides the model, while the model is still on the CPU
+        (DPO: move the frozen reference to `device`, or score every pair with it once and
+        free it, so that pass never shares the device with the policy's training state)."""
+
     def micro_batch(
         self, model: nn.Module, pairs: Sequence[TokenizedPair], device: torch.device
     ) -> MicroBatchOutput:

@@ -244,6 +244,9 @@ class DPOPolicyObjective:
             self.reference = policy  # the same frozen weights, reached with adapters disabled
         return policy
 
+    def prepare(self, device: torch.device) -> None:
+        self._prepare(device)
+
     def _prepare(self, device: torch.device) -> DPOObjective:
         """Move the reference next to the policy, or score everything once and free it."""
         if self.component is not None:
@@ -279,8 +282,9 @@ class DPOPolicyObjective:
         return self.component
 
     def _micro_batch_pairs(self) -> int:
-        """Pairs per training micro-batch: the precompute pass runs while the policy is on the
-        device, so a larger reference batch than this would set the run's peak memory."""
+        """Pairs per training micro-batch: a reference pass at this size needs no more
+        activation memory than training does (and with LoRA on `initial_policy` the pass runs
+        on the policy itself, so a larger batch would set the run's peak)."""
         import torch.distributed as dist
 
         world = dist.get_world_size() if dist.is_initialized() else 1

@@ -128,6 +128,9 @@ class RewardModelObjective:
         }
         return model
 
+    def prepare(self, device: torch.device) -> None:
+        """A reward model needs nothing besides itself."""
+
     def micro_batch(
         self, model: nn.Module, pairs: Sequence[TokenizedPair], device: torch.device
     ) -> MicroBatchOutput:
