@@ -272,8 +272,8 @@ def test_a_soft_capping_or_adapted_head_is_not_fused():
         num_attention_heads=4, num_key_value_heads=2, head_dim=8,
     )  # fmt: skip
     assert config.final_logit_softcapping
-    assert policy._fusable_head(AutoModelForCausalLM.from_config(config)) is None
+    assert policy._output_head(AutoModelForCausalLM.from_config(config))[1] is False
     llama = _tiny_causal_lm("llama", tied=False)
-    assert policy._fusable_head(llama) is llama.lm_head
+    assert policy._output_head(llama) == (llama.lm_head, True)
     adapted = get_peft_model(llama, LoraConfig(r=2, target_modules=["lm_head", "q_proj"]))
-    assert policy._fusable_head(adapted) is None
+    assert policy._output_head(adapted)[1] is False

@@ -55,23 +55,21 @@ FUSED_HEAD_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 the head (tests compare each with the unfused path), so the head can be fused into the log-prob."""
 
 
-def _fusable_head(model) -> torch.nn.Linear | None:
-    """The output projection, when completion log-probs may be computed without materialising
-    logits: a plain `nn.Linear` of a listed architecture in a model that FSDP does not manage.
-    (FSDP2 runs its reduce-scatter from hooks on the module's outputs, and a fused head's
-    gradient bypasses them.) Anything else, e.g. a LoRA-wrapped head or a soft-capping model,
-    takes the general path."""
+def _output_head(model) -> tuple[torch.nn.Module | None, bool]:
+    """The output projection, and whether completion log-probs may fuse it: a plain
+    `nn.Linear` of a listed architecture in a model that FSDP does not manage (FSDP2 runs its
+    reduce-scatter from hooks on module outputs, which a fused head's gradient bypasses).
+    Anything else, e.g. a LoRA-wrapped head or a soft-capping model, takes the general path."""
     from torch.distributed.fsdp import FSDPModule
 
     inner = getattr(model, "module", model)  # DDP wraps the model; FSDP2 keeps its class
     head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
-    if type(head) is not torch.nn.Linear:
-        return None
-    if getattr(inner.config, "model_type", None) not in FUSED_HEAD_MODEL_TYPES:
-        return None
-    if any(isinstance(module, FSDPModule) for module in inner.modules()):
-        return None
-    return head
+    fusable = (
+        type(head) is torch.nn.Linear
+        and getattr(inner.config, "model_type", None) in FUSED_HEAD_MODEL_TYPES
+        and not any(isinstance(module, FSDPModule) for module in inner.modules())
+    )
+    return head, fusable
 
 
 def _completion_logps(model, kwargs: dict, rows: torch.Tensor, predictor: torch.Tensor, labels: torch.Tensor):
@@ -85,16 +83,14 @@ def _completion_logps(model, kwargs: dict, rows: torch.Tensor, predictor: torch.
     never stored; otherwise the head runs on the kept states, and anything the model does to
     logits after it (scaling, soft-capping) still applies.
     """
-    inner = getattr(model, "module", model)
-    head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
+    head, fused = _output_head(model)
     if head is None:
         return token_logps(model(**kwargs, use_cache=False).logits[rows, predictor], labels)
-    fused = _fusable_head(model)
     kept: list[torch.Tensor] = []
 
     def keep_predicting_positions(_module, args):
         hidden = args[0][rows, predictor]
-        if fused is None:
+        if not fused:
             return (hidden, *args[1:])
         kept.append(hidden)
         # detached: else autograd keeps the head's autocast copy of its weight for a 0-row output
@@ -105,9 +101,9 @@ def _completion_logps(model, kwargs: dict, rows: torch.Tensor, predictor: torch.
         logits = model(**kwargs, use_cache=False).logits
     finally:
         handle.remove()
-    if fused is None:
+    if not fused:
         return token_logps(logits, labels)
-    return linear_token_logps(kept[0], fused.weight, fused.bias, labels)
+    return linear_token_logps(kept[0], head.weight, head.bias, labels)
 
 
 LOGSUMEXP_CHUNK_ELEMENTS = 1 << 24
