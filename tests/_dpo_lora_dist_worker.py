@@ -9,14 +9,17 @@ import sys
 import torch
 
 
-def lora_trainer(run_dir: str, info=None, parallel: str = "ddp"):
+def lora_trainer(run_dir: str, info=None, parallel: str = "ddp", overrides: tuple[str, ...] = ()):
+    """A Trainer over the LoRA test config; later `overrides` win over the defaults here."""
     sys.path.insert(0, os.path.dirname(__file__))
     from rewardkit.train.loop import Trainer
     from rewardkit.train.recipes.dpo import DPOPolicyObjective
     from rewardkit.train.recipes.reward_model import prepare_data
     from test_dpo_lora import lora_config
 
-    cfg = lora_config(run_dir, "run.max_steps=2", "run.global_batch_pairs=8", f"run.parallel={parallel}")
+    cfg = lora_config(
+        run_dir, "run.max_steps=2", "run.global_batch_pairs=8", f"run.parallel={parallel}", *overrides
+    )
     data = prepare_data(cfg)
     objective = DPOPolicyObjective(cfg, train_pairs=data.train, data_sha256=data.data_sha256)
     return Trainer(

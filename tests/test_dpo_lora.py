@@ -215,19 +215,12 @@ def test_two_ranks_train_the_same_adapters_as_one_process(tmp_path, parallel):
 @pytest.mark.slow
 def test_compiled_blocks_train_the_adapters_like_eager(tmp_path):
     """`run.compile` compiles the decoder blocks inside the peft wrapper, adapters included."""
-    from rewardkit.train.loop import Trainer
-    from rewardkit.train.recipes.reward_model import prepare_data
+    from _dpo_lora_dist_worker import lora_trainer
     from test_train_loop import SOLO
 
-    def trainer(name, *overrides):
-        cfg = lora_config(tmp_path / name, "run.max_steps=3", *overrides)
-        data = prepare_data(cfg)
-        objective = DPOPolicyObjective(cfg, train_pairs=data.train, data_sha256=data.data_sha256)
-        return Trainer(
-            cfg, objective, train_pairs=data.train, tokenizer=data.tokenizer, data_sha256="x", info=SOLO
-        )
-
-    eager, compiled = trainer("eager"), trainer("compiled", "run.compile=true")
+    steps = ("run.max_steps=3",)
+    eager = lora_trainer(str(tmp_path / "eager"), info=SOLO, overrides=steps)
+    compiled = lora_trainer(str(tmp_path / "compiled"), info=SOLO, overrides=(*steps, "run.compile=true"))
     layers = compiled.raw_model.get_base_model().model.layers
     assert all(getattr(layer, "_compiled_call_impl", None) is not None for layer in layers)
     for _ in range(3):
