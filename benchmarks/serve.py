@@ -313,7 +313,7 @@ def encode_request(items: list[dict], scorer: str, transport: str) -> tuple[byte
     `json` carries base64 images, `multipart` raw image parts (no base64 either way round)."""
     import httpx
 
-    from rewardkit.client import score_request_kwargs
+    from rewardkit.serve.client import score_request_kwargs
 
     request = httpx.Request(
         "POST",

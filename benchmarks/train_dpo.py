@@ -92,7 +92,7 @@ def write_snapshot(args, directory: Path) -> Path:
     from huggingface_hub._local_folder import write_download_metadata
     from transformers import AutoModelForCausalLM
 
-    from rewardkit.hashing import sha256_file
+    from rewardkit.core.hashing import sha256_file
     from rewardkit.models.reference import git_blob_sha1
     from rewardkit.models.tiny import tiny_config
 
@@ -131,8 +131,8 @@ def model_overrides(args, run_dir: Path) -> list[str]:
 def run_rewardkit(args, *, precompute: bool) -> dict:
     import torch
 
+    from rewardkit.data.builtin_tokenizer import build_tokenizer
     from rewardkit.data.records import TokenizedBranch, TokenizedPair
-    from rewardkit.models.tiny import build_tokenizer
     from rewardkit.train.loop import Trainer
     from rewardkit.train.recipes.dpo import DPOPolicyObjective, load_dpo_config
 
@@ -205,7 +205,8 @@ def run_trl(args) -> dict:
     from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import DPOConfig, DPOTrainer
 
-    from rewardkit.models.tiny import build_tokenizer, tiny_config
+    from rewardkit.data.builtin_tokenizer import build_tokenizer
+    from rewardkit.models.tiny import tiny_config
 
     device = device_and_memory()
     torch.manual_seed(0)

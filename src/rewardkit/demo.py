@@ -54,7 +54,7 @@ def _ready(url: str) -> bool:
 
 def _serve_and_score(model_dir: Path) -> dict:
     """Start `rewardkit serve` on a free loopback port, score through HTTP, shut it down."""
-    from rewardkit.client import RewardClient
+    from rewardkit.serve.client import RewardClient
 
     port = _free_port()
     config = RUN / "service.yaml"

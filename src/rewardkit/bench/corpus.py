@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from rewardkit.errors import UsageError
-from rewardkit.hashing import sha256_bytes, sha256_json
+from rewardkit.core.errors import UsageError
+from rewardkit.core.hashing import sha256_bytes, sha256_json
 
 IMAGE_SIZES: tuple[tuple[int, int], ...] = ((64, 64), (128, 96), (160, 160), (224, 224), (320, 240))
 """(width, height) choices: small enough to keep the client cheap, varied enough that the

@@ -32,7 +32,7 @@ import numpy as np
 from rewardkit.bench.corpus import CorpusItem
 from rewardkit.bench.gpu_monitor import ResourceMonitor
 from rewardkit.bench.windows import Window, WindowPolicy, is_stable, make_window
-from rewardkit.errors import UsageError
+from rewardkit.core.errors import UsageError
 
 REASONS = {
     "timeout": "the request did not complete within --timeout-s",

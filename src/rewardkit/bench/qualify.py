@@ -32,12 +32,12 @@ import httpx
 import numpy as np
 import yaml
 
-from rewardkit.atomic import write_json, write_text
 from rewardkit.bench import report
 from rewardkit.bench.corpus import generate_corpus, load_inputs
 from rewardkit.bench.sweep import BenchConfig, run_bench
 from rewardkit.bench.windows import WindowPolicy
-from rewardkit.errors import ConfigError, RewardkitError
+from rewardkit.core.atomic import write_json, write_text
+from rewardkit.core.errors import ConfigError, RewardkitError
 
 log = logging.getLogger(__name__)
 

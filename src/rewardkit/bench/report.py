@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from rewardkit.atomic import write_text
+from rewardkit.core.atomic import write_text
 
 log = logging.getLogger(__name__)
 

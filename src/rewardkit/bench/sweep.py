@@ -21,7 +21,7 @@ from rewardkit.bench.environment import collect_environment
 from rewardkit.bench.gpu_monitor import ResourceMonitor
 from rewardkit.bench.loadgen import LoadGenerator, summarize_point
 from rewardkit.bench.windows import WindowPolicy
-from rewardkit.errors import UsageError
+from rewardkit.core.errors import UsageError
 
 SCHEMA_VERSION = "rewardkit.bench_run/1"
 

@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from rewardkit import __version__
-from rewardkit.atomic import staged_dir, write_json
+from rewardkit.core.atomic import staged_dir, write_json
+from rewardkit.core.errors import UsageError
+from rewardkit.core.hashing import canonical_json, sha256_file
 from rewardkit.data.reader import detect_format
 from rewardkit.data.reasons import Rejection
 from rewardkit.data.tokenize import TokenizeSettings, template_sha256, tokenizer_sha256
 from rewardkit.data.validate import Summary, iter_validated
-from rewardkit.errors import UsageError
-from rewardkit.hashing import canonical_json, sha256_file
 
 MANIFEST_FORMAT = "rewardkit.manifest/v1"
 OUTPUTS = ("train.jsonl", "eval.jsonl", "rejects.jsonl")

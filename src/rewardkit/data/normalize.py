@@ -22,10 +22,10 @@ import math
 import re
 from typing import Any
 
+from rewardkit.core.hashing import canonical_json, sha256_bytes
 from rewardkit.data import reasons as R
 from rewardkit.data.reasons import Rejection
 from rewardkit.data.records import Message, PreferencePair
-from rewardkit.hashing import canonical_json, sha256_bytes
 
 ROLES = frozenset({"system", "user", "assistant"})
 ID_KEYS = ("pair_id", "id", "prompt_id")

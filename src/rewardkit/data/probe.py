@@ -12,10 +12,10 @@ import hashlib
 from collections.abc import Iterable
 from typing import Any
 
+from rewardkit.core.errors import UsageError
+from rewardkit.core.hashing import canonical_json
 from rewardkit.data.records import TokenizedBranch, TokenizedPair
 from rewardkit.data.tokenize import TokenizeSettings, template_sha256, tokenizer_sha256
-from rewardkit.errors import UsageError
-from rewardkit.hashing import canonical_json
 
 PROBE_FORMAT = "rewardkit.probe/v1"
 _PAIR_HASH_CHARS = 16

@@ -19,11 +19,11 @@ from typing import Any
 
 import numpy as np
 
+from rewardkit.core.errors import UsageError
 from rewardkit.data import reasons as R
 from rewardkit.data.normalize import normalize_row
 from rewardkit.data.reasons import Rejection
 from rewardkit.data.records import PreferencePair
-from rewardkit.errors import UsageError
 
 FORMATS = ("jsonl", "json", "parquet")
 PARQUET_BATCH_ROWS = 2048

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rewardkit.errors import RewardkitError
+from rewardkit.core.errors import RewardkitError
 
 SCHEMA = "schema"
 MISSING_FIELD = "missing_field"

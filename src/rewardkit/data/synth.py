@@ -205,6 +205,6 @@ def corpus() -> list[str]:
 @functools.cache
 def builtin_tokenizer():
     """The deterministic tokenizer for the synth task (ChatML template); built once per process."""
-    from rewardkit.models.tiny import build_tokenizer
+    from rewardkit.data.builtin_tokenizer import build_tokenizer
 
     return build_tokenizer(corpus() * 4, vocab_size=512)

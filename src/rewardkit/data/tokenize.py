@@ -27,11 +27,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from rewardkit.core.errors import ConfigError, UsageError
+from rewardkit.core.hashing import sha256_json, sha256_text
 from rewardkit.data import reasons as R
 from rewardkit.data.reasons import Rejection
 from rewardkit.data.records import Message, PreferencePair, TokenizedBranch, TokenizedPair
-from rewardkit.errors import ConfigError, UsageError
-from rewardkit.hashing import sha256_json, sha256_text
 
 BUILTIN = "builtin"
 

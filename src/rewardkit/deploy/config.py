@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from rewardkit.errors import ConfigError
+from rewardkit.core.errors import ConfigError
 
 Mode = Literal["dedicated", "shared", "mps", "mps_external", "consolidated"]
 MODES: tuple[str, ...] = ("dedicated", "shared", "mps", "mps_external", "consolidated")

@@ -11,8 +11,8 @@ import importlib
 from pathlib import Path
 from typing import Any
 
+from rewardkit.core.errors import ConfigError, UsageError
 from rewardkit.deploy.config import DeployConfig, DeviceProbe, load_deploy_config
-from rewardkit.errors import ConfigError, UsageError
 
 BACKENDS = ("workers", "ray")
 

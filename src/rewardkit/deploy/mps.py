@@ -27,8 +27,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
+from rewardkit.core.errors import RewardkitError
 from rewardkit.deploy.config import CONTROL_BINARY
-from rewardkit.errors import RewardkitError
 
 log = logging.getLogger(__name__)
 

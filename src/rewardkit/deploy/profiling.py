@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from rewardkit.atomic import write_bytes
+from rewardkit.core.atomic import write_bytes
 
 log = logging.getLogger("rewardkit.deploy.profiling")
 

@@ -22,7 +22,7 @@ import struct
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from rewardkit.errors import RewardkitError
+from rewardkit.core.errors import RewardkitError
 from rewardkit.serve.scorers.base import ScoreItem
 
 log = logging.getLogger(__name__)

@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from rewardkit import atomic
-from rewardkit.errors import RewardkitError, UsageError
+from rewardkit.core import atomic
+from rewardkit.core.errors import RewardkitError, UsageError
+from rewardkit.core.hashing import sha256_bytes
 from rewardkit.eval import bootstrap, metrics
-from rewardkit.hashing import sha256_bytes
 
 PAIRS_FILE = "pairs.jsonl"
 SUMMARY_FILE = "summary.json"

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from rewardkit.errors import UsageError
+from rewardkit.core.errors import UsageError
 from rewardkit.eval import bootstrap, metrics
 from rewardkit.eval.artifacts import read_pairs
 

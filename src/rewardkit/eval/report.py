@@ -23,8 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from rewardkit import atomic
-from rewardkit.errors import UsageError
+from rewardkit.core import atomic
+from rewardkit.core.errors import UsageError
+from rewardkit.core.hashing import sha256_file
 from rewardkit.eval import metrics
 from rewardkit.eval.artifacts import (
     PAIRS_FILE,
@@ -34,7 +35,6 @@ from rewardkit.eval.artifacts import (
     load_summary,
     read_pairs,
 )
-from rewardkit.hashing import sha256_file
 
 CALIBRATION_BINS = 10
 _CURVES = (

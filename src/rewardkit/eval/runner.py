@@ -12,20 +12,19 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from rewardkit.core.errors import RewardkitError, UsageError
 from rewardkit.data.reader import iter_pairs
 from rewardkit.data.reasons import Rejection
 from rewardkit.data.records import TokenizedPair
 from rewardkit.data.tokenize import TokenizeSettings, tokenize_pair
-from rewardkit.errors import RewardkitError, UsageError
 from rewardkit.eval.artifacts import write_eval_artifacts
 from rewardkit.eval.bootstrap import DEFAULT_REPLICATES, DEFAULT_SEED
+from rewardkit.objectives.base import PairScorer
 
 log = logging.getLogger(__name__)
 
@@ -72,16 +71,6 @@ def _device(requested: str | None) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-@dataclass
-class PairScorer:
-    """A loaded model behind one call: pairs → (chosen, rejected, per-pair loss or None)."""
-
-    objective: str
-    tokenizer: Any
-    metadata: dict[str, Any]
-    score: Callable[[list[TokenizedPair], int], tuple[np.ndarray, np.ndarray, np.ndarray | None]]
-
-
 def reward_model_scorer(model_path: str | Path, device: str) -> PairScorer:
     """A rewardkit reward-model checkpoint or an HF `*ForSequenceClassification` dir (num_labels 1)."""
     from rewardkit.models.loading import load_reward_model
@@ -115,7 +104,7 @@ def evaluate(
     β·(log π − log π_ref); anything else must load as a reward model.
     """
     from rewardkit.data.probe import check_probe
-    from rewardkit.eval.dpo_scoring import dpo_scorer, is_dpo_checkpoint
+    from rewardkit.objectives.dpo_scoring import dpo_scorer, is_dpo_checkpoint
 
     probe = load_probe(probe_path)
     settings = TokenizeSettings(**probe["settings"])

@@ -14,10 +14,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from rewardkit.errors import RewardkitError
-from rewardkit.hashing import sha256_file
+from rewardkit.core.errors import RewardkitError
+from rewardkit.core.hashing import sha256_file
+from rewardkit.data.collate import Batch
 from rewardkit.models.attention import resolve_attn_implementation
-from rewardkit.models.batching import Batch
 
 FORMAT_VERSION = 1
 METADATA_FILE = "rewardkit.json"

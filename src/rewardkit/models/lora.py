@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rewardkit.errors import ConfigError
+from rewardkit.core.errors import ConfigError
 
 ADAPTER_DIR = "adapter"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"

@@ -24,11 +24,13 @@ long-prompt batch.
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
-from rewardkit.errors import ConfigError
+from rewardkit.core.errors import ConfigError
 
 POLICY_LOADER = "transformers.AutoModelForCausalLM"
 
@@ -42,12 +44,11 @@ def build_policy(cfg: Any, *, vocab_size: int | None = None):
     """
     from transformers import AutoModelForCausalLM
 
-    from rewardkit.models.reward_model import build_backbone
-    from rewardkit.train.recipes.reward_model import _model_spec
+    from rewardkit.models.reward_model import build_backbone, model_spec
 
     if cfg.model.init_from:
         raise ConfigError("model.init_from loads reward models; give a DPO policy with model.path")
-    return build_backbone(_model_spec(cfg), vocab_size=vocab_size, auto_class=AutoModelForCausalLM)
+    return build_backbone(model_spec(cfg.model), vocab_size=vocab_size, auto_class=AutoModelForCausalLM)
 
 
 FUSED_HEAD_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
@@ -296,3 +297,33 @@ def check_policy_semantics(model, *, allow_dropout: bool) -> None:
             f"policy has dropout > 0 ({shown}); DPO log-probs must be deterministic. "
             "Set the dropout fields to 0 or set policy.allow_dropout: true"
         )
+
+
+def write_causal_lm(
+    directory: Path, policy: nn.Module, state_dict: dict[str, torch.Tensor], tokenizer: Any
+) -> str:
+    """model.safetensors + config.json (+ generation config, tokenizer): a plain HF causal LM dir.
+
+    Tied weights (embeddings = LM head) arrive as one storage under two names; safetensors
+    refuses shared storage, so the second name gets its own copy.
+    """
+    from safetensors.torch import save_file
+
+    from rewardkit.core.hashing import sha256_file
+    from rewardkit.models.loading import WEIGHTS_FILE
+
+    seen: set[int] = set()
+    tensors = {}
+    for name, value in state_dict.items():
+        tensor = value.detach().to("cpu").contiguous()
+        if tensor.data_ptr() in seen:
+            tensor = tensor.clone()
+        seen.add(tensor.data_ptr())
+        tensors[name] = tensor
+    save_file(tensors, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
+    policy.config.save_pretrained(directory)
+    if getattr(policy, "generation_config", None) is not None:
+        policy.generation_config.save_pretrained(directory)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(directory)
+    return sha256_file(directory / WEIGHTS_FILE)

@@ -37,8 +37,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from rewardkit.errors import RewardkitError
-from rewardkit.hashing import sha256_file
+from rewardkit.core.errors import RewardkitError
+from rewardkit.core.hashing import sha256_file
 
 if TYPE_CHECKING:
     import torch

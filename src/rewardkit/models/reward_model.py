@@ -17,9 +17,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from rewardkit.core.errors import ConfigError
+from rewardkit.data.collate import Batch, Layout, block_attention_mask, collate
 from rewardkit.data.records import TokenizedPair
 from rewardkit.models.attention import packed_attention, resolve_attn_implementation
-from rewardkit.models.batching import Batch, Layout, block_attention_mask, collate
 
 # Bidirectional backbones: packed rows need an explicit block-diagonal mask for these, while
 # decoders get their block-causal mask from restarting position_ids inside transformers.
@@ -178,3 +179,19 @@ def score_pairs(
     if not chosen:
         return np.zeros(0), np.zeros(0)
     return np.concatenate(chosen), np.concatenate(rejected)
+
+
+def model_spec(m: Any) -> dict[str, Any]:
+    """The `model:` config section as the keyword set `build_backbone` takes (exactly one source)."""
+    sources = [name for name in ("tiny", "config", "path") if getattr(m, name)]
+    if len(sources) != 1 and not m.init_from:
+        raise ConfigError(f"model: give exactly one of tiny, config, path (got {sources or 'none'})")
+    return {
+        "tiny": m.tiny,
+        "config": m.config,
+        "path": m.path,
+        "gguf_file": m.gguf_file,
+        "config_overrides": m.config_overrides,
+        "attn_implementation": m.attn_implementation,
+        "trust_remote_code": m.trust_remote_code,
+    }

@@ -23,7 +23,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
-from rewardkit.errors import ConfigError
+from rewardkit.core.errors import ConfigError
 from rewardkit.serve.scorers.base import Scorer
 
 DTYPES = ("fp32", "fp16", "bf16")

@@ -7,7 +7,7 @@ Every code below is documented in docs/serve.md and exercised by tests/test_serv
 
 from __future__ import annotations
 
-from rewardkit.errors import RewardkitError
+from rewardkit.core.errors import RewardkitError
 
 STATUS_BY_CODE: dict[str, int] = {
     "unauthorized": 401,

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from rewardkit.atomic import staged_dir
+from rewardkit.core.atomic import staged_dir
 from rewardkit.models.loading import FORMAT_VERSION, METADATA_FILE, CheckpointError, read_metadata
 from rewardkit.train.distributed import DistInfo, all_gather_objects, barrier
 

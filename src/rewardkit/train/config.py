@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import yaml
 
-from rewardkit.errors import ConfigError
+from rewardkit.core.errors import ConfigError
 
 
 @dataclass

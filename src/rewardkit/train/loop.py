@@ -23,11 +23,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from rewardkit.atomic import write_text
+from rewardkit.core.atomic import write_text
+from rewardkit.core.errors import UsageError
 from rewardkit.data.records import TokenizedPair
-from rewardkit.errors import UsageError
 from rewardkit.eval.metrics import TIE_TOLERANCE
 from rewardkit.models.loading import CheckpointError
+from rewardkit.objectives.base import Objective
 from rewardkit.train import checkpoint as ckpt
 from rewardkit.train.config import TrainConfig, dump_yaml
 from rewardkit.train.distributed import (
@@ -39,7 +40,6 @@ from rewardkit.train.distributed import (
     transformer_blocks,
     wrap_model,
 )
-from rewardkit.train.objective import Objective
 from rewardkit.train.sampler import PairSampler
 
 log = logging.getLogger("rewardkit.train")

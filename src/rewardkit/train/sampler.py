@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from rewardkit.errors import ConfigError
+from rewardkit.core.errors import ConfigError
 
 
 @dataclass

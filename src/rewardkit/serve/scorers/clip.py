@@ -28,7 +28,7 @@ import logging
 import time
 from typing import Any, ClassVar
 
-from rewardkit.errors import ConfigError
+from rewardkit.core.errors import ConfigError
 from rewardkit.serve.graphs import BucketGraphs, bucket_sizes
 from rewardkit.serve.images import ImageDecoder, Preprocess
 from rewardkit.serve.scorers.base import ItemError, ScoreItem
@@ -122,7 +122,7 @@ def shape_tokenizer():
     """A BPE tokenizer that, like CLIP's, wraps every text in bos ... eos."""
     from tokenizers import processors
 
-    from rewardkit.models.tiny import SPECIAL_TOKENS, build_tokenizer
+    from rewardkit.data.builtin_tokenizer import SPECIAL_TOKENS, build_tokenizer
 
     tok = build_tokenizer(_CORPUS, vocab_size=400, chat_template=False)
     bos, eos = SPECIAL_TOKENS["bos_token"], SPECIAL_TOKENS["eos_token"]

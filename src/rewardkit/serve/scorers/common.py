@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from rewardkit import __version__
-from rewardkit.errors import ConfigError
-from rewardkit.hashing import sha256_file, sha256_json
+from rewardkit.core.errors import ConfigError
+from rewardkit.core.hashing import sha256_file, sha256_json
 from rewardkit.serve.scorers.base import Scorer, ScorerInfo
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")

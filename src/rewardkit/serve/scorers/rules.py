@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any, ClassVar
 
-from rewardkit.errors import ConfigError
+from rewardkit.core.errors import ConfigError
 from rewardkit.serve.scorers.base import ItemError, ScoreItem, Scorer, ScorerInfo
 from rewardkit.serve.scorers.common import VERSION, as_text, check_options, identity
 

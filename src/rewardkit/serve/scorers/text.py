@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from rewardkit.errors import ConfigError, RewardkitError
+from rewardkit.core.errors import ConfigError, RewardkitError
 from rewardkit.serve.scorers.base import ItemError, ScoreItem
 from rewardkit.serve.scorers.common import (
     ModelScorer,
@@ -54,7 +54,8 @@ class SeqClsScorer(ModelScorer):
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         if self.shape is not None:
-            from rewardkit.models.tiny import build_tokenizer, tiny_config
+            from rewardkit.data.builtin_tokenizer import build_tokenizer
+            from rewardkit.models.tiny import tiny_config
 
             tokenizer = build_tokenizer(_CORPUS, vocab_size=512)
             config = tiny_config(
@@ -158,7 +159,7 @@ class RewardModelScorer(SeqClsScorer):
             return super()._forward(input_ids, attention_mask, lengths)
         import torch
 
-        from rewardkit.models.batching import Batch
+        from rewardkit.data.collate import Batch
 
         rows = input_ids.shape[0]
         positions = (

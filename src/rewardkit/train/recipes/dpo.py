@@ -20,13 +20,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from rewardkit.core.errors import ConfigError
+from rewardkit.data.collate import collate
 from rewardkit.data.records import TokenizedPair
-from rewardkit.errors import ConfigError
-from rewardkit.hashing import sha256_file
-from rewardkit.losses import dpo_loss
 from rewardkit.models.attention import packed_row_length
-from rewardkit.models.batching import collate
-from rewardkit.models.loading import WEIGHTS_FILE, CheckpointError
+from rewardkit.models.loading import CheckpointError
 from rewardkit.models.lora import (
     BASE_LOADER,
     adapters_disabled,
@@ -35,7 +33,7 @@ from rewardkit.models.lora import (
     merged_state_dict,
     write_adapter,
 )
-from rewardkit.models.policy import POLICY_LOADER, build_policy, check_policy_semantics
+from rewardkit.models.policy import POLICY_LOADER, build_policy, check_policy_semantics, write_causal_lm
 from rewardkit.models.reference import (
     PinnedSnapshot,
     ReferenceSidecar,
@@ -44,9 +42,8 @@ from rewardkit.models.reference import (
     load_pinned_reference,
     sidecar_for,
 )
-from rewardkit.train.checkpoint import load_model_weights
-from rewardkit.train.config import TrainConfig, from_dict, read_config_data
-from rewardkit.train.dpo import (
+from rewardkit.objectives.base import MicroBatchOutput, check_objective
+from rewardkit.objectives.dpo import (
     DPOObjective,
     DPOSettings,
     ReferenceLogps,
@@ -56,8 +53,10 @@ from rewardkit.train.dpo import (
     precompute_reference,
     release,
 )
+from rewardkit.objectives.losses import dpo_loss
+from rewardkit.train.checkpoint import load_model_weights
+from rewardkit.train.config import TrainConfig, from_dict, read_config_data
 from rewardkit.train.loop import EvalSet, RunResult, Trainer
-from rewardkit.train.objective import MicroBatchOutput, check_objective
 
 log = logging.getLogger("rewardkit.train")
 
@@ -77,33 +76,6 @@ def load_dpo_config(path: str | Path | None, overrides: Sequence[str] = ()) -> D
     data = read_config_data(path, overrides)
     check_lora(data.get("model"), data.get("dpo"))  # before from_dict calls `model.lora` just unknown
     return from_dict(DPOTrainConfig, data)
-
-
-def write_causal_lm(
-    directory: Path, policy: nn.Module, state_dict: dict[str, torch.Tensor], tokenizer: Any
-) -> str:
-    """model.safetensors + config.json (+ generation config, tokenizer): a plain HF causal LM dir.
-
-    Tied weights (embeddings = LM head) arrive as one storage under two names; safetensors
-    refuses shared storage, so the second name gets its own copy.
-    """
-    from safetensors.torch import save_file
-
-    seen: set[int] = set()
-    tensors = {}
-    for name, value in state_dict.items():
-        tensor = value.detach().to("cpu").contiguous()
-        if tensor.data_ptr() in seen:
-            tensor = tensor.clone()
-        seen.add(tensor.data_ptr())
-        tensors[name] = tensor
-    save_file(tensors, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
-    policy.config.save_pretrained(directory)
-    if getattr(policy, "generation_config", None) is not None:
-        policy.generation_config.save_pretrained(directory)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(directory)
-    return sha256_file(directory / WEIGHTS_FILE)
 
 
 class DPOPolicyObjective:
@@ -411,49 +383,3 @@ def run(cfg: DPOTrainConfig, *, resume: str | None = None, allow_new_data: bool 
     if resume:
         trainer.resume(resume, allow_new_data=allow_new_data)
     return trainer.fit()
-
-
-def export_causal_lm(checkpoint: str | Path, out: str | Path) -> dict[str, Any]:
-    """Write a DPO checkpoint's policy as a plain HF causal LM directory (`rewardkit export hf`).
-
-    The weights are checked against the checkpoint's recorded SHA-256 first. The export is
-    `save_pretrained` output plus the tokenizer, with none of the training state; it is reloaded
-    with plain transformers and must give bit-identical logits before it is renamed into place.
-    """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from rewardkit.atomic import staged_dir
-    from rewardkit.export import ExportError
-    from rewardkit.models.loading import read_metadata
-
-    checkpoint, out = Path(checkpoint), Path(out)
-    meta = read_metadata(checkpoint)
-    if meta.get("objective") != OBJECTIVE:
-        raise CheckpointError(
-            f"{checkpoint}: objective {meta.get('objective')!r} is not a DPO policy", code="wrong_objective"
-        )
-    weights = checkpoint / WEIGHTS_FILE
-    if not weights.is_file() or sha256_file(weights) != meta.get("model_sha256"):
-        raise CheckpointError(
-            f"{weights}: missing or does not match the recorded model_sha256", code="weights_mismatch"
-        )
-    load = {"local_files_only": True, "trust_remote_code": False, "dtype": torch.float32}
-    model = AutoModelForCausalLM.from_pretrained(checkpoint, **load).eval()
-    tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
-    probe = torch.arange(min(32, model.config.vocab_size))[None] % model.config.vocab_size
-    with staged_dir(out) as tmp:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        reloaded = AutoModelForCausalLM.from_pretrained(tmp, **load).eval()
-        with torch.no_grad():
-            diff = float((model(probe).logits - reloaded(probe).logits).abs().max())
-        if diff != 0.0:
-            raise ExportError(f"exported causal LM disagrees with the checkpoint by {diff:.2e}")
-    log.info("exported %s as a %s to %s", checkpoint, type(model).__name__, out)
-    return {
-        "checkpoint": str(checkpoint),
-        "out": str(out),
-        "architecture": type(model).__name__,
-        "max_abs_diff": diff,
-        "source_model_sha256": meta.get("model_sha256"),
-    }

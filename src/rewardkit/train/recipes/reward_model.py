@@ -15,36 +15,20 @@ from typing import Any
 import torch
 from torch import nn
 
+from rewardkit.core.errors import ConfigError
+from rewardkit.core.hashing import sha256_file, sha256_json
+from rewardkit.data.collate import collate
 from rewardkit.data.records import PreferencePair, TokenizedPair
-from rewardkit.errors import ConfigError
-from rewardkit.hashing import sha256_file, sha256_json
-from rewardkit.losses import bradley_terry, center_rewards_penalty
 from rewardkit.models.attention import packed_row_length
-from rewardkit.models.batching import collate
 from rewardkit.models.loading import OBJECTIVE, CheckpointError, write_model_files
-from rewardkit.models.reward_model import RewardModel, build_backbone, score_pairs
+from rewardkit.models.reward_model import RewardModel, build_backbone, model_spec, score_pairs
+from rewardkit.objectives.base import MicroBatchOutput, check_objective
+from rewardkit.objectives.losses import bradley_terry, center_rewards_penalty
 from rewardkit.train.checkpoint import load_model_weights
 from rewardkit.train.config import DataConfig, TrainConfig
 from rewardkit.train.loop import EvalSet, RunResult, Trainer
-from rewardkit.train.objective import MicroBatchOutput, check_objective
 
 log = logging.getLogger("rewardkit.train")
-
-
-def _model_spec(cfg: TrainConfig) -> dict[str, Any]:
-    m = cfg.model
-    sources = [name for name in ("tiny", "config", "path") if getattr(m, name)]
-    if len(sources) != 1 and not m.init_from:
-        raise ConfigError(f"model: give exactly one of tiny, config, path (got {sources or 'none'})")
-    return {
-        "tiny": m.tiny,
-        "config": m.config,
-        "path": m.path,
-        "gguf_file": m.gguf_file,
-        "config_overrides": m.config_overrides,
-        "attn_implementation": m.attn_implementation,
-        "trust_remote_code": m.trust_remote_code,
-    }
 
 
 def _base_identity(cfg: TrainConfig, backbone_config: Any) -> dict[str, Any]:
@@ -107,7 +91,7 @@ class RewardModelObjective:
         if self.cfg.model.init_from:
             model = _from_init(self.cfg.model.init_from)
         else:
-            model = RewardModel(build_backbone(_model_spec(self.cfg), vocab_size=len(tokenizer)))
+            model = RewardModel(build_backbone(model_spec(self.cfg.model), vocab_size=len(tokenizer)))
         vocab = model.config.vocab_size
         if len(tokenizer) > vocab:
             raise ConfigError(

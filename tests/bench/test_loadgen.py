@@ -1,0 +1,135 @@
+import asyncio
+import json
+import time
+
+import pytest
+
+from rewardkit.bench.corpus import generate_corpus
+from rewardkit.bench.loadgen import LoadGenerator
+from rewardkit.bench.sweep import SCHEMA_VERSION, BenchConfig, load_schema, run_bench
+from rewardkit.bench.windows import WindowPolicy
+from rewardkit.core.errors import UsageError
+from support.bench_fake_server import fake_score, make_app, serve_in_thread
+
+CORPUS = generate_corpus(12, seed=5)
+FAST = WindowPolicy(window_s=0.15, stable_windows=3, tolerance=0.5, max_windows=4)
+ONE_WINDOW = WindowPolicy(window_s=0.15, stable_windows=1, max_windows=1)  # failing points never settle
+
+
+def config(url, scorers, **kw):
+    base = dict(
+        url=url, scorers=scorers, batches=[3], concurrencies=[2], requests=2, warmup=1,
+        policy=FAST, monitor_interval_s=0.05, slo_ms=10_000,
+    )  # fmt: skip
+    return BenchConfig(**{**base, **kw})
+
+
+def validate_schema(run):
+    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema.validate(json.loads(json.dumps(run)), load_schema())
+
+
+def test_closed_loop_run_is_valid_and_captures_every_score():
+    with serve_in_thread(make_app(["a", "b"], mode="shared")) as url:
+        run = run_bench(
+            config(url, ["a", "b"], batches=[1, 3], concurrencies=[1, 2]), CORPUS, {"source": "t"}
+        )
+    validate_schema(run)
+    assert run["schema_version"] == SCHEMA_VERSION and run["mode"] == "shared"
+    assert [(p["batch"], p["concurrency"]) for p in run["points"]] == [(1, 1), (1, 2), (3, 1), (3, 2)]
+    totals = run["totals"]
+    assert totals["failed"] == 0 and totals["ok"] == totals["requests"] > 0
+    for p in run["points"]:
+        assert p["requests"]["ok"] >= p["concurrency"] * 3  # warm-up + 2 measured per client
+        assert p["items_per_s"] > 0 and p["scores_per_s"] == pytest.approx(2 * p["items_per_s"])
+        assert p["latency_ms"]["p50"] <= p["latency_ms"]["p95"] <= p["latency_ms"]["max"]
+        assert p["batch_size_mean"] == {"a": p["batch"], "b": p["batch"]}  # from /metrics deltas
+        assert p["server_timing_ms"]["queue_fraction"] == pytest.approx(0.25, abs=0.01)
+        assert 1 <= len(p["windows"][0]) <= FAST.max_windows
+        assert p["goodput_items_per_s"] == pytest.approx(p["items_per_s"])  # SLO far above latency
+    by_id = {item.id: item for item in CORPUS}
+    assert set(run["scores"]) == set(by_id)
+    for item_id, scores in run["scores"].items():
+        for scorer in ("a", "b"):
+            assert scores[scorer] == pytest.approx(fake_score(scorer, by_id[item_id].payload()))
+    assert run["score_spread"] == {"a": 0.0, "b": 0.0}
+    assert "token" not in run["config"]
+
+
+@pytest.mark.parametrize(
+    ("fault", "reason"),
+    [
+        ("nan", "score_non_finite"),
+        ("inf", "score_non_finite"),
+        ("bool", "score_bool"),
+        ("none", "score_none"),
+        ("string", "score_non_numeric"),
+        ("missing", "missing_scorer"),
+        ("error", "scorer_error"),
+        ("drop_id", "missing_id"),
+        ("extra_id", "extra_id"),
+        ("reorder", "order_mismatch"),
+        ("http500", "http_500"),
+    ],
+)
+def test_every_injected_fault_fails_by_reason(fault, reason):
+    with serve_in_thread(make_app(["good", "bad"], faults={"bad": fault})) as url:
+        cfg = config(url, ["good", "bad"], batches=[2], concurrencies=[1], policy=ONE_WINDOW)
+        run = run_bench(cfg, CORPUS, {"source": "t"})
+    validate_schema(run)
+    totals = run["totals"]
+    assert totals["ok"] == 0 and totals["failed"] == totals["requests"] > 0
+    assert set(totals["failures_by_reason"]) == {reason}
+    assert run["points"][0]["requests"]["warmup_failed"] == 1
+    bad_scores = [s["bad"] for s in run["scores"].values() if "bad" in s]
+    assert all(isinstance(v, float) and v == v for v in bad_scores)  # nothing invalid was kept
+    if fault == "error":
+        assert totals["item_errors_by_code"]["non_finite"] > 0
+
+
+def test_bearer_token_is_sent():
+    with serve_in_thread(make_app(["a"], token="s3cret")) as url:
+        denied = run_bench(config(url, ["a"], concurrencies=[1]), CORPUS, {"source": "t"})
+        allowed = run_bench(config(url, ["a"], concurrencies=[1], token="s3cret"), CORPUS, {"source": "t"})
+    assert set(denied["totals"]["failures_by_reason"]) == {"http_401"}
+    assert allowed["totals"]["failed"] == 0
+
+
+def test_open_loop_measures_from_the_scheduled_time():
+    """A client that falls behind its timetable must charge the delay to latency."""
+    stall_s = 0.4
+
+    async def scenario(url):
+        gen = LoadGenerator(url, ["a"], CORPUS, policy=WindowPolicy(window_s=0.25, max_windows=4))
+
+        async def stall():
+            await asyncio.sleep(0.02)
+            time.sleep(stall_s)  # block the event loop: arrivals due now are sent late
+
+        stall_task = asyncio.create_task(stall())
+        m = await gen.open_loop(batch=1, rate=100.0, duration_s=0.5, warmup=0, seed=1)
+        await stall_task
+        return m
+
+    with serve_in_thread(make_app(["a"], delay_ms=0.5)) as url:
+        m = asyncio.run(scenario(url))
+    measured = [r for r in m.records if r.phase == "measure"]
+    assert 20 < len(measured) < 100  # ~50 Poisson arrivals
+    early = [r for r in measured if r.scheduled - m.start < 0.1]
+    assert early and max(r.latency_ms for r in early) >= (stall_s - 0.12) * 1000
+
+
+def test_open_loop_point_and_schema():
+    with serve_in_thread(make_app(["a"])) as url:
+        run = run_bench(config(url, ["a"], rates=[40.0], duration_s=0.45), CORPUS, {"source": "t"})
+    validate_schema(run)
+    (point,) = run["points"]
+    assert point["loop"] == "open" and point["rate"] == 40.0 and point["concurrency"] is None
+    assert point["requests"]["failed"] == 0 and len(point["windows"][0]) == 3
+
+
+def test_batch_larger_than_corpus_and_unreachable_service_are_usage_errors():
+    with serve_in_thread(make_app(["a"])) as url, pytest.raises(UsageError, match="larger than the corpus"):
+        run_bench(config(url, ["a"], batches=[13]), CORPUS, {"source": "t"})
+    with pytest.raises(UsageError, match="cannot reach"):
+        run_bench(config("http://127.0.0.1:9", ["a"]), CORPUS, {"source": "t"})

@@ -1,0 +1,62 @@
+"""The probe contract: freezing is deterministic and every kind of drift is named."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from rewardkit.data.builtin_tokenizer import build_tokenizer
+from rewardkit.data.normalize import normalize_row
+from rewardkit.data.probe import ProbeMismatch, check_probe, freeze_probe
+from rewardkit.data.synth import builtin_tokenizer, generate_rows
+from rewardkit.data.tokenize import TokenizeSettings, tokenize_pair
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return builtin_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def tokenized(tok):
+    return [tokenize_pair(normalize_row(row), tok) for row in generate_rows(20, seed=5)]
+
+
+def mismatch(probe, pairs, **kwargs) -> str:
+    with pytest.raises(ProbeMismatch) as info:
+        check_probe(probe, pairs, **kwargs)
+    assert info.value.code == "probe_mismatch"
+    return info.value.message
+
+
+def test_freeze_records_the_contract(tok, tokenized):
+    probe = freeze_probe(tokenized, tok, TokenizeSettings())
+    assert probe["count"] == 20 and probe["pair_ids"] == [p.pair_id for p in tokenized]
+    assert probe["settings"] == {"max_length": 1024, "max_completion_length": 512, "truncation": "drop"}
+    assert freeze_probe(iter(tokenized), tok) == probe  # any iterable, same result
+    check_probe(probe, tokenized, tokenizer=tok, settings=TokenizeSettings())
+
+
+def test_mismatches_say_what_differs(tok, tokenized):
+    probe = freeze_probe(tokenized, tok)
+    assert "count differs: probe has 20 pairs, data has 19" in mismatch(probe, tokenized[:19])
+    swapped = [tokenized[1], tokenized[0], *tokenized[2:]]
+    assert f"pair id differs at position 0: probe {tokenized[0].pair_id!r}" in mismatch(probe, swapped)
+    branch = tokenized[3].chosen
+    moved = dataclasses.replace(branch, score_index=branch.score_index - 1)
+    changed = [*tokenized[:3], dataclasses.replace(tokenized[3], chosen=moved), *tokenized[4:]]
+    assert f"tokens differ for pair {tokenized[3].pair_id!r} at position 3" in mismatch(probe, changed)
+    masked = dataclasses.replace(branch, loss_mask=[1] * len(branch))
+    changed[3] = dataclasses.replace(tokenized[3], chosen=masked)
+    assert "at position 3" in mismatch(probe, changed)
+
+
+def test_tokenizer_template_and_settings_drift(tok, tokenized):
+    probe = freeze_probe(tokenized, tok)
+    other = build_tokenizer(["something else entirely"], vocab_size=300)
+    assert mismatch(probe, tokenized, tokenizer=other).startswith("tokenizer_sha256 differs")
+    assert "settings differ" in mismatch(probe, tokenized, settings=TokenizeSettings(truncation="truncate"))
+    tampered = {**probe, "tokens_sha256": "0" * 64}
+    assert "token hash differs" in mismatch(tampered, tokenized)
+    assert "not a rewardkit.probe/v1" in mismatch({"format": "x"}, tokenized)

@@ -1,0 +1,86 @@
+"""`rewardkit report`: a self-contained HTML page, a Markdown twin, and the calibration numbers."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+
+import numpy as np
+import pytest
+
+from rewardkit.cli import main
+from rewardkit.core.errors import UsageError
+from rewardkit.eval.artifacts import eval_step_dir, write_eval_artifacts
+from rewardkit.eval.report import build_report, calibration_table, expected_calibration_error
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _run(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    with open(run / "metrics.jsonl", "w") as handle:
+        for step in range(1, 21):
+            row = {
+                "step": step,
+                "loss": 0.7 - step / 100,
+                "accuracy": 0.5 + step / 50,
+                "margin_mean": step / 10,
+            }
+            handle.write(json.dumps({**row, "lr": 1e-4, "grad_norm": 1.0}) + "\n")
+    rng = np.random.default_rng(0)
+    for step in (0, 20):
+        chosen = rng.normal(step / 10, 1, 30)
+        write_eval_artifacts(
+            eval_step_dir(run, step), pair_ids=[f"p{i}" for i in range(30)], chosen_scores=chosen,
+            rejected_scores=np.zeros(30), subsets=["a", "b", "c"] * 10, probe_sha256="ab" * 32,
+            objective="reward_model", model_identity={"step": step}, batch_plan={"batch_size": 4}, replicates=100,
+        )  # fmt: skip
+    (run / "config.yaml").write_text("objective: reward_model\nlr: 1.0e-4\n")
+    return run
+
+
+def test_report_is_self_contained_with_a_markdown_twin(tmp_path, capsys):
+    run = _run(tmp_path)
+    assert main(["report", str(run)]) == 0
+    assert str(run / "report" / "report.html") in capsys.readouterr().out
+    page = (run / "report" / "report.html").read_text()
+    images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
+    assert len(images) == 4  # training curves, eval over steps, histograms, calibration
+    assert all(base64.b64decode(image).startswith(PNG_MAGIC) for image in images)
+    assert not re.search(r'(src|href)="(?!data:)', page)  # nothing outside the file
+    markdown = (run / "report" / "report.md").read_text()
+    for name in ("training_curves.png", "eval_accuracy.png", "score_histogram.png", "calibration.png"):
+        assert f"]({name})" in markdown
+        assert (run / "report" / name).read_bytes().startswith(PNG_MAGIC)
+    for text in ("Per-subset results (step 20)", "| a | 10 |", "lr: 1.0e-4", "probe_sha256", "ab" * 32):
+        assert text in markdown and text.replace("| a | 10 |", "<td>a</td><td>10</td>") in page
+
+
+def test_report_of_an_eval_directory_without_training(tmp_path):
+    write_eval_artifacts(
+        tmp_path / "ev", pair_ids=["x", "y"], chosen_scores=[1.0, 0.0], rejected_scores=[0.0, 1.0],
+        subsets=[None, None], probe_sha256="ab" * 32, objective="reward_model", model_identity={},
+        batch_plan={}, replicates=50,
+    )  # fmt: skip
+    path = build_report(tmp_path / "ev", tmp_path / "out")
+    page = path.read_text()
+    assert "No metrics.jsonl in this run." in page and "No config.yaml in this run." in page
+    assert page.count("data:image/png;base64,") == 2  # histograms and calibration
+    with pytest.raises(UsageError, match="not a directory"):
+        build_report(tmp_path / "missing")
+
+
+def test_calibration_bins_by_hand():
+    # σ(|m|): m=0 → 0.5 (tie, credit ½), m=±0.1 → 0.525, m=3 → 0.9526, m=-3 → 0.9526 (wrong)
+    margin = np.array([0.0, 0.1, -0.1, 3.0, -3.0, 3.0])
+    table = calibration_table(margin, bins=10)
+    assert [(row["low"], row["n"]) for row in table] == [(0.5, 3), (0.95, 3)]
+    assert table[0]["observed"] == pytest.approx((0.5 + 1 + 0) / 3)
+    assert table[1]["observed"] == pytest.approx(2 / 3)
+    sig = 1 / (1 + np.exp(-np.array([0.0, 0.1, 3.0])))
+    assert table[0]["predicted"] == pytest.approx((sig[0] + 2 * sig[1]) / 3)
+    assert table[1]["predicted"] == pytest.approx(sig[2])
+    expected = (3 * abs(table[0]["observed"] - table[0]["predicted"]) + 3 * abs(2 / 3 - sig[2])) / 6
+    assert expected_calibration_error(table) == pytest.approx(expected)

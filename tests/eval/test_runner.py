@@ -1,0 +1,178 @@
+"""`rewardkit eval` end to end on a tiny HF sequence-classification model and the synth task."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from rewardkit.cli import main
+from rewardkit.data.probe import freeze_probe
+from rewardkit.data.synth import builtin_tokenizer, generate_rows
+from rewardkit.data.tokenize import TokenizeSettings
+from rewardkit.eval.artifacts import read_pairs
+from rewardkit.eval.runner import reward_model_scorer, tokenize_eval_data
+from rewardkit.objectives.base import PairScorer
+
+N_PAIRS = 48
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    from rewardkit.models.tiny import tiny_config
+
+    torch.set_num_threads(1)  # 2 shared cores: intra-op threads only contend (20x slower at batch size 1)
+    root = tmp_path_factory.mktemp("eval")
+    tokenizer = builtin_tokenizer()
+    config = tiny_config(
+        "tiny-llama", vocab_size=len(tokenizer), num_labels=1, pad_token_id=tokenizer.pad_token_id
+    )
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_config(config)
+    model.save_pretrained(root / "model")
+    tokenizer.save_pretrained(root / "model")
+    rows = generate_rows(N_PAIRS, seed=3)
+    data = root / "eval.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    pairs = tokenize_eval_data(data, tokenizer, TokenizeSettings())
+    probe = freeze_probe(pairs, tokenizer, TokenizeSettings())
+    (root / "probe.json").write_text(json.dumps(probe))
+    return root, rows, probe
+
+
+def _first_plain(rows):
+    return next(row for row in rows if isinstance(row["chosen"], str))
+
+
+def _reworded(row):
+    return {**row, "chosen": row["chosen"] + " Indeed."}
+
+
+def _eval(root, out, *extra, data=None):
+    args = ["eval", "--model", str(root / "model"), "--probe", str(root / "probe.json")]
+    args += ["--data", str(data or root / "eval.jsonl"), "--out", str(out), "--replicates", "200", *extra]
+    return main(args)
+
+
+def test_eval_writes_artifacts_in_probe_order(setup, tmp_path, capsys):
+    root, _, probe = setup
+    assert _eval(root, tmp_path / "out") == 0
+    assert "accuracy" in capsys.readouterr().out
+    rows = read_pairs(tmp_path / "out" / "pairs.jsonl")
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert [r["pair_id"] for r in rows] == probe["pair_ids"]
+    assert summary["probe_sha256"] == probe["tokens_sha256"] == rows[0]["probe_sha256"]
+    assert summary["n_pairs"] == N_PAIRS and summary["objective"] == "reward_model"
+    assert set(summary["subsets"]) == {r["subset"] for r in rows} - {None}
+    assert summary["model"]["head_type"] == "hf_seqcls"
+
+
+def test_scores_do_not_depend_on_batch_size(setup):
+    root, _, _ = setup
+    scorer = reward_model_scorer(root / "model", "cpu")
+    pairs = tokenize_eval_data(root / "eval.jsonl", scorer.tokenizer, TokenizeSettings())
+    scores = {}
+    for batch_size in (1, 7, 64):
+        chosen, rejected, losses = scorer.score(pairs, batch_size)
+        assert losses is None  # reward models: Bradley–Terry loss from the margin
+        scores[batch_size] = np.stack([chosen, rejected])
+    assert np.ptp(scores[1]) > 1e-3  # a model that scores everything alike would pass trivially
+    np.testing.assert_allclose(scores[7], scores[1], atol=1e-5, rtol=0)
+    np.testing.assert_allclose(scores[64], scores[1], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda rows: rows[:-1], "count differs"),
+        (lambda rows: [rows[1], rows[0], *rows[2:]], "pair id differs at position 0"),
+        (
+            lambda rows: [_reworded(row) if row is _first_plain(rows) else row for row in rows],
+            "tokens differ for pair",
+        ),
+    ],
+)
+def test_data_that_does_not_match_the_probe_is_refused(setup, tmp_path, capsys, edit, message):
+    root, rows, _ = setup
+    data = tmp_path / "other.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in edit(rows)))
+    assert _eval(root, tmp_path / "out", data=data) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_rewardkit_checkpoint_reproduces_the_training_evaluation(tmp_path):
+    """Training's final evaluation and `rewardkit eval` of its checkpoint are the same measurement."""
+    from rewardkit.train.config import load_config
+    from rewardkit.train.recipes.reward_model import run
+
+    settings = TokenizeSettings(max_length=96, max_completion_length=48)
+    overrides = [
+        "model.tiny=tiny-llama", "data.tokenizer=builtin", "data.synth.train_rows=32", "data.synth.eval_rows=12",
+        f"data.max_length={settings.max_length}", f"data.max_completion_length={settings.max_completion_length}",
+        "run.max_steps=2", "run.global_batch_pairs=8", "run.layout=packed", "run.eval_batch_size=5",
+        "run.progress=false", f"run.run_dir={tmp_path / 'run'}",
+    ]  # fmt: skip
+    result = run(load_config(None, overrides))
+    data = tmp_path / "eval.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in generate_rows(44, seed=0)[32:]))
+    tokenizer = builtin_tokenizer()
+    probe = freeze_probe(tokenize_eval_data(data, tokenizer, settings), tokenizer, settings)
+    (tmp_path / "probe.json").write_text(json.dumps(probe))
+    args = [
+        "eval",
+        "--model",
+        str(result.checkpoint),
+        "--probe",
+        str(tmp_path / "probe.json"),
+        "--data",
+        str(data),
+    ]
+    assert main([*args, "--out", str(tmp_path / "out"), "--replicates", "100"]) == 0
+    ours = read_pairs(tmp_path / "out" / "pairs.jsonl")
+    training = read_pairs(tmp_path / "run" / "eval" / "step-0000002" / "pairs.jsonl")
+    assert [r["pair_id"] for r in ours] == [r["pair_id"] for r in training]
+    assert ours[0]["probe_sha256"] == training[0]["probe_sha256"]
+    # packed batches of 5 in training, right-padded batches of 16 here
+    for key in ("chosen_score", "rejected_score"):
+        np.testing.assert_allclose([r[key] for r in ours], [r[key] for r in training], atol=1e-5, rtol=0)
+
+
+def test_not_a_model_and_non_finite_scores_are_one_line_errors(setup, tmp_path, capsys, monkeypatch):
+    from rewardkit.eval import runner
+
+    root, _, _ = setup
+    args = [
+        "eval",
+        "--probe",
+        str(root / "probe.json"),
+        "--data",
+        str(root / "eval.jsonl"),
+        "--out",
+        str(tmp_path),
+    ]
+    assert main([*args, "--model", str(tmp_path)]) == 2
+    assert "neither a rewardkit checkpoint nor an HF" in capsys.readouterr().err
+
+    real = runner.reward_model_scorer
+
+    def broken(path, device):
+        scorer = real(path, device)
+        scores = scorer.score
+
+        def score(pairs, batch_size):
+            chosen, rejected, losses = scores(pairs, batch_size)
+            chosen[3] = np.nan
+            return chosen, rejected, losses
+
+        return PairScorer(scorer.objective, scorer.tokenizer, scorer.metadata, score)
+
+    monkeypatch.setattr(runner, "reward_model_scorer", broken)
+    assert main([*args, "--model", str(root / "model")]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # above it: transformers' loading bar
+    assert last.startswith("rewardkit: error: model gave 1 non-finite chosen value(s)")
+    assert not (tmp_path / "pairs.jsonl").exists()

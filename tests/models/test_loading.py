@@ -1,0 +1,129 @@
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForSequenceClassification
+
+from rewardkit.data.collate import collate
+from rewardkit.data.synth import builtin_tokenizer
+from rewardkit.models.export import export_hf
+from rewardkit.models.loading import CheckpointError, HFSequenceClassifier, load_reward_model
+from rewardkit.models.reward_model import score_pairs
+from rewardkit.models.tiny import tiny_config
+from rewardkit.train.distributed import DistInfo
+from support.rm import make_trainer, random_pairs, tiny_reward_model, train_config
+
+SOLO = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    out = {}
+    for name in ("tiny-llama", "tiny-bert"):
+        root = tmp_path_factory.mktemp(name)
+        trainer = make_trainer(train_config(root, model={"tiny": name}, run={"max_steps": 2}), info=SOLO)
+        out[name] = (trainer.fit().checkpoint, trainer.raw_model)
+    return out
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-bert"])
+def test_rewardkit_checkpoint_loads_with_identical_scores(checkpoints, name):
+    path, trained = checkpoints[name]
+    model, tokenizer, meta = load_reward_model(path)
+    pairs = random_pairs(7, seed=21)
+    expected = score_pairs(trained, pairs, batch_size=3)
+    got = score_pairs(model, pairs, batch_size=7, layout="packed")
+    assert abs(expected[0] - got[0]).max() < 1e-5 and abs(expected[1] - got[1]).max() < 1e-5
+    assert not model.training and meta["head_type"] == "linear_last_token"
+    assert len(tokenizer) == len(builtin_tokenizer())
+
+
+def _save_seqcls(path, num_labels=1, family="tiny-llama"):
+    tok = builtin_tokenizer()
+    config = tiny_config(family, vocab_size=len(tok), num_labels=num_labels, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_config(config).eval()
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return model, tok
+
+
+@pytest.mark.parametrize("family", ["tiny-llama", "tiny-bert"])
+def test_hf_seqcls_dir_scores_like_plain_transformers(tmp_path, family):
+    reference, tok = _save_seqcls(tmp_path / "hf", family=family)
+    model, _tok, meta = load_reward_model(tmp_path / "hf")
+    assert isinstance(model, HFSequenceClassifier) and meta["head_type"] == "hf_seqcls"
+    pairs = random_pairs(5, seed=3)
+    chosen, rejected = score_pairs(model, pairs, batch_size=2, layout="packed", pad_token_id=tok.pad_token_id)
+    with torch.no_grad():
+        for i, pair in enumerate(pairs):
+            for branch, score in ((pair.chosen, chosen[i]), (pair.rejected, rejected[i])):
+                plain = reference(input_ids=torch.tensor([branch.input_ids])).logits[0, 0].item()
+                assert score == pytest.approx(plain, abs=1e-5)
+
+
+def test_refuses_multi_label_and_foreign_dirs(tmp_path):
+    _save_seqcls(tmp_path / "two", num_labels=2)
+    with pytest.raises(CheckpointError) as err:
+        load_reward_model(tmp_path / "two")
+    assert err.value.code == "num_labels"
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError) as err:
+        load_reward_model(tmp_path / "empty")
+    assert err.value.code == "not_reward_model"
+
+
+def test_refuses_checkpoint_of_another_objective(checkpoints, tmp_path):
+    import shutil
+
+    dst = tmp_path / "policy"
+    shutil.copytree(checkpoints["tiny-llama"][0], dst)
+    meta = json.loads((dst / "rewardkit.json").read_text())
+    (dst / "rewardkit.json").write_text(json.dumps({**meta, "objective": "dpo", "role": "policy"}))
+    with pytest.raises(CheckpointError) as err:
+        load_reward_model(dst)
+    assert err.value.code == "wrong_objective"
+
+
+def test_export_hf_reloads_in_plain_transformers_with_same_scores(checkpoints, tmp_path):
+    path, _ = checkpoints["tiny-llama"]
+    report = export_hf(path, tmp_path / "out")
+    assert report["architecture"] == "LlamaForSequenceClassification" and report["max_abs_diff"] <= 1e-5
+    hf = AutoModelForSequenceClassification.from_pretrained(tmp_path / "out", local_files_only=True).eval()
+    ours, _tok, _meta = load_reward_model(path)
+    pair = random_pairs(1, seed=0)[0]
+    ids = pair.rejected.input_ids  # score_index is the last token for rejected branches
+    with torch.no_grad():
+        plain = hf(input_ids=torch.tensor([ids])).logits[0, 0].item()
+        mine = ours(collate([pair]))[1].item()
+    assert plain == pytest.approx(mine, abs=1e-5)
+    # the export is itself loadable as a reward model scorer
+    model, _tok, meta = load_reward_model(tmp_path / "out")
+    assert meta["head_type"] == "hf_seqcls"
+
+
+def test_export_hf_refuses_family_that_pools_differently(checkpoints, tmp_path):
+    from rewardkit.models.export import ExportError
+
+    with pytest.raises(ExportError, match="pools"):
+        export_hf(checkpoints["tiny-bert"][0], tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_init_from_hf_seqcls_copies_backbone_and_head(tmp_path):
+    reference, _tok = _save_seqcls(tmp_path / "hf")
+    cfg = train_config(tmp_path / "run", model={"tiny": None, "init_from": str(tmp_path / "hf")})
+    trainer = make_trainer(cfg, info=SOLO)
+    pair = random_pairs(1, seed=1)[0]
+    with torch.no_grad():
+        expected = reference(input_ids=torch.tensor([pair.rejected.input_ids])).logits[0, 0].item()
+        got = trainer.raw_model.eval()(collate([pair]))[1].item()
+    assert got == pytest.approx(expected, abs=1e-5)
+    assert trainer.objective.checkpoint_metadata()["base_model"]["init_from"] == str(tmp_path / "hf")
+
+
+def test_head_stays_fp32_under_bf16_autocast():
+    model = tiny_reward_model()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        scores = model(collate(random_pairs(2, seed=0)))
+    assert scores.dtype == torch.float32

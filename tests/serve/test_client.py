@@ -1,0 +1,215 @@
+"""RewardClient / AsyncRewardClient: retries, Retry-After, idempotency keys, ScoreError, and the CLI."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from rewardkit.serve.client import AsyncRewardClient, RewardClient, ScoreError, ServiceError
+from rewardkit.serve.scorers.base import ScoreItem
+from support.serve import LiveServer, make_config
+
+OK = {
+    "results": [{"id": "a", "scores": {"s": 1.0}, "errors": {}}],
+    "scorers": {"s": {"version": "v", "identity": "i"}},
+}
+
+
+def scripted(responses, seen):
+    """A transport answering the scripted responses in order, recording each request."""
+    it = iter(responses)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        nxt = next(it)
+        if isinstance(nxt, Exception):
+            raise nxt
+        return nxt
+
+    return handler
+
+
+def test_retries_429_503_and_connection_errors_with_one_idempotency_key(monkeypatch):
+    sleeps = []
+    monkeypatch.setattr("rewardkit.serve.client.time.sleep", sleeps.append)
+    seen: list[httpx.Request] = []
+    responses = [
+        httpx.Response(429, json={"code": "queue_full", "message": "m"}, headers={"retry-after": "3"}),
+        httpx.ConnectError("refused"),
+        httpx.Response(503, json={"code": "not_ready", "message": "m"}),
+        httpx.Response(200, json=OK),
+    ]
+    with RewardClient(
+        "http://svc", transport=httpx.MockTransport(scripted(responses, seen)), backoff_s=0.1
+    ) as c:
+        out = c.score([{"id": "a", "response": "x"}], ["s"])
+    assert out[0].scores == {"s": 1.0}
+    assert len(seen) == 4
+    assert len({r.headers["idempotency-key"] for r in seen}) == 1
+    assert 3.0 <= sleeps[0] <= 3.1  # Retry-After wins
+    assert 0.05 <= sleeps[1] <= 0.2 and 0.1 <= sleeps[2] <= 0.4  # exponential with jitter
+
+
+def test_gives_up_after_max_retries_and_does_not_retry_4xx(monkeypatch):
+    monkeypatch.setattr("rewardkit.serve.client.time.sleep", lambda s: None)
+    seen: list[httpx.Request] = []
+    busy = [httpx.Response(429, json={"code": "queue_full", "message": "m"})] * 3
+    client = RewardClient("http://svc", transport=httpx.MockTransport(scripted(busy, seen)), max_retries=2)
+    with client as c, pytest.raises(ServiceError) as exc:
+        c.score([{"id": "a"}], ["s"])
+    assert exc.value.status == 429 and exc.value.code == "queue_full" and len(seen) == 3
+    seen.clear()
+    bad = [httpx.Response(422, json={"code": "unknown_scorer", "message": "m"})]
+    with (
+        RewardClient("http://svc", transport=httpx.MockTransport(scripted(bad, seen))) as c,
+        pytest.raises(ServiceError) as exc,
+    ):
+        c.score([{"id": "a"}], ["s"])
+    assert exc.value.code == "unknown_scorer" and len(seen) == 1
+
+
+def test_async_client_retries(monkeypatch):
+    async def no_sleep(_):
+        return None
+
+    monkeypatch.setattr("rewardkit.serve.client.asyncio.sleep", no_sleep)
+    seen: list[httpx.Request] = []
+    responses = [httpx.ReadError("reset"), httpx.Response(200, json=OK)]
+
+    async def run():
+        async with AsyncRewardClient(
+            "http://svc", transport=httpx.MockTransport(scripted(responses, seen))
+        ) as c:
+            return await c.score([ScoreItem("a", "p", "r", image=b"\x89PNG")], ["s"])
+
+    assert asyncio.run(run())[0].id == "a"
+    body = json.loads(seen[0].content)
+    assert body["items"][0]["image"] == {"b64": "iVBORw=="}
+
+
+@pytest.fixture(scope="module")
+def server():
+    cfg = make_config([{"name": "d", "kind": "double"}, {"name": "len", "kind": "length"}], token="tok")
+    with LiveServer(cfg) as s:
+        yield s
+
+
+def test_score_error_lists_failed_items_unless_allow_partial(server):
+    items = [{"id": "a", "response": "fine"}, {"id": "b", "response": "NAN"}, {"id": "c", "response": "INF"}]
+    with RewardClient(server.url, token="tok") as c:
+        with pytest.raises(ScoreError) as exc:
+            c.score(items, ["d", "len"])
+        assert [(f.id, f.scorer, f.code) for f in exc.value.failures] == [
+            ("b", "d", "non_finite"),
+            ("c", "d", "non_finite"),
+        ]
+        partial = c.score(items, ["d", "len"], allow_partial=True)
+        assert [r.id for r in partial] == ["a", "b", "c"] and partial[1].scores == {"len": 3.0}
+        with pytest.raises(ServiceError) as unauth:
+            RewardClient(server.url).score(items, ["d"])
+        assert unauth.value.status == 401
+
+
+def test_multipart_client_matches_json_client(server):
+    items = [ScoreItem("a", "p", "four")]
+    with (
+        RewardClient(server.url, token="tok") as c,
+        RewardClient(server.url, token="tok", multipart=True) as m,
+    ):
+        assert c.score(items, ["d"]) == m.score(items, ["d"])
+
+
+def test_cli_score_writes_every_item_and_exit_code(server, tmp_path, capsys, monkeypatch):
+    from rewardkit.cli import main
+
+    src = tmp_path / "items.jsonl"
+    src.write_text(
+        "\n".join(
+            json.dumps({"id": f"i{k}", "prompt": "p", "response": "NAN" if k == 3 else "r" * k})
+            for k in range(7)
+        )
+        + "\n"
+    )
+    out = tmp_path / "out.jsonl"
+    monkeypatch.setenv("REWARDKIT_TOKEN", "tok")
+    args = [
+        "score",
+        "--url",
+        server.url,
+        str(src),
+        "--out",
+        str(out),
+        "--batch-size",
+        "3",
+        "--scorers",
+        "d,len",
+    ]
+    assert main(args) == 1
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["id"] for r in rows] == [f"i{k}" for k in range(7)]
+    assert rows[3]["errors"]["d"]["code"] == "non_finite" and rows[2]["scores"] == {"d": 2.0, "len": 2.0}
+    assert main([*args, "--allow-partial"]) == 0
+    assert main(["score", "--url", server.url, str(tmp_path / "missing.jsonl")]) == 2
+    assert main(["score", "--url", server.url, str(src), "--scorers", "nope"]) == 2
+    assert "unknown_scorer" in capsys.readouterr().err
+
+
+def test_serve_without_config_or_demo_model_says_how(tmp_path, monkeypatch, capsys):
+    from rewardkit.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["serve"]) == 2
+    assert "make demo" in capsys.readouterr().err
+    (tmp_path / "bad.yaml").write_text("scorers: [{name: x, kind: nope}]\n")
+    assert main(["serve", "--config", "bad.yaml"]) == 2
+    assert "unknown kind 'nope'" in capsys.readouterr().err
+
+
+def test_rewardkit_serve_subprocess_binds_loopback_and_reads_token_from_env(tmp_path):
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    (tmp_path / "service.yaml").write_text("scorers:\n  - {name: len, kind: length}\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env = {**os.environ, "REWARDKIT_TOKEN": "envtok", "PYTHONPATH": src}
+    cmd = [
+        sys.executable,
+        "-m",
+        "rewardkit",
+        "serve",
+        "--config",
+        str(tmp_path / "service.yaml"),
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+    ]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, proc.stderr.read().decode()
+            try:
+                if httpx.get(url + "/health/ready").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "serve did not become ready"
+            time.sleep(0.1)
+        with RewardClient(url, token="envtok") as c:
+            assert c.score([{"id": "a", "response": "abc"}], ["len"])[0].scores == {"len": 3.0}
+        assert httpx.post(url + "/v1/score", json={"scorers": ["len"], "items": []}).status_code == 401
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)

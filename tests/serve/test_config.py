@@ -1,0 +1,80 @@
+"""Service config: YAML loading, clear errors for every bad key, the scorer registry."""
+
+from __future__ import annotations
+
+import pytest
+
+from rewardkit.core.errors import ConfigError
+from rewardkit.serve.config import build_scorer, config_from_dict, load_config, scorer_registry
+
+
+def test_loads_yaml_with_defaults(tmp_path, monkeypatch):
+    path = tmp_path / "service.yaml"
+    path.write_text(
+        "limits: {max_items: 10}\n"
+        "scorers:\n"
+        "  - {name: clip, kind: clip, shape: clip-vit-l-14, dtype: bf16, max_batch_size: 64}\n"
+        "  - {name: re, kind: regex, options: {pattern: '^\\d+$', mode: fullmatch}}\n"
+    )
+    cfg = load_config(path)
+    assert cfg.limits.max_items == 10 and cfg.limits.max_body_bytes == 32 * 1024 * 1024
+    assert cfg.scorers[0].dtype == "bf16" and cfg.scorers[0].max_wait_ms == 5.0
+    monkeypatch.setenv("REWARDKIT_TOKEN", "from-env")
+    assert cfg.resolved_token() == "from-env"
+    monkeypatch.delenv("REWARDKIT_TOKEN")
+    assert cfg.resolved_token() is None
+    scorer = build_scorer(cfg.scorers[1])
+    assert scorer.score_batch(
+        [__import__("rewardkit.serve.scorers.base", fromlist=["x"]).ScoreItem("a", "", "123")]
+    ) == [1.0]
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ([], "must be a mapping"),
+        ({"scorers": []}, "non-empty list"),
+        ({"scorers": [{"name": "a", "kind": "nope"}]}, "unknown kind 'nope'"),
+        ({"scorers": [{"name": "a", "kind": "length", "colour": 1}]}, "unknown keys ['colour']"),
+        ({"scorers": [{"name": "a", "kind": "clip", "dtype": "fp8"}]}, "dtype must be one of"),
+        ({"scorers": [{"name": "a", "kind": "clip", "path": "x", "shape": "y"}]}, "not both"),
+        ({"scorers": [{"name": "a", "kind": "length", "max_batch_size": 0}]}, "max_batch_size"),
+        (
+            {"scorers": [{"name": "a", "kind": "length"}, {"name": "a", "kind": "regex"}]},
+            "duplicate scorer names",
+        ),
+        ({"scorers": [{"kind": "length"}]}, "name"),
+        ({"scorers": [{"name": "a", "kind": "length"}], "limits": {"max_items": -1}}, "limits.max_items"),
+        ({"scorers": [{"name": "a", "kind": "length"}], "limtis": {}}, "unknown keys ['limtis']"),
+        ({"scorers": [{"name": "a", "kind": "length"}], "prefetch_images": "no"}, "prefetch_images"),
+    ],
+)
+def test_bad_configs_name_the_problem(raw, message):
+    with pytest.raises(ConfigError, match=__import__("re").escape(message)):
+        config_from_dict(raw)
+
+
+def test_bad_yaml_and_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    (tmp_path / "bad.yaml").write_text("scorers: [unclosed\n")
+    with pytest.raises(ConfigError, match="invalid YAML"):
+        load_config(tmp_path / "bad.yaml")
+
+
+def test_registry_has_builtins_and_validates_options():
+    assert {"rm", "hf_seqcls", "clip", "pickscore", "exact_match", "regex", "length"} <= set(
+        scorer_registry()
+    )
+    cfg = config_from_dict(
+        {
+            "scorers": [
+                {"name": "r", "kind": "regex", "options": {"pattern": "("}},
+                {"name": "c", "kind": "clip", "shape": "clip-vit-q-99"},
+                {"name": "l", "kind": "length", "options": {"unit": "lines"}},
+            ]
+        }
+    )
+    for spec, message in zip(cfg.scorers, ("bad pattern", "unknown shape", "chars or words"), strict=True):
+        with pytest.raises(ConfigError, match=message):
+            build_scorer(spec)

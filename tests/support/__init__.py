@@ -1,0 +1,1 @@
+"""Helpers shared by the tests (not test modules): builders, fakes and subprocess workers."""

@@ -1,0 +1,155 @@
+"""The package's shape, checked from source: no import cycles, imports only run down the layers.
+
+The import graph is read from the AST of every module under src/rewardkit (lazy imports inside
+functions included: they still tie one layer to another), so this needs no new dependency and
+imports nothing. docs/architecture.md draws the same layers.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "src" / "rewardkit"
+
+LAYERS: tuple[tuple[str, ...], ...] = (
+    # lowest first; a module may import its own layer and those listed before it
+    ("core",),
+    ("data",),
+    ("models",),
+    ("objectives",),
+    ("eval",),  # below train: training evaluates its probe through the eval runner
+    ("train",),
+    ("serve",),
+    ("deploy",),
+    ("bench",),
+    ("integrations",),
+    ("cli", "demo", "__main__"),
+)
+RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def import_graph(root: Path) -> dict[str, dict[str, int]]:
+    """module -> {imported module of this package: line number of the first such import}."""
+    modules = {module_name(p, root): p for p in root.rglob("*.py")}
+    graph: dict[str, dict[str, int]] = {}
+    for name, path in modules.items():
+        edges: dict[str, int] = {}
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*anchor, base] if base else anchor)
+                # `from pkg import mod` names the submodule; `from pkg import name` the package
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+            for target in targets:
+                if target in modules and target != name:
+                    edges.setdefault(target, node.lineno)
+        graph[name] = edges
+    return graph
+
+
+def layer_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "core"  # the root package holds only __version__
+
+
+def find_cycle(graph: dict[str, dict[str, int]]) -> list[str] | None:
+    """One import cycle as a path a -> b -> ... -> a, or None (iterative DFS, three colours)."""
+    colour: dict[str, int] = {}
+    for start in sorted(graph):
+        if colour.get(start):
+            continue
+        stack: list[tuple[str, list[str]]] = [(start, sorted(graph[start]))]
+        path = [start]
+        colour[start] = 1
+        while stack:
+            node, pending = stack[-1]
+            if not pending:
+                colour[node] = 2
+                stack.pop()
+                path.pop()
+                continue
+            nxt = pending.pop()
+            if colour.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if not colour.get(nxt):
+                colour[nxt] = 1
+                path.append(nxt)
+                stack.append((nxt, sorted(graph[nxt])))
+    return None
+
+
+def layering_violations(graph: dict[str, dict[str, int]]) -> list[str]:
+    found = []
+    for module, edges in sorted(graph.items()):
+        for target, line in sorted(edges.items()):
+            src, dst = layer_of(module), layer_of(target)
+            if src not in RANK or dst not in RANK:
+                found.append(f"{module}: package {src if src not in RANK else dst!r} has no layer in LAYERS")
+            elif RANK[dst] > RANK[src]:
+                found.append(
+                    f"{module}:{line} imports {target} ({src} may not import the higher layer {dst})"
+                )
+    return found
+
+
+def test_no_import_cycles():
+    cycle = find_cycle(import_graph(PACKAGE))
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_imports_run_down_the_layers():
+    assert layering_violations(import_graph(PACKAGE)) == []
+
+
+def test_the_checks_catch_a_cycle_and_an_upward_import(tmp_path):
+    """The checks themselves, on a fabricated package, so that a broken checker cannot pass silently."""
+    pkg = tmp_path / "rewardkit"
+    for sub in ("core", "serve"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "core" / "a.py").write_text("from rewardkit.core import b\n")
+    (pkg / "core" / "b.py").write_text("def f():\n    from rewardkit.core.a import x\n")
+    (pkg / "core" / "c.py").write_text("from ..serve import app\n")
+    (pkg / "serve" / "app.py").write_text("import rewardkit.core.a\n")
+    graph = import_graph(pkg)
+    assert find_cycle(graph) in (
+        ["rewardkit.core.a", "rewardkit.core.b", "rewardkit.core.a"],
+        ["rewardkit.core.b", "rewardkit.core.a", "rewardkit.core.b"],
+    )
+    assert layering_violations(graph) == [
+        "rewardkit.core.c:1 imports rewardkit.serve.app (core may not import the higher layer serve)"
+    ]
+
+
+def test_no_test_module_imports_another():
+    """Shared builders live in tests/support or conftest.py, never in a test module."""
+    tests = Path(__file__).resolve().parent
+    names = {p.stem for p in tests.rglob("test_*.py")}
+    found = []
+    for path in sorted(tests.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            mods = []
+            if isinstance(node, ast.Import):
+                mods = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                mods = [node.module]
+            for mod in mods:
+                if mod.split(".")[-1] in names or mod.split(".")[0] in names:
+                    found.append(f"{path.relative_to(tests)}:{node.lineno} imports {mod}")
+    assert found == []
