@@ -25,7 +25,7 @@ def deploy_doc(mode="shared", gpus=(), slow_delay=0.4, **extra):
     return {
         "mode": mode,
         "gpus": list(gpus),
-        "imports": ["deploy_fakes"],
+        "imports": ["support.deploy_fakes"],
         "scorers": [
             {
                 "name": "slow",

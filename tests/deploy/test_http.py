@@ -28,7 +28,7 @@ def test_http_api_over_workers(tmp_path):
             {
                 "mode": "shared",
                 "token": "s3cret",
-                "imports": ["deploy_fakes"],
+                "imports": ["support.deploy_fakes"],
                 "scorers": [
                     {"name": "a", "kind": "rk_test_sleep", "options": {"delay_s": 0.3}},
                     {"name": "len", "kind": "length"},
@@ -116,7 +116,7 @@ def _wait_ready(client):
 def test_timing_headers_and_batch_metrics_match_in_process_mode(tmp_path):
     """Batching runs inside the workers; the gateway must still fill the headers and /metrics."""
     path = tmp_path / "deploy.yaml"
-    path.write_text(yaml.safe_dump({"mode": "shared", "imports": ["deploy_fakes"], "scorers": TIMED_SCORERS}))
+    path.write_text(yaml.safe_dump({"mode": "shared", "imports": ["support.deploy_fakes"], "scorers": TIMED_SCORERS}))
     backend, config = deploy_backend(path, probe=CPU)
     with TestClient(create_app(backend, config)) as client:
         _wait_ready(client)

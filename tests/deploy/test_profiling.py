@@ -67,7 +67,7 @@ def test_a_live_worker_writes_its_trace_after_serving_batches(tmp_path, monkeypa
     monkeypatch.setenv(ENV_SECONDS, "0.3")
     doc = {
         "mode": "consolidated",
-        "imports": ["deploy_fakes"],
+        "imports": ["support.deploy_fakes"],
         "scorers": [{"name": "fast", "kind": "rk_test_sleep", "max_batch_size": 8}],
     }
     gw = GatewayBackend(parse_deploy_config(doc, CPU), settings=FAST)

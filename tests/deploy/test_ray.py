@@ -38,7 +38,7 @@ def ray_env(monkeypatch):
 def test_ray_backend_scores_batches_and_reports_lost_replicas(ray_env):
     doc = {
         "mode": "shared",
-        "imports": ["deploy_fakes"],
+        "imports": ["support.deploy_fakes"],
         "ray": {"temp_dir": ray_env, "num_cpus": 0.25, "log_to_driver": False},
         "scorers": [
             {"name": "slow", "kind": "rk_test_sleep", "max_batch_size": 4, "options": {"delay_s": 0.5}},
