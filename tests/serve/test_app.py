@@ -9,7 +9,7 @@ import json
 import httpx
 import pytest
 
-from support.serve import LiveServer, jpeg_bytes, make_config, png_bytes
+from support.serve import DoubleScorer, LiveServer, jpeg_bytes, make_config, png_bytes
 
 TOKEN = "s3cret"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
@@ -218,7 +218,7 @@ def test_multipart_images_match_base64(server):
 
 
 def test_many_concurrent_clients_keep_ids_and_order(server):
-    DoubleBatches = __import__("serve_support").DoubleScorer.batches
+    DoubleBatches = DoubleScorer.batches
     DoubleBatches.clear()
 
     def client(c: int) -> None:
