@@ -48,7 +48,7 @@ def test_per_sequence_attention_equals_a_block_diagonal_mask(causal):
     k = torch.randn(total, kv_heads, dim, generator=gen)
     v = torch.randn(total, kv_heads, dim, generator=gen)
     cu = torch.tensor([0, 5, 6, 13, 16], dtype=torch.int32)
-    out = attention._per_sequence(q, k, v, cu, None, causal)
+    out = attention._per_sequence(q, k, v, cu, cu, None, causal)
     segment = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
     mask = segment[:, None] == segment[None, :]
     if causal:
@@ -97,8 +97,46 @@ def test_flash_kernel_matches_per_sequence_reference_on_cuda(dtype):
         for h in (heads, kv_heads, kv_heads)
     )
     cu = torch.tensor([0, 40, 41, 200, 300], dtype=torch.int32, device="cuda")
-    flash = attention._flash(q, k, v, cu, 159, None, True)
-    exact = attention._per_sequence(q.float(), k.float(), v.float(), cu, None, True)
+    flash = attention._flash(q, k, v, cu, cu, 159, 159, None, True)
+    exact = attention._per_sequence(q.float(), k.float(), v.float(), cu, cu, None, True)
+    torch.testing.assert_close(flash.float(), exact, atol=2e-2, rtol=0)
+
+
+def test_per_sequence_attention_with_more_keys_than_queries_is_bottom_right_causal():
+    """A sequence whose queries are the last of its keys (a shared prompt prefix read from another
+    span) attends exactly as the same queries would inside the full sequence."""
+    gen = torch.Generator().manual_seed(1)
+    heads, kv_heads, dim = 4, 2, 8
+    full = 9  # a prefix of 5 keys, then 4 query positions
+    q = torch.randn(full, heads, dim, generator=gen)
+    k = torch.randn(full, kv_heads, dim, generator=gen)
+    v = torch.randn(full, kv_heads, dim, generator=gen)
+    whole = attention._per_sequence(q, k, v, *(torch.tensor([0, full], dtype=torch.int32),) * 2, None, True)
+    tail = attention._per_sequence(
+        q[5:],
+        k,
+        v,
+        torch.tensor([0, 4], dtype=torch.int32),
+        torch.tensor([0, full], dtype=torch.int32),
+        None,
+        True,
+    )
+    torch.testing.assert_close(tail, whole[5:], atol=1e-6, rtol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_flash_kernel_with_more_keys_than_queries_matches_the_reference(dtype):
+    """Shared prefixes rely on flash-attention aligning causality bottom-right when a sequence
+    has more keys than queries; the per-sequence reference defines that alignment."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    heads, kv_heads, dim = 14, 2, 64
+    q = torch.randn(60, heads, dim, device="cuda", dtype=dtype, generator=gen)
+    k, v = (torch.randn(150, kv_heads, dim, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
+    cu_q = torch.tensor([0, 20, 21, 60], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, 50, 71, 150], dtype=torch.int32, device="cuda")
+    flash = attention._flash(q, k, v, cu_q, cu_k, 39, 79, None, True)
+    exact = attention._per_sequence(q.float(), k.float(), v.float(), cu_q, cu_k, None, True)
     torch.testing.assert_close(flash.float(), exact, atol=2e-2, rtol=0)
 
 

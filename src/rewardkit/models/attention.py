@@ -33,6 +33,8 @@ logger = logging.getLogger(__name__)
 
 VARLEN = "rk_varlen"
 AUTO = "auto"
+KV_INDEX = "rk_kv_index"
+"""Forward kwarg: for each key slot of each sequence, the packed token it reads (prefix sharing)."""
 
 
 def resolve_attn_implementation(name: str | None) -> str:
@@ -59,6 +61,16 @@ def packed_row_length(config: Any, max_length: int | None) -> int | None:
 
 
 @contextlib.contextmanager
+def explicit_boundaries() -> Iterator[None]:
+    """While active, `rk_varlen`'s mask hook builds no mask: the forward carries its boundaries."""
+    token = _BOUNDARIES_GIVEN.set(True)
+    try:
+        yield
+    finally:
+        _BOUNDARIES_GIVEN.reset(token)
+
+
+@contextlib.contextmanager
 def packed_attention(config: Any, position_ids: torch.Tensor) -> Iterator[dict[str, Any]]:
     """Model-forward kwargs that tell `rk_varlen` where each packed sequence starts.
 
@@ -75,11 +87,8 @@ def packed_attention(config: Any, position_ids: torch.Tensor) -> Iterator[dict[s
     end = torch.tensor([flat.numel()], device=flat.device, dtype=starts.dtype)
     cu = torch.cat([starts, end]).to(torch.int32)
     longest = int((cu[1:] - cu[:-1]).max())  # one host sync per forward, not per layer
-    token = _BOUNDARIES_GIVEN.set(True)
-    try:
+    with explicit_boundaries():
         yield {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
-    finally:
-        _BOUNDARIES_GIVEN.reset(token)
 
 
 def _flash_varlen():
@@ -93,7 +102,7 @@ def _flash_varlen():
 _VARLEN_ATTN, _VARLEN_PARAMS = _flash_varlen()
 
 
-def _flash(q, k, v, cu, longest: int, scale: float | None, causal: bool) -> torch.Tensor:
+def _flash(q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float | None, causal: bool) -> torch.Tensor:
     kwargs: dict[str, Any] = {"scale": scale}
     if "window_size" in _VARLEN_PARAMS:  # torch >= 2.11
         kwargs["window_size"] = (-1, 0) if causal else (-1, -1)
@@ -104,7 +113,7 @@ def _flash(q, k, v, cu, longest: int, scale: float | None, causal: bool) -> torc
             kwargs["enable_gqa"] = True
         else:
             k, v = _repeat_kv(k, v, q.shape[1])
-    return _VARLEN_ATTN(q, k, v, cu, cu, longest, longest, **kwargs)
+    return _VARLEN_ATTN(q, k, v, cu_q, cu_k, max_q, max_k, **kwargs)
 
 
 def _repeat_kv(k: torch.Tensor, v: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -112,22 +121,31 @@ def _repeat_kv(k: torch.Tensor, v: torch.Tensor, heads: int) -> tuple[torch.Tens
     return k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
 
 
-def _per_sequence(q, k, v, cu: torch.Tensor, scale: float | None, causal: bool) -> torch.Tensor:
-    """Reference semantics of the varlen kernel: SDPA on each sequence alone ([T, H, D] layout)."""
+def _per_sequence(q, k, v, cu_q: torch.Tensor, cu_k: torch.Tensor, scale: float | None, causal: bool):
+    """Reference semantics of the varlen kernel: SDPA on each sequence alone ([T, H, D] layout).
+
+    A sequence may have more keys than queries (its queries are the last ones of the keys, as
+    with a shared prompt prefix); causality is then aligned bottom-right, as flash-attention's.
+    """
     if k.shape[1] != q.shape[1]:
         k, v = _repeat_kv(k, v, q.shape[1])
-    bounds = cu.tolist()
     outs = []
-    for start, stop in zip(bounds[:-1], bounds[1:], strict=True):
-        o = F.scaled_dot_product_attention(
-            q[start:stop].transpose(0, 1),
-            k[start:stop].transpose(0, 1),
-            v[start:stop].transpose(0, 1),
-            is_causal=causal,
-            scale=scale,
-        )
+    for (q0, q1), (k0, k1) in zip(_spans(cu_q), _spans(cu_k), strict=True):
+        qs, ks, vs = (x.transpose(0, 1) for x in (q[q0:q1], k[k0:k1], v[k0:k1]))
+        if causal and q1 - q0 != k1 - k0:
+            shift = (k1 - k0) - (q1 - q0)
+            rows = torch.arange(q1 - q0, device=q.device)[:, None] + shift
+            mask = torch.arange(k1 - k0, device=q.device)[None, :] <= rows
+            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale)
+        else:
+            o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, scale=scale)
         outs.append(o.transpose(0, 1))
     return torch.cat(outs)
+
+
+def _spans(cu: torch.Tensor) -> list[tuple[int, int]]:
+    bounds = cu.tolist()
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
 
 
 def varlen_attention_forward(
@@ -150,20 +168,29 @@ def varlen_attention_forward(
         )
     if dropout:
         raise ValueError("rk_varlen does not implement attention dropout; set attention_dropout=0")
-    if kwargs.get("sliding_window") is not None:
+    window = kwargs.get("sliding_window")
+    if window is not None and int(kwargs.get("max_length_k", kwargs["max_length_q"])) > window:
+        # a window no sequence reaches (Mistral's 4096 on shorter inputs) changes nothing
         raise ValueError("rk_varlen does not implement sliding-window attention; use sdpa")
     rows, heads, width, dim = query.shape
     q = query.transpose(1, 2).reshape(rows * width, heads, dim)
     k = key.transpose(1, 2).reshape(rows * width, key.shape[1], dim)
     v = value.transpose(1, 2).reshape(rows * width, value.shape[1], dim)
+    cu_k = kwargs.get("cu_seq_lens_k", cu)
+    kv_index = kwargs.get(KV_INDEX)
+    if kv_index is not None:
+        # Shared prompt prefixes (models/packed_scoring.py): each sequence's keys are its
+        # group's prefix tokens followed by its own, gathered from the packed stream.
+        k, v = k.index_select(0, kv_index), v.index_select(0, kv_index)
     causal = bool(getattr(module, "is_causal", True))
     q, k, v = _autocast_inputs(q, k, v)
     if _VARLEN_ATTN is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
-        out = _flash(q, k, v, cu, int(kwargs["max_length_q"]), scaling, causal)
+        max_q = int(kwargs["max_length_q"])
+        out = _flash(q, k, v, cu, cu_k, max_q, int(kwargs.get("max_length_k", max_q)), scaling, causal)
     else:
         if q.is_cuda:
             _warn_slow_path(q.dtype)
-        out = _per_sequence(q, k, v, cu, scaling, causal)
+        out = _per_sequence(q, k, v, cu, cu_k, scaling, causal)
     return out.reshape(rows, width, heads, dim), None
 
 

@@ -1,0 +1,202 @@
+"""Score many token sequences with a last-token reward head: padding-free, prompts shared once.
+
+A reward service receives sequences of very different lengths, and RL sends them in groups:
+G responses to one prompt (GRPO). Padding every batch to its longest member wastes most of the
+GPU on pad tokens, and scoring each response with its prompt recomputes that prompt G times.
+
+`plan_packed` lays the sequences out as one packed token stream for `rk_varlen` attention
+(models/attention.py):
+
+- every sequence is its own attention span, positions restarting at 0, so no pad token is ever
+  computed (the flash-attention varlen kernel takes the span boundaries);
+- with `share_prefixes`, sequences that start with the same `min_prefix`+ tokens form a group:
+  the common prefix is packed once, and each member contributes only its suffix, whose queries
+  attend to the prefix's keys and then their own (positions continue after the prefix). Each
+  sequence's keys are gathered from the stream by `rk_kv_index`; causality is aligned
+  bottom-right, so a suffix token sees exactly what it would see in the unshared sequence.
+
+The score is the head applied to the hidden state at each sequence's last token, as
+`*ForSequenceClassification` and rewardkit's `RewardModel` read it. `padded_scores` is the
+fallback where no varlen kernel runs (CPU, fp32): length-sorted buckets padded to a token
+budget, so padding stays small without any special kernel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from rewardkit.models.attention import KV_INDEX, explicit_boundaries
+
+
+@dataclass(frozen=True)
+class PackedPlan:
+    """One packed forward: the token stream, its attention spans and where each score is read."""
+
+    input_ids: torch.Tensor  # [1, T] every computed token once
+    position_ids: torch.Tensor  # [1, T]
+    cu_q: torch.Tensor  # int32 [spans + 1] query span boundaries in the stream
+    cu_k: torch.Tensor  # int32 [spans + 1] key span boundaries in the gathered keys
+    kv_index: torch.Tensor | None  # [K] stream position of each gathered key (None: keys = queries)
+    max_q: int
+    max_k: int
+    score_at: torch.Tensor  # [N] stream position of each input sequence's last token
+    input_tokens: int  # tokens of the sequences as given
+    shared_groups: int  # prefix groups formed
+
+    @property
+    def computed_tokens(self) -> int:
+        return int(self.input_ids.shape[1])
+
+    @property
+    def saved_tokens(self) -> int:
+        """Prompt tokens not recomputed thanks to prefix sharing."""
+        return self.input_tokens - self.computed_tokens
+
+    def forward_kwargs(self, device: torch.device | str) -> dict[str, object]:
+        kwargs: dict[str, object] = {
+            "input_ids": self.input_ids.to(device, non_blocking=True),
+            "position_ids": self.position_ids.to(device, non_blocking=True),
+            "cu_seq_lens_q": self.cu_q.to(device, non_blocking=True),
+            "cu_seq_lens_k": self.cu_k.to(device, non_blocking=True),
+            "max_length_q": self.max_q,
+            "max_length_k": self.max_k,
+        }
+        if self.kv_index is not None:
+            kwargs[KV_INDEX] = self.kv_index.to(device, non_blocking=True)
+        return kwargs
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
+    n = 0
+    while n < limit and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def prefix_groups(seqs: Sequence[Sequence[int]], min_prefix: int) -> list[tuple[int, list[int]]]:
+    """(shared prefix length, member indices) for each group of ≥ 2 sequences sharing ≥ min_prefix
+    leading tokens. Each member keeps at least one token of its own (its score is read there)."""
+    buckets: dict[tuple[int, ...], list[int]] = {}
+    for i, seq in enumerate(seqs):
+        if len(seq) > min_prefix:
+            buckets.setdefault(tuple(seq[:min_prefix]), []).append(i)
+    groups = []
+    for members in buckets.values():
+        if len(members) < 2:
+            continue
+        first = seqs[members[0]]
+        shared = min(len(seqs[m]) for m in members) - 1
+        for m in members[1:]:
+            shared = _common_prefix(first, seqs[m], shared)
+        if shared >= min_prefix:
+            groups.append((shared, members))
+    return groups
+
+
+def plan_packed(
+    seqs: Sequence[Sequence[int]], *, share_prefixes: bool = False, min_prefix: int = 16
+) -> PackedPlan:
+    """Lay `seqs` out as one packed stream (see the module docstring)."""
+    if not seqs or any(len(s) == 0 for s in seqs):
+        raise ValueError("plan_packed needs non-empty sequences")
+    groups = prefix_groups(seqs, min_prefix) if share_prefixes else []
+    grouped = {m: (g, shared) for g, (shared, members) in enumerate(groups) for m in members}
+    ids: list[int] = []
+    positions: list[int] = []
+    q_lens: list[int] = []
+    keys: list[torch.Tensor] = []
+    score_at = [0] * len(seqs)
+    prefix_span: dict[int, tuple[int, int]] = {}
+
+    def add_span(tokens: Sequence[int], start_pos: int, prefix: tuple[int, int] | None) -> int:
+        begin = len(ids)
+        ids.extend(tokens)
+        positions.extend(range(start_pos, start_pos + len(tokens)))
+        q_lens.append(len(tokens))
+        own = torch.arange(begin, len(ids))
+        keys.append(own if prefix is None else torch.cat([torch.arange(*prefix), own]))
+        return len(ids) - 1
+
+    for i, seq in enumerate(seqs):
+        if i not in grouped:
+            score_at[i] = add_span(seq, 0, None)
+            continue
+        g, shared = grouped[i]
+        if g not in prefix_span:
+            begin = len(ids)
+            add_span(seq[:shared], 0, None)
+            prefix_span[g] = (begin, len(ids))
+        score_at[i] = add_span(seq[shared:], shared, prefix_span[g])
+    key_lens = [len(k) for k in keys]
+    cu_q = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    cu_k = torch.tensor([0, *torch.tensor(key_lens).cumsum(0).tolist()], dtype=torch.int32)
+    return PackedPlan(
+        input_ids=torch.tensor(ids, dtype=torch.long)[None],
+        position_ids=torch.tensor(positions, dtype=torch.long)[None],
+        cu_q=cu_q,
+        cu_k=cu_k,
+        kv_index=torch.cat(keys) if groups else None,
+        max_q=max(q_lens),
+        max_k=max(key_lens),
+        score_at=torch.tensor(score_at, dtype=torch.long),
+        input_tokens=sum(len(s) for s in seqs),
+        shared_groups=len(groups),
+    )
+
+
+def packed_scores(
+    backbone: torch.nn.Module, head: Callable[[torch.Tensor], torch.Tensor], plan: PackedPlan
+) -> torch.Tensor:
+    """One forward of the packed stream through `backbone` (attn_implementation `rk_varlen`), the
+    head at each sequence's last token: [N] scores in the head's dtype."""
+    device = next(backbone.parameters()).device
+    kwargs = plan.forward_kwargs(device)
+    with explicit_boundaries():
+        hidden = backbone(**kwargs, use_cache=False).last_hidden_state
+    last = hidden[0].index_select(0, plan.score_at.to(device))
+    weight = getattr(head, "weight", None)
+    if weight is not None:
+        last = last.to(weight.dtype)
+    return head(last).reshape(-1)
+
+
+def length_buckets(lengths: Sequence[int], max_batch_tokens: int) -> list[list[int]]:
+    """Indices sorted by length and cut so that rows × longest row ≤ max_batch_tokens (a sequence
+    longer than the budget gets a bucket of its own)."""
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    buckets: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        if current and (len(current) + 1) * lengths[i] > max_batch_tokens:
+            buckets.append(current)
+            current = []
+        current.append(i)
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+def padded_scores(
+    forward: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+    seqs: Sequence[Sequence[int]],
+    *,
+    pad_token_id: int,
+    max_batch_tokens: int,
+    device: torch.device | str,
+) -> torch.Tensor:
+    """Scores through `forward(input_ids, attention_mask, lengths)` on right-padded length buckets."""
+    out = torch.empty(len(seqs), dtype=torch.float32)
+    for bucket in length_buckets([len(s) for s in seqs], max_batch_tokens):
+        width = max(len(seqs[i]) for i in bucket)
+        input_ids = torch.full((len(bucket), width), pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(bucket), width), dtype=torch.long)
+        for row, i in enumerate(bucket):
+            input_ids[row, : len(seqs[i])] = torch.as_tensor(seqs[i])
+            mask[row, : len(seqs[i])] = 1
+        lengths = mask.sum(1)
+        scores = forward(input_ids.to(device), mask.to(device), lengths.to(device))
+        out[torch.tensor(bucket)] = scores.float().cpu()
+    return out

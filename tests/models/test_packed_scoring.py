@@ -1,0 +1,116 @@
+"""Packed (padding-free) and prefix-shared scoring equal a plain transformers forward, per sequence."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForSequenceClassification
+
+from rewardkit.models.packed_scoring import length_buckets, packed_scores, padded_scores, plan_packed
+from rewardkit.models.tiny import tiny_config
+
+VOCAB = 97
+
+
+def seqcls(family: str, attn: str) -> torch.nn.Module:
+    if family == "llama":
+        config = tiny_config("tiny-llama", vocab_size=VOCAB, num_labels=1, pad_token_id=0)
+    else:
+        config = AutoConfig.for_model(
+            family,
+            vocab_size=VOCAB,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            num_labels=1,
+            pad_token_id=0,
+        )
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_config(config, attn_implementation=attn)
+    return model.eval()
+
+
+def corpus(seed: int = 0) -> list[list[int]]:
+    """Three GRPO-style groups (one prompt, four responses) and two lone sequences."""
+    rng = random.Random(seed)
+    seqs = []
+    for _ in range(3):
+        prompt = [rng.randrange(1, VOCAB) for _ in range(rng.randrange(20, 40))]
+        seqs += [prompt + [rng.randrange(1, VOCAB) for _ in range(rng.randrange(1, 30))] for _ in range(4)]
+    seqs += [[rng.randrange(1, VOCAB) for _ in range(n)] for n in (5, 33)]
+    rng.shuffle(seqs)
+    return seqs
+
+
+def reference(model, seqs) -> torch.Tensor:
+    with torch.no_grad():
+        return torch.tensor([float(model(input_ids=torch.tensor([s])).logits[0, 0]) for s in seqs])
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral"])
+@pytest.mark.parametrize("share", [False, True], ids=["varlen", "shared-prefix"])
+def test_packed_scores_equal_a_plain_forward(family, share):
+    seqs = corpus()
+    plain = reference(seqcls(family, "sdpa"), seqs)
+    model = seqcls(family, "rk_varlen")
+    plan = plan_packed(seqs, share_prefixes=share, min_prefix=8)
+    with torch.no_grad():
+        packed = packed_scores(model.base_model, model.score, plan)
+    torch.testing.assert_close(packed, plain, atol=1e-5, rtol=0)
+    if share:
+        assert plan.shared_groups == 3 and plan.saved_tokens > 0
+    else:
+        assert plan.computed_tokens == sum(map(len, seqs)) and plan.kv_index is None
+
+
+def test_a_score_does_not_depend_on_what_it_is_packed_with():
+    model = seqcls("llama", "rk_varlen")
+    seqs = corpus()
+    with torch.no_grad():
+        alone = torch.stack(
+            [packed_scores(model.base_model, model.score, plan_packed([s])) for s in seqs]
+        ).reshape(-1)
+        together = packed_scores(model.base_model, model.score, plan_packed(seqs, share_prefixes=True))
+        reordered = packed_scores(model.base_model, model.score, plan_packed(seqs[::-1], share_prefixes=True))
+    torch.testing.assert_close(together, alone, atol=1e-5, rtol=0)
+    torch.testing.assert_close(reordered.flip(0), alone, atol=1e-5, rtol=0)
+
+
+def test_padded_buckets_equal_a_plain_forward():
+    model = seqcls("llama", "sdpa")
+    seqs = corpus()
+
+    def forward(input_ids, attention_mask, lengths):
+        return model(input_ids=input_ids, attention_mask=attention_mask).logits[:, 0]
+
+    with torch.no_grad():
+        scores = padded_scores(forward, seqs, pad_token_id=0, max_batch_tokens=200, device="cpu")
+    torch.testing.assert_close(scores, reference(model, seqs), atol=1e-5, rtol=0)
+
+
+def test_prefix_groups_keep_a_token_of_their_own_and_need_the_minimum():
+    prompt = list(range(1, 21))
+    seqs = [prompt + [50], prompt + [60, 61], prompt[:10] + [70], [1, 2, 3]]
+    plan = plan_packed(seqs, share_prefixes=True, min_prefix=8)
+    # the three sequences sharing 10+ tokens form one group with the 10 common tokens packed once
+    assert plan.shared_groups == 1
+    assert plan.computed_tokens == 10 + (11 + 12 + 1) + 3
+    ends = plan.input_ids[0, plan.score_at].tolist()
+    assert ends == [50, 61, 70, 3]
+    assert plan_packed(seqs, share_prefixes=True, min_prefix=11).shared_groups == 1  # prompt+[50], +[60,61]
+    with pytest.raises(ValueError):
+        plan_packed([[1], []])
+
+
+def test_length_buckets_respect_the_token_budget():
+    lengths = [5, 50, 7, 300, 6, 49]
+    buckets = length_buckets(lengths, 100)
+    assert sorted(i for b in buckets for i in b) == list(range(6))
+    for b in buckets:
+        assert len(b) == 1 or len(b) * max(lengths[i] for i in b) <= 100
+    assert [3] in buckets  # longer than the budget: alone
