@@ -25,7 +25,8 @@ def trained(tmp_path_factory):
     from transformers import AutoModelForCausalLM
 
     from rewardkit.models.tiny import tiny_config
-    from rewardkit.train.recipes.dpo import load_dpo_config, run
+    from rewardkit.train.config import load_dpo_config
+    from rewardkit.train.recipes.dpo import run
 
     torch.set_num_threads(1)  # 2 shared cores: intra-op threads only contend
     root = tmp_path_factory.mktemp("dpo")

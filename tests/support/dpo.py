@@ -13,7 +13,7 @@ from rewardkit.core.hashing import sha256_file
 from rewardkit.data.synth import builtin_tokenizer
 from rewardkit.models.reference import git_blob_sha1
 from rewardkit.models.tiny import tiny_config
-from rewardkit.train.recipes.dpo import load_dpo_config
+from rewardkit.train.config import load_dpo_config
 
 REVISION = "89abcdef0123456789abcdef0123456789abcdef"
 

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from rewardkit.train.recipes.dpo import load_dpo_config, run
+from rewardkit.train.config import load_dpo_config
+from rewardkit.train.recipes.dpo import run
 from support.weights import SMOLLM2_GGUF, smollm2_dir
 
 

@@ -41,7 +41,8 @@ def _train_rm(args: argparse.Namespace) -> int:
 
 
 def _train_dpo(args: argparse.Namespace) -> int:
-    from rewardkit.train.recipes.dpo import load_dpo_config, run
+    from rewardkit.train.config import load_dpo_config
+    from rewardkit.train.recipes.dpo import run
 
     return _train(args, load_dpo_config, run)
 

@@ -22,10 +22,13 @@ import logging
 import math
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ConfigDict, Field, model_validator
+
+from rewardkit.core.config import ConfigModel, Dtype
 from rewardkit.core.errors import ConfigError, RewardkitError
 from rewardkit.core.hashing import sha256_json
 from rewardkit.objectives.losses import DPO_LOSS_TYPES, dpo_loss, dpo_rewards
@@ -45,8 +48,7 @@ REFERENCE_SOURCES = ("initial_policy", "snapshot")
 CACHE_FORMAT = 1
 
 
-@dataclass(frozen=True)
-class ReferenceSettings:
+class ReferenceSettings(ConfigModel):
     """`dpo.reference`: where the frozen reference comes from.
 
     `initial_policy` (default) snapshots the policy at step 0; `snapshot` loads a pinned local
@@ -54,13 +56,16 @@ class ReferenceSettings:
     verifying its provenance (`rewardkit.models.reference`).
     """
 
+    model_config = ConfigDict(frozen=True)
+
     source: str = "initial_policy"
     repo: str | None = None
     revision: str | None = None
     path: str | None = None
     cache_dir: str | None = None
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _check(self) -> ReferenceSettings:
         if self.source not in REFERENCE_SOURCES:
             raise ConfigError(f"dpo.reference.source must be one of {', '.join(REFERENCE_SOURCES)}")
         if self.source == "snapshot":
@@ -69,14 +74,20 @@ class ReferenceSettings:
                 raise ConfigError(f"dpo.reference.source: snapshot needs {', '.join(missing)}")
         elif any((self.repo, self.revision, self.path, self.cache_dir)):
             raise ConfigError("dpo.reference.repo/revision/path/cache_dir only apply to source: snapshot")
+        return self
 
 
 REFERENCE_DTYPES = ("fp32", "bf16")
 
 
-@dataclass(frozen=True)
-class DPOSettings:
-    """The `dpo:` config section (see docs/dpo.md for every key and why it defaults as it does)."""
+class DPOSettings(ConfigModel):
+    """The `dpo:` config section (see docs/dpo.md for every key and why it defaults as it does).
+
+    The checks raise `ConfigError` themselves (not `ValueError`): their messages name the
+    `dpo.` keys they relate, which the loader passes through unchanged.
+    """
+
+    model_config = ConfigDict(frozen=True)
 
     loss_type: str = "sigmoid"
     beta: float = 0.1
@@ -84,17 +95,18 @@ class DPOSettings:
     temperature: float = 1.0
     allow_dropout: bool = False
     precompute_reference: bool = False
-    reference_batch_size: int | None = None  # None: the training micro-batch (docs/dpo.md)
-    reference_dtype: str = "fp32"  # bf16 halves the frozen reference's weights
+    reference_batch_size: int | None = Field(None, ge=1)  # None: the training micro-batch (docs/dpo.md)
+    reference_dtype: Dtype = "fp32"  # bf16 halves the frozen reference's weights
     reference_cache_dir: str | None = None
-    reference: ReferenceSettings = field(default_factory=ReferenceSettings)
+    reference: ReferenceSettings = Field(default_factory=ReferenceSettings)
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _check(self) -> DPOSettings:
         if self.loss_type not in DPO_LOSS_TYPES:
             raise ConfigError(
                 f"dpo.loss_type must be one of {', '.join(DPO_LOSS_TYPES)}, got {self.loss_type!r}"
             )
-        if not (isinstance(self.beta, int | float) and math.isfinite(self.beta) and self.beta > 0):
+        if not (math.isfinite(self.beta) and self.beta > 0):
             raise ConfigError(f"dpo.beta must be a finite number > 0, got {self.beta!r}")
         if not 0 <= self.label_smoothing < 0.5:
             raise ConfigError(f"dpo.label_smoothing must be in [0, 0.5), got {self.label_smoothing!r}")
@@ -102,21 +114,20 @@ class DPOSettings:
             raise ConfigError(f"dpo.label_smoothing has no meaning for loss_type {self.loss_type!r}")
         # DPO's likelihood is the policy's own distribution: dividing logits by a temperature
         # changes π and π_ref differently once π moves, and the implicit reward loses its meaning.
-        if not (isinstance(self.temperature, int | float) and math.isfinite(self.temperature)):
+        if not math.isfinite(self.temperature):
             raise ConfigError(f"dpo.temperature must be finite, got {self.temperature!r}")
         if self.temperature != 1.0:
             raise ConfigError(
                 f"dpo.temperature={self.temperature}: DPO log-probs are taken at temperature 1; "
                 "a sampling temperature does not apply to preference training"
             )
-        if self.reference_batch_size is not None and self.reference_batch_size < 1:
-            raise ConfigError("dpo.reference_batch_size must be >= 1")
         if self.reference_dtype not in REFERENCE_DTYPES:
             raise ConfigError(
                 f"dpo.reference_dtype must be one of {', '.join(REFERENCE_DTYPES)}, got {self.reference_dtype!r}"
             )
         if self.loss_type == "reference_free" and self.precompute_reference:
             raise ConfigError("dpo.precompute_reference has no reference to precompute with reference_free")
+        return self
 
     @property
     def average_logps(self) -> bool:
@@ -127,7 +138,7 @@ class DPOSettings:
         return self.loss_type != "reference_free"
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return self.model_dump()
 
 
 def check_lora(model_section: Any, dpo_section: Any) -> None:

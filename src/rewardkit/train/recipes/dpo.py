@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,17 +43,15 @@ from rewardkit.models.reference import (
 from rewardkit.objectives.base import MicroBatchOutput, check_objective
 from rewardkit.objectives.dpo import (
     DPOObjective,
-    DPOSettings,
     ReferenceLogps,
     batch_logps,
-    check_lora,
     dpo_metrics,
     precompute_reference,
     release,
 )
 from rewardkit.objectives.losses import dpo_loss
 from rewardkit.train.checkpoint import load_model_weights
-from rewardkit.train.config import TrainConfig, from_dict, read_config_data
+from rewardkit.train.config import DPOTrainConfig
 from rewardkit.train.loop import EvalSet, RunResult, Trainer
 
 log = logging.getLogger("rewardkit.train")
@@ -63,19 +59,6 @@ log = logging.getLogger("rewardkit.train")
 OBJECTIVE = "dpo"
 ROLE = "policy"
 HEAD_TYPE = "causal_lm"
-
-
-@dataclass
-class DPOTrainConfig(TrainConfig):
-    """The reward-model config plus a `dpo:` section (docs/dpo.md)."""
-
-    dpo: DPOSettings = field(default_factory=DPOSettings)
-
-
-def load_dpo_config(path: str | Path | None, overrides: Sequence[str] = ()) -> DPOTrainConfig:
-    data = read_config_data(path, overrides)
-    check_lora(data.get("model"), data.get("dpo"))  # before from_dict calls `model.lora` just unknown
-    return from_dict(DPOTrainConfig, data)
 
 
 class DPOPolicyObjective:
@@ -158,7 +141,7 @@ class DPOPolicyObjective:
     @property
     def _lora_json(self) -> dict[str, Any] | None:
         """`model.lora` as checkpoints record it and resumes compare it."""
-        return dataclasses.asdict(self.lora) if self.lora else None
+        return self.lora.model_dump() if self.lora else None
 
     @property
     def _reference_is_policy(self) -> bool:
