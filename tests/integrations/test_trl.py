@@ -1,0 +1,179 @@
+"""TRL 1.16: `RemoteReward` / `AsyncRemoteReward` driven by TRL's own `GRPOTrainer` against a live server."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import pickle
+
+import pytest
+
+pytest.importorskip("trl")
+
+import torch
+from datasets import Dataset
+from transformers import AutoModelForCausalLM
+from trl import GRPOConfig, GRPOTrainer
+from trl.trainer.utils import get_callable_name, is_async_callable
+
+from rewardkit.core.errors import UsageError
+from rewardkit.data.builtin_tokenizer import build_tokenizer
+from rewardkit.integrations.trl import AsyncRemoteReward, RemoteReward
+from rewardkit.models.tiny import tiny_config
+from rewardkit.serve.client import ScoreError, ServiceError
+
+PROMPTS = ["Say hello.", "Two plus two?", "Name a colour.", "Hi there."]
+
+
+class RecordingGRPOTrainer(GRPOTrainer):
+    """GRPOTrainer unchanged, except that it keeps what `_calculate_rewards` gave the loss."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.recorded = []
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self.recorded.append((list(prompts), list(completions), rewards.detach().clone()))
+        return rewards
+
+
+def tiny_policy():
+    tokenizer = build_tokenizer(
+        ["Say hello to the world.", "Two plus two is four.", "Blue."] * 20, vocab_size=300
+    )
+    torch.manual_seed(0)
+    config = tiny_config(
+        "tiny-llama",
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+    )
+    return AutoModelForCausalLM.from_config(config), tokenizer
+
+
+@pytest.mark.parametrize("conversational", [False, True], ids=["standard", "conversational"])
+def test_grpo_trainer_trains_on_the_services_rewards(server, direct_scores, tmp_path, conversational):
+    model, tokenizer = tiny_policy()
+    prompts = [[{"role": "user", "content": p}] for p in PROMPTS] if conversational else PROMPTS
+    no_text_ids = [i for i in tokenizer.all_special_ids if i != tokenizer.eos_token_id]
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=8,
+        # never an empty completion (a bad_input item error): no early EOS, no other special token
+        generation_kwargs={"min_new_tokens": 3, "suppress_tokens": no_text_ids},
+        max_steps=2,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+    )
+    funcs = [RemoteReward(server.url, scorer="rm"), AsyncRemoteReward(server.url, scorer="len")]
+    dataset = Dataset.from_dict({"prompt": prompts})
+    trainer = RecordingGRPOTrainer(
+        model=model, reward_funcs=funcs, args=args, train_dataset=dataset, processing_class=tokenizer
+    )
+    trainer.train()
+
+    assert trainer.reward_func_names == ["rewardkit_rm", "rewardkit_len"]
+    assert len(trainer.recorded) == 2
+    for step_prompts, completions, rewards in trainer.recorded:
+        assert isinstance(completions[0], list if conversational else str)
+        items = [
+            {"id": str(i), "prompt": p, "response": c}
+            for i, (p, c) in enumerate(zip(step_prompts, completions, strict=True))
+        ]
+        for column, scorer in enumerate(["rm", "len"]):
+            expected = torch.tensor(direct_scores(server.url, scorer, items), dtype=torch.float64)
+            assert torch.allclose(rewards[:, column].double(), expected, atol=1e-5, rtol=0), scorer
+    logged = trainer.state.log_history[0]
+    assert "rewards/rewardkit_rm/mean" in logged and "rewards/rewardkit_len/mean" in logged
+
+
+def test_trl_sees_distinct_names_and_the_async_form(server):
+    rm, length = RemoteReward(server.url, scorer="rm"), RemoteReward(server.url, scorer="len")
+    assert {get_callable_name(rm), get_callable_name(length)} == {"rewardkit_rm", "rewardkit_len"}
+    assert get_callable_name(RemoteReward(server.url, scorer="rm", name="rm_b")) == "rm_b"
+    assert not is_async_callable(rm)
+    assert is_async_callable(AsyncRemoteReward(server.url, scorer="rm"))
+
+
+def test_failed_items_raise_by_default_naming_them(server):
+    reward = RemoteReward(server.url, scorer="double")
+    with pytest.raises(ScoreError) as info:
+        reward(prompts=["p"] * 3, completions=["ok", "NAN here", "fine"])
+    assert [(f.id, f.scorer, f.code) for f in info.value.failures] == [("1", "double", "non_finite")]
+
+
+def test_on_error_none_returns_none_for_failed_items_only(server):
+    metrics = {}
+    reward = RemoteReward(server.url, scorer="double", on_error="none")
+    out = reward(prompts=["p"] * 3, completions=["ok", "NAN", "fine"], log_metric=metrics.__setitem__)
+    assert out == [2.0, None, 4.0]
+    assert metrics == {"rewardkit_double/failed_frac": pytest.approx(1 / 3)}
+    async_out = asyncio.run(
+        AsyncRemoteReward(server.url, scorer="double", on_error="none")(["p", "p"], ["INF", "abc"])
+    )
+    assert async_out == [None, 3.0]
+
+
+def test_whole_request_failures_raise_even_with_on_error_none(server):
+    reward = RemoteReward(server.url, scorer="no_such_scorer", on_error="none")
+    with pytest.raises(ServiceError) as info:
+        reward(prompts=["p"], completions=["r"])
+    assert info.value.code == "unknown_scorer"
+
+
+def test_the_async_form_chunks_concurrently_and_works_across_event_loops(server):
+    reward = AsyncRemoteReward(server.url, scorer="len", batch_size=2)
+    completions = ["a" * n for n in range(1, 8)]
+    for _ in range(2):  # a second asyncio.run: a new loop, so a new connection pool
+        assert asyncio.run(reward(prompts=["p"] * 7, completions=completions)) == [
+            float(n) for n in range(1, 8)
+        ]
+
+
+def test_conversational_rows_keep_roles_and_drop_extra_keys(server, direct_scores):
+    prompts = [[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]]
+    blocks = [{"type": "text", "text": "Hel"}, {"type": "text", "text": "lo"}]
+    completions = [[{"role": "assistant", "content": blocks, "tool_calls": []}]]
+    got = RemoteReward(server.url, scorer="rm")(prompts=prompts, completions=completions)
+    plain = [{"role": "assistant", "content": "Hello"}]
+    assert got == pytest.approx(
+        direct_scores(server.url, "rm", [{"id": "0", "prompt": prompts[0], "response": plain}])
+    )
+    with pytest.raises(UsageError, match="image"):
+        image_turn = [{"role": "assistant", "content": [{"type": "image"}]}]
+        RemoteReward(server.url, scorer="rm")(prompts=["p"], completions=[image_turn])
+
+
+def test_reference_key_sends_a_dataset_column_as_reference(server):
+    reward = RemoteReward(server.url, scorer="exact", reference_key="answer")
+    assert reward(prompts=["2+2?", "3+3?"], completions=["4", "7"], answer=["4", "6"]) == [1.0, 0.0]
+    with pytest.raises(UsageError, match="answer"):
+        reward(prompts=["2+2?"], completions=["4"], solution=["4"])
+
+
+def test_scorer_defaults_to_the_services_only_scorer(server, one_scorer_server, monkeypatch):
+    assert RemoteReward(one_scorer_server.url).__name__ == "rewardkit_len"
+    with pytest.raises(UsageError, match="name one"):
+        RemoteReward(server.url)
+    monkeypatch.setenv("REWARDKIT_URL", server.url)
+    monkeypatch.setenv("REWARDKIT_SCORER", "len")
+    assert RemoteReward()(prompts=["p"], completions=["abcd"]) == [4.0]
+    with pytest.raises(UsageError, match="on_error"):
+        RemoteReward(server.url, scorer="len", on_error="zero")
+
+
+def test_reward_functions_pickle_without_their_connections(server):
+    for cls in (RemoteReward, AsyncRemoteReward):
+        reward = cls(server.url, scorer="len")
+        if cls is RemoteReward:
+            reward(prompts=["p"], completions=["ab"])
+        clone = pickle.loads(pickle.dumps(reward))
+        assert clone.__name__ == "rewardkit_len"
+    assert clone is not None and not math.isnan(asyncio.run(clone(["p"], ["abc"]))[0])
