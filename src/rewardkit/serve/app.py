@@ -1,16 +1,14 @@
 """The HTTP API: `POST /v1/score`, `GET /v1/scorers`, health, metrics (see docs/serve.md).
 
-`create_app(backend, config)` works with any `ScoringBackend`. This module owns the wire
-format and the whole-request checks (auth, size limits, schema, images, identity pins); the
-backend owns scoring. Everything a scorer returns is checked once more here, so even a faulty
+`create_app(backend, config)` works with any `ScoringBackend`. This module is the frontend:
+it applies the whole-request checks (auth, size limits, schema, images, identity pins) to
+bodies defined in `rewardkit.serve.protocol`; the backend owns batching and scoring. Everything a scorer returns is checked once more here, so even a faulty
 backend cannot turn NaN into a reward: a non-finite value is reported as `non_finite`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
 import hmac
 import json
@@ -22,87 +20,53 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rewardkit import __version__
 from rewardkit.serve.backend import ScoringBackend
 from rewardkit.serve.batcher import check_value
 from rewardkit.serve.config import ServiceConfig
-from rewardkit.serve.errors import ServeError
 from rewardkit.serve.images import check_image
 from rewardkit.serve.metrics import ServeMetrics
 from rewardkit.serve.multipart import parse_multipart
+from rewardkit.serve.protocol import (
+    DEPLOYMENT_ROUTE,
+    HTTP_ERROR_CODE,
+    IDEMPOTENCY_KEY_HEADER,
+    LIVE_ROUTE,
+    MAX_IDEMPOTENCY_KEY,
+    METRICS_ROUTE,
+    MULTIPART_REQUEST_PART,
+    READY_ROUTE,
+    RETRY_AFTER_HEADER,
+    ROUTE_ERROR_CODES,
+    SCORE_ROUTE,
+    SCORERS_ROUTE,
+    ErrorBody,
+    LiveBody,
+    NotReadyBody,
+    ReadyBody,
+    ScoreRequest,
+    ScoreResponse,
+    ScorersResponse,
+    ServeError,
+    decode_items,
+    error_body,
+    parse_score_request,
+    score_response,
+    timing_headers,
+)
 from rewardkit.serve.scorers.base import ItemError, ScoreItem, ScorerInfo
 from rewardkit.serve.timing import RequestTiming, current_timing
 
 log = logging.getLogger(__name__)
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class MessageIn(_Strict):
-    role: str
-    content: str
-
-
-class ImageIn(_Strict):
-    b64: str | None = Field(default=None, description="base64 of the encoded image bytes (JPEG/PNG/WebP)")
-    part: str | None = Field(default=None, description="name of a multipart file part holding the bytes")
-
-
-class ItemIn(_Strict):
-    id: str = Field(min_length=1, max_length=512)
-    prompt: str | list[MessageIn] = ""
-    response: str | list[MessageIn] = ""
-    image: ImageIn | None = None
-    reference: str | None = None
-
-
-class ScoreRequest(_Strict):
-    scorers: list[str] = Field(min_length=1)
-    items: list[ItemIn]
-    pin: dict[str, str] = Field(default_factory=dict, description="scorer name -> identity; mismatch is 409")
-
-
-class ErrorOut(BaseModel):
-    code: str
-    message: str
-
-
-class ItemOut(BaseModel):
-    id: str
-    scores: dict[str, float]
-    errors: dict[str, ErrorOut]
-
-
-class ScorerRef(BaseModel):
-    version: str
-    identity: str
-
-
-class ScoreResponse(BaseModel):
-    results: list[ItemOut]
-    scorers: dict[str, ScorerRef]
-
-
 def _error_response(err: ServeError, headers: dict[str, str] | None = None) -> JSONResponse:
     headers = dict(headers or {})
     if err.retry_after is not None:
-        headers["Retry-After"] = str(max(1, round(err.retry_after)))
+        headers[RETRY_AFTER_HEADER] = str(max(1, round(err.retry_after)))
     return JSONResponse(err.body(), status_code=err.status, headers=headers)
-
-
-def _first_error(exc: ValidationError) -> str:
-    e = exc.errors()[0]
-    where = ".".join(str(p) for p in e.get("loc", ())) or "body"
-    return f"{where}: {e.get('msg', 'invalid')}"
-
-
-def _messages(value: str | list[MessageIn]) -> str | list[dict[str, str]]:
-    return value if isinstance(value, str) else [{"role": m.role, "content": m.content} for m in value]
 
 
 def _info_json(info: ScorerInfo) -> dict[str, Any]:
@@ -166,17 +130,17 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse({"code": "invalid_request", "message": str(exc.errors()[:1])}, status_code=422)
+        return JSONResponse(error_body("invalid_request", str(exc.errors()[:1])), status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return JSONResponse({"code": code, "message": str(exc.detail)}, status_code=exc.status_code)
+        code = ROUTE_ERROR_CODES.get(exc.status_code, HTTP_ERROR_CODE)
+        return JSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code)
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s", request.url.path)
-        return JSONResponse({"code": "internal", "message": f"{type(exc).__name__}"}, status_code=500)
+        return JSONResponse(error_body("internal", f"{type(exc).__name__}"), status_code=500)
 
     async def read_body(request: Request) -> bytes:
         declared = request.headers.get("content-length")
@@ -196,56 +160,24 @@ def create_app(
         parts: dict[str, bytes] = {}
         if content_type.startswith("multipart/form-data"):
             parts = parse_multipart(body, content_type, max_parts=limits.max_items + 1)
-            raw_json: Any = parts.pop("request", None)
+            raw_json: Any = parts.pop(MULTIPART_REQUEST_PART, None)
             if raw_json is None:
                 raise ServeError("invalid_request", "multipart body needs a 'request' part holding the JSON")
         else:
             raw_json = body
-        try:
-            raw = json.loads(raw_json)
-        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
-            raise ServeError("invalid_json", f"body is not valid JSON: {exc}") from None
-        try:
-            req = ScoreRequest.model_validate(raw)
-        except ValidationError as exc:
-            raise ServeError("invalid_request", _first_error(exc)) from None
-        return req, parts
+        return parse_score_request(raw_json), parts
 
     def build_items(req: ScoreRequest, parts: dict[str, bytes], needs_image: bool) -> list[ScoreItem]:
         if len(req.items) > limits.max_items:
             raise ServeError(
                 "too_many_items", f"{len(req.items)} items exceed the limit of {limits.max_items}"
             )
-        seen: set[str] = set()
-        items = []
-        for i, item in enumerate(req.items):
-            if item.id in seen:
-                raise ServeError("invalid_request", f"items[{i}].id {item.id!r} is duplicated")
-            seen.add(item.id)
-            image = None
-            if item.image is not None:
-                if (item.image.b64 is None) == (item.image.part is None):
-                    raise ServeError("invalid_request", f"items[{i}].image needs exactly one of b64 or part")
-                if item.image.b64 is not None:
-                    try:
-                        image = base64.b64decode(item.image.b64, validate=True)
-                    except (binascii.Error, ValueError):
-                        raise ServeError("bad_image", f"items[{i}].image.b64 is not valid base64") from None
-                else:
-                    if item.image.part not in parts:
-                        raise ServeError(
-                            "invalid_request", f"items[{i}].image.part {item.image.part!r} not in body"
-                        )
-                    image = parts[item.image.part]
-                check_image(image, limits.max_image_pixels, where=f"items[{i}].image")
-            elif needs_image:
-                raise ServeError(
-                    "missing_image", f"items[{i}] has no image but an image scorer was requested"
-                )
-            items.append(
-                ScoreItem(item.id, _messages(item.prompt), _messages(item.response), image, item.reference)
-            )
-        return items
+        return decode_items(
+            req,
+            parts,
+            needs_image=needs_image,
+            check_image=lambda data, where: check_image(data, limits.max_image_pixels, where=where),
+        )
 
     async def score_all(names: list[str], items: list[ScoreItem]) -> dict[str, list[Any]]:
         async def one(name: str) -> list[Any]:
@@ -272,17 +204,9 @@ def create_app(
         return dict(zip(names, outs, strict=True))
 
     @app.post(
-        "/v1/score",
+        SCORE_ROUTE,
         response_model=ScoreResponse,
-        responses={
-            401: {"model": ErrorOut},
-            409: {"model": ErrorOut},
-            413: {"model": ErrorOut},
-            422: {"model": ErrorOut},
-            429: {"model": ErrorOut},
-            503: {"model": ErrorOut},
-            504: {"model": ErrorOut},
-        },
+        responses={status: {"model": ErrorBody} for status in (401, 409, 413, 422, 429, 503, 504)},
     )
     async def score(request: Request) -> Response:
         """Score items with one or more scorers. JSON body (`ScoreRequest`) or multipart/form-data with a
@@ -291,12 +215,9 @@ def create_app(
         timing = RequestTiming()
         current_timing.set(timing)
 
-        def timing_headers() -> dict[str, str]:
-            return {
-                "x-queue-time": f"{timing.queue_s * 1000:.3f}",
-                "x-inference-time": f"{timing.inference_s * 1000:.3f}",
-                "x-total-time": f"{(time.perf_counter() - started) * 1000:.3f}",
-            }
+        def headers_now() -> dict[str, str]:
+            total_s = time.perf_counter() - started
+            return timing_headers(queue_s=timing.queue_s, inference_s=timing.inference_s, total_s=total_s)
 
         try:
             check_auth(request)
@@ -322,30 +243,16 @@ def create_app(
             items = build_items(req, parts, needs_image)
             by_scorer = await score_all(names, items) if items else {n: [] for n in names}
         except ServeError as err:
-            count("/v1/score", err.status, err.code, started)
-            return _error_response(err, timing_headers())
-        results = []
-        for i, item in enumerate(items):
-            scores: dict[str, float] = {}
-            errors: dict[str, dict[str, str]] = {}
-            for name in names:
-                r = by_scorer[name][i]
-                if isinstance(r, ItemError):
-                    errors[name] = {"code": r.code, "message": r.message}
-                else:
-                    scores[name] = r
-            results.append({"id": item.id, "scores": scores, "errors": errors})
-        body = {
-            "results": results,
-            "scorers": {n: {"version": infos[n].version, "identity": infos[n].identity} for n in names},
-        }
-        headers = timing_headers()
-        if key := request.headers.get("idempotency-key"):
-            headers["idempotency-key"] = key[:128]
-        count("/v1/score", 200, "", started)
+            count(SCORE_ROUTE, err.status, err.code, started)
+            return _error_response(err, headers_now())
+        body = score_response(items, by_scorer, {n: (infos[n].version, infos[n].identity) for n in names})
+        headers = headers_now()
+        if key := request.headers.get(IDEMPOTENCY_KEY_HEADER):
+            headers[IDEMPOTENCY_KEY_HEADER] = key[:MAX_IDEMPOTENCY_KEY]
+        count(SCORE_ROUTE, 200, "", started)
         return Response(json.dumps(body, allow_nan=False), media_type="application/json", headers=headers)
 
-    @app.get("/v1/scorers")
+    @app.get(SCORERS_ROUTE, response_model=ScorersResponse, response_model_exclude_unset=True)
     async def scorers(request: Request) -> dict[str, Any]:
         check_auth(request)
         infos = backend.scorer_infos()
@@ -357,16 +264,16 @@ def create_app(
 
     if hasattr(backend, "deployment"):  # the deploy gateway / Ray backend (docs/deploy.md)
 
-        @app.get("/v1/deployment")
+        @app.get(DEPLOYMENT_ROUTE)
         async def deployment(request: Request) -> dict[str, Any]:
             check_auth(request)
             return await asyncio.to_thread(backend.deployment)
 
-    @app.get("/health/live")
+    @app.get(LIVE_ROUTE, response_model=LiveBody)
     async def live() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/health/ready")
+    @app.get(READY_ROUTE, response_model=ReadyBody, responses={503: {"model": NotReadyBody}})
     async def ready() -> JSONResponse:
         ok, details = backend.ready()
         task = getattr(app.state, "start_task", None)
@@ -380,7 +287,7 @@ def create_app(
             headers={"Retry-After": "5"},
         )
 
-    @app.get("/metrics")
+    @app.get(METRICS_ROUTE)
     async def prometheus(request: Request) -> Response:
         check_auth(request)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)

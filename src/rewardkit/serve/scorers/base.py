@@ -19,14 +19,21 @@ Modality = Literal["text", "image_text", "rule"]
 
 @dataclass(frozen=True)
 class ScoreItem:
-    """One item to score. `image` is raw encoded bytes (JPEG/PNG/...), decoded by the scorer."""
+    """One item to score. `image` is raw encoded bytes (JPEG/PNG/...), decoded by the scorer.
+
+    The fields mirror the wire item (`rewardkit.serve.protocol.ItemIn`) one to one."""
 
     id: str
     prompt: str | list[Message]
     response: str | list[Message]
     image: bytes | None = None
-    reference: str | None = None
-    """A reference answer for rule scorers such as `exact_match`; ignored by model scorers."""
+    reference: str | dict[str, Any] | list[Any] | int | float | bool | None = None
+    """A reference answer (a string or any JSON value) for rule and verifier scorers such as
+    `exact_match`; ignored by model scorers."""
+    group_id: str | None = None
+    """Items that belong together (e.g. the GRPO samples of one prompt); scorers may compare them."""
+    metadata: dict[str, Any] | None = None
+    """A free-form JSON object from the request, passed through unchanged."""
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,8 @@ class ExactMatchScorer(_RuleScorer):
         for item in items:
             if item.reference is None:
                 out.append(ItemError("missing_reference", "exact_match needs the item's 'reference'"))
+            elif not isinstance(item.reference, str):
+                out.append(ItemError("bad_input", "exact_match needs a string 'reference'"))
             else:
                 out.append(float(self._norm(as_text(item.response)) == self._norm(item.reference)))
         return out

@@ -1,0 +1,447 @@
+"""The reward service's wire format, defined once (docs/serve.md "API").
+
+Why one module: the HTTP app, the Python client, the deploy gateway and its worker transport,
+and the load generator all speak this format. When each kept its own copy, a field added on
+one side (an item's `reference`) was silently dropped by another. Everything that crosses a
+process boundary is declared here and imported by every side:
+
+1. Routes and headers: paths, the timing / idempotency / retry headers.
+2. Error codes: whole-request codes with their HTTP status, per-item codes, `ServeError`.
+3. Bodies: one pydantic model per JSON body (request and response), grouped by route.
+4. Item codec: `ScoreItem` ⇄ wire JSON, with images as base64, as multipart parts, or (deploy
+   transport) as references into a frame body.
+5. Response codec: `ScoreItem` results → the `POST /v1/score` answer.
+
+Adding a route: its path in section 1, its bodies in section 3 under a heading of their own,
+any new codes in section 2. Adding an item field: `ItemIn`, `ScoreItem`, `item_fields`,
+`item_from_fields` and `ItemIn.to_score_item` (tests/serve/test_protocol.py checks they agree).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
+
+from rewardkit.core.errors import RewardkitError
+from rewardkit.serve.scorers.base import ItemError, ScoreItem
+
+# ------------------------------------------------------------------------- 1. routes and headers
+
+SCORE_ROUTE = "/v1/score"
+SCORERS_ROUTE = "/v1/scorers"
+DEPLOYMENT_ROUTE = "/v1/deployment"  # deploy gateway / Ray backend only (docs/deploy.md)
+LIVE_ROUTE = "/health/live"
+READY_ROUTE = "/health/ready"
+METRICS_ROUTE = "/metrics"
+
+QUEUE_TIME_HEADER = "x-queue-time"
+"""Longest wait of any of the request's items before its batch started (ms)."""
+INFERENCE_TIME_HEADER = "x-inference-time"
+"""Longest batch the request was part of (ms)."""
+TOTAL_TIME_HEADER = "x-total-time"
+"""Handler time (ms)."""
+TIMING_HEADERS = (QUEUE_TIME_HEADER, INFERENCE_TIME_HEADER, TOTAL_TIME_HEADER)
+IDEMPOTENCY_KEY_HEADER = "idempotency-key"
+"""Sent once per logical request (the same on retries) and echoed back, at most 128 characters."""
+MAX_IDEMPOTENCY_KEY = 128
+RETRY_AFTER_HEADER = "Retry-After"
+MULTIPART_REQUEST_PART = "request"
+"""The multipart part that holds the JSON `ScoreRequest`; every other part is an image."""
+
+
+def timing_headers(*, queue_s: float, inference_s: float, total_s: float) -> dict[str, str]:
+    """The three timing headers, in milliseconds with three decimals."""
+    return {
+        QUEUE_TIME_HEADER: f"{queue_s * 1000:.3f}",
+        INFERENCE_TIME_HEADER: f"{inference_s * 1000:.3f}",
+        TOTAL_TIME_HEADER: f"{total_s * 1000:.3f}",
+    }
+
+
+def header_ms(headers: Mapping[str, str], name: str) -> float | None:
+    """A timing header as a float (ms); None when absent or malformed. `headers` should be
+    case-insensitive (httpx / aiohttp headers are)."""
+    try:
+        return float(headers[name])
+    except (KeyError, ValueError, TypeError):
+        return None
+
+
+# ------------------------------------------------------------------------------ 2. error codes
+
+
+class RequestErrorCode(StrEnum):
+    """Whole-request error codes: the response is `status` with an `ErrorBody`."""
+
+    status: int
+    meaning: str
+
+    def __new__(cls, value: str, status: int, meaning: str) -> RequestErrorCode:
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.status = status
+        member.meaning = meaning
+        return member
+
+    UNAUTHORIZED = "unauthorized", 401, "a token is configured and the bearer token is missing or wrong"
+    IDENTITY_MISMATCH = "identity_mismatch", 409, "`pin` names an identity the scorer no longer has"
+    BODY_TOO_LARGE = "body_too_large", 413, "body over `max_body_bytes`"
+    TOO_MANY_ITEMS = "too_many_items", 413, "more than `max_items` items (or multipart parts)"
+    IMAGE_TOO_LARGE = "image_too_large", 413, "an image over `max_image_pixels`"
+    INVALID_JSON = "invalid_json", 422, "the body (or multipart `request` part) is not JSON"
+    INVALID_REQUEST = "invalid_request", 422, "schema violation (types, fields, ids, parts, pins)"
+    UNKNOWN_SCORER = "unknown_scorer", 422, "a scorer name the service does not host"
+    BAD_IMAGE = "bad_image", 422, "invalid base64, not an image, a truncated or empty image"
+    MISSING_IMAGE = "missing_image", 422, "an image scorer was requested for an item without an image"
+    QUEUE_FULL = "queue_full", 429, "the scorer's queue would exceed `max_queue`; see Retry-After"
+    NOT_READY = "not_ready", 503, "a requested scorer is loading, failed, or the service is stopping"
+    QUEUE_TIMEOUT = "queue_timeout", 504, "an item waited longer than `queue_timeout_s`"
+    TIMEOUT = "timeout", 504, "the request took longer than `request_timeout_s`"
+    INTERNAL = "internal", 500, "an unexpected server error (a bug)"
+
+
+STATUS_BY_CODE: dict[str, int] = {code.value: code.status for code in RequestErrorCode}
+
+ROUTE_ERROR_CODES: dict[int, str] = {404: "not_found", 405: "method_not_allowed"}
+"""Codes for routing failures, which the framework raises before any handler runs."""
+HTTP_ERROR_CODE = "http_error"
+"""Any other framework-level HTTP error; clients also use it for a body without a code."""
+
+
+class ItemErrorCode(StrEnum):
+    """Per-item error codes, inside `results[i].errors[scorer]`; the request itself succeeds."""
+
+    meaning: str
+
+    def __new__(cls, value: str, meaning: str) -> ItemErrorCode:
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.meaning = meaning
+        return member
+
+    NON_FINITE = "non_finite", "the scorer produced NaN or ±inf"
+    SCORER_FAILED = "scorer_failed", "the scorer raised on this batch or returned a non-number / wrong count"
+    BAD_IMAGE = "bad_image", "the image passed the header check but failed to decode in the batch"
+    MISSING_REFERENCE = "missing_reference", "the scorer needs the item's `reference`"
+    BAD_INPUT = "bad_input", "an item the scorer cannot use (e.g. an empty response)"
+    TOO_LONG = "too_long", "a text item whose response alone exceeds `max_length` tokens"
+    WORKER_LOST = "worker_lost", "(deploy) the worker process holding the item died"
+
+
+ITEM_ERROR_CODES: tuple[str, ...] = tuple(code.value for code in ItemErrorCode)
+
+
+class ServeError(RewardkitError):
+    """A whole-request failure: `status` and `body()` are its response; `retry_after` (seconds)
+    becomes a `Retry-After` header. Only the codes above exist, so none can go undocumented."""
+
+    code = "internal"
+
+    def __init__(self, code: str, message: str, *, retry_after: float | None = None) -> None:
+        if code not in STATUS_BY_CODE:
+            raise ValueError(f"undocumented serve error code {code!r}")
+        super().__init__(message, code=code)
+        self.retry_after = retry_after
+
+    @property
+    def status(self) -> int:
+        return STATUS_BY_CODE[self.code]
+
+    def body(self) -> dict[str, str]:
+        return error_body(self.code, self.message)
+
+
+def error_body(code: str, message: str) -> dict[str, str]:
+    """`{"code", "message"}`: a whole-request error body, and each per-item error."""
+    return {"code": code, "message": message}
+
+
+# ------------------------------------------------------------------------------------ 3. bodies
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+# --- POST /v1/score: request
+
+
+class MessageIn(_Strict):
+    role: str
+    content: str
+
+
+class ImageIn(_Strict):
+    b64: str | None = Field(default=None, description="base64 of the encoded image bytes (JPEG/PNG/WebP)")
+    part: str | None = Field(default=None, description="name of a multipart file part holding the bytes")
+
+
+class ItemIn(_Strict):
+    id: str = Field(min_length=1, max_length=512)
+    prompt: str | list[MessageIn] = ""
+    response: str | list[MessageIn] = ""
+    image: ImageIn | None = None
+    reference: JsonValue = Field(
+        default=None, description="reference answer for verifier/rule scorers: a string or any JSON value"
+    )
+    group_id: str | None = Field(
+        default=None, max_length=512, description="items of one group (e.g. GRPO samples of a prompt)"
+    )
+    metadata: dict[str, JsonValue] | None = Field(
+        default=None, description="free-form JSON object passed to scorers unchanged"
+    )
+
+    def to_score_item(self, image: bytes | None) -> ScoreItem:
+        return ScoreItem(
+            id=self.id,
+            prompt=_messages(self.prompt),
+            response=_messages(self.response),
+            image=image,
+            reference=self.reference,
+            group_id=self.group_id,
+            metadata=self.metadata,
+        )
+
+
+class ScoreRequest(_Strict):
+    scorers: list[str] = Field(min_length=1)
+    items: list[ItemIn]
+    pin: dict[str, str] = Field(default_factory=dict, description="scorer name -> identity; mismatch is 409")
+
+
+# --- POST /v1/score: response
+
+
+class ErrorBody(BaseModel):
+    """Every whole-request error response, and each per-item error."""
+
+    code: str
+    message: str
+
+
+ErrorOut = ErrorBody  # the name the OpenAPI schema has always used
+
+
+class ItemOut(BaseModel):
+    id: str
+    scores: dict[str, float]
+    errors: dict[str, ErrorBody]
+
+
+class ScorerRef(BaseModel):
+    version: str
+    identity: str
+
+
+class ScoreResponse(BaseModel):
+    results: list[ItemOut]
+    scorers: dict[str, ScorerRef]
+
+
+# --- GET /v1/scorers
+
+
+class ScorerOut(BaseModel):
+    name: str
+    kind: str
+    modality: str
+    dtype: str
+    device: str
+    version: str
+    identity: str
+    max_batch_size: int
+    max_wait_ms: float
+    extra: dict[str, Any] | None = Field(default=None, description="kind-specific details; absent if none")
+
+
+class ScorersResponse(BaseModel):
+    scorers: list[ScorerOut]
+    status: dict[str, Any] = Field(description="every configured scorer's load status")
+
+
+# --- health
+
+
+class LiveBody(BaseModel):
+    status: str = "ok"
+
+
+class ReadyBody(BaseModel):
+    ready: bool
+    scorers: dict[str, Any]
+
+
+class NotReadyBody(ErrorBody):
+    scorers: dict[str, Any]
+
+
+# ------------------------------------------------------------------------------- 4. item codec
+
+
+def _messages(value: str | list[MessageIn]) -> str | list[dict[str, str]]:
+    return value if isinstance(value, str) else [{"role": m.role, "content": m.content} for m in value]
+
+
+def item_fields(item: ScoreItem) -> dict[str, Any]:
+    """An item's JSON fields without its image; optional fields only when set."""
+    out: dict[str, Any] = {"id": item.id, "prompt": item.prompt, "response": item.response}
+    if item.reference is not None:
+        out["reference"] = item.reference
+    if item.group_id is not None:
+        out["group_id"] = item.group_id
+    if item.metadata is not None:
+        out["metadata"] = item.metadata
+    return out
+
+
+def item_from_fields(entry: Mapping[str, Any], image: bytes | None) -> ScoreItem:
+    """The inverse of `item_fields`, for JSON this service wrote itself (the deploy transport):
+    no schema check, which the HTTP front already made."""
+    return ScoreItem(
+        id=str(entry.get("id")),
+        prompt=entry.get("prompt"),
+        response=entry.get("response"),
+        image=image,
+        reference=entry.get("reference"),
+        group_id=entry.get("group_id"),
+        metadata=entry.get("metadata"),
+    )
+
+
+def _b64(data: bytes) -> dict[str, str]:
+    return {"b64": base64.b64encode(data).decode("ascii")}
+
+
+def item_to_wire(item: ScoreItem | Mapping[str, Any]) -> dict[str, Any]:
+    """One `ItemIn` as JSON, image as base64. A mapping is sent as given, except raw image bytes."""
+    if isinstance(item, ScoreItem):
+        out = item_fields(item)
+        if item.image is not None:
+            out["image"] = _b64(item.image)
+        return out
+    out = dict(item)
+    if isinstance(out.get("image"), bytes | bytearray):
+        out["image"] = _b64(bytes(out["image"]))
+    return out
+
+
+def encode_score_request(
+    items: Iterable[ScoreItem | Mapping[str, Any]],
+    scorers: Sequence[str],
+    pin: Mapping[str, str] | None = None,
+    *,
+    multipart: bool = False,
+) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """(the `ScoreRequest` JSON, image parts). With `multipart`, every base64 image becomes a
+    part `image<n>` referred to as `{"part": "image<n>"}`; otherwise parts is empty."""
+    payload: dict[str, Any] = {"scorers": list(scorers), "items": [item_to_wire(i) for i in items]}
+    if pin:
+        payload["pin"] = dict(pin)
+    parts: dict[str, bytes] = {}
+    if multipart:
+        for n, entry in enumerate(payload["items"]):
+            image = entry.get("image")
+            if isinstance(image, dict) and "b64" in image:
+                name = f"image{n}"
+                parts[name] = base64.b64decode(image["b64"])
+                entry["image"] = {"part": name}
+    return payload, parts
+
+
+def join_score_request(scorers: Sequence[str], encoded_items: Iterable[bytes]) -> bytes:
+    """A JSON `ScoreRequest` body from items already JSON-encoded (`item_to_wire` + json.dumps),
+    so a load generator encodes each item once, not once per request."""
+    return (
+        b'{"scorers":' + json.dumps(list(scorers)).encode() + b',"items":[' + b",".join(encoded_items) + b"]}"
+    )
+
+
+def _first_error(exc: ValidationError) -> str:
+    e = exc.errors()[0]
+    where = ".".join(str(p) for p in e.get("loc", ())) or "body"
+    return f"{where}: {e.get('msg', 'invalid')}"
+
+
+def parse_score_request(raw: bytes | str) -> ScoreRequest:
+    """JSON text → `ScoreRequest`; 422 `invalid_json` / `invalid_request` otherwise."""
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise ServeError("invalid_json", f"body is not valid JSON: {exc}") from None
+    try:
+        return ScoreRequest.model_validate(data)
+    except ValidationError as exc:
+        raise ServeError("invalid_request", _first_error(exc)) from None
+
+
+def decode_items(
+    req: ScoreRequest,
+    parts: Mapping[str, bytes],
+    *,
+    needs_image: bool = False,
+    check_image: Callable[[bytes, str], None] | None = None,
+) -> list[ScoreItem]:
+    """The request's items as `ScoreItem`s, images resolved from base64 or multipart parts.
+
+    Raises `ServeError` for duplicate ids, an image with neither or both of b64/part, bad
+    base64, an unknown part, and (with `needs_image`) an item without an image.
+    `check_image(data, where)` runs on each image as it is resolved (size limits, headers).
+    """
+    seen: set[str] = set()
+    items = []
+    for i, item in enumerate(req.items):
+        if item.id in seen:
+            raise ServeError("invalid_request", f"items[{i}].id {item.id!r} is duplicated")
+        seen.add(item.id)
+        image = None
+        if item.image is not None:
+            if (item.image.b64 is None) == (item.image.part is None):
+                raise ServeError("invalid_request", f"items[{i}].image needs exactly one of b64 or part")
+            if item.image.b64 is not None:
+                try:
+                    image = base64.b64decode(item.image.b64, validate=True)
+                except (binascii.Error, ValueError):
+                    raise ServeError("bad_image", f"items[{i}].image.b64 is not valid base64") from None
+            else:
+                if item.image.part not in parts:
+                    raise ServeError(
+                        "invalid_request", f"items[{i}].image.part {item.image.part!r} not in body"
+                    )
+                image = parts[item.image.part]
+            if check_image is not None:
+                check_image(image, f"items[{i}].image")
+        elif needs_image:
+            raise ServeError("missing_image", f"items[{i}] has no image but an image scorer was requested")
+        items.append(item.to_score_item(image))
+    return items
+
+
+# --------------------------------------------------------------------------- 5. response codec
+
+
+def score_response(
+    items: Sequence[ScoreItem],
+    by_scorer: Mapping[str, Sequence[float | ItemError]],
+    refs: Mapping[str, tuple[str, str]],
+) -> dict[str, Any]:
+    """The `ScoreResponse` JSON: per item, each scorer in `scores` (a float) or `errors`, never
+    both. `by_scorer` holds one checked result per item; `refs` is name → (version, identity)."""
+    results = []
+    for i, item in enumerate(items):
+        scores: dict[str, float] = {}
+        errors: dict[str, dict[str, str]] = {}
+        for name, values in by_scorer.items():
+            r = values[i]
+            if isinstance(r, ItemError):
+                errors[name] = error_body(r.code, r.message)
+            else:
+                scores[name] = r
+        results.append({"id": item.id, "scores": scores, "errors": errors})
+    scorers = {n: {"version": version, "identity": identity} for n, (version, identity) in refs.items()}
+    return {"results": results, "scorers": scorers}
