@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import threading
 
 import pytest
@@ -192,7 +191,7 @@ def test_consolidated_worker_scores_equal_per_scorer_decoding_exactly(share):
         scorers = [build_scorer(s) for s in cfg.scorers]
         metrics = RelayMetrics()
         backend = InProcessBackend(
-            dataclasses.replace(cfg, prefetch_images=share),
+            cfg.model_copy(update={"prefetch_images": share}),
             metrics=metrics,
             scorers=[OwnStream(s) for s in scorers],
         )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import sys
@@ -85,7 +84,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         config = load_config(args.config) if args.config else _demo_config()
         backend = InProcessBackend(config)
     if args.token:
-        config = dataclasses.replace(config, token=args.token)
+        config = config.model_copy(update={"token": args.token})
     if args.host not in ("127.0.0.1", "localhost", "::1") and config.resolved_token() is None:
         logging.getLogger(__name__).warning(
             "binding %s without a token: anyone who can reach it can score", args.host

@@ -340,6 +340,8 @@ def _one_line(model_cls: type[BaseModel], exc: ValidationError, where: str) -> s
     elif kind in _BOUNDS:
         bound = next(iter(first["ctx"].values()))
         message = f"{key} must be {_BOUNDS[kind]} {bound}, got {got!r}"
+    elif kind in ("frozen_instance", "frozen_field"):
+        message = f"{key}: this config is frozen; make a changed copy with .model_copy(update=...)"
     elif kind == "too_short" and first["ctx"].get("min_length") == 1:
         message = f"{key} must be a non-empty list"
     elif kind in ("value_error", "assertion_error"):

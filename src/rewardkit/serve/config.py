@@ -8,25 +8,38 @@ scorers:
   - {name: rm, kind: rm, path: demo-run/model}
 ```
 
-Every key is checked: an unknown key, a wrong type or an unknown scorer kind is a
-`ConfigError` naming the offending key, so a typo never silently falls back to a default.
+Every key is checked by the one config loader (`rewardkit.core.config`, docs/config.md): an
+unknown key, a wrong type or an unknown scorer kind is a one-line `ConfigError` naming the
+dotted key (`scorers[0].max_batch_size`), so a typo never silently falls back to a default.
 Scorer kinds come from a registry: the built-ins plus the `rewardkit.scorers` entry-point group.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import os
-from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from rewardkit.core.config import DTYPES, ConfigModel, Dtype, parse, read_yaml
 from rewardkit.core.errors import ConfigError
 from rewardkit.serve.scorers.base import Scorer
 
-DTYPES = ("fp32", "fp16", "bf16")
+__all__ = [
+    "BUILTIN_SCORERS",
+    "DTYPES",
+    "Limits",
+    "ScorerSpec",
+    "ServiceConfig",
+    "build_scorer",
+    "config_from_dict",
+    "load_config",
+    "register_scorer",
+    "scorer_registry",
+]
 
 BUILTIN_SCORERS: dict[str, str] = {
     "rm": "rewardkit.serve.scorers.text:RewardModelScorer",
@@ -41,42 +54,40 @@ BUILTIN_SCORERS: dict[str, str] = {
 _REGISTERED: dict[str, type[Scorer]] = {}
 
 
-@dataclass(frozen=True)
-class ScorerSpec:
+class ScorerSpec(ConfigModel):
     """One hosted scorer. Exactly one of `path` (a local model directory) or `shape` (a named
-    random-initialised shape for tests and benchmarks) is needed by model kinds; rules need neither."""
+    random-initialised shape for tests and benchmarks) is needed by model kinds; rules need neither.
+
+    `dtype` takes any of the loader's spellings (fp16, float16, half, ...) and holds the
+    canonical one ("fp32" / "fp16" / "bf16"). Frozen: a spec is the scorer's identity.
+    """
+
+    model_config = ConfigDict(frozen=True)
 
     name: str
     kind: str
     path: str | None = None
     shape: str | None = None
-    dtype: str = "fp32"
+    dtype: Dtype = "fp32"
     device: str = "auto"
-    max_batch_size: int = 32
-    max_wait_ms: float = 5.0
-    max_queue: int = 4096
-    token_budget: int | None = None
-    options: dict[str, Any] = field(default_factory=dict)
+    max_batch_size: int = Field(32, ge=1)
+    max_wait_ms: float = Field(5.0, ge=0)
+    max_queue: int = Field(4096, ge=1)
+    token_budget: int | None = Field(None, ge=1)
+    options: dict[str, Any] = Field(default_factory=dict)
 
-    def __post_init__(self) -> None:
-        where = f"scorer {self.name!r}"
-        if not self.name or not isinstance(self.name, str) or "/" in self.name:
-            raise ConfigError(f"{where}: name must be a non-empty string without '/'")
-        if self.dtype not in DTYPES:
-            raise ConfigError(f"{where}: dtype must be one of {DTYPES}, got {self.dtype!r}")
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, name: str) -> str:
+        if not name or "/" in name:
+            raise ValueError(f"must be a non-empty string without '/', got {name!r}")
+        return name
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ScorerSpec:
         if self.path is not None and self.shape is not None:
-            raise ConfigError(f"{where}: give path or shape, not both")
-        for key in ("max_batch_size", "max_queue"):
-            if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
-                raise ConfigError(f"{where}: {key} must be a positive integer")
-        if self.token_budget is not None and (
-            not isinstance(self.token_budget, int) or self.token_budget < 1
-        ):
-            raise ConfigError(f"{where}: token_budget must be a positive integer or null")
-        if not isinstance(self.max_wait_ms, int | float) or self.max_wait_ms < 0:
-            raise ConfigError(f"{where}: max_wait_ms must be a number >= 0")
-        if not isinstance(self.options, dict):
-            raise ConfigError(f"{where}: options must be a mapping")
+            raise ValueError("give path or shape, not both")
+        return self
 
     def resolved_device(self) -> str:
         """`auto` means the first GPU when there is one: a service never silently picks CPU on a GPU box."""
@@ -87,93 +98,58 @@ class ScorerSpec:
         return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-@dataclass(frozen=True)
-class Limits:
+class Limits(ConfigModel):
     """Request limits with safe defaults; exceeding one is a 413, never a crash or a slow death."""
 
-    max_body_bytes: int = 32 * 1024 * 1024
-    max_items: int = 1024
-    max_image_pixels: int = 4096 * 4096
-    queue_timeout_s: float = 30.0
-    request_timeout_s: float = 120.0
+    model_config = ConfigDict(frozen=True)
 
-    def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
-                raise ConfigError(f"limits.{f.name} must be a positive number, got {value!r}")
+    max_body_bytes: int = Field(32 * 1024 * 1024, gt=0)
+    max_items: int = Field(1024, gt=0)
+    max_image_pixels: int = Field(4096 * 4096, gt=0)
+    queue_timeout_s: float = Field(30.0, gt=0)
+    request_timeout_s: float = Field(120.0, gt=0)
 
 
-@dataclass(frozen=True)
-class ServiceConfig:
+class ServiceConfig(ConfigModel):
+    model_config = ConfigDict(frozen=True)
+
     scorers: list[ScorerSpec]
-    limits: Limits = field(default_factory=Limits)
+    limits: Limits = Field(default_factory=Limits)
     token: str | None = None
     prefetch_images: bool = True
     """Decode a request's images when it arrives (thread pool, off the event loop, once for every
     image scorer of the process); false: each batch decodes its own images in one call."""
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.prefetch_images, bool):
-            raise ConfigError("service config: prefetch_images must be true or false")
+    @model_validator(mode="after")
+    def _unique_names(self) -> ServiceConfig:
         names = [s.name for s in self.scorers]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
-            raise ConfigError(f"duplicate scorer names: {dupes}")
+            raise ValueError(f"duplicate scorer names: {dupes}")
+        return self
 
     def resolved_token(self) -> str | None:
         """The configured token, else `REWARDKIT_TOKEN`; empty means no authentication."""
         return self.token or os.environ.get("REWARDKIT_TOKEN") or None
 
 
-def _build(cls: type, raw: Any, where: str) -> Any:
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{where} must be a mapping, got {type(raw).__name__}")
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise ConfigError(f"{where}: unknown keys {unknown}; known: {sorted(known)}")
-    try:
-        return cls(**raw)
-    except TypeError as exc:
-        raise ConfigError(f"{where}: {exc}") from None
-
-
 def config_from_dict(raw: Any) -> ServiceConfig:
+    """Validate a service document (the loader's rules) and check every scorer kind is registered."""
     if not isinstance(raw, dict):
         raise ConfigError("service config must be a mapping with a 'scorers' list")
-    known = {"scorers", "limits", "token", "prefetch_images"}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise ConfigError(f"service config: unknown keys {unknown}; known: {sorted(known)}")
-    scorers_raw = raw.get("scorers")
-    if not isinstance(scorers_raw, list) or not scorers_raw:
+    scorers = raw.get("scorers")
+    if not isinstance(scorers, list) or not scorers:
         raise ConfigError("service config: 'scorers' must be a non-empty list")
-    scorers = []
-    for i, entry in enumerate(scorers_raw):
-        spec = _build(ScorerSpec, entry, f"scorers[{i}]")
-        if spec.kind not in scorer_registry():
-            raise ConfigError(f"scorers[{i}]: unknown kind {spec.kind!r}; known: {sorted(scorer_registry())}")
-        scorers.append(spec)
-    limits = _build(Limits, raw.get("limits") or {}, "limits")
-    token = raw.get("token")
-    if token is not None and not isinstance(token, str):
-        raise ConfigError("service config: token must be a string")
-    prefetch = raw.get("prefetch_images", ServiceConfig.prefetch_images)  # absent: the field's default
-    return ServiceConfig(scorers=scorers, limits=limits, token=token, prefetch_images=prefetch)
+    config = parse(ServiceConfig, raw)
+    registry = scorer_registry()
+    for i, spec in enumerate(config.scorers):
+        if spec.kind not in registry:
+            raise ConfigError(f"scorers[{i}].kind: unknown kind {spec.kind!r}; known: {sorted(registry)}")
+    return config
 
 
 def load_config(path: str | Path) -> ServiceConfig:
-    import yaml
-
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"service config {path} does not exist")
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: invalid YAML: {exc}") from None
-    return config_from_dict(raw)
+    return config_from_dict(read_yaml(path))
 
 
 def register_scorer(kind: str, cls: type[Scorer]) -> None:
