@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic import ConfigDict, Field, field_validator
+
+from rewardkit.core.config import ConfigModel, canonical_dtype, parse, read_yaml
 from rewardkit.core.errors import ConfigError
 
 Mode = Literal["dedicated", "shared", "mps", "mps_external", "consolidated"]
@@ -32,7 +35,7 @@ PLACEMENT_KEYS = (
     "num_gpus",
 )
 TOP_LEVEL_KEYS = ("mode", "gpus", "mps", "allow_reduced_precision_partition", "imports", "ray")
-REDUCED_PRECISION = {"float16", "fp16", "half", "bfloat16", "bf16"}
+REDUCED_PRECISION = {"fp16", "bf16"}  # canonical spellings (rewardkit.core.config.Dtype)
 _MEM_SIZE = re.compile(r"^[1-9][0-9]*(\.[0-9]+)?[KMGT]?B?$", re.IGNORECASE)
 # sun_path is 108 bytes; MPS puts its sockets a few levels below the pipe directory.
 MAX_PIPE_DIR_LEN = 64
@@ -71,22 +74,41 @@ def detect_devices() -> DeviceProbe:
     return DeviceProbe(cuda_available=count > 0, gpu_count=count, control_binary=shutil.which(CONTROL_BINARY))
 
 
-@dataclass(frozen=True)
-class ScorerPlacement:
+class ScorerPlacement(ConfigModel):
     """One scorer: its serve spec (passed through untouched) and where it runs."""
 
-    name: str
+    model_config = ConfigDict(frozen=True)
+
+    name: str = Field(min_length=1)
     spec: dict[str, Any]
     gpu: int | None = None
     mps_active_thread_percentage: int | None = None
     mps_pinned_mem_limit: str | None = None
-    memory_fraction: float | None = None
-    num_replicas: int = 1
-    num_gpus: float | None = None
+    memory_fraction: float | None = Field(None, gt=0, le=1)
+    num_replicas: int = Field(1, ge=1)
+    num_gpus: float | None = Field(None, ge=0)
+
+    @field_validator("mps_active_thread_percentage")
+    @classmethod
+    def _percentage(cls, pct: int | None) -> int | None:
+        if pct is not None and not 1 <= pct <= 100:
+            raise ValueError(f"{pct} is outside 1-100")
+        return pct
+
+    @field_validator("mps_pinned_mem_limit", mode="before")
+    @classmethod
+    def _mem_limit(cls, value: Any) -> Any:
+        return None if value is None else _mem_limit(value)
 
     @property
     def dtype(self) -> str:
-        return str(self.spec.get("dtype", "float32")).lower()
+        """The spec's dtype in the loader's canonical spelling (fp32 when absent); an unknown
+        spelling is returned lower-cased for the serve spec's own check to refuse."""
+        raw = self.spec.get("dtype", "fp32")
+        try:
+            return canonical_dtype(raw)
+        except ValueError:
+            return str(raw).lower()
 
 
 @dataclass(frozen=True)
@@ -100,22 +122,57 @@ class WorkerPlan:
     env: dict[str, str] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class MpsSettings:
+class MpsSettings(ConfigModel):
+    """`mps:`: the daemon's pipe and log directories (absolute, short enough for Unix sockets)."""
+
+    model_config = ConfigDict(frozen=True)
+
     pipe_dir: str | None = None
     log_dir: str | None = None
 
+    @field_validator("pipe_dir", "log_dir")
+    @classmethod
+    def _socket_dir(cls, path: str | None) -> str | None:
+        if path is None:
+            return None
+        if not os.path.isabs(path):
+            raise ValueError(f"{path!r} must be an absolute path")
+        if len(path) > MAX_PIPE_DIR_LEN:
+            raise ValueError(
+                f"{path!r} is {len(path)} characters; Unix socket paths are limited, keep it under "
+                f"{MAX_PIPE_DIR_LEN} (e.g. /tmp/rk-mps)"
+            )
+        return path
 
-@dataclass(frozen=True)
-class DeployConfig:
+
+class _DeployDocument(ConfigModel):
+    """The deploy file as written: placement keys typed here, service keys (`limits`, `token`,
+    ...) passed through to the serve config, which checks them when the service starts."""
+
+    model_config = ConfigDict(extra="allow")
+
+    mode: Mode = "dedicated"
+    gpus: list[int] = Field(default_factory=list)
+    scorers: list[dict[str, Any]] = Field(min_length=1)
+    mps: MpsSettings | None = None
+    allow_reduced_precision_partition: bool = False
+    imports: list[str] = Field(default_factory=list)
+    ray: dict[str, Any] | None = None  # address, namespace, temp_dir
+
+
+class DeployConfig(ConfigModel):
+    """A validated layout: which scorer runs where (`parse_deploy_config` builds it)."""
+
+    model_config = ConfigDict(frozen=True)
+
     mode: Mode
     gpus: tuple[int, ...]
     scorers: tuple[ScorerPlacement, ...]
     service: dict[str, Any]
-    mps: MpsSettings = MpsSettings()
+    mps: MpsSettings = Field(default_factory=MpsSettings)
     allow_reduced_precision_partition: bool = False
     imports: tuple[str, ...] = ()
-    ray: dict[str, Any] = field(default_factory=dict)
+    ray: dict[str, Any] = Field(default_factory=dict)
 
     @property
     def shared_fault_domain(self) -> bool:
@@ -174,79 +231,53 @@ def normalize_mem_limit(value: Any, where: str) -> str:
 
     Each worker sees exactly one GPU, so the only valid device index is 0.
     """
+    try:
+        return _mem_limit(value)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def _mem_limit(value: Any) -> str:
     text = str(value).strip()
     parts = [p.strip() for p in text.split(",") if p.strip()]
     if not parts:
-        raise ConfigError(f"{where}: empty memory limit")
+        raise ValueError("empty memory limit")
     out = []
     for part in parts:
         index, sep, size = part.partition("=")
         if not sep:
             index, size = "0", part
         if index.strip() != "0":
-            raise ConfigError(
-                f"{where}: device index {index.strip()!r} in {text!r}; each worker sees one GPU, use 0"
-            )
+            raise ValueError(f"device index {index.strip()!r} in {text!r}; each worker sees one GPU, use 0")
         size = size.strip()
         if not _MEM_SIZE.match(size):
-            raise ConfigError(f"{where}: malformed memory size {size!r} (expected e.g. 8G, 512M, 1024MB)")
+            raise ValueError(f"malformed memory size {size!r} (expected e.g. 8G, 512M, 1024MB)")
         out.append(f"0={size.upper()}")
     if len(out) > 1:
-        raise ConfigError(f"{where}: {text!r} names device 0 more than once")
+        raise ValueError(f"{text!r} names device 0 more than once")
     return out[0]
 
 
-def _int(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{where}: expected an integer, got {value!r}")
-    return value
-
-
-def _check_mps_dir(path: str | None, where: str) -> str | None:
-    if path is None:
-        return None
-    p = str(path)
-    if not os.path.isabs(p):
-        raise ConfigError(f"{where}: {p!r} must be an absolute path")
-    if len(p) > MAX_PIPE_DIR_LEN:
-        raise ConfigError(
-            f"{where}: {p!r} is {len(p)} characters; Unix socket paths are limited, keep it under "
-            f"{MAX_PIPE_DIR_LEN} (e.g. /tmp/rk-mps)"
-        )
-    return p
-
-
 def parse_deploy_config(doc: dict[str, Any], probe: DeviceProbe | None = None) -> DeployConfig:
-    """Validate a deploy document. `probe` defaults to the real host (`detect_devices()`)."""
+    """Validate a deploy document. `probe` defaults to the real host (`detect_devices()`).
+
+    Keys and types are the config loader's (one-line errors with the dotted key); what depends
+    on the host (GPU ids, CUDA, the MPS control binary) and on several keys at once is checked here.
+    """
     if not isinstance(doc, dict):
         raise ConfigError("deploy file: top level must be a mapping")
+    parsed = parse(_DeployDocument, doc)
     probe = probe or detect_devices()
-    mode = doc.get("mode", "dedicated")
-    if mode not in MODES:
-        raise ConfigError(f"mode: {mode!r} is not one of {', '.join(MODES)}")
-    raw_gpus = doc.get("gpus", [])
-    if not isinstance(raw_gpus, list):
-        raise ConfigError("gpus: expected a list of GPU indices, e.g. [0, 1]")
-    gpus = tuple(_int(g, "gpus") for g in raw_gpus)
+    mode = parsed.mode
+    gpus = tuple(parsed.gpus)
     for g in gpus:
         if not 0 <= g < probe.gpu_count:
             raise ConfigError(f"gpus: unknown GPU id {g}; this host has {probe.gpu_count} visible GPU(s)")
     if len(set(gpus)) != len(gpus):
         raise ConfigError(f"gpus: {list(gpus)} lists a GPU twice")
-    raw_scorers = doc.get("scorers")
-    if not isinstance(raw_scorers, list) or not raw_scorers:
-        raise ConfigError("scorers: expected a non-empty list of scorer specs")
-    allow_rp = doc.get("allow_reduced_precision_partition", False)
-    if not isinstance(allow_rp, bool):
-        raise ConfigError("allow_reduced_precision_partition: expected true or false")
+    allow_rp = parsed.allow_reduced_precision_partition
 
-    mps_doc = doc.get("mps") or {}
-    if not isinstance(mps_doc, dict) or set(mps_doc) - {"pipe_dir", "log_dir"}:
-        raise ConfigError("mps: expected a mapping with optional pipe_dir and log_dir")
-    mps = MpsSettings(
-        pipe_dir=_check_mps_dir(mps_doc.get("pipe_dir"), "mps.pipe_dir"),
-        log_dir=_check_mps_dir(mps_doc.get("log_dir"), "mps.log_dir"),
-    )
+    mps = parsed.mps or MpsSettings()
     if mode in MPS_MODES:
         if not probe.cuda_available:
             raise ConfigError(f"mode: {mode} needs CUDA, and no CUDA GPU is visible on this host")
@@ -254,7 +285,7 @@ def parse_deploy_config(doc: dict[str, Any], probe: DeviceProbe | None = None) -
             raise ConfigError(f"mode: {mode} needs {CONTROL_BINARY} on PATH (part of the NVIDIA driver)")
         if mode == "mps_external" and mps.pipe_dir is None:
             raise ConfigError("mps.pipe_dir: mode mps_external needs the existing daemon's pipe directory")
-    elif mps_doc:
+    elif doc.get("mps"):
         raise ConfigError(f"mps: only meaningful with mode mps or mps_external, not {mode}")
 
     default_gpu = gpus[0] if gpus else None
@@ -262,57 +293,22 @@ def parse_deploy_config(doc: dict[str, Any], probe: DeviceProbe | None = None) -
         raise ConfigError(f"gpus: mode {mode} needs at least one GPU, e.g. gpus: [0]")
     names: set[str] = set()
     placements = []
-    for i, raw in enumerate(raw_scorers):
-        if not isinstance(raw, dict):
-            raise ConfigError(f"scorers[{i}]: expected a mapping")
-        name = raw.get("name")
-        if not isinstance(name, str) or not name:
-            raise ConfigError(f"scorers[{i}]: needs a name")
-        if name in names:
-            raise ConfigError(f"scorers[{i}]: duplicate scorer name {name!r}")
-        names.add(name)
-        where = f"scorers[{name}]"
+    for i, raw in enumerate(parsed.scorers):
+        where = f"scorers[{i}]"
+        keys = {k: raw[k] for k in ("name", *PLACEMENT_KEYS) if k in raw}
         spec = {k: v for k, v in raw.items() if k not in PLACEMENT_KEYS}
-        gpu = raw.get("gpu")
-        if gpu is None:
+        placement = parse(ScorerPlacement, {"spec": spec, **keys}, where)
+        if placement.name in names:
+            raise ConfigError(f"{where}: duplicate scorer name {placement.name!r}")
+        names.add(placement.name)
+        if placement.gpu is None:
             gpu = gpus[i] if mode == "dedicated" and i < len(gpus) else default_gpu
-        else:
-            gpu = _int(gpu, f"{where}.gpu")
-            if gpu not in gpus:
-                raise ConfigError(f"{where}.gpu: unknown GPU id {gpu}; gpus lists {list(gpus)}")
-        pct = raw.get("mps_active_thread_percentage")
-        limit = raw.get("mps_pinned_mem_limit")
-        if (pct is not None or limit is not None) and mode not in MPS_MODES:
+            placement = placement.model_copy(update={"gpu": gpu})
+        elif placement.gpu not in gpus:
+            raise ConfigError(f"{where}.gpu: unknown GPU id {placement.gpu}; gpus lists {list(gpus)}")
+        pct = placement.mps_active_thread_percentage
+        if (pct is not None or placement.mps_pinned_mem_limit is not None) and mode not in MPS_MODES:
             raise ConfigError(f"{where}: mps_* keys need mode mps or mps_external, not {mode}")
-        if pct is not None:
-            pct = _int(pct, f"{where}.mps_active_thread_percentage")
-            if not 1 <= pct <= 100:
-                raise ConfigError(f"{where}.mps_active_thread_percentage: {pct} is outside 1-100")
-        if limit is not None:
-            limit = normalize_mem_limit(limit, f"{where}.mps_pinned_mem_limit")
-        frac = raw.get("memory_fraction")
-        if frac is not None:
-            if isinstance(frac, bool) or not isinstance(frac, int | float) or not 0 < frac <= 1:
-                raise ConfigError(f"{where}.memory_fraction: expected a number in (0, 1], got {frac!r}")
-            frac = float(frac)
-        replicas = _int(raw.get("num_replicas", 1), f"{where}.num_replicas")
-        if replicas < 1:
-            raise ConfigError(f"{where}.num_replicas: must be at least 1")
-        num_gpus = raw.get("num_gpus")
-        if num_gpus is not None and (
-            isinstance(num_gpus, bool) or not isinstance(num_gpus, int | float) or num_gpus < 0
-        ):
-            raise ConfigError(f"{where}.num_gpus: expected a non-negative number, got {num_gpus!r}")
-        placement = ScorerPlacement(
-            name=name,
-            spec=spec,
-            gpu=gpu,
-            mps_active_thread_percentage=pct,
-            mps_pinned_mem_limit=limit,
-            memory_fraction=frac,
-            num_replicas=replicas,
-            num_gpus=None if num_gpus is None else float(num_gpus),
-        )
         if pct is not None and pct < 100 and placement.dtype in REDUCED_PRECISION and not allow_rp:
             raise ConfigError(
                 f"{where}: dtype {placement.dtype} with mps_active_thread_percentage {pct} is refused "
@@ -335,12 +331,6 @@ def parse_deploy_config(doc: dict[str, Any], probe: DeviceProbe | None = None) -
             "mode: consolidated runs every scorer in one process on one GPU; remove per-scorer gpu"
         )
 
-    imports = doc.get("imports", [])
-    if not isinstance(imports, list) or not all(isinstance(m, str) for m in imports):
-        raise ConfigError("imports: expected a list of module names")
-    ray_opts = doc.get("ray", {}) or {}
-    if not isinstance(ray_opts, dict):
-        raise ConfigError("ray: expected a mapping (address, namespace, temp_dir)")
     service = {k: v for k, v in doc.items() if k not in TOP_LEVEL_KEYS and k != "scorers"}
     return DeployConfig(
         mode=mode,
@@ -349,17 +339,10 @@ def parse_deploy_config(doc: dict[str, Any], probe: DeviceProbe | None = None) -
         service=service,
         mps=mps,
         allow_reduced_precision_partition=allow_rp,
-        imports=tuple(imports),
-        ray=ray_opts,
+        imports=tuple(parsed.imports),
+        ray=parsed.ray or {},
     )
 
 
 def load_deploy_config(path: str | Path, probe: DeviceProbe | None = None) -> DeployConfig:
-    import yaml
-
-    p = Path(path)
-    try:
-        doc = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{p}: not valid YAML ({exc})") from exc
-    return parse_deploy_config(doc, probe)
+    return parse_deploy_config(read_yaml(path), probe)
