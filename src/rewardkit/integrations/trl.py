@@ -17,9 +17,9 @@ TRL keys its metrics (`rewards/<name>/mean`) and completion-table columns by the
 (`inspect.iscoroutinefunction(f.__call__)`) and runs every async reward function of a step
 concurrently on its own event-loop thread.
 
-Failures: TRL turns `None` into NaN and sums rewards with `nansum`, so a row where *every*
-reward function says None gets reward 0 (advantage 0 within its group), but with several
-reward functions a None silently counts as 0 in the weighted sum and shifts the scale. The
+Failures: TRL turns `None` into NaN; a row where *every* reward function says None is left out
+of its group's baseline and gets advantage 0, but with several reward functions TRL sums them
+with `nansum`, so one function's None silently counts as 0 and shifts that row's scale. The
 default (`on_error="raise"`) therefore raises `ScoreError` naming the failed rows;
 `on_error="none"` returns None for them (and logs `<name>/failed_frac` through TRL's
 `log_metric`). A whole-request failure (service down after retries, bad token, unknown scorer)
