@@ -17,13 +17,26 @@ from rewardkit.deploy.transport import (
     TransportError,
     WorkerLost,
     decode_items,
+    decode_results,
     encode_frame,
     encode_items,
     read_frame,
     serve_unix,
 )
+from rewardkit.deploy.worker import RelayMetrics, WorkerServer
+from rewardkit.serve.backend import InProcessBackend
 from rewardkit.serve.metrics import BatchStats
 from rewardkit.serve.scorers.base import ScoreItem
+from support.serve import RecordingScorer, make_config
+
+RICH = ScoreItem(
+    id="4",
+    prompt="2+2?",
+    response="4",
+    reference={"answer": 4, "alternatives": ["four"]},
+    group_id="g1",
+    metadata={"task": "math", "n": [1, 2.5, None]},
+)
 
 
 @pytest.fixture
@@ -40,6 +53,7 @@ def test_items_round_trip_with_raw_image_bytes():
         ScoreItem(id="1", prompt="p", response="r", image=b"\x89PNG\x00\xff"),
         ScoreItem(id="2", prompt=[{"role": "user", "content": "hi"}], response="x"),
         ScoreItem(id="3", prompt="p", response="r", image=b"", reference="gold"),
+        RICH,
     ]
     raw, body = encode_items(items)
     assert body == b"\x89PNG\x00\xff"
@@ -141,3 +155,30 @@ def test_relayed_timing_and_batches_are_validated_not_trusted():
     assert decode_batches("junk", {"a"}) == []
     assert decode_timing({"queue_s": 0.25, "inference_s": 1}) == (0.25, 1.0)
     assert decode_timing({"queue_s": "x", "inference_s": -3}) == (0.0, 0.0) == decode_timing(None)
+
+
+def test_reference_group_id_and_metadata_reach_a_worker_scorer(sock_path):
+    """Gateway side `encode_items` → frame → `WorkerServer` → the worker's batcher → its scorer."""
+
+    async def go():
+        metrics = RelayMetrics()
+        backend = InProcessBackend(
+            make_config([{"name": "rec", "kind": "recording"}]),
+            metrics=metrics,
+            scorers=[RecordingScorer("rec")],
+        )
+        await backend.start()
+        server = await serve_unix(sock_path, WorkerServer(backend, metrics).handle)
+        client = await TransportClient.connect(sock_path)
+        items = [RICH, ScoreItem(id="5", prompt="p", response="r", image=b"\xff\xd8", reference="gold")]
+        raw, body = encode_items(items)
+        header, _ = await client.call("score", {"scorer": "rec", "items": raw}, body)
+        await client.close()
+        server.close()
+        await backend.stop()
+        return decode_results(header["results"], len(items)), items
+
+    RecordingScorer.seen.clear()
+    results, items = asyncio.run(go())
+    assert results == [1.0, 1.0]
+    assert RecordingScorer.seen == items

@@ -81,6 +81,28 @@ class DoubleScorer(Scorer):
 register_scorer("double", DoubleScorer)
 
 
+class RecordingScorer(Scorer):
+    """Scores 1.0 and keeps every non-warm-up item it was given in `seen`, so a test can check
+    which wire fields reached a scorer (in-process, through the app, or over the deploy transport)."""
+
+    kind: ClassVar[str] = "recording"
+    modality: ClassVar = "text"
+    seen: ClassVar[list[ScoreItem]] = []
+
+    def load(self) -> None:
+        pass
+
+    def score_batch(self, items: list[ScoreItem]) -> list[float]:
+        RecordingScorer.seen.extend(i for i in items if i.id != "warmup")
+        return [1.0] * len(items)
+
+    def info(self) -> ScorerInfo:
+        return ScorerInfo(self.name, self.kind, self.modality, "none", "cpu", "test", "rec", 8, 1.0)
+
+
+register_scorer("recording", RecordingScorer)
+
+
 class LiveServer:
     """The app under a real uvicorn on 127.0.0.1:<free port>, in a daemon thread, bounded waits."""
 

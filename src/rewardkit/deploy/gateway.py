@@ -28,31 +28,13 @@ from typing import Any
 from rewardkit.deploy.config import DeployConfig
 from rewardkit.deploy.mps import ManagedMps
 from rewardkit.deploy.supervisor import Supervisor, SupervisorSettings
-from rewardkit.deploy.transport import RemoteError, WorkerLost, encode_items
-from rewardkit.serve.batcher import check_value
-from rewardkit.serve.errors import STATUS_BY_CODE, ServeError
+from rewardkit.deploy.transport import RemoteError, WorkerLost, decode_results, encode_items
 from rewardkit.serve.metrics import BatchStats, ServeMetrics
+from rewardkit.serve.protocol import STATUS_BY_CODE, ServeError
 from rewardkit.serve.scorers.base import ItemError, ScoreItem, ScorerInfo
 from rewardkit.serve.timing import record_timing
 
 log = logging.getLogger(__name__)
-
-
-def decode_results(raw: Any, n: int) -> list[float | ItemError]:
-    """Wire results → ItemResults, re-checking finiteness: a worker bug must not become a reward."""
-    if not isinstance(raw, list) or len(raw) != n:
-        got = len(raw) if isinstance(raw, list) else type(raw).__name__
-        return [ItemError("scorer_failed", f"worker returned {got} results for {n} items")] * n
-    out: list[float | ItemError] = []
-    for r in raw:
-        if isinstance(r, dict) and "score" in r:
-            out.append(check_value(r["score"]))
-        elif isinstance(r, dict) and isinstance(r.get("error"), dict):
-            err = r["error"]
-            out.append(ItemError(str(err.get("code", "scorer_failed")), str(err.get("message", ""))))
-        else:
-            out.append(ItemError("scorer_failed", f"worker returned {r!r}"))
-    return out
 
 
 def _seconds(value: Any) -> float | None:

@@ -29,10 +29,9 @@ import time
 from typing import Any
 
 from rewardkit.deploy.config import MPS_MODES, DeployConfig, ScorerPlacement
-from rewardkit.deploy.gateway import decode_batches, decode_results, decode_timing
+from rewardkit.deploy.gateway import decode_batches, decode_timing
 from rewardkit.deploy.mps import ManagedMps
-from rewardkit.deploy.transport import decode_items, encode_items
-from rewardkit.deploy.worker import encode_results
+from rewardkit.deploy.transport import decode_items, decode_results, encode_items, encode_results
 from rewardkit.serve.errors import ServeError
 from rewardkit.serve.metrics import BatchStats, ServeMetrics, outcome
 from rewardkit.serve.scorers.base import ItemError, ScoreItem, ScorerInfo

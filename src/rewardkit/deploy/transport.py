@@ -1,9 +1,11 @@
 """Gateway ↔ worker wire protocol: length-prefixed frames over a Unix socket.
 
 A frame is `>II` (header length, body length), a UTF-8 JSON header, then raw body bytes.
-Images travel in the body as bytes with `[offset, length]` references in the header, so
-nothing is base64-inflated and nothing is unpickled: a worker that is compromised or
-confused can at worst send bad JSON, which is a clean `protocol` error.
+Items are the HTTP API's items (`rewardkit.serve.protocol.item_fields`: every field the
+service accepts reaches the worker's scorers), except that images travel in the body as bytes
+with `[offset, length]` references in the header, so nothing is base64-inflated and nothing
+is unpickled: a worker that is compromised or confused can at worst send bad JSON, which is a
+clean `protocol` error. Results are one `{"score"}` or `{"error": {"code", "message"}}` per item.
 
 Requests carry an integer `id`; one connection multiplexes any number of concurrent
 requests, answered in completion order. If the connection drops, every request still in
@@ -23,7 +25,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from rewardkit.core.errors import RewardkitError
-from rewardkit.serve.scorers.base import ScoreItem
+from rewardkit.serve.batcher import ItemResult, check_value
+from rewardkit.serve.protocol import error_body, item_fields, item_from_fields
+from rewardkit.serve.scorers.base import ItemError, ScoreItem
 
 log = logging.getLogger(__name__)
 
@@ -89,15 +93,7 @@ def encode_items(items: list[ScoreItem]) -> tuple[list[dict[str, Any]], bytes]:
             ref = [offset, len(item.image)]
             chunks.append(item.image)
             offset += len(item.image)
-        out.append(
-            {
-                "id": item.id,
-                "prompt": item.prompt,
-                "response": item.response,
-                "image": ref,
-                "reference": item.reference,
-            }
-        )
+        out.append({**item_fields(item), "image": ref})
     return out, b"".join(chunks)
 
 
@@ -119,16 +115,36 @@ def decode_items(raw: Any, body: bytes) -> list[ScoreItem]:
             ):
                 raise TransportError(f"item {entry.get('id')!r}: bad image reference {ref!r}")
             image = body[ref[0] : ref[0] + ref[1]]
-        items.append(
-            ScoreItem(
-                id=str(entry.get("id")),
-                prompt=entry.get("prompt"),
-                response=entry.get("response"),
-                image=image,
-                reference=entry.get("reference"),
-            )
-        )
+        items.append(item_from_fields(entry, image))
     return items
+
+
+def encode_results(results: list[Any]) -> list[dict[str, Any]]:
+    """`ItemResult`s as wire dicts. A non-finite float never leaves the worker as a score."""
+    out: list[dict[str, Any]] = []
+    for r in map(check_value, results):
+        if isinstance(r, float):
+            out.append({"score": r})
+        else:
+            out.append({"error": error_body(r.code, r.message)})
+    return out
+
+
+def decode_results(raw: Any, n: int) -> list[ItemResult]:
+    """Wire results → ItemResults, re-checking finiteness: a worker bug must not become a reward."""
+    if not isinstance(raw, list) or len(raw) != n:
+        got = len(raw) if isinstance(raw, list) else type(raw).__name__
+        return [ItemError("scorer_failed", f"worker returned {got} results for {n} items")] * n
+    out: list[ItemResult] = []
+    for r in raw:
+        if isinstance(r, dict) and "score" in r:
+            out.append(check_value(r["score"]))
+        elif isinstance(r, dict) and isinstance(r.get("error"), dict):
+            err = r["error"]
+            out.append(ItemError(str(err.get("code", "scorer_failed")), str(err.get("message", ""))))
+        else:
+            out.append(ItemError("scorer_failed", f"worker returned {r!r}"))
+    return out
 
 
 class TransportClient:

@@ -31,7 +31,7 @@ import signal
 import sys
 from typing import Any
 
-from rewardkit.deploy.transport import TransportError, decode_items, serve_unix
+from rewardkit.deploy.transport import TransportError, decode_items, encode_results, serve_unix
 from rewardkit.serve.metrics import BatchStats, ServeMetrics
 from rewardkit.serve.timing import RequestTiming, current_timing
 
@@ -48,19 +48,6 @@ def apply_environment(env: dict[str, str], memory_fraction: float | None) -> Non
 
         if torch.cuda.is_available():
             torch.cuda.set_per_process_memory_fraction(memory_fraction, 0)
-
-
-def encode_results(results: list[Any]) -> list[dict[str, Any]]:
-    """`ItemResult`s as wire dicts. A non-finite float never leaves the worker as a score."""
-    from rewardkit.serve.batcher import check_value
-
-    out: list[dict[str, Any]] = []
-    for r in map(check_value, results):
-        if isinstance(r, float):
-            out.append({"score": r})
-        else:
-            out.append({"error": {"code": r.code, "message": r.message}})
-    return out
 
 
 class RelayMetrics(ServeMetrics):

@@ -50,8 +50,8 @@ from rewardkit.serve.protocol import (
     ScoreResponse,
     ScorersResponse,
     ServeError,
-    decode_items,
     error_body,
+    items_from_request,
     parse_score_request,
     score_response,
     timing_headers,
@@ -172,7 +172,7 @@ def create_app(
             raise ServeError(
                 "too_many_items", f"{len(req.items)} items exceed the limit of {limits.max_items}"
             )
-        return decode_items(
+        return items_from_request(
             req,
             parts,
             needs_image=needs_image,

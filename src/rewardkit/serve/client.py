@@ -12,7 +12,6 @@ raises `ScoreError` listing every failed (item, scorer) with its code.
 from __future__ import annotations
 
 import asyncio
-import base64
 import itertools
 import json
 import os
@@ -26,6 +25,14 @@ from typing import Any
 import httpx
 
 from rewardkit.core.errors import RewardkitError
+from rewardkit.serve.protocol import (
+    HTTP_ERROR_CODE,
+    IDEMPOTENCY_KEY_HEADER,
+    MULTIPART_REQUEST_PART,
+    SCORE_ROUTE,
+    SCORERS_ROUTE,
+    encode_score_request,
+)
 from rewardkit.serve.scorers.base import ScoreItem
 
 RETRY_STATUS = (429, 503)
@@ -75,48 +82,27 @@ class ScoreError(RewardkitError):
         self.results = results
 
 
-def _item_json(item: ScoreItem | Mapping[str, Any]) -> dict[str, Any]:
-    if isinstance(item, ScoreItem):
-        out: dict[str, Any] = {"id": item.id, "prompt": item.prompt, "response": item.response}
-        if item.image is not None:
-            out["image"] = {"b64": base64.b64encode(item.image).decode("ascii")}
-        if item.reference is not None:
-            out["reference"] = item.reference
-        return out
-    out = dict(item)
-    if isinstance(out.get("image"), bytes | bytearray):
-        out["image"] = {"b64": base64.b64encode(out["image"]).decode("ascii")}
-    return out
-
-
 def score_request_kwargs(
     items: Iterable[ScoreItem | Mapping[str, Any]],
     scorers: list[str],
     pin: Mapping[str, str] | None,
     multipart: bool,
 ) -> dict[str, Any]:
-    """httpx keyword arguments for one POST /v1/score."""
-    payload = {"scorers": list(scorers), "items": [_item_json(i) for i in items]}
-    if pin:
-        payload["pin"] = dict(pin)
+    """httpx keyword arguments for one POST /v1/score (the body from `protocol.encode_score_request`)."""
+    payload, parts = encode_score_request(items, scorers, pin, multipart=multipart)
     if not multipart:
         return {"content": json.dumps(payload), "headers": {"content-type": "application/json"}}
-    files = []
-    for n, item in enumerate(payload["items"]):
-        if isinstance(item.get("image"), dict) and "b64" in item["image"]:
-            name = f"image{n}"
-            files.append((name, (name, base64.b64decode(item["image"]["b64"]), "application/octet-stream")))
-            item["image"] = {"part": name}
-    return {"files": [("request", (None, json.dumps(payload), "application/json")), *files]}
+    files = [(name, (name, data, "application/octet-stream")) for name, data in parts.items()]
+    return {"files": [(MULTIPART_REQUEST_PART, (None, json.dumps(payload), "application/json")), *files]}
 
 
 def _parse(response: httpx.Response, allow_partial: bool) -> list[ItemScores]:
     if response.status_code != 200:
         try:
             body = response.json()
-            code, message = str(body.get("code", "http_error")), str(body.get("message", ""))
+            code, message = str(body.get("code", HTTP_ERROR_CODE)), str(body.get("message", ""))
         except (ValueError, AttributeError):
-            code, message = "http_error", response.text[:200]
+            code, message = HTTP_ERROR_CODE, response.text[:200]
         raise ServiceError(response.status_code, code, message)
     results = [ItemScores(r["id"], r["scores"], r.get("errors") or {}) for r in response.json()["results"]]
     failures = [ItemFailure(r.id, s, e["code"], e["message"]) for r in results for s, e in r.errors.items()]
@@ -151,7 +137,7 @@ class _Base:
     def _prepare(self, items, scorers: list[str], pin: Mapping[str, str] | None) -> dict[str, Any]:
         """The POST's arguments, with one idempotency key for this request and all its retries."""
         kwargs = score_request_kwargs(items, scorers, pin, self.multipart)
-        kwargs["headers"] = {**kwargs.get("headers", {}), "idempotency-key": uuid.uuid4().hex}
+        kwargs["headers"] = {**kwargs.get("headers", {}), IDEMPOTENCY_KEY_HEADER: uuid.uuid4().hex}
         return kwargs
 
     def _retry_delay(self, attempt: int, response: httpx.Response | None) -> float | None:
@@ -186,7 +172,7 @@ class RewardClient(_Base):
         self._http.close()
 
     def scorers(self) -> list[dict[str, Any]]:
-        response = self._http.get("/v1/scorers")
+        response = self._http.get(SCORERS_ROUTE)
         if response.status_code != 200:
             _parse(response, True)
         return response.json()["scorers"]
@@ -203,7 +189,7 @@ class RewardClient(_Base):
         for attempt in itertools.count():
             response = None
             try:
-                response = self._http.post("/v1/score", **kwargs)
+                response = self._http.post(SCORE_ROUTE, **kwargs)
             except RETRY_EXCEPTIONS:
                 if attempt >= self.max_retries:
                     raise
@@ -242,7 +228,7 @@ class AsyncRewardClient(_Base):
         await self._http.aclose()
 
     async def scorers(self) -> list[dict[str, Any]]:
-        response = await self._http.get("/v1/scorers")
+        response = await self._http.get(SCORERS_ROUTE)
         if response.status_code != 200:
             _parse(response, True)
         return response.json()["scorers"]
@@ -259,7 +245,7 @@ class AsyncRewardClient(_Base):
         for attempt in itertools.count():
             response = None
             try:
-                response = await self._http.post("/v1/score", **kwargs)
+                response = await self._http.post(SCORE_ROUTE, **kwargs)
             except RETRY_EXCEPTIONS:
                 if attempt >= self.max_retries:
                     raise

@@ -380,7 +380,7 @@ def parse_score_request(raw: bytes | str) -> ScoreRequest:
         raise ServeError("invalid_request", _first_error(exc)) from None
 
 
-def decode_items(
+def items_from_request(
     req: ScoreRequest,
     parts: Mapping[str, bytes],
     *,

@@ -1,0 +1,110 @@
+"""The wire schema in `rewardkit.serve.protocol`: one definition that every side agrees with."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+import httpx
+import pytest
+
+from rewardkit.serve.protocol import (
+    ITEM_ERROR_CODES,
+    ROUTE_ERROR_CODES,
+    ItemIn,
+    RequestErrorCode,
+    ServeError,
+    encode_score_request,
+    item_fields,
+    item_from_fields,
+    item_to_wire,
+    items_from_request,
+    join_score_request,
+    parse_score_request,
+)
+from rewardkit.serve.scorers.base import ScoreItem
+from rewardkit.serve.scorers.rules import ExactMatchScorer
+from support.serve import LiveServer, RecordingScorer, make_config, png_bytes
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "serve.md"
+RICH = ScoreItem(
+    id="a",
+    prompt=[{"role": "user", "content": "2+2?"}],
+    response="4",
+    image=None,
+    reference={"answer": 4, "tolerance": [0, 0.5], "note": None},
+    group_id="prompt-7",
+    metadata={"task": "math", "tags": ["x"], "difficulty": 2.5},
+)
+
+
+def test_the_wire_item_and_the_score_item_have_the_same_fields():
+    assert set(ItemIn.model_fields) == {f.name for f in dataclasses.fields(ScoreItem)}
+
+
+@pytest.mark.parametrize("multipart", [False, True])
+def test_items_round_trip_through_the_json_and_multipart_encodings(multipart):
+    with_image = dataclasses.replace(RICH, id="b", image=png_bytes((4, 3)), reference="four", metadata=None)
+    plain = ScoreItem(id="c", prompt="p", response="r")
+    payload, parts = encode_score_request([RICH, with_image, plain], ["s"], {"s": "x"}, multipart=multipart)
+    assert bool(parts) == multipart
+    req = parse_score_request(json.dumps(payload))
+    assert items_from_request(req, parts) == [RICH, with_image, plain]
+    assert "reference" not in payload["items"][2] and "metadata" not in payload["items"][1]
+
+
+def test_transport_fields_are_the_wire_fields():
+    assert item_from_fields(item_fields(RICH), None) == RICH
+    assert item_to_wire(RICH) == item_fields(RICH)  # no image: the same JSON
+
+
+def test_pre_encoded_items_join_into_a_valid_request():
+    body = join_score_request(["s", "t"], [json.dumps(item_to_wire(i)).encode() for i in (RICH, RICH)])
+    assert parse_score_request(body).scorers == ["s", "t"]
+    assert [i.to_score_item(None) for i in parse_score_request(body).items] == [RICH, RICH]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"group_id": 3}, {"group_id": ["g"]}, {"metadata": ["not", "an", "object"]}, {"metadata": "x"}],
+)
+def test_new_fields_are_typed(bad):
+    with pytest.raises(ServeError) as info:
+        parse_score_request(json.dumps({"scorers": ["s"], "items": [{"id": "a", **bad}]}))
+    assert info.value.code == "invalid_request"
+
+
+def _doc_codes(heading: str, column: int) -> set[str]:
+    """The backticked codes in `column` of the table under the paragraph that starts with `heading`."""
+    text = DOCS.read_text()
+    table = text[text.index(heading) :].split("\n\n")[1]
+    return {
+        code for row in table.splitlines()[2:] for code in re.findall(r"`([a-z_]+)`", row.split("|")[column])
+    }
+
+
+def test_docs_list_exactly_the_codes_the_protocol_defines():
+    assert _doc_codes("Per-item errors", 1) == set(ITEM_ERROR_CODES)
+    defined = {code.value for code in RequestErrorCode} | set(ROUTE_ERROR_CODES.values())
+    assert _doc_codes("Whole-request errors", 2) == defined
+
+
+def test_reference_group_id_and_metadata_reach_a_scorer_in_process():
+    RecordingScorer.seen.clear()
+    cfg = make_config([{"name": "rec", "kind": "recording"}, {"name": "exact", "kind": "exact_match"}])
+    with LiveServer(cfg) as server:
+        payload, _ = encode_score_request([RICH, dataclasses.replace(RICH, id="b", reference="4")], ["rec"])
+        r = httpx.post(server.url + "/v1/score", json=payload, timeout=30)
+        assert r.status_code == 200, r.text
+        assert RecordingScorer.seen == [RICH, dataclasses.replace(RICH, id="b", reference="4")]
+        payload, _ = encode_score_request([RICH, dataclasses.replace(RICH, id="b", reference="4")], ["exact"])
+        results = httpx.post(server.url + "/v1/score", json=payload, timeout=30).json()["results"]
+        assert results[0]["errors"]["exact"]["code"] == "bad_input"  # a JSON reference is not a string
+        assert results[1]["scores"] == {"exact": 1.0}
+
+
+def test_exact_match_reports_a_non_string_reference_per_item():
+    out = ExactMatchScorer("e").score_batch([RICH, dataclasses.replace(RICH, reference=" 4 ")])
+    assert out[0].code == "bad_input" and out[1] == 1.0
