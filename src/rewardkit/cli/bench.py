@@ -89,6 +89,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     qualify.add_argument("--out", type=Path, required=True, help="output directory")
     qualify.add_argument(
+        "overrides",
+        nargs="*",
+        help="dotted key=value plan overrides, e.g. sweep.window_s=2 goals.mps_vs_shared_items_per_s=1.2",
+    )
+    qualify.add_argument(
         "--dry-run", action="store_true", help="write the deploy files, print the plan, run nothing"
     )
     qualify.set_defaults(func=run_qualify_cli)
@@ -154,7 +159,7 @@ def run_bench_cli(args: argparse.Namespace) -> int:
 def run_qualify_cli(args: argparse.Namespace) -> int:
     from rewardkit.bench.qualify import dry_run, load_plan, qualify
 
-    plan = load_plan(args.plan)
+    plan = load_plan(args.plan, args.overrides)
     if args.dry_run:
         print(dry_run(plan, args.out))
         return 0

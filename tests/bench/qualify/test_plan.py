@@ -58,7 +58,7 @@ def test_h200_bf16_and_fp32_plans_run_six_deployments_each(dtype, batches):
         "dedicated", "dedicated", "shared", "mps100", "mps50", "consolidated"
     ]  # fmt: skip
     # six deployments of ~45 s each (shapes initialise on the CPU) must fit in the budget
-    assert plan.sweep["batch"] == batches and plan.budget_s >= 6 * 45
+    assert plan.sweep.batch == batches and plan.budget_s >= 6 * 45
     for dep in deployments:
         parse_deploy_config(dep.doc, probe(1))
 

@@ -99,3 +99,15 @@ def test_qualify_against_real_serve_deploy_processes(tmp_path):
     assert ded["isolation"] and cons["parity"]["length"]["max_abs_delta"] == 0.0
     run = json.loads((tmp_path / "runs" / "consolidated-fp32.json").read_text())
     assert run["mode"] == "consolidated" and run["environment"]["deployment"]["backend"] == "workers"
+
+
+def test_cli_plan_overrides_go_through_the_config_loader(tmp_path, capsys):
+    from rewardkit.cli import main
+
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump(plan_doc(modes=["dedicated"])))
+    args = ["qualify", "--plan", str(plan), "--out", str(tmp_path / "o"), "--dry-run"]
+    assert main([*args, "sweep.window_s=2", "goals.mps_vs_shared_items_per_s=1.3"]) == 0
+    assert "measurement 16-24 s" in capsys.readouterr().out  # 2 deployments x 2 points x 2 s x 2..3 windows
+    assert main([*args, "sweep.window_s=0"]) == 2
+    assert "sweep.window_s must be > 0" in capsys.readouterr().err

@@ -6,64 +6,170 @@ isolation: each scorer alone in its own deployment, every item still needing eve
 so it holds one GPU per scorer. Every other mode holds one GPU. The order is dtype-major
 (dedicated, shared, mps at each listed percentage, consolidated), so each dtype's table
 completes before the next dtype starts.
+
+The plan is read by the project's one config loader (core/config.py): unknown keys, wrong
+types and bad values are one-line `ConfigError`s naming the dotted key, dtypes take the
+loader's spellings, and `key=value` overrides work as they do for every other config.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-import yaml
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
+from rewardkit.core.config import ConfigModel, Dtype, canonical_dtype, load, parse
 from rewardkit.core.errors import ConfigError
 
 DEFAULT_ATOL = {"fp16": 1e-3, "bf16": 1e-3, "fp32": 1e-5}
 MODE_ORDER = ("dedicated", "shared", "mps", "consolidated")
 DEFAULT_COMMAND = ["{python}", "-m", "rewardkit", "serve", "--deploy", "{deploy}", "--port", "{port}"]
-_PLAN_KEYS = {"gpus", "scorers", "dtypes", "modes", "sweep", "server", "atol", "service", "budget_s"}
-_PLAN_KEYS |= {"allow_reduced_precision_partition", "inputs", "goals"}
-_SWEEP_KEYS = {"batch", "concurrency", "requests", "warmup", "repetitions", "window_s", "stable_windows"}
-_SWEEP_KEYS |= {"tolerance", "max_windows", "slo_ms", "corpus_size", "seed", "images", "timeout_s"}
-_SERVER_KEYS = {"command", "env", "ready_timeout_s", "stop_timeout_s", "token"}
+_FROZEN = ConfigDict(frozen=True)
 
 
-@dataclass(frozen=True)
-class Goals:
+class Goals(ConfigModel):
     """The targets each dtype is measured against (`summary.json` → `goals`). They are plan data,
-    not code, because they belong to the issue that asked the question: a later plan can ask a
-    different one. Goals are findings and never change the exit code; validity and parity do."""
+    not code, because they belong to the question a plan asks: a later plan can ask another.
+    Goals are findings and never change the exit code; validity and parity do."""
 
-    # each mps<pct> group's mean items/s over shared's, on the points GPU-bound in both
-    mps_vs_shared_items_per_s: float = 1.15
-    # consolidated's rewards per GPU-hour over dedicated's (scaled by GPUs held)
-    consolidated_vs_dedicated_per_gpu_hour: float = 2.0
+    model_config = _FROZEN
 
-
-@dataclass(frozen=True)
-class ModePlan:
-    mode: str
-    mps_percentages: tuple[int, ...] = ()
+    mps_vs_shared_items_per_s: float = Field(1.15, gt=0)
+    """Each mps<pct> mode's mean items/s over shared's, on the load points GPU-bound in both."""
+    consolidated_vs_dedicated_per_gpu_hour: float = Field(2.0, gt=0)
+    """Consolidated's rewards per GPU-hour over dedicated's (items/s scaled by GPUs held)."""
 
 
-@dataclass(frozen=True)
-class Plan:
-    scorers: list[dict[str, Any]]
-    dtypes: list[str]
-    modes: list[ModePlan]
-    gpus: list[int] = field(default_factory=lambda: [0])
-    sweep: dict[str, Any] = field(default_factory=dict)
-    server: dict[str, Any] = field(default_factory=dict)
-    atol: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_ATOL))
-    service: dict[str, Any] = field(default_factory=dict)
+class Sweep(ConfigModel):
+    """The load every deployment gets (bench/sweep.py); the keys mirror `rewardkit bench` flags."""
+
+    model_config = _FROZEN
+
+    batch: list[int] = Field(default_factory=lambda: [1, 8, 32], min_length=1)
+    concurrency: list[int] = Field(default_factory=lambda: [1, 4, 16], min_length=1)
+    requests: int = Field(60, ge=1)
+    warmup: int = Field(5, ge=0)
+    repetitions: int = Field(1, ge=1)
+    window_s: float = Field(5.0, gt=0)
+    stable_windows: int = Field(3, ge=1)
+    tolerance: float = Field(0.10, ge=0)
+    max_windows: int = Field(10, ge=1)
+    slo_ms: float | None = Field(None, gt=0)
+    corpus_size: int = Field(256, ge=1)
+    seed: int = 0
+    images: bool = True
+    timeout_s: float = Field(60.0, gt=0)
+
+    @field_validator("batch", "concurrency")
+    @classmethod
+    def _positive(cls, values: list[int]) -> list[int]:
+        if min(values) < 1:
+            raise ValueError(f"must be positive integers, got {values}")
+        return values
+
+
+class Server(ConfigModel):
+    """How each deployment's server is started and stopped (bench/server.py). `command` is a
+    template: `{python}`, `{deploy}` (the deploy file qualify writes) and `{port}` are filled in."""
+
+    model_config = _FROZEN
+
+    command: list[str] = Field(default_factory=lambda: list(DEFAULT_COMMAND), min_length=1)
+    env: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    ready_timeout_s: float = Field(300.0, gt=0)
+    stop_timeout_s: float = Field(30.0, gt=0)
+    token: str | None = None
+
+
+class ModePlan(ConfigModel):
+    """One `modes:` entry: a mode name, or `{mode: mps, active_thread_percentages: [...]}`."""
+
+    model_config = _FROZEN
+
+    mode: Literal["dedicated", "shared", "mps", "consolidated"]
+    active_thread_percentages: list[int] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_name(cls, data: Any) -> Any:
+        data = {"mode": data} if isinstance(data, str) else data
+        if isinstance(data, dict) and data.get("mode") == "mps" and not data.get("active_thread_percentages"):
+            data = {**data, "active_thread_percentages": [100]}
+        return data
+
+    @model_validator(mode="after")
+    def _percentages(self) -> ModePlan:
+        pcts = self.active_thread_percentages
+        if self.mode != "mps" and pcts:
+            raise ValueError(f"active_thread_percentages only applies to mps, not {self.mode}")
+        if any(not 1 <= p <= 100 for p in pcts):
+            raise ValueError(f"active_thread_percentages must be integers in 1-100, got {pcts}")
+        return self
+
+    @property
+    def mps_percentages(self) -> tuple[int, ...]:
+        return tuple(self.active_thread_percentages)
+
+
+class Plan(ConfigModel):
+    """A qualify plan (docs/qualify.md, "Plan keys"). Unknown keys are errors: a misspelt key
+    silently falling back to a default would measure the wrong thing."""
+
+    model_config = _FROZEN
+
+    scorers: list[dict[str, Any]] = Field(min_length=1)
+    """serve scorer specs WITHOUT dtype (deploy keys such as memory_fraction pass through)."""
+    dtypes: list[Dtype] = Field(default_factory=lambda: ["fp32"], min_length=1)
+    modes: list[ModePlan] = Field(default_factory=lambda: [ModePlan(mode=m) for m in MODE_ORDER])
+    gpus: list[int] = Field(default_factory=lambda: [0])
+    sweep: Sweep = Field(default_factory=Sweep)
+    server: Server = Field(default_factory=Server)
+    atol: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_ATOL))
+    """Parity tolerance per dtype; the ones given replace DEFAULT_ATOL's."""
+    service: dict[str, Any] = Field(default_factory=dict)
     allow_reduced_precision_partition: bool = False
-    budget_s: float | None = None
+    budget_s: float | None = Field(None, ge=0)
     inputs: str | None = None
-    goals: Goals = field(default_factory=Goals)
+    goals: Goals = Field(default_factory=Goals)
+
+    @field_validator("scorers")
+    @classmethod
+    def _scorers(cls, scorers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        names = [s.get("name") for s in scorers]
+        if len(set(names)) != len(names) or not all(isinstance(n, str) and n for n in names):
+            raise ValueError("must each have a unique name")
+        for s in scorers:
+            if "dtype" in s or "mps_active_thread_percentage" in s:
+                raise ConfigError(
+                    f"scorers[{s['name']}]: set dtype via `dtypes:` and MPS shares via `modes:`"
+                )
+        return scorers
+
+    @field_validator("modes")
+    @classmethod
+    def _modes(cls, modes: list[ModePlan]) -> list[ModePlan]:
+        if "dedicated" not in [m.mode for m in modes]:
+            raise ValueError("must include dedicated (the reference for ratios and parity)")
+        return sorted(modes, key=lambda m: MODE_ORDER.index(m.mode))
+
+    @field_validator("atol", mode="before")
+    @classmethod
+    def _atol(cls, atol: Any) -> Any:
+        if not isinstance(atol, dict):
+            return atol
+        given = {canonical_dtype(k): float(v) if isinstance(v, str) else v for k, v in atol.items()}
+        return {**DEFAULT_ATOL, **given}
 
     @property
     def isolation(self) -> bool:
         return len(self.gpus) < len(self.scorers)
+
+    @property
+    def scorer_names(self) -> list[str]:
+        return [s["name"] for s in self.scorers]
 
 
 @dataclass(frozen=True)
@@ -80,83 +186,14 @@ class Deployment:
     mps_percentage: int | None = None
 
 
-def _check_keys(raw: dict[str, Any], known: set[str], where: str) -> None:
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise ConfigError(f"{where}: unknown keys {unknown}; known: {sorted(known)}")
-
-
-def _goals(raw: Any) -> Goals:
-    raw = dict(raw or {})
-    known = set(Goals.__dataclass_fields__)
-    _check_keys(raw, known, "goals")
-    return Goals(**{k: float(v) for k, v in raw.items()})
-
-
 def parse_plan(raw: Any) -> Plan:
-    if not isinstance(raw, dict):
-        raise ConfigError("plan: top level must be a mapping")
-    _check_keys(raw, _PLAN_KEYS, "plan")
-    scorers = raw.get("scorers")
-    if not isinstance(scorers, list) or not scorers or not all(isinstance(s, dict) for s in scorers):
-        raise ConfigError("scorers: expected a non-empty list of scorer specs")
-    names = [s.get("name") for s in scorers]
-    if len(set(names)) != len(names) or not all(isinstance(n, str) and n for n in names):
-        raise ConfigError("scorers: every scorer needs a unique name")
-    for s in scorers:
-        if "dtype" in s or "mps_active_thread_percentage" in s:
-            raise ConfigError(f"scorers[{s['name']}]: set dtype via `dtypes:` and MPS shares via `modes:`")
-    dtypes = raw.get("dtypes", ["fp32"])
-    if not isinstance(dtypes, list) or not dtypes or any(d not in DEFAULT_ATOL for d in dtypes):
-        raise ConfigError(f"dtypes: expected a list drawn from {sorted(DEFAULT_ATOL)}")
-    modes = []
-    for entry in raw.get("modes", list(MODE_ORDER)):
-        mode, pcts = (entry, ()) if isinstance(entry, str) else (entry.get("mode"), ())
-        if isinstance(entry, dict):
-            _check_keys(entry, {"mode", "active_thread_percentages"}, f"modes[{mode}]")
-            pcts = tuple(entry.get("active_thread_percentages", ()))
-        if mode not in MODE_ORDER:
-            raise ConfigError(f"modes: {mode!r} is not one of {', '.join(MODE_ORDER)}")
-        if mode == "mps":
-            pcts = pcts or (100,)
-            if any(isinstance(p, bool) or not isinstance(p, int) or not 1 <= p <= 100 for p in pcts):
-                raise ConfigError("modes[mps].active_thread_percentages: integers in 1-100")
-        elif pcts:
-            raise ConfigError(f"modes[{mode}]: active_thread_percentages only applies to mps")
-        modes.append(ModePlan(mode, pcts))
-    if "dedicated" not in [m.mode for m in modes]:
-        raise ConfigError("modes: must include dedicated (the reference for ratios and parity)")
-    modes.sort(key=lambda m: MODE_ORDER.index(m.mode))
-    sweep = dict(raw.get("sweep") or {})
-    _check_keys(sweep, _SWEEP_KEYS, "sweep")
-    server = dict(raw.get("server") or {})
-    _check_keys(server, _SERVER_KEYS, "server")
-    gpus = raw.get("gpus", [0])
-    if not isinstance(gpus, list) or not all(isinstance(g, int) and not isinstance(g, bool) for g in gpus):
-        raise ConfigError("gpus: expected a list of GPU indices ([] for a CPU-only run)")
-    budget = raw.get("budget_s")
-    return Plan(
-        scorers=scorers,
-        dtypes=dtypes,
-        modes=modes,
-        gpus=gpus,
-        sweep=sweep,
-        server=server,
-        atol={**DEFAULT_ATOL, **{k: float(v) for k, v in (raw.get("atol") or {}).items()}},
-        service=dict(raw.get("service") or {}),
-        allow_reduced_precision_partition=bool(raw.get("allow_reduced_precision_partition", False)),
-        budget_s=None if budget is None else float(budget),
-        inputs=raw.get("inputs"),
-        goals=_goals(raw.get("goals")),
-    )
+    """A plan from an already-read mapping."""
+    return parse(Plan, raw)
 
 
-def load_plan(path: str | Path) -> Plan:
-    try:
-        raw = yaml.safe_load(Path(path).read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({exc})") from None
-    return parse_plan(raw)
+def load_plan(path: str | Path, overrides: Iterable[str] = ()) -> Plan:
+    """A plan from its YAML file plus dotted `key=value` overrides (`sweep.window_s=2`)."""
+    return load(Plan, path, overrides)
 
 
 def _scorer_doc(spec: dict[str, Any], dtype: str, gpu: int | None, pct: int | None) -> dict[str, Any]:
@@ -172,7 +209,7 @@ def expand(plan: Plan) -> list[Deployment]:
     """Every deployment of the plan, in run order (dtype-major so each dtype's table completes)."""
     first = plan.gpus[0] if plan.gpus else None
     one_gpu = [first] if first is not None else []
-    names = [s["name"] for s in plan.scorers]
+    names = plan.scorer_names
     out = []
     for dtype in plan.dtypes:
         for m in plan.modes:
@@ -208,7 +245,5 @@ def expand(plan: Plan) -> list[Deployment]:
 def estimate_s(plan: Plan) -> tuple[float, float]:
     """(minimum, maximum) measurement seconds, excluding start-up and warm-up."""
     s = plan.sweep
-    points = len(s.get("batch", [1, 8, 32])) * len(s.get("concurrency", [1, 4, 16])) * s.get("repetitions", 1)
-    window = float(s.get("window_s", 5.0))
-    n = len(expand(plan)) * points * window
-    return n * int(s.get("stable_windows", 3)), n * int(s.get("max_windows", 10))
+    n = len(expand(plan)) * len(s.batch) * len(s.concurrency) * s.repetitions * s.window_s
+    return n * s.stable_windows, n * s.max_windows

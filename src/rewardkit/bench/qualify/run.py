@@ -22,7 +22,7 @@ import yaml
 
 from rewardkit.bench import report as bench_report
 from rewardkit.bench.corpus import CorpusItem, generate_corpus, load_inputs
-from rewardkit.bench.qualify.plan import DEFAULT_COMMAND, Deployment, Plan, estimate_s, expand
+from rewardkit.bench.qualify.plan import Deployment, Plan, estimate_s, expand
 from rewardkit.bench.qualify.report import render_report, write_plots
 from rewardkit.bench.qualify.summary import summarize
 from rewardkit.bench.server import running_server
@@ -56,25 +56,19 @@ def _write_deploy_file(dep: Deployment, workdir: Path) -> Path:
 
 def bench_config(plan: Plan, dep: Deployment, url: str) -> BenchConfig:
     s = plan.sweep
-    policy = WindowPolicy(
-        float(s.get("window_s", 5.0)),
-        int(s.get("stable_windows", 3)),
-        float(s.get("tolerance", 0.10)),
-        int(s.get("max_windows", 10)),
-    )
     return BenchConfig(
         url=url,
         scorers=dep.scorers,
-        batches=list(s.get("batch", [1, 8, 32])),
-        concurrencies=list(s.get("concurrency", [1, 4, 16])),
-        requests=int(s.get("requests", 60)),
-        warmup=int(s.get("warmup", 5)),
-        repetitions=int(s.get("repetitions", 1)),
-        policy=policy,
-        slo_ms=s.get("slo_ms"),
-        token=plan.server.get("token") or os.environ.get("REWARDKIT_TOKEN"),
-        timeout_s=float(s.get("timeout_s", 60.0)),
-        seed=int(s.get("seed", 0)),
+        batches=list(s.batch),
+        concurrencies=list(s.concurrency),
+        requests=s.requests,
+        warmup=s.warmup,
+        repetitions=s.repetitions,
+        policy=WindowPolicy(s.window_s, s.stable_windows, s.tolerance, s.max_windows),
+        slo_ms=s.slo_ms,
+        token=plan.server.token or os.environ.get("REWARDKIT_TOKEN"),
+        timeout_s=s.timeout_s,
+        seed=s.seed,
         gpu_indices=[g for g in plan.gpus[: dep.gpus_held]] or None,  # what the sampler watches
         mode=dep.group,
         coverage_pass=True,  # parity needs every corpus item scored
@@ -85,9 +79,8 @@ def _corpus(plan: Plan) -> tuple[list[CorpusItem], dict[str, Any]]:
     s = plan.sweep
     if plan.inputs:
         return load_inputs(plan.inputs), {"source": str(plan.inputs)}
-    images, seed = bool(s.get("images", True)), int(s.get("seed", 0))
-    corpus = generate_corpus(int(s.get("corpus_size", 256)), seed=seed, images=images)
-    return corpus, {"source": "generated", "seed": seed, "images": images}
+    corpus = generate_corpus(s.corpus_size, seed=s.seed, images=s.images)
+    return corpus, {"source": "generated", "seed": s.seed, "images": s.images}
 
 
 def run_deployment(plan: Plan, dep: Deployment, workdir: Path, corpus: list[CorpusItem],
@@ -99,11 +92,11 @@ def run_deployment(plan: Plan, dep: Deployment, workdir: Path, corpus: list[Corp
     with running_server(
         [],
         workdir,
-        command=server.get("command") or DEFAULT_COMMAND,
+        command=server.command,
         fields={"deploy": str(_write_deploy_file(dep, workdir))},
-        env=server.get("env"),
-        ready_timeout_s=float(server.get("ready_timeout_s", 300)),
-        stop_timeout_s=float(server.get("stop_timeout_s", 30)),
+        env={k: str(v) for k, v in server.env.items()},
+        ready_timeout_s=server.ready_timeout_s,
+        stop_timeout_s=server.stop_timeout_s,
         label=dep.label,
     ) as url:
         startup_s = time.perf_counter() - started

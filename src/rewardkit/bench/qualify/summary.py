@@ -289,7 +289,7 @@ def summarize(plan: Plan, deployments: list[Deployment], runs: dict[str, dict[st
               startup: dict[str, float], errors: dict[str, str]) -> dict[str, Any]:  # fmt: skip
     """`summary.json` (schema `SUMMARY_VERSION`) from every deployment's run, start-up or error."""
     groups: list[dict[str, Any]] = []
-    names = [s["name"] for s in plan.scorers]
+    names = plan.scorer_names
     for dtype in plan.dtypes:
         mine = _groups_of(dtype, deployments, runs, startup, errors)
         _add_parity(mine, runs, names, plan.atol[dtype])
@@ -302,7 +302,7 @@ def summarize(plan: Plan, deployments: list[Deployment], runs: dict[str, dict[st
         "gpus": plan.gpus,
         "scorers": plan.scorers,
         "dtypes": plan.dtypes,
-        "sweep": plan.sweep,
+        "sweep": plan.sweep.model_dump(),
         "atol": plan.atol,
         "environment": first_run["environment"] if first_run else None,
         "corpus": first_run["corpus"] if first_run else None,
