@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -37,64 +36,39 @@ def _rewardkit(*args: str, ok: tuple[int, ...] = (0,)) -> subprocess.CompletedPr
     return proc
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _ready(url: str) -> bool:
-    import httpx
-
-    try:
-        return httpx.get(f"{url}/health/ready", timeout=2.0).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
 def _serve_and_score(model_dir: Path) -> dict:
     """Start `rewardkit serve` on a free loopback port, score through HTTP, shut it down."""
+    from rewardkit.bench.server import ServerStartError, running_server
     from rewardkit.serve.client import RewardClient
 
-    port = _free_port()
     config = RUN / "service.yaml"
     config.write_text(f"scorers:\n  - name: rm\n    kind: rm\n    path: {model_dir.resolve()}\n")
-    print(f"\n$ rewardkit serve --config {config} --port {port}", flush=True)
-    log = open(RUN / "serve.log", "w")  # noqa: SIM115 - closed in finally
-    server = subprocess.Popen(
-        [sys.executable, "-m", "rewardkit", "serve", "--config", str(config), "--port", str(port)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
+    print(f"\n$ rewardkit serve --config {config}", flush=True)
+    server = running_server(
+        ["--config", str(config)],
+        RUN,
+        ready_timeout_s=120,
+        stop_timeout_s=20,
+        label="demo",
+        log_name="serve.log",
     )
-    url = f"http://127.0.0.1:{port}"
     try:
-        client = RewardClient(url)
-        deadline = time.monotonic() + 120
-        while not _ready(url):
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"demo: the server did not become ready; see {RUN / 'serve.log'}")
-            time.sleep(0.5)
-        eval_rows = [json.loads(line) for line in (RUN / "data" / "eval.jsonl").open()][:8]
-        items = []
-        for row in eval_rows:
-            for side in ("chosen", "rejected"):
-                items.append(
-                    {"id": f"{row['pair_id']}:{side}", "prompt": row["prompt"], "response": row[side]}
-                )
-        results = client.score(items, scorers=["rm"])
-        scores = {r.id: r.scores["rm"] for r in results}
-        wins = sum(scores[f"{r['pair_id']}:chosen"] > scores[f"{r['pair_id']}:rejected"] for r in eval_rows)
-        print(
-            f"scored {len(items)} items over HTTP at {url}; chosen > rejected in {wins}/{len(eval_rows)} pairs"
-        )
-        return {"url": url, "items": len(items), "http_pairs_correct": wins, "http_pairs": len(eval_rows)}
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        log.close()
+        with server as url:
+            client = RewardClient(url)
+            eval_rows = [json.loads(line) for line in (RUN / "data" / "eval.jsonl").open()][:8]
+            items = []
+            for row in eval_rows:
+                for side in ("chosen", "rejected"):
+                    items.append(
+                        {"id": f"{row['pair_id']}:{side}", "prompt": row["prompt"], "response": row[side]}
+                    )
+            results = client.score(items, scorers=["rm"])
+    except ServerStartError as exc:
+        raise SystemExit(f"demo: {exc.message}; see {RUN / 'serve.log'}") from None
+    scores = {r.id: r.scores["rm"] for r in results}
+    wins = sum(scores[f"{r['pair_id']}:chosen"] > scores[f"{r['pair_id']}:rejected"] for r in eval_rows)
+    print(f"scored {len(items)} items over HTTP at {url}; chosen > rejected in {wins}/{len(eval_rows)} pairs")
+    return {"url": url, "items": len(items), "http_pairs_correct": wins, "http_pairs": len(eval_rows)}
 
 
 def main() -> int:

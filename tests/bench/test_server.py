@@ -100,3 +100,14 @@ def test_a_server_is_terminated_when_its_parent_is_killed(tmp_path):
     while not term_file.exists():
         assert time.monotonic() < deadline, "the server outlived its parent without a SIGTERM"
         time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_the_default_command_runs_the_real_rewardkit_serve(tmp_path):
+    config = tmp_path / "service.yaml"
+    config.write_text(yaml.safe_dump({"scorers": [{"name": "len", "kind": "length"}]}))
+    with running_server(
+        ["--config", str(config), "--log-level", "warning"], tmp_path, ready_timeout_s=120
+    ) as url:
+        body = {"scorers": ["len"], "items": [{"id": "x", "prompt": "p", "response": "abc"}]}
+        assert httpx.post(url + "/v1/score", json=body).json()["results"][0]["scores"] == {"len": 3.0}
