@@ -46,8 +46,8 @@ def measure(path: str, tokenizer_spec: str | None, limit: int | None) -> dict:
     """One validation pass (the `validate` pipeline); runs inside the child process."""
     import itertools
 
+    from rewardkit.data.pipeline import Summary, iter_validated
     from rewardkit.data.tokenize import TokenizeSettings, load_tokenizer
-    from rewardkit.data.validate import Summary, iter_validated
 
     tokenizer = load_tokenizer(tokenizer_spec) if tokenizer_spec else None
     if tokenizer is not None:

@@ -98,8 +98,8 @@ def _progress(desc: str):
 def cmd_validate(args: argparse.Namespace) -> int:
     from rewardkit.core.atomic import write_bytes
     from rewardkit.core.hashing import canonical_json
+    from rewardkit.data.pipeline import Summary, iter_validated
     from rewardkit.data.reasons import Rejection
-    from rewardkit.data.validate import Summary, iter_validated
 
     source = _input(args.input)
     tokenizer, settings = _tokenizer_and_settings(args)
@@ -146,21 +146,11 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 def cmd_freeze_probe(args: argparse.Namespace) -> int:
     from rewardkit.core.atomic import write_json
-    from rewardkit.data.probe import freeze_probe
-    from rewardkit.data.reasons import Rejection
-    from rewardkit.data.validate import iter_validated
+    from rewardkit.data.probe import freeze_probe_file
 
-    source = _input(args.input)
+    _input(args.input)
     tokenizer, settings = _tokenizer_and_settings(args)
-    tokenized = []
-    for item in iter_validated(source, tokenizer, settings):
-        if isinstance(item, Rejection):
-            raise UsageError(
-                f"{args.input}: row {item.source_index} rejected ({item.reason}: {item.message}); "
-                "a probe is frozen from clean data (run `rewardkit data validate`)"
-            )
-        tokenized.append(item[1])
-    probe = freeze_probe(tokenized, tokenizer, settings)
+    probe = freeze_probe_file(args.input, tokenizer, settings)
     write_json(args.out, probe)
     print(f"probe: {probe['count']} pairs, tokens_sha256 {probe['tokens_sha256'][:16]} -> {args.out}")
     return 0

@@ -21,10 +21,10 @@ from rewardkit import __version__
 from rewardkit.core.atomic import staged_dir, write_json
 from rewardkit.core.errors import UsageError
 from rewardkit.core.hashing import canonical_json, sha256_file
+from rewardkit.data.pipeline import Summary, iter_validated
 from rewardkit.data.reader import detect_format
 from rewardkit.data.reasons import Rejection
 from rewardkit.data.tokenize import TokenizeSettings, template_sha256, tokenizer_sha256
-from rewardkit.data.validate import Summary, iter_validated
 
 MANIFEST_FORMAT = "rewardkit.manifest/v1"
 OUTPUTS = ("train.jsonl", "eval.jsonl", "rejects.jsonl")

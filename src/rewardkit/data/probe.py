@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from rewardkit.core.errors import UsageError
 from rewardkit.core.hashing import canonical_json
+from rewardkit.data.pipeline import tokenize_source
+from rewardkit.data.reasons import Rejection
 from rewardkit.data.records import TokenizedBranch, TokenizedPair
 from rewardkit.data.tokenize import TokenizeSettings, template_sha256, tokenizer_sha256
 
@@ -64,6 +67,21 @@ def freeze_probe(
         "template_sha256": template_sha256(tokenizer),
         "settings": settings.to_json(),
     }
+
+
+def freeze_probe_file(
+    path: str | Path, tokenizer, settings: TokenizeSettings | None = None
+) -> dict[str, Any]:
+    """The probe of an evaluation file, read through the data pipeline. A probe is frozen from
+    clean data only: the first rejected row refuses it, saying which row and why."""
+    try:
+        pairs = tokenize_source(path, tokenizer, settings, strict=True)
+    except Rejection as item:
+        raise UsageError(
+            f"{path}: row {item.source_index} rejected ({item.reason}: {item.message}); "
+            "a probe is frozen from clean data (run `rewardkit data validate`)"
+        ) from None
+    return freeze_probe(pairs, tokenizer, settings)
 
 
 def check_probe(

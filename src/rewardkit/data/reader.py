@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,13 +63,19 @@ def iter_rows(path: str | Path) -> Iterator[Any]:
 
 
 def iter_pairs(path: str | Path) -> Iterator[PreferencePair | Rejection]:
-    """Yield one `PreferencePair` or one located `Rejection` per input record, in order.
+    """Yield one `PreferencePair` or one located `Rejection` per record of the file, in order."""
+    return normalize_rows(iter_rows(path))
+
+
+def normalize_rows(rows: Iterable[Any]) -> Iterator[PreferencePair | Rejection]:
+    """Yield one `PreferencePair` or one located `Rejection` per decoded row, in order.
 
     Duplicate ids are rejected on their second and later occurrences; an id counts as taken
-    once a row carrying it has passed the row checks.
+    once a row carrying it has passed the row checks. A row may itself be a `Rejection` (a
+    JSONL line that did not decode), which is located and passed on.
     """
     seen = SeenIds()
-    for index, row in enumerate(iter_rows(path)):
+    for index, row in enumerate(rows):
         if isinstance(row, Rejection):
             yield row.at(index)
             continue

@@ -89,6 +89,15 @@ def load_tokenizer(spec: str):
         raise UsageError(f"cannot load tokenizer from {spec}: {str(exc).splitlines()[0]}") from None
 
 
+def pad_token_id(tokenizer) -> int:
+    """The id batches are padded with: the pad token, else EOS (many causal LMs have no pad), else 0.
+
+    One rule for training and every evaluation, so a checkpoint is always scored on the same batches.
+    """
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return int(pad or 0)
+
+
 def template_sha256(tokenizer) -> str:
     """Hash of the chat template actually applied (the plain template when there is none)."""
     template = getattr(tokenizer, "chat_template", None)
