@@ -93,14 +93,17 @@ Dtype = Annotated[str, BeforeValidator(canonical_dtype)]
 # ---- models ------------------------------------------------------------------------------
 
 
+def _is_union(annotation: Any) -> bool:
+    return typing.get_origin(annotation) in (typing.Union, types.UnionType)
+
+
 def _takes_float(annotation: Any) -> bool:
     """float, float | None, list[float]: the fields where a YAML-1.1 string like "1e-4" is a number."""
     if annotation is float:
         return True
-    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if origin in (typing.Union, types.UnionType):
-        return float in args
-    return origin is list and args == (float,)
+    if _is_union(annotation):
+        return float in typing.get_args(annotation)
+    return typing.get_origin(annotation) is list and typing.get_args(annotation) == (float,)
 
 
 def _yaml_float(value: Any) -> Any:
@@ -255,15 +258,10 @@ _BOUNDS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "l
 
 def _field_annotation(annotation: Any) -> Any:
     """The annotation with `X | None` reduced to X."""
-    args = typing.get_args(annotation)
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        rest = [a for a in args if a is not type(None)]
+    if _is_union(annotation):
+        rest = [a for a in typing.get_args(annotation) if a is not type(None)]
         return rest[0] if len(rest) == 1 else annotation
     return annotation
-
-
-def _is_union(annotation: Any) -> bool:
-    return typing.get_origin(annotation) in (typing.Union, types.UnionType)
 
 
 def _element(annotation: Any) -> Any:
