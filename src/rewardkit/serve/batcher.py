@@ -6,8 +6,16 @@ budget) is reached or `max_wait_ms` has passed since that first item was queued,
 scorer in a dedicated thread so the event loop keeps accepting requests meanwhile. While one
 batch runs, the next one accumulates, so under load batches fill without waiting.
 
-Failure contract: a NaN/inf or non-number becomes `non_finite`/`scorer_failed` for that item, an
-exception becomes `scorer_failed` for every item of the batch; nothing is dropped, nothing is 0.
+Items are prepared on admission (`Scorer.prepare`: tokenisation, decoding) in a small thread
+pool, off the event loop and off the scoring thread; an item that cannot be prepared fails alone
+there and never reaches a batch. A batch then holds up to `max_batch_size` items and, with a
+token budget, up to that many tokens: the sum of its items' tokens for a padding-free scorer
+(`packs_tokens`), rows x longest row for a padded one. Batches are taken in arrival order, so a
+long item is never passed over by shorter ones behind it.
+
+Failure contract: a NaN/inf or non-number becomes `non_finite`/`scorer_failed` for that item. An
+exception is retried on each half of the batch, down to single items, so only the items that
+make the scorer raise get `scorer_failed`; nothing is dropped, nothing is 0.
 """
 
 from __future__ import annotations
@@ -34,12 +42,20 @@ BROKEN_AFTER = 3
 """Consecutive failed batches after which a scorer reports not ready (a success clears it)."""
 
 
+PREPARE_WORKERS = 4
+"""Admission threads per scorer. Fast tokenizers release the GIL while encoding."""
+
+PREPARE_CHUNK = 32
+"""Items prepared per task: large requests spread over the workers, small ones take one."""
+
+
 @dataclass
 class _Entry:
     item: ScoreItem
     future: asyncio.Future
     enqueued: float
     tokens: int | None
+    payload: object = None  # what Scorer.prepare returned for the item
     started: float = field(default=0.0)
 
 
@@ -90,6 +106,12 @@ class DynamicBatcher:
         # One thread per scorer: models are not assumed thread-safe, and one forward at a time
         # per device is what saturates it anyway.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"scorer-{self.name}")
+        self._prepares = type(scorer).prepare is not Scorer.prepare
+        self._prepare_pool = (
+            ThreadPoolExecutor(max_workers=PREPARE_WORKERS, thread_name_prefix=f"prepare-{self.name}")
+            if self._prepares
+            else None
+        )
 
     @property
     def depth(self) -> int:
@@ -114,6 +136,8 @@ class DynamicBatcher:
                 entry.future.set_exception(ServeError("not_ready", "service is shutting down"))
         self._queue.clear()
         self._executor.shutdown(wait=False, cancel_futures=True)
+        if self._prepare_pool is not None:
+            self._prepare_pool.shutdown(wait=False, cancel_futures=True)
 
     async def run_in_thread(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
@@ -132,28 +156,61 @@ class DynamicBatcher:
                 retry_after=retry,
             )
         loop = asyncio.get_running_loop()
+        payloads = await self._prepare_all(items)
         now = time.perf_counter()
         entries = [
-            _Entry(
-                item, loop.create_future(), now, self.scorer.item_tokens(item) if self.token_budget else None
-            )
-            for item in items
+            _Entry(i, loop.create_future(), now, self._tokens(i, p), p)
+            for i, p in zip(items, payloads, strict=True)
         ]
-        self._queue.extend(entries)
+        queued = []
+        for e in entries:
+            if isinstance(e.payload, ItemError):  # failed on admission: never reaches a batch
+                e.started = now
+                e.future.set_result((e.payload, 0.0))
+            else:
+                queued.append(e)
+        self._queue.extend(queued)
         self._set_depth()
         self._wakeup.set()
         try:
             results = await asyncio.gather(*(e.future for e in entries))
         except BaseException:
-            for e in entries:  # a caller that went away must not leave work behind
+            for e in queued:  # a caller that went away must not leave work behind
                 if not e.future.done():
                     e.future.cancel()
             raise
         record_timing(
-            queue_s=max(e.started - e.enqueued for e in entries) if entries else 0.0,
+            queue_s=max((e.started - e.enqueued for e in entries), default=0.0),
             inference_s=max((r[1] for r in results), default=0.0),
         )
         return [r[0] for r in results]
+
+    async def _prepare_all(self, items: list[ScoreItem]) -> list[object]:
+        """`Scorer.prepare` for every item, on the admission threads (identity for scorers that
+        prepare nothing). A prepare that raises fails its item as `bad_input`."""
+        if self._prepare_pool is None:
+            return list(items)
+        loop = asyncio.get_running_loop()
+        chunks = [items[i : i + PREPARE_CHUNK] for i in range(0, len(items), PREPARE_CHUNK)]
+        done = await asyncio.gather(
+            *(loop.run_in_executor(self._prepare_pool, self._prepare_chunk, c) for c in chunks)
+        )
+        return [p for chunk in done for p in chunk]
+
+    def _prepare_chunk(self, items: list[ScoreItem]) -> list[object]:
+        out: list[object] = []
+        for item in items:
+            try:
+                out.append(self.scorer.prepare(item))
+            except Exception as exc:  # the item, not the service, is at fault
+                out.append(ItemError("bad_input", f"{type(exc).__name__}: {exc}"[:500]))
+        return out
+
+    def _tokens(self, item: ScoreItem, payload: object) -> int | None:
+        if not self.token_budget or isinstance(payload, ItemError):
+            return None
+        exact = self.scorer.prepared_tokens(payload) if self._prepares else None
+        return exact if exact is not None else self.scorer.item_tokens(item)
 
     def _set_depth(self) -> None:
         if self.metrics is not None:
@@ -176,20 +233,24 @@ class DynamicBatcher:
 
     def _take(self) -> list[_Entry]:
         batch: list[_Entry] = []
-        max_tokens = 0
+        max_tokens = total_tokens = 0
+        packed = self.scorer.packs_tokens
         while self._queue and len(batch) < self.max_batch_size:
             entry = self._queue[0]
             if entry.future.done():  # cancelled by a caller that went away
                 self._queue.popleft()
                 continue
             if self.token_budget and entry.tokens is not None and batch:
-                # Padded cost: every row of the batch is padded to the longest one.
-                longest = max(max_tokens, entry.tokens)
-                if longest * (len(batch) + 1) > self.token_budget:
+                if packed:  # padding-free: the batch costs its tokens
+                    cost = total_tokens + entry.tokens
+                else:  # padded: every row costs the longest one
+                    cost = max(max_tokens, entry.tokens) * (len(batch) + 1)
+                if cost > self.token_budget:
                     break
             self._queue.popleft()
             batch.append(entry)
             max_tokens = max(max_tokens, entry.tokens or 0)
+            total_tokens += entry.tokens or 0
         return batch
 
     async def _run(self) -> None:
@@ -219,24 +280,18 @@ class DynamicBatcher:
         started = time.perf_counter()
         for e in batch:
             e.started = started
-        items = [e.item for e in batch]
-        order = list(range(len(items)))
-        if self.token_budget:  # similar lengths together waste less padding inside the scorer
-            order.sort(key=lambda i: batch[i].tokens or 0)
-        try:
-            raw = await self.run_in_thread(self.scorer.score_batch, [items[i] for i in order])
-            if not isinstance(raw, list | tuple) or len(raw) != len(items):
-                got = len(raw) if isinstance(raw, list | tuple) else type(raw).__name__
-                raise RuntimeError(f"scorer returned {got} values for {len(items)} items")
-            results: list[ItemResult] = [ItemError("scorer_failed", "unset")] * len(items)
-            for pos, i in enumerate(order):
-                results[i] = check_value(raw[pos])
+        payloads = [e.payload for e in batch]
+        order = list(range(len(payloads)))
+        if self.token_budget and not self.scorer.packs_tokens:
+            order.sort(key=lambda i: batch[i].tokens or 0)  # similar lengths pad less
+        ordered = await self._score_or_bisect([payloads[i] for i in order])
+        results: list[ItemResult] = [ItemError("scorer_failed", "unset")] * len(payloads)
+        for pos, i in enumerate(order):
+            results[i] = ordered[pos]
+        if any(not isinstance(r, ItemError) or r.code != "scorer_failed" for r in results):
             self.consecutive_failures = 0
-        except Exception as exc:
-            log.exception("scorer %s failed on a batch of %d", self.name, len(items))
+        else:
             self.consecutive_failures += 1
-            message = f"{type(exc).__name__}: {exc}"[:500]
-            results = [ItemError("scorer_failed", message)] * len(items)
         elapsed = time.perf_counter() - started
         if self.metrics is not None:
             self.metrics.observe_batch(
@@ -245,8 +300,29 @@ class DynamicBatcher:
                     inference_s=elapsed,
                     queue_delays=tuple(e.started - e.enqueued for e in batch),
                     outcomes=tuple(outcome(r) for r in results),
+                    tokens=self.scorer.take_batch_stats(),
                 )
             )
         for e, r in zip(batch, results, strict=True):
             if not e.future.done():
                 e.future.set_result((r, elapsed))
+
+    async def _score_or_bisect(self, payloads: list[object]) -> list[ItemResult]:
+        """Score a batch; if the scorer raises, score each half again, down to single items, so
+        only the items that make it raise fail (`scorer_failed`) and their batch-mates score."""
+        try:
+            raw = await self.run_in_thread(self.scorer.score_prepared, payloads)
+            if not isinstance(raw, list | tuple) or len(raw) != len(payloads):
+                got = len(raw) if isinstance(raw, list | tuple) else type(raw).__name__
+                raise RuntimeError(f"scorer returned {got} values for {len(payloads)} items")
+            return [check_value(v) for v in raw]
+        except Exception as exc:
+            if len(payloads) == 1:
+                log.warning("scorer %s failed on an item: %s: %s", self.name, type(exc).__name__, exc)
+                return [ItemError("scorer_failed", f"{type(exc).__name__}: {exc}"[:500])]
+            log.warning("scorer %s failed on a batch of %d; retrying its halves", self.name, len(payloads))
+            half = len(payloads) // 2
+            return [
+                *await self._score_or_bisect(payloads[:half]),
+                *await self._score_or_bisect(payloads[half:]),
+            ]

@@ -6,7 +6,7 @@ The batch-size and queue-delay histograms are what let a load test split queuein
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -27,6 +27,7 @@ class BatchStats:
     inference_s: float
     queue_delays: tuple[float, ...]  # one per item: enqueue → batch start
     outcomes: tuple[str, ...]  # one per item: "ok" or the item's error code
+    tokens: dict[str, int] = field(default_factory=dict)  # real / computed / padding / shared
 
 
 class ServeMetrics:
@@ -77,6 +78,20 @@ class ServeMetrics:
             registry=r,
         )
         self.queue_depth = Gauge("rewardkit_queue_depth", "Items waiting per scorer", ["scorer"], registry=r)
+        self.tokens = Counter(
+            "rewardkit_tokens",
+            "Text scorers' tokens by kind: real (the items'), computed (forwarded), padding (computed"
+            " pad slots), shared (prompt tokens computed once for a group instead of per item)",
+            ["scorer", "kind"],
+            registry=r,
+        )
+        self.batch_tokens = Histogram(
+            "rewardkit_batch_tokens",
+            "Tokens computed per forward",
+            ["scorer"],
+            buckets=(256, 1024, 4096, 16384, 32768, 65536, 131072, 262144),
+            registry=r,
+        )
 
     def observe_batch(self, stats: BatchStats) -> None:
         """The per-batch observations, in one place: the in-process batcher calls this directly,
@@ -90,3 +105,7 @@ class ServeMetrics:
             self.items.labels(name, outcome).inc()
             if outcome == "non_finite":
                 self.non_finite.labels(name).inc()
+        for kind, count in stats.tokens.items():
+            self.tokens.labels(name, kind).inc(count)
+        if stats.tokens.get("computed"):
+            self.batch_tokens.labels(name).observe(stats.tokens["computed"])

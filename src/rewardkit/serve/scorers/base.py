@@ -98,6 +98,30 @@ class Scorer(abc.ABC):
         """Approximate token count, for the batcher's token budget. None: the scorer has no budget."""
         return None
 
+    packs_tokens: ClassVar[bool] = False
+    """How a batch's token budget is spent: True, the sum of its items' tokens (a padding-free
+    scorer); False, rows x the longest row (a padded forward)."""
+
+    def prepare(self, item: ScoreItem) -> Any:
+        """Admission-time work on one item (tokenisation, decoding), run by the batcher off the
+        event loop and off the scoring thread, so a queued item is ready to batch. Return what
+        `score_prepared` takes, or an `ItemError`: that item then fails alone, before it reaches
+        a batch. The default keeps the item as it is."""
+        return item
+
+    def prepared_tokens(self, prepared: Any) -> int | None:
+        """Exact token count of a prepared item, for the token budget (None: fall back to
+        `item_tokens`)."""
+        return None
+
+    def score_prepared(self, batch: list[Any]) -> list[float | ItemError]:
+        """Score what `prepare` returned, one result per entry in order (default: `score_batch`)."""
+        return self.score_batch(batch)
+
+    def take_batch_stats(self) -> dict[str, int]:
+        """Token accounting of the last batch (real, computed, padding, shared), for /metrics."""
+        return {}
+
     def warmup_item(self) -> ScoreItem:
         """An input that a healthy scorer must score to a finite value before readiness."""
         return ScoreItem(id="warmup", prompt="Say hello.", response="Hello!", image=None)

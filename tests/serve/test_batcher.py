@@ -1,0 +1,115 @@
+"""The dynamic batcher: admission-time preparation, token budgets, and faults that stay with their item."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, ClassVar
+
+from rewardkit.serve.batcher import DynamicBatcher
+from rewardkit.serve.metrics import ServeMetrics
+from rewardkit.serve.scorers.base import ItemError, ScoreItem, Scorer, ScorerInfo
+
+
+class LengthScorer(Scorer):
+    """Scores len(response); `prepare` tokenises to characters; 'boom' raises inside a batch."""
+
+    kind: ClassVar[str] = "test_len"
+    modality: ClassVar = "text"
+    packs_tokens: ClassVar[bool] = True
+
+    def __init__(self) -> None:
+        super().__init__("len", max_batch_size=64, max_wait_ms=20)
+        self.batches: list[list[Any]] = []
+        self.prepared_on: set[str] = set()
+
+    def load(self) -> None:
+        pass
+
+    def info(self) -> ScorerInfo:
+        return ScorerInfo("len", self.kind, "text", "fp32", "cpu", "1", "x", 64, 20.0)
+
+    def prepare(self, item: ScoreItem) -> Any:
+        import threading
+
+        self.prepared_on.add(threading.current_thread().name)
+        if item.response == "":
+            return ItemError("bad_input", "empty response")
+        if item.response == "crash":
+            raise ValueError("cannot encode")
+        return list(item.response)
+
+    def prepared_tokens(self, prepared: Any) -> int:
+        return len(prepared)
+
+    def score_batch(self, items: list[ScoreItem]) -> list[float]:
+        raise AssertionError("a preparing scorer is called through score_prepared")
+
+    def score_prepared(self, batch: list[Any]) -> list[float]:
+        self.batches.append(batch)
+        if list("boom") in batch:
+            raise RuntimeError("poisoned batch")
+        return [float(len(p)) for p in batch]
+
+    def take_batch_stats(self) -> dict[str, int]:
+        return {
+            "real": sum(len(p) for p in self.batches[-1]),
+            "computed": sum(len(p) for p in self.batches[-1]),
+        }
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def _submit(batcher: DynamicBatcher, responses: list[str]) -> list[Any]:
+    batcher.start()
+    try:
+        items = [ScoreItem(id=str(k), prompt="p", response=r) for k, r in enumerate(responses)]
+        return await batcher.submit(items)
+    finally:
+        await batcher.stop()
+
+
+def test_items_that_cannot_be_prepared_fail_alone_at_admission_off_the_loop():
+    scorer = LengthScorer()
+    batcher = DynamicBatcher(scorer, max_batch_size=64, max_wait_ms=5, max_queue=100)
+    results = run(_submit(batcher, ["ab", "", "crash", "abcd"]))
+    assert results[0] == 2.0 and results[3] == 4.0
+    assert results[1] == ItemError("bad_input", "empty response")
+    assert (
+        isinstance(results[2], ItemError)
+        and results[2].code == "bad_input"
+        and "cannot encode" in results[2].message
+    )
+    assert scorer.batches == [[list("ab"), list("abcd")]]  # the bad items never reached a batch
+    assert all(name.startswith("prepare-") for name in scorer.prepared_on)
+
+
+def test_a_scorer_exception_fails_only_the_guilty_item():
+    scorer = LengthScorer()
+    metrics = ServeMetrics()
+    batcher = DynamicBatcher(scorer, max_batch_size=64, max_wait_ms=5, max_queue=100, metrics=metrics)
+    responses = ["a", "bb", "boom", "cccc", "ddddd"]
+    results = run(_submit(batcher, responses))
+    assert results[2] == ItemError("scorer_failed", "RuntimeError: poisoned batch")
+    assert [results[k] for k in (0, 1, 3, 4)] == [1.0, 2.0, 4.0, 5.0]
+    assert batcher.consecutive_failures == 0  # the scorer works; one item does not
+    assert metrics.items.labels("len", "ok")._value.get() == 4
+
+
+def test_a_padding_free_budget_counts_tokens_not_rows_times_the_longest():
+    scorer = LengthScorer()
+    batcher = DynamicBatcher(scorer, max_batch_size=64, max_wait_ms=50, max_queue=100, token_budget=10)
+    results = run(_submit(batcher, ["x" * 9, "y", "zzzz", "w" * 6, "q" * 30]))
+    assert results == [9.0, 1.0, 4.0, 6.0, 30.0]
+    # 9 + 1 fill the first batch; 4 + 6 the second; a 30-token item longer than the budget goes alone
+    assert [sum(map(len, b)) for b in scorer.batches] == [10, 10, 30]
+
+
+def test_token_accounting_reaches_the_metrics():
+    scorer = LengthScorer()
+    metrics = ServeMetrics()
+    batcher = DynamicBatcher(scorer, max_batch_size=64, max_wait_ms=5, max_queue=100, metrics=metrics)
+    run(_submit(batcher, ["abc", "de"]))
+    assert metrics.tokens.labels("len", "real")._value.get() == 5
+    assert metrics.tokens.labels("len", "computed")._value.get() == 5
