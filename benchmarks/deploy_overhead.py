@@ -2,8 +2,9 @@
 
 Both sides are the `ScoringBackend` API the HTTP app calls, so HTTP/JSON cost is excluded and
 the difference is exactly the deploy hop: frame encode → Unix socket → worker decode →
-the worker's own batcher → results back. A closed-loop load generator runs `concurrency`
-clients, each sending requests of `batch` items back to back, for every grid cell; the
+the worker's own batcher → results back. A closed-loop load generator
+(`rewardkit.bench.loadgen.timed_closed_loop`) runs `concurrency` clients, each sending requests
+of `batch` items back to back, for every grid cell; the
 in-process backend and the gateway run one after the other so they never share the device.
 
     PYTHONPATH=src python3 benchmarks/deploy_overhead.py --out deploy.json           # CUDA: clip-vit-l-14 fp16
@@ -22,7 +23,6 @@ import io
 import json
 import os
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -80,33 +80,20 @@ async def load(
     backend: Any, name: str, items: list[Any], concurrency: int, seconds: float, warmup: float
 ) -> dict:
     """Closed loop: `concurrency` clients send `items` back to back; measure after warm-up."""
-    latencies: list[float] = []
-    done_items = 0
-    errors = 0
-    t_start = time.perf_counter() + warmup
-    t_end = t_start + seconds
+    from rewardkit.bench.loadgen import CallResult, timed_closed_loop
 
-    async def client() -> None:
-        nonlocal done_items, errors
-        while True:
-            t0 = time.perf_counter()
-            if t0 >= t_end:
-                return
-            results = await backend.score(name, items)
-            t1 = time.perf_counter()
-            if t_start <= t1 <= t_end:  # completions inside the window (closed-loop throughput)
-                latencies.append(t1 - t0)
-                done_items += len(items)
-                errors += sum(not isinstance(r, float) for r in results)
+    async def call(_: int) -> CallResult:
+        results = await backend.score(name, items)
+        bad = sum(not isinstance(r, float) for r in results)
+        return CallResult(len(items) - bad, bad)
 
-    await asyncio.gather(*(client() for _ in range(concurrency)))
-    lat = sorted(latencies)
+    cell = await timed_closed_loop(call, concurrency, warmup, seconds)
     return {
-        "items_per_s": done_items / seconds,
-        "requests": len(lat),
-        "item_errors": errors,
-        "p50_ms": 1000 * statistics.median(lat) if lat else None,
-        "p99_ms": 1000 * lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else None,
+        "items_per_s": cell.items_per_s,
+        "requests": cell.requests,
+        "item_errors": cell.failed_items,
+        "p50_ms": cell.p50_ms,
+        "p99_ms": cell.p99_ms,
     }
 
 

@@ -1,7 +1,8 @@
 """Reward-service throughput: our batched service vs a naive one-request-one-forward baseline.
 
 For each CLIP shape x dtype, and each request batch size x client concurrency, a closed-loop
-load generator measures items/s and p50/p99 request latency in three modes, side by side:
+load generator (`rewardkit.bench.loadgen.timed_closed_loop`) measures items/s and p50/p99
+request latency in three modes, side by side:
 
 - `http`:   rewardkit serve (dynamic batching, GPU decode+preprocess) in a subprocess, over HTTP
             with base64 JPEGs in JSON;
@@ -26,7 +27,6 @@ import json
 import os
 import platform
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -215,13 +215,6 @@ def run_server(config_path: Path, port: int) -> None:
 # ----------------------------------------------------------------------------------------------- client side
 
 
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    values = sorted(values)
-    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
-
-
 class HttpLoad:
     """A closed-loop HTTP load generator on aiohttp when installed (the GPU box), else httpx."""
 
@@ -250,46 +243,18 @@ class HttpLoad:
 
     async def post(
         self, path: str, body: bytes, content_type: str = "application/json"
-    ) -> tuple[int, dict, dict]:
+    ) -> tuple[int, dict, tuple[float | None, float | None]]:
+        """(status, JSON body, (queue ms, inference ms) from the timing headers)."""
+        from rewardkit.serve.protocol import INFERENCE_TIME_HEADER, QUEUE_TIME_HEADER, header_ms
+
         headers = {"content-type": content_type}
         if self.kind == "aiohttp":
             async with self._session.post(self.base + path, data=body, headers=headers) as r:
-                return r.status, json.loads(await r.read()), dict(r.headers)
-        r = await self._session.post(self.base + path, content=body, headers=headers)
-        return r.status_code, r.json(), dict(r.headers)
-
-
-async def closed_loop(call, concurrency: int, warmup_s: float, measure_s: float) -> dict:
-    """`concurrency` workers call `call(k)` back to back; returns counts and latencies in the window."""
-    lat: list[float] = []
-    stats = {"items": 0, "errors": 0, "queue_ms": [], "infer_ms": []}
-    t0 = time.perf_counter()
-    start, stop = t0 + warmup_s, t0 + warmup_s + measure_s
-
-    async def worker(w: int) -> None:
-        k = w
-        while (now := time.perf_counter()) < stop:
-            n_items, n_err, extra = await call(k)
-            end = time.perf_counter()
-            if start <= end <= stop:  # throughput: what completed inside the window
-                lat.append(end - now)
-                stats["items"] += n_items
-                stats["errors"] += n_err
-                if extra:
-                    stats["queue_ms"].append(extra[0])
-                    stats["infer_ms"].append(extra[1])
-            k += concurrency
-
-    await asyncio.gather(*(worker(w) for w in range(concurrency)))
-    return {
-        "items_per_s": stats["items"] / measure_s,
-        "requests": len(lat),
-        "errors": stats["errors"],
-        "p50_ms": percentile(lat, 0.5) * 1000,
-        "p99_ms": percentile(lat, 0.99) * 1000,
-        "mean_queue_ms": statistics.fmean(stats["queue_ms"]) if stats["queue_ms"] else None,
-        "mean_inference_ms": statistics.fmean(stats["infer_ms"]) if stats["infer_ms"] else None,
-    }
+                status, payload, got = r.status, json.loads(await r.read()), r.headers
+        else:
+            r = await self._session.post(self.base + path, content=body, headers=headers)
+            status, payload, got = r.status_code, r.json(), r.headers
+        return status, payload, (header_ms(got, QUEUE_TIME_HEADER), header_ms(got, INFERENCE_TIME_HEADER))
 
 
 def request_bodies(images: list[bytes], batch: int, n: int = 16) -> list[bytes]:
@@ -324,6 +289,8 @@ def encode_request(items: list[dict], scorer: str, transport: str) -> tuple[byte
 
 
 async def run_cells(args, url: str, backend, images: list[bytes]) -> list[dict]:
+    from rewardkit.bench.loadgen import CallResult, timed_closed_loop
+    from rewardkit.serve.protocol import SCORE_ROUTE
     from rewardkit.serve.scorers.base import ScoreItem
 
     cells = []
@@ -349,27 +316,30 @@ async def run_cells(args, url: str, backend, images: list[bytes]) -> list[dict]:
                                 k, mode=mode, batch=batch, ours=ours, naive=naive, direct=direct, name=name
                             ):
                                 if mode == "http":
-                                    status, body, headers = await load.post("/v1/score", *ours[k % len(ours)])
+                                    status, body, timing = await load.post(SCORE_ROUTE, *ours[k % len(ours)])
                                     if status != 200:
-                                        return 0, batch, None
+                                        return CallResult(0, batch)
                                     bad = sum(1 for r in body["results"] if r["errors"])
-                                    extra = (
-                                        float(headers.get("x-queue-time", headers.get("X-Queue-Time", 0))),
-                                        float(
-                                            headers.get(
-                                                "x-inference-time", headers.get("X-Inference-Time", 0)
-                                            )
-                                        ),
-                                    )
-                                    return batch - bad, bad, extra
+                                    return CallResult(batch - bad, bad, *timing)
                                 if mode == "naive":
                                     status, body, _ = await load.post(f"/naive/{name}", naive[k % len(naive)])
-                                    return (batch, 0, None) if status == 200 else (0, batch, None)
+                                    return CallResult(batch, 0) if status == 200 else CallResult(0, batch)
                                 results = await backend.score(name, direct[k % len(direct)])
                                 bad = sum(1 for r in results if not isinstance(r, float))
-                                return batch - bad, bad, None
+                                return CallResult(batch - bad, bad)
 
-                            cell = await closed_loop(call, conc, args.warmup_seconds, args.cell_seconds)
+                            load_cell = await timed_closed_loop(
+                                call, conc, args.warmup_seconds, args.cell_seconds
+                            )
+                            cell = {
+                                "items_per_s": load_cell.items_per_s,
+                                "requests": load_cell.requests,
+                                "errors": load_cell.failed_items,
+                                "p50_ms": load_cell.p50_ms,
+                                "p99_ms": load_cell.p99_ms,
+                                "mean_queue_ms": load_cell.mean_queue_ms,
+                                "mean_inference_ms": load_cell.mean_inference_ms,
+                            }
                             flop = FLOP_PER_PAIR.get(shape)
                             cell.update(
                                 shape=shape,
@@ -383,8 +353,8 @@ async def run_cells(args, url: str, backend, images: list[bytes]) -> list[dict]:
                             cells.append(cell)
                             print(
                                 f"{shape:14s} {dtype} {mode:6s} b={batch:<2d} c={conc:<2d} "
-                                f"{cell['items_per_s']:9.1f} items/s  p50 {cell['p50_ms']:8.2f} ms  "
-                                f"p99 {cell['p99_ms']:8.2f} ms  err {cell['errors']}"
+                                f"{cell['items_per_s']:9.1f} items/s  p50 {cell['p50_ms'] or 0:8.2f} ms  "
+                                f"p99 {cell['p99_ms'] or 0:8.2f} ms  err {cell['errors']}"
                                 + (f"  MFU {cell['mfu'] * 100:5.1f}%" if cell["mfu"] is not None else ""),
                                 flush=True,
                             )

@@ -5,7 +5,7 @@ import time
 import pytest
 
 from rewardkit.bench.corpus import generate_corpus
-from rewardkit.bench.loadgen import LoadGenerator
+from rewardkit.bench.loadgen import CallResult, LoadGenerator, timed_closed_loop
 from rewardkit.bench.sweep import SCHEMA_VERSION, BenchConfig, load_schema, run_bench
 from rewardkit.bench.windows import WindowPolicy
 from rewardkit.core.errors import UsageError
@@ -133,3 +133,20 @@ def test_batch_larger_than_corpus_and_unreachable_service_are_usage_errors():
         run_bench(config(url, ["a"], batches=[13]), CORPUS, {"source": "t"})
     with pytest.raises(UsageError, match="cannot reach"):
         run_bench(config("http://127.0.0.1:9", ["a"]), CORPUS, {"source": "t"})
+
+
+def test_timed_closed_loop_counts_only_what_completes_in_the_window():
+    """The closed loop benchmarks/serve.py and benchmarks/deploy_overhead.py share."""
+    calls: list[int] = []
+
+    async def call(k):
+        calls.append(k)
+        await asyncio.sleep(0.01)
+        return CallResult(3, 1, queue_ms=2.0) if k % 2 else CallResult(4, 0)
+
+    cell = asyncio.run(timed_closed_loop(call, concurrency=2, warmup_s=0.05, measure_s=0.2))
+    assert {k % 2 for k in calls} == {0, 1} and len(calls) == len(set(calls))  # disjoint k per client
+    assert 5 <= cell.requests < len(calls)  # warm-up calls are not counted
+    assert cell.items_per_s == pytest.approx((3.5 * cell.requests) / 0.2, rel=0.35)
+    assert cell.failed_items > 0 and cell.mean_queue_ms == 2.0 and cell.mean_inference_ms is None
+    assert 10 <= cell.p50_ms <= cell.p99_ms

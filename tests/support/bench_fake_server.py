@@ -31,6 +31,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
+from rewardkit.serve.protocol import timing_headers
+
 
 def fake_score(scorer: str, item: dict[str, Any]) -> float:
     image = (item.get("image") or {}).get("b64", "")
@@ -124,12 +126,8 @@ def make_app(
             "results": results,
             "scorers": {s: {"version": "1", "identity": f"fake-{s}"} for s in wanted},
         }
-        elapsed = (time.perf_counter() - started) * 1000
-        headers = {
-            "x-queue-time": f"{elapsed * 0.25:.3f}",
-            "x-inference-time": f"{elapsed * 0.75:.3f}",
-            "x-total-time": f"{elapsed:.3f}",
-        }
+        elapsed = time.perf_counter() - started
+        headers = timing_headers(queue_s=elapsed * 0.25, inference_s=elapsed * 0.75, total_s=elapsed)
         # json.dumps (not JSONResponse) so NaN/Infinity reach the client as the broken literals they are
         return Response(json.dumps(payload, allow_nan=True), media_type="application/json", headers=headers)
 

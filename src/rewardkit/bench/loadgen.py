@@ -13,6 +13,11 @@ timetable does not.
 A request counts as ok only if the HTTP call succeeded and every requested id came back once,
 in order, with a finite number for every requested scorer. Everything else is a failure with
 a reason (see `REASONS`), because a failure must never be mistaken for a reward.
+
+`timed_closed_loop` is the same closed loop without windows or validation, over any async call
+(an HTTP request, or a `ScoringBackend` called directly): the benchmarks/ scripts compare
+transports and hops with it. Request bodies and timing headers come from
+`rewardkit.serve.protocol`, like every other speaker of the wire format.
 """
 
 from __future__ import annotations
@@ -22,9 +27,9 @@ import json
 import math
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 import numpy as np
@@ -33,6 +38,17 @@ from rewardkit.bench.corpus import CorpusItem
 from rewardkit.bench.gpu_monitor import ResourceMonitor
 from rewardkit.bench.windows import Window, WindowPolicy, is_stable, make_window
 from rewardkit.core.errors import UsageError
+from rewardkit.serve.protocol import (
+    INFERENCE_TIME_HEADER,
+    METRICS_ROUTE,
+    QUEUE_TIME_HEADER,
+    SCORE_ROUTE,
+    TOTAL_TIME_HEADER,
+    header_ms,
+    item_to_wire,
+    join_score_request,
+)
+from rewardkit.serve.scorers.base import ScoreItem
 
 REASONS = {
     "timeout": "the request did not complete within --timeout-s",
@@ -161,13 +177,6 @@ def validate_response(
     return sorted(reasons), valid, item_errors
 
 
-def _header_ms(headers: httpx.Headers, name: str) -> float | None:
-    try:
-        return float(headers[name])
-    except (KeyError, ValueError):
-        return None
-
-
 class RequestFactory:
     """Request bodies over the corpus in a fixed order, pre-encoded so the client stays cheap."""
 
@@ -175,8 +184,10 @@ class RequestFactory:
         if batch > len(corpus):
             raise UsageError(f"batch {batch} is larger than the corpus ({len(corpus)} items)")
         self._ids = [item.id for item in corpus]
-        self._encoded = [json.dumps(item.payload()).encode() for item in corpus]
-        self._prefix = b'{"scorers":' + json.dumps(list(scorers)).encode() + b',"items":['
+        self._encoded = [
+            json.dumps(item_to_wire(ScoreItem(c.id, c.prompt, c.response, c.image))).encode() for c in corpus
+        ]
+        self._scorers = list(scorers)
         self.batch = batch
         self._next = 0
 
@@ -184,7 +195,7 @@ class RequestFactory:
         n = len(self._ids)
         picks = [(self._next + j) % n for j in range(self.batch)]
         self._next = (self._next + self.batch) % n
-        body = self._prefix + b",".join(self._encoded[i] for i in picks) + b"]}"
+        body = join_score_request(self._scorers, (self._encoded[i] for i in picks))
         return body, [self._ids[i] for i in picks]
 
 
@@ -246,7 +257,7 @@ class LoadGenerator:
         except ImportError:
             return None
         try:
-            response = await client.get(self.url + "/metrics")
+            response = await client.get(self.url + METRICS_ROUTE)
         except httpx.HTTPError:
             return None
         if response.status_code != 200:
@@ -269,7 +280,7 @@ class LoadGenerator:
         self, client: httpx.AsyncClient, body: bytes, ids: list[str], scheduled: float, phase: str
     ) -> RequestRecord:
         try:
-            response = await client.post(self.url + "/v1/score", content=body)
+            response = await client.post(self.url + SCORE_ROUTE, content=body)
         except httpx.TimeoutException:
             return RequestRecord(scheduled, time.perf_counter(), len(ids), False, ("timeout",), phase)
         except httpx.HTTPError:
@@ -290,9 +301,9 @@ class LoadGenerator:
             not reasons,
             tuple(reasons),
             phase,
-            _header_ms(headers, "x-queue-time"),
-            _header_ms(headers, "x-inference-time"),
-            _header_ms(headers, "x-total-time"),
+            header_ms(headers, QUEUE_TIME_HEADER),
+            header_ms(headers, INFERENCE_TIME_HEADER),
+            header_ms(headers, TOTAL_TIME_HEADER),
         )
 
     async def _batch_size_delta(
@@ -426,6 +437,69 @@ class LoadGenerator:
         measured = [r for r in records if r.phase == "measure"]
         stop = max([start + duration_s] + [r.end for r in measured])
         return Measurement(records, windows, start, stop, is_stable(windows, policy), True, batch_sizes)
+
+
+class CallResult(NamedTuple):
+    """What one call of a `timed_closed_loop` reports: items scored and failed, and the
+    server's timing headers (ms) when it sent them."""
+
+    ok_items: int
+    failed_items: int
+    queue_ms: float | None = None
+    inference_ms: float | None = None
+
+
+@dataclass
+class TimedLoad:
+    """One cell of a `timed_closed_loop`: what completed inside the measured window."""
+
+    items_per_s: float
+    requests: int
+    failed_items: int
+    p50_ms: float | None
+    p99_ms: float | None
+    mean_queue_ms: float | None
+    mean_inference_ms: float | None
+
+
+async def timed_closed_loop(
+    call: Callable[[int], Awaitable[CallResult]], concurrency: int, warmup_s: float, measure_s: float
+) -> TimedLoad:
+    """`concurrency` clients call `call(k)` back to back for `warmup_s + measure_s`; calls that
+    complete inside the last `measure_s` count (closed-loop throughput). Client `w` passes
+    k = w, w + concurrency, ... so the clients walk disjoint slices of any request list."""
+    latencies: list[float] = []
+    ok_items = failed_items = 0
+    queue: list[float | None] = []
+    inference: list[float | None] = []
+    t0 = time.perf_counter()
+    start, stop = t0 + warmup_s, t0 + warmup_s + measure_s
+
+    async def client(w: int) -> None:
+        nonlocal ok_items, failed_items
+        k = w
+        while (sent := time.perf_counter()) < stop:
+            result = await call(k)
+            end = time.perf_counter()
+            if start <= end <= stop:
+                latencies.append((end - sent) * 1000.0)
+                ok_items += result.ok_items
+                failed_items += result.failed_items
+                queue.append(result.queue_ms)
+                inference.append(result.inference_ms)
+            k += concurrency
+
+    await asyncio.gather(*(client(w) for w in range(concurrency)))
+    pct = _percentiles(latencies)
+    return TimedLoad(
+        items_per_s=ok_items / measure_s,
+        requests=len(latencies),
+        failed_items=failed_items,
+        p50_ms=pct["p50"],
+        p99_ms=pct["p99"],
+        mean_queue_ms=_mean(queue),
+        mean_inference_ms=_mean(inference),
+    )
 
 
 def _percentiles(latencies: list[float]) -> dict[str, float | None]:
