@@ -26,8 +26,6 @@ import io
 import json
 import os
 import platform
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -361,29 +359,6 @@ async def run_cells(args, url: str, backend, images: list[bytes]) -> list[dict]:
     return cells
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
-    import urllib.request
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url + "/health/ready", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.25)
-    raise RuntimeError("server did not become ready")
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
@@ -400,6 +375,7 @@ def main(argv=None) -> int:
     import transformers
     import yaml
 
+    from rewardkit.bench.server import running_server, serve_command
     from rewardkit.serve.backend import InProcessBackend
     from rewardkit.serve.config import config_from_dict
 
@@ -427,23 +403,23 @@ def main(argv=None) -> int:
         "prefetch_images": not args.no_prefetch,
     }
     images = make_images(64, args.image_size)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory() as tmp:
         cfg_path = Path(tmp) / "service.yaml"
         if args.server_backend == "workers":
             deploy = {**raw, "mode": "dedicated", "gpus": [0] if device == "cuda" else []}
             cfg_path.write_text(yaml.safe_dump(deploy))
-            command = ["-m", "rewardkit", "serve", "--deploy", str(cfg_path), "--log-level", "warning"]
+            command = serve_command(["--deploy", str(cfg_path), "--log-level", "warning"])
         else:
             cfg_path.write_text(yaml.safe_dump(raw))
-            command = [__file__, "--server", str(cfg_path)]
+            command = ["{python}", __file__, "--server", str(cfg_path)]
             if args.switch_interval_ms:
                 command += ["--switch-interval-ms", str(args.switch_interval_ms)]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+            command += ["--port", "{port}"]
         started = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, *command, "--port", str(port)], env=env)
-        try:
+        # bench/server.py: own session, SIGTERM if we die, ready under a deadline, log tail on failure
+        server = running_server([], Path(tmp), command=command, env={"PYTHONUNBUFFERED": "1"},
+                                ready_timeout_s=600, stop_timeout_s=20, label="serve benchmark")  # fmt: skip
+        with server as url:
             backend = InProcessBackend(config_from_dict(raw))
 
             async def go():
@@ -451,7 +427,6 @@ def main(argv=None) -> int:
                 ok, details = backend.ready()
                 if not ok:
                     raise RuntimeError(f"in-process backend not ready: {details}")
-                wait_ready(url, proc, 600)
                 print(f"setup {time.perf_counter() - started:.1f}s", flush=True)
                 try:
                     return await run_cells(args, url, backend, images)
@@ -459,12 +434,6 @@ def main(argv=None) -> int:
                     await backend.stop()
 
             cells = asyncio.run(go())
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
     result = {
         "meta": {
             "device": torch.cuda.get_device_name(0) if device == "cuda" else platform.processor() or "cpu",
