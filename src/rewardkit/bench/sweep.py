@@ -22,6 +22,7 @@ from rewardkit.bench.gpu_monitor import ResourceMonitor
 from rewardkit.bench.loadgen import LoadGenerator, summarize_point
 from rewardkit.bench.windows import WindowPolicy
 from rewardkit.core.errors import UsageError
+from rewardkit.serve.protocol import DEPLOYMENT_ROUTE, SCORERS_ROUTE
 
 SCHEMA_VERSION = "rewardkit.bench_run/1"
 
@@ -69,8 +70,8 @@ async def _run(config: BenchConfig, corpus: list[CorpusItem], corpus_info: dict[
         policy=config.policy,
     )
     async with gen.client(4) as client:
-        served = await gen.get_json(client, "/v1/scorers")
-        deployment = await gen.get_json(client, "/v1/deployment")
+        served = await gen.get_json(client, SCORERS_ROUTE)
+        deployment = await gen.get_json(client, DEPLOYMENT_ROUTE)
     if served is None:
         raise UsageError(f"cannot reach {config.url}/v1/scorers (is the service up, is the token right?)")
     monitor = ResourceMonitor(config.monitor_interval_s, config.gpu_indices)

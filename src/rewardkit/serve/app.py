@@ -42,10 +42,10 @@ from rewardkit.serve.protocol import (
     ROUTE_ERROR_CODES,
     SCORE_ROUTE,
     SCORERS_ROUTE,
-    ErrorBody,
-    LiveBody,
-    NotReadyBody,
-    ReadyBody,
+    ErrorOut,
+    LiveOut,
+    NotReadyOut,
+    ReadyOut,
     ScoreRequest,
     ScoreResponse,
     ScorersResponse,
@@ -206,7 +206,7 @@ def create_app(
     @app.post(
         SCORE_ROUTE,
         response_model=ScoreResponse,
-        responses={status: {"model": ErrorBody} for status in (401, 409, 413, 422, 429, 503, 504)},
+        responses={status: {"model": ErrorOut} for status in (401, 409, 413, 422, 429, 503, 504)},
     )
     async def score(request: Request) -> Response:
         """Score items with one or more scorers. JSON body (`ScoreRequest`) or multipart/form-data with a
@@ -269,11 +269,11 @@ def create_app(
             check_auth(request)
             return await asyncio.to_thread(backend.deployment)
 
-    @app.get(LIVE_ROUTE, response_model=LiveBody)
+    @app.get(LIVE_ROUTE, response_model=LiveOut)
     async def live() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get(READY_ROUTE, response_model=ReadyBody, responses={503: {"model": NotReadyBody}})
+    @app.get(READY_ROUTE, response_model=ReadyOut, responses={503: {"model": NotReadyOut}})
     async def ready() -> JSONResponse:
         ok, details = backend.ready()
         task = getattr(app.state, "start_task", None)

@@ -77,7 +77,7 @@ def header_ms(headers: Mapping[str, str], name: str) -> float | None:
 
 
 class RequestErrorCode(StrEnum):
-    """Whole-request error codes: the response is `status` with an `ErrorBody`."""
+    """Whole-request error codes: the response is `status` with an `ErrorOut` body."""
 
     status: int
     meaning: str
@@ -218,20 +218,17 @@ class ScoreRequest(_Strict):
 # --- POST /v1/score: response
 
 
-class ErrorBody(BaseModel):
-    """Every whole-request error response, and each per-item error."""
+class ErrorOut(BaseModel):
+    """`{"code", "message"}`: every whole-request error response, and each per-item error."""
 
     code: str
     message: str
 
 
-ErrorOut = ErrorBody  # the name the OpenAPI schema has always used
-
-
 class ItemOut(BaseModel):
     id: str
     scores: dict[str, float]
-    errors: dict[str, ErrorBody]
+    errors: dict[str, ErrorOut]
 
 
 class ScorerRef(BaseModel):
@@ -268,16 +265,16 @@ class ScorersResponse(BaseModel):
 # --- health
 
 
-class LiveBody(BaseModel):
+class LiveOut(BaseModel):
     status: str = "ok"
 
 
-class ReadyBody(BaseModel):
+class ReadyOut(BaseModel):
     ready: bool
     scorers: dict[str, Any]
 
 
-class NotReadyBody(ErrorBody):
+class NotReadyOut(ErrorOut):
     scorers: dict[str, Any]
 
 
