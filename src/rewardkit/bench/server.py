@@ -30,6 +30,7 @@ from pathlib import Path
 import httpx
 
 from rewardkit.core.errors import RewardkitError
+from rewardkit.serve.protocol import READY_ROUTE
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ def _terminate_with_parent() -> None:
 
 def _ready(url: str) -> bool:
     try:
-        return httpx.get(url + "/health/ready", timeout=2.0).status_code == 200
+        return httpx.get(url + READY_ROUTE, timeout=2.0).status_code == 200
     except httpx.HTTPError:
         return False
 
