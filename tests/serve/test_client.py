@@ -169,47 +169,11 @@ def test_serve_without_config_or_demo_model_says_how(tmp_path, monkeypatch, caps
 
 
 def test_rewardkit_serve_subprocess_binds_loopback_and_reads_token_from_env(tmp_path):
-    import os
-    import socket
-    import subprocess
-    import sys
-    import time
-    from pathlib import Path
+    from rewardkit.bench.server import running_server
 
     (tmp_path / "service.yaml").write_text("scorers:\n  - {name: len, kind: length}\n")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    src = str(Path(__file__).resolve().parents[2] / "src")
-    env = {**os.environ, "REWARDKIT_TOKEN": "envtok", "PYTHONPATH": src}
-    cmd = [
-        sys.executable,
-        "-m",
-        "rewardkit",
-        "serve",
-        "--config",
-        str(tmp_path / "service.yaml"),
-        "--port",
-        str(port),
-        "--log-level",
-        "warning",
-    ]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, proc.stderr.read().decode()
-            try:
-                if httpx.get(url + "/health/ready").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "serve did not become ready"
-            time.sleep(0.1)
+    args = ["--config", str(tmp_path / "service.yaml"), "--log-level", "warning"]
+    with running_server(args, tmp_path, env={"REWARDKIT_TOKEN": "envtok"}, ready_timeout_s=60) as url:
         with RewardClient(url, token="envtok") as c:
             assert c.score([{"id": "a", "response": "abc"}], ["len"])[0].scores == {"len": 3.0}
         assert httpx.post(url + "/v1/score", json={"scorers": ["len"], "items": []}).status_code == 401
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
