@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from rewardkit.serve.client import RewardClient
 from rewardkit.serve.protocol import (
     ITEM_ERROR_CODES,
     ROUTE_ERROR_CODES,
@@ -94,12 +95,11 @@ def test_docs_list_exactly_the_codes_the_protocol_defines():
 def test_reference_group_id_and_metadata_reach_a_scorer_in_process():
     RecordingScorer.seen.clear()
     cfg = make_config([{"name": "rec", "kind": "recording"}, {"name": "exact", "kind": "exact_match"}])
-    with LiveServer(cfg) as server:
-        payload, _ = encode_score_request([RICH, dataclasses.replace(RICH, id="b", reference="4")], ["rec"])
-        r = httpx.post(server.url + "/v1/score", json=payload, timeout=30)
-        assert r.status_code == 200, r.text
-        assert RecordingScorer.seen == [RICH, dataclasses.replace(RICH, id="b", reference="4")]
-        payload, _ = encode_score_request([RICH, dataclasses.replace(RICH, id="b", reference="4")], ["exact"])
+    items = [RICH, dataclasses.replace(RICH, id="b", reference="4", image=png_bytes((4, 4)))]
+    with LiveServer(cfg) as server, RewardClient(server.url, multipart=True, allow_partial=True) as client:
+        assert [r.scores for r in client.score(items, ["rec"])] == [{"rec": 1.0}, {"rec": 1.0}]
+        assert RecordingScorer.seen == items
+        payload, _ = encode_score_request(items, ["exact"])  # plain JSON, base64 image
         results = httpx.post(server.url + "/v1/score", json=payload, timeout=30).json()["results"]
         assert results[0]["errors"]["exact"]["code"] == "bad_input"  # a JSON reference is not a string
         assert results[1]["scores"] == {"exact": 1.0}

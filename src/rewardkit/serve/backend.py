@@ -15,9 +15,9 @@ from typing import Any, Protocol, runtime_checkable
 
 from rewardkit.serve.batcher import DynamicBatcher, ItemResult, check_value
 from rewardkit.serve.config import ServiceConfig, build_scorer
-from rewardkit.serve.errors import ServeError
 from rewardkit.serve.metrics import ServeMetrics
 from rewardkit.serve.prefetch import SharedDecoder, share_image_decoding
+from rewardkit.serve.protocol import ServeError
 from rewardkit.serve.scorers.base import ItemError, ScoreItem, Scorer, ScorerInfo
 from rewardkit.serve.timing import record_timing
 

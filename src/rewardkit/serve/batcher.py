@@ -29,8 +29,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from rewardkit.serve.errors import ServeError
 from rewardkit.serve.metrics import BatchStats, ServeMetrics, outcome
+from rewardkit.serve.protocol import ServeError
 from rewardkit.serve.scorers.base import ItemError, ScoreItem, Scorer
 from rewardkit.serve.timing import record_timing
 

@@ -14,7 +14,7 @@ import io
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from rewardkit.serve.errors import ServeError
+from rewardkit.serve.protocol import ServeError
 
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from python_multipart.multipart import MultipartParser, MultipartState, parse_options_header
 
-from rewardkit.serve.errors import ServeError
+from rewardkit.serve.protocol import ServeError
 
 
 def parse_multipart(body: bytes, content_type: str, *, max_parts: int) -> dict[str, bytes]:
