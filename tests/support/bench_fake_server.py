@@ -18,7 +18,6 @@ import contextlib
 import hashlib
 import json
 import os
-import socket
 import sys
 import threading
 import time
@@ -31,6 +30,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
+from rewardkit.bench.server import free_port
 from rewardkit.serve.protocol import timing_headers
 
 
@@ -132,12 +132,6 @@ def make_app(
         return Response(json.dumps(payload, allow_nan=True), media_type="application/json", headers=headers)
 
     return app
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @contextlib.contextmanager
