@@ -46,6 +46,35 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "tie_word_embeddings": True,
         "vocab_size": 151936,
     },
+    # Llama-3.2-1B's and Llama-3.1-8B's shapes (random init) for GPU benchmarks.
+    "llama-3.2-1b": {
+        "model_type": "llama",
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "max_position_embeddings": 131072,
+        "rope_theta": 500000.0,
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": True,
+        "vocab_size": 128256,
+    },
+    "llama-3.1-8b": {
+        "model_type": "llama",
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "max_position_embeddings": 131072,
+        "rope_theta": 500000.0,
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": False,
+        "vocab_size": 128256,
+    },
 }
 
 

@@ -5,11 +5,23 @@ Both tokenise an item exactly as training and evaluation do (`rewardkit.data.tok
 tokenize_branch`): the prompt as user turn(s), the response as assistant turn(s), through the
 tokenizer's chat template (rewardkit's plain template when there is none); the reward is read
 at the last completion token. Serving and evaluation therefore give the same number for the
-same checkpoint. One right-padded forward per batch.
+same checkpoint.
+
+Items are tokenised on admission (`prepare`, on the batcher's admission threads), so the scoring
+thread only packs and runs forwards. On CUDA in bf16/fp16, for decoder families whose attention
+`rk_varlen` serves (Llama, Qwen2/3, Mistral, Gemma), a batch is one padding-free packed forward
+(models/packed_scoring.py) of at most `max_batch_tokens` tokens; with `prefix_sharing` the
+prompt a group of responses shares (GRPO) is computed once. Elsewhere (CPU, fp32, other
+families) batches run as length-sorted padded buckets. `/v1/scorers` says which (`attention`).
 
 Options: `trust_remote_code` (default false; only honoured when set in the config),
 `max_length` (default 2048 tokens: longer items lose their oldest prompt tokens, as training's
-truncation does; a response alone longer than that is a `too_long` item error), `seed` (shapes).
+truncation does; a response alone longer than that is a `too_long` item error),
+`max_batch_tokens` (default 65536 tokens per forward), `attention` (`auto` | `varlen` |
+`padded`), `prefix_sharing` (default false) and `min_prefix` (default 16 tokens shared before a
+group forms), `empty_response` (`error`, the default: an empty or whitespace-only response is a
+`bad_input`; `score`: score it as given; a number: that fixed reward), `seed` and `tokenizer`
+(a local tokenizer directory) for named shapes.
 """
 
 from __future__ import annotations
@@ -17,6 +29,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from rewardkit.core.errors import ConfigError, RewardkitError
+from rewardkit.models.packed_scoring import length_buckets, packed_scores, padded_scores, plan_packed
 from rewardkit.serve.scorers.base import ItemError, ScoreItem
 from rewardkit.serve.scorers.common import (
     ModelScorer,
@@ -26,7 +39,11 @@ from rewardkit.serve.scorers.common import (
     weights_digest,
 )
 
-TEXT_SHAPES = ("tiny-text-rm",)
+TEXT_SHAPES = ("tiny-text-rm", "qwen2-0.5b", "llama-3.2-1b", "llama-3.1-8b")
+"""`tiny-text-rm` for tests; the others are real model shapes, random-initialised on the device."""
+
+VARLEN_FAMILIES = frozenset({"llama", "qwen2", "qwen3", "mistral", "gemma"})
+"""Families whose attention rk_varlen serves and whose score is `head(last hidden state)`."""
 
 _CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -36,17 +53,53 @@ _CORPUS = [
 ] * 8
 
 
+def seqcls_parts(model: Any) -> tuple[Any, Any]:
+    """An HF `*ForSequenceClassification`'s (base model, `score` head), or (None, None) for models
+    whose score is not `score(last hidden state)` (encoders pooling through a pooler)."""
+    head = getattr(model, "score", None)
+    base = getattr(model, "base_model", None)
+    if head is None or base is None or base is model:
+        return None, None
+    return base, head
+
+
 class SeqClsScorer(ModelScorer):
     kind: ClassVar[str] = "hf_seqcls"
     modality: ClassVar = "text"
     allowed_options: ClassVar[frozenset[str]] = frozenset(
-        {"trust_remote_code", "max_length", "chat_template", "seed"}
+        {
+            "trust_remote_code",
+            "max_length",
+            "chat_template",
+            "seed",
+            "tokenizer",
+            "max_batch_tokens",
+            "attention",
+            "prefix_sharing",
+            "min_prefix",
+            "empty_response",
+        }
     )
     shapes: ClassVar[tuple[str, ...]] = TEXT_SHAPES
 
     def __init__(self, name: str, **kwargs: Any) -> None:
         super().__init__(name, **kwargs)
         self.max_length = int(self.options.get("max_length", 2048))
+        self.max_batch_tokens = int(self.options.get("max_batch_tokens", 65536))
+        self.prefix_sharing = self.options.get("prefix_sharing", False) is True
+        self.min_prefix = int(self.options.get("min_prefix", 16))
+        self.attention_option = self.options.get("attention", "auto")
+        if self.attention_option not in ("auto", "varlen", "padded"):
+            raise ConfigError(f"scorer {name!r}: attention must be auto, varlen or padded")
+        empty = self.options.get("empty_response", "error")
+        if empty not in ("error", "score") and (
+            isinstance(empty, bool) or not isinstance(empty, int | float)
+        ):
+            raise ConfigError(f"scorer {name!r}: empty_response must be error, score or a number")
+        self.empty_response = empty
+        self.attention = "padded"
+        self.backbone = self.head = None
+        self._stats: dict[str, int] = {}
 
     def _load_model(self):
         """(model, tokenizer, weights digest)."""
@@ -57,12 +110,19 @@ class SeqClsScorer(ModelScorer):
             from rewardkit.data.builtin_tokenizer import build_tokenizer
             from rewardkit.models.tiny import tiny_config
 
-            tokenizer = build_tokenizer(_CORPUS, vocab_size=512)
+            if self.options.get("tokenizer"):
+                tokenizer = AutoTokenizer.from_pretrained(self.options["tokenizer"], local_files_only=True)
+            else:
+                tokenizer = build_tokenizer(_CORPUS, vocab_size=512)
+            tiny = self.shape == "tiny-text-rm"
             config = tiny_config(
-                "tiny-llama", vocab_size=len(tokenizer), num_labels=1, pad_token_id=tokenizer.pad_token_id
+                "tiny-llama" if tiny else self.shape, num_labels=1, pad_token_id=tokenizer.pad_token_id
             )
+            config.vocab_size = len(tokenizer) if tiny else max(config.vocab_size, len(tokenizer))
             torch.manual_seed(int(self.options.get("seed", 0)))
-            model = AutoModelForSequenceClassification.from_config(config).to(torch_dtype(self.dtype))
+            # real shapes are initialised on the device: an 8B random init on the host takes minutes
+            with torch.device("cpu" if tiny else self.device):
+                model = AutoModelForSequenceClassification.from_config(config, dtype=torch_dtype(self.dtype))
             return model, tokenizer, f"shape:{self.shape}:seed={int(self.options.get('seed', 0))}"
         trust = self.options.get("trust_remote_code", False) is True
         tokenizer = AutoTokenizer.from_pretrained(self.path, local_files_only=True, trust_remote_code=trust)
@@ -83,17 +143,52 @@ class SeqClsScorer(ModelScorer):
             model.config.pad_token_id = tokenizer.pad_token_id
         self.model = model.to(device=self.device).eval()
         self.tokenizer = tokenizer
+        self.backbone, self.head = self._backbone_and_head()
+        self.attention = self._choose_attention()
+        self.packs_tokens = self.attention == "varlen"
+        if self.packs_tokens:
+            import rewardkit.models.attention  # noqa: F401  (registers rk_varlen)
+
+            self.backbone.set_attn_implementation("rk_varlen")
+
+    def _backbone_and_head(self):
+        """(backbone, last-token head) when the model scores as head(last hidden), else (None, None)."""
+        return seqcls_parts(self.model)
+
+    def _choose_attention(self) -> str:
+        import torch
+
+        from rewardkit.models.attention import _VARLEN_ATTN
+
+        config = self.backbone.config if self.backbone is not None else None
+        able = (
+            config is not None
+            and getattr(config, "model_type", None) in VARLEN_FAMILIES
+            and _VARLEN_ATTN is not None
+            and str(self.device).startswith("cuda")
+            and torch_dtype(self.dtype) in (torch.bfloat16, torch.float16)
+        )
+        if self.attention_option == "varlen" and not able:
+            raise ConfigError(
+                f"scorer {self.name!r}: attention varlen needs CUDA, bf16/fp16 and a model family in"
+                f" {sorted(VARLEN_FAMILIES)}"
+            )
+        return "varlen" if able and self.attention_option != "padded" else "padded"
 
     def encode(self, item: ScoreItem) -> list[int] | ItemError:
         """Token ids of prompt + response, or the per-item reason they cannot be scored."""
         from rewardkit.data.tokenize import tokenize_branch
 
+        if self.empty_response == "error" and not as_text(item.response).strip():
+            return ItemError("bad_input", "empty response (the scorer's empty_response option is 'error')")
         try:
             branch = tokenize_branch(
                 self.tokenizer, as_messages(item.prompt, "user"), as_messages(item.response, "assistant")
             )
         except RewardkitError as exc:
             return ItemError("bad_input", f"{exc.code}: {exc.message}")
+        except (ValueError, TypeError) as exc:  # empty message lists, lone surrogates, odd types
+            return ItemError("bad_input", f"cannot encode: {exc}"[:500])
         ids = branch.input_ids
         if len(ids) > self.max_length:
             if sum(branch.loss_mask) > self.max_length:
@@ -102,6 +197,20 @@ class SeqClsScorer(ModelScorer):
                 )
             ids = ids[len(ids) - self.max_length :]
         return ids
+
+    def prepare(self, item: ScoreItem) -> list[int] | float | ItemError:
+        """Tokenise on admission: token ids, or the fixed reward an empty response is configured to get."""
+        empty = self.empty_response
+        if not isinstance(empty, str) and not as_text(item.response).strip():
+            return float(empty)
+        return self.encode(item)
+
+    def prepared_tokens(self, prepared: Any) -> int:
+        return len(prepared) if isinstance(prepared, list) else 0
+
+    def take_batch_stats(self) -> dict[str, int]:
+        stats, self._stats = self._stats, {}
+        return stats
 
     def item_tokens(self, item: ScoreItem) -> int:
         # An estimate (≈3 characters per token) keeps the event loop free of tokenisation;
@@ -113,30 +222,67 @@ class SeqClsScorer(ModelScorer):
         return self.model(input_ids=input_ids, attention_mask=attention_mask).logits[:, 0]
 
     def score_batch(self, items: list[ScoreItem]) -> list[float | ItemError]:
+        return self.score_prepared([self.prepare(i) for i in items])
+
+    def score_prepared(self, batch: list[Any]) -> list[float | ItemError]:
+        """One score per prepared item: packed forwards of at most `max_batch_tokens` tokens on
+        the varlen path, length-sorted padded buckets otherwise."""
         import torch
 
-        results: list[float | ItemError] = [self.encode(i) for i in items]
+        results: list[Any] = list(batch)
         rows = [k for k, r in enumerate(results) if isinstance(r, list)]
         if not rows:
             return results
         seqs = [results[k] for k in rows]
-        width = max(map(len, seqs))
-        input_ids = torch.full((len(seqs), width), self.tokenizer.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(seqs), width), dtype=torch.long)
-        for r, seq in enumerate(seqs):
-            input_ids[r, : len(seq)] = torch.tensor(seq)
-            attention_mask[r, : len(seq)] = 1
-        lengths = torch.tensor([len(seq) for seq in seqs])
+        real = sum(map(len, seqs))
         with torch.inference_mode():
-            scores = self._forward(
-                input_ids.to(self.device), attention_mask.to(self.device), lengths.to(self.device)
-            )
-        for k, v in zip(rows, scores.float().cpu().tolist(), strict=True):
+            if self.attention == "varlen":
+                scores, computed = self._packed(seqs)
+                self._stats = {"real": real, "computed": computed, "padding": 0, "shared": real - computed}
+            else:
+                scores = padded_scores(
+                    self._forward,
+                    seqs,
+                    pad_token_id=self.tokenizer.pad_token_id,
+                    max_batch_tokens=self.max_batch_tokens,
+                    device=self.device,
+                )
+                computed = sum(
+                    len(b) * max(len(seqs[i]) for i in b)
+                    for b in length_buckets([len(s) for s in seqs], self.max_batch_tokens)
+                )
+                self._stats = {"real": real, "computed": computed, "padding": computed - real, "shared": 0}
+        for k, v in zip(rows, scores.tolist(), strict=True):
             results[k] = v
         return results
 
+    def _packed(self, seqs: list[list[int]]):
+        """Scores of `seqs` in arrival order (groups stay together), in token-budget chunks."""
+        import torch
+
+        chunks: list[list[list[int]]] = [[]]
+        used = 0
+        for seq in seqs:
+            if chunks[-1] and used + len(seq) > self.max_batch_tokens:
+                chunks.append([])
+                used = 0
+            chunks[-1].append(seq)
+            used += len(seq)
+        scores, computed = [], 0
+        for chunk in chunks:
+            plan = plan_packed(chunk, share_prefixes=self.prefix_sharing, min_prefix=self.min_prefix)
+            scores.append(packed_scores(self.backbone, self.head, plan).float().cpu())
+            computed += plan.computed_tokens
+        return torch.cat(scores), computed
+
     def info_extra(self) -> dict[str, Any]:
-        return {"max_length": self.max_length}
+        return {
+            "max_length": self.max_length,
+            "attention": self.attention,
+            "prefix_sharing": self.prefix_sharing and self.attention == "varlen",
+            "max_batch_tokens": self.max_batch_tokens,
+            "empty_response": self.empty_response,
+        }
 
 
 class RewardModelScorer(SeqClsScorer):
@@ -153,6 +299,11 @@ class RewardModelScorer(SeqClsScorer):
 
         model, tokenizer, _metadata = load_reward_model(self.path, "cpu", torch_dtype(self.dtype))
         return model, tokenizer, weights_digest(self.path)
+
+    def _backbone_and_head(self):
+        if hasattr(self.model, "backbone"):  # a rewardkit RewardModel: its fp32 head
+            return self.model.backbone, self.model.head
+        return seqcls_parts(getattr(self.model, "model", self.model))  # an HF seqcls directory
 
     def _forward(self, input_ids, attention_mask, lengths):
         if self.shape is not None:
