@@ -66,6 +66,8 @@ class Transfer:
     seconds: float
     copy_seconds: float
     copies: int
+    pin_seconds: float = 0.0
+    """Allocating and page-locking the host buffers (the first offload only)."""
 
     @property
     def gbps(self) -> float:
@@ -184,9 +186,11 @@ class WeightOffloader:
         started = time.perf_counter()
         if self.state == "offloaded":
             return Transfer("offload", 0, 0, 0.0, 0.0, 0)
+        pin_started = time.perf_counter()
         for g in self.groups:
             if g.host is None:
                 g.host = self._alloc_host(g)
+        pin_s = time.perf_counter() - pin_started
         copies, copy_s = 0, 0.0
         if copy or any(g.device is None for g in self.groups):
             with self._timed() as timer:
@@ -206,9 +210,8 @@ class WeightOffloader:
                 g.device = None
         self.state = "offloaded"
         self.release_cache()
-        return Transfer(
-            "offload", self.nbytes, len(self.groups), time.perf_counter() - started, copy_s, copies
-        )
+        elapsed = time.perf_counter() - started
+        return Transfer("offload", self.nbytes, len(self.groups), elapsed, copy_s, copies, pin_s)
 
     def onload(self) -> Transfer:
         """Weights back on the device: one buffer and one host→device copy per group. A no-op when
@@ -286,6 +289,9 @@ class WeightOffloader:
             return torch.empty(g.numel, dtype=g.dtype)
         if self.pin == "register":
             host = torch.empty(g.numel, dtype=g.dtype)
+            # Touch every page first, on all cores: registering untouched memory faults the pages in
+            # one by one (measured on the H200's host: 6.5 s for 15 GB, against 0.7 + 0.7 s this way).
+            host.view(torch.uint8).zero_()
             err = torch.cuda.cudart().cudaHostRegister(host.data_ptr(), max(1, g.nbytes), 0)
             if int(err) == 0:
                 g.registered = True
