@@ -49,6 +49,7 @@ BUILTIN_SCORERS: dict[str, str] = {
     "exact_match": "rewardkit.serve.scorers.rules:ExactMatchScorer",
     "regex": "rewardkit.serve.scorers.rules:RegexScorer",
     "length": "rewardkit.serve.scorers.rules:LengthScorer",
+    "math": "rewardkit.serve.scorers.math:MathScorer",
 }
 
 _REGISTERED: dict[str, type[Scorer]] = {}
