@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -26,6 +27,18 @@ def pick_scorer(scorers: list[dict[str, Any]], url: str) -> str:
     if len(names) != 1:
         raise UsageError(f"the service at {url} hosts {len(names)} scorers {names}: name one with scorer=")
     return names[0]
+
+
+def as_reference(value: Any) -> Any:
+    """A trainer's ground truth as an item's `reference`: text as is, a number as its text (what
+    `exact_match` compares), a list or mapping as JSON (for verifier scorers), numpy unwrapped."""
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bool | int | float):
+        return str(value)
+    return json.loads(json.dumps(value, default=str))
 
 
 def _text_content(content: Any, where: str) -> str:

@@ -34,7 +34,14 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from rewardkit.core.errors import UsageError
-from rewardkit.integrations._common import as_turns, pick_scorer, raise_failures, setting, split_results
+from rewardkit.integrations._common import (
+    as_reference,
+    as_turns,
+    pick_scorer,
+    raise_failures,
+    setting,
+    split_results,
+)
 from rewardkit.serve.client import AsyncRewardClient, ItemScores, RewardClient
 
 OnError = Literal["raise", "none"]
@@ -93,7 +100,7 @@ class _RemoteRewardBase:
                 "response": as_turns(completion, f"completions[{i}]"),
             }
             if references is not None and references[i] is not None:
-                item["reference"] = str(references[i])
+                item["reference"] = as_reference(references[i])
             items.append(item)
         return items
 

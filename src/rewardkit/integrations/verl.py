@@ -33,13 +33,19 @@ exception) and `compute_score_timeout` of the legacy naive manager (TimeoutError
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rewardkit.core.errors import UsageError
-from rewardkit.integrations._common import as_turns, pick_scorer, raise_failures, setting, split_results
+from rewardkit.integrations._common import (
+    as_reference,
+    as_turns,
+    pick_scorer,
+    raise_failures,
+    setting,
+    split_results,
+)
 from rewardkit.serve.client import AsyncRewardClient, ItemScores, RewardClient
 
 # Scorer kinds that read only the response (and `reference`); every other kind needs the prompt.
@@ -106,18 +112,6 @@ def _resolve(url: str, scorer: str | None, client: RewardClient) -> tuple[str, s
     return scorer, kinds[scorer]
 
 
-def _reference(ground_truth: Any) -> str | None:
-    if ground_truth is None or isinstance(ground_truth, str):
-        return ground_truth
-    if isinstance(ground_truth, bool | int | float):
-        return str(ground_truth)
-    if hasattr(ground_truth, "tolist"):  # numpy values in verl's non-tensor batch
-        ground_truth = ground_truth.tolist()
-        if isinstance(ground_truth, str | int | float):
-            return str(ground_truth)
-    return json.dumps(ground_truth, default=str)
-
-
 def _prompt(extra_info: Any, kind: str, scorer: str, where: str) -> str | list[dict[str, str]]:
     if isinstance(extra_info, Mapping):
         for key in PROMPT_KEYS:
@@ -149,7 +143,7 @@ def _items(
             "prompt": _prompt(info, kind, scorer, f"sample {i}"),
             "response": str(response),
         }
-        reference = _reference(truth)
+        reference = as_reference(truth)
         if reference is not None:
             item["reference"] = reference
         items.append(item)
