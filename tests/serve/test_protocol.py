@@ -77,6 +77,17 @@ def test_new_fields_are_typed(bad):
     assert info.value.code == "invalid_request"
 
 
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_non_finite_literals_are_refused(constant):
+    """Python's json reads them; a worker frame (allow_nan=False) could not carry them on."""
+    body = '{"scorers": ["s"], "items": [{"id": "a", "metadata": {"x": CONSTANT}}]}'.replace(
+        "CONSTANT", constant
+    )
+    with pytest.raises(ServeError) as info:
+        parse_score_request(body)
+    assert info.value.code == "invalid_request" and constant in info.value.message
+
+
 def _doc_codes(heading: str, column: int) -> set[str]:
     """The backticked codes in `column` of the table under the paragraph that starts with `heading`."""
     text = DOCS.read_text()

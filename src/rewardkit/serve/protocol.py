@@ -365,10 +365,24 @@ def _first_error(exc: ValidationError) -> str:
     return f"{where}: {e.get('msg', 'invalid')}"
 
 
+class _NonFinite(ValueError):
+    pass
+
+
+def _no_constants(name: str) -> None:
+    raise _NonFinite(name)
+
+
 def parse_score_request(raw: bytes | str) -> ScoreRequest:
-    """JSON text → `ScoreRequest`; 422 `invalid_json` / `invalid_request` otherwise."""
+    """JSON text → `ScoreRequest`; 422 `invalid_json` / `invalid_request` otherwise.
+
+    NaN and ±Infinity (which Python's json accepts but JSON does not have) are refused, so
+    free-form fields (`reference`, `metadata`) can always be re-encoded for the deploy workers.
+    """
     try:
-        data = json.loads(raw)
+        data = json.loads(raw, parse_constant=_no_constants)
+    except _NonFinite as exc:
+        raise ServeError("invalid_request", f"{exc} is not a JSON value") from None
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise ServeError("invalid_json", f"body is not valid JSON: {exc}") from None
     try:
