@@ -200,3 +200,13 @@ def test_prompt_as_messages_and_settings_from_the_environment(server, direct_sco
     monkeypatch.delenv("REWARDKIT_URL")
     with pytest.raises(UsageError, match="REWARDKIT_URL"):
         rk_verl.compute_score("src", "abc", None, {"question": "q"})
+
+
+def test_the_rate_limited_manager_pitfall_is_real(server, tokenizer, tmp_path):
+    """docs/integrations.md warns that verl's `rate_limited` manager turns any exception into a
+    reward of 0.0; this keeps that warning true for the installed verl."""
+    worker = reward_loop_worker(tokenizer, tmp_path, "compute_score", url=server.url, scorer="double")
+    worker.config.reward.reward_manager.name = "rate_limited"
+    worker._init_reward_fn()
+    out = worker.loop.run_until_complete(worker.compute_score_batch(make_batch(tokenizer)))
+    assert out[3]["reward_score"] == 0.0 and "non_finite" in out[3]["reward_extra_info"]["error"]
