@@ -1,0 +1,527 @@
+"""Text reward models at the hardware ceiling: padded vs sorted vs padding-free vs over HTTP.
+
+One corpus, one run, side by side (docs/benchmarks/serve_text.md). The corpus is 256 prompts x
+8 responses (GRPO groups, which arrive together): prompt tokens log-normal (median 150, sigma
+0.7), response log-normal (median 330, sigma 0.9), the whole ChatML rendering clipped to
+[64, 2048] tokens, English-like words through a byte-level BPE trained on them.
+
+Variants, per model shape (random init at the real shapes, bf16):
+  a  transformers AutoModelForSequenceClassification, padded batches of 32 in arrival order
+  b  the same, sorted by length
+  c  in-process padding-free (varlen) forward of the whole corpus: the ceiling
+  c+ (c) with each group's prompt packed once (prefix sharing)
+  d  rewardkit serve over HTTP (`--config`), 16 concurrent clients sending groups of 8
+  e  (d) with prefix sharing on
+
+MFU = 2 x non-embedding params x real tokens/s / 790e12 (real tokens: the corpus's, not padding).
+
+    python3 benchmarks/serve_text.py --out serve_text.json                 # CUDA: all variants
+    python3 benchmarks/serve_text.py --models tiny --variants a,b,c,c+ --n-groups 8   # CPU smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import platform
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PEAK_FLOPS = 790e12
+WORDS = [
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "that",
+    "for",
+    "it",
+    "as",
+    "was",
+    "with",
+    "be",
+    "by",
+    "on",
+    "not",
+    "he",
+    "this",
+    "are",
+    "or",
+    "his",
+    "from",
+    "at",
+    "which",
+    "but",
+    "have",
+    "an",
+    "they",
+    "you",
+    "were",
+    "her",
+    "she",
+    "there",
+    "been",
+    "one",
+    "all",
+    "we",
+    "their",
+    "has",
+    "would",
+    "when",
+    "if",
+    "so",
+    "what",
+    "out",
+    "up",
+    "about",
+    "into",
+    "than",
+    "them",
+    "can",
+    "only",
+    "other",
+    "new",
+    "some",
+    "could",
+    "time",
+    "these",
+    "two",
+    "may",
+    "then",
+    "do",
+    "first",
+    "any",
+    "my",
+    "now",
+    "such",
+    "like",
+    "our",
+    "over",
+    "man",
+    "me",
+    "even",
+    "most",
+    "made",
+    "after",
+    "also",
+    "did",
+    "many",
+    "before",
+    "must",
+    "through",
+    "back",
+    "years",
+    "where",
+    "much",
+    "your",
+    "way",
+    "well",
+    "down",
+    "should",
+    "because",
+    "each",
+    "just",
+    "those",
+    "people",
+    "how",
+    "too",
+    "little",
+    "state",
+    "good",
+    "very",
+    "make",
+    "world",
+    "still",
+    "own",
+    "see",
+    "men",
+    "work",
+    "long",
+    "get",
+    "here",
+    "between",
+    "both",
+    "life",
+    "being",
+    "under",
+    "never",
+    "day",
+    "same",
+    "another",
+    "know",
+    "while",
+    "last",
+    "might",
+    "us",
+    "great",
+    "old",
+    "year",
+    "off",
+    "come",
+    "since",
+    "against",
+    "go",
+    "came",
+    "right",
+    "used",
+    "take",
+    "three",
+    "reward",
+    "model",
+    "policy",
+    "answer",
+    "question",
+    "explain",
+    "because",
+    "therefore",
+    "number",
+    "result",
+    "step",
+    "proof",
+    "value",
+    "function",
+    "code",
+    "test",
+    "data",
+]
+
+SHAPES = {
+    "qwen2-0.5b": "qwen2-0.5b",
+    "llama-3.2-1b": "llama-3.2-1b",
+    "llama-3.1-8b": "llama-3.1-8b",
+    "tiny": "tiny-llama",
+}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--models", default="qwen2-0.5b,llama-3.2-1b,llama-3.1-8b")
+    p.add_argument("--variants", default="a,b,c,c+,d,e")
+    p.add_argument("--n-groups", type=int, default=256)
+    p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--max-batch-tokens", type=int, default=65536, help="tokens per packed forward (c, d)")
+    p.add_argument("--clients", type=int, default=16)
+    p.add_argument(
+        "--batcher-tokens", type=int, default=32768, help="the served scorer's token_budget (d, e)"
+    )
+    p.add_argument("--serve-modes", default="config,deploy", help="d/e through --config and/or --deploy")
+    p.add_argument("--repeats", type=int, default=2, help="timed passes per in-process variant (best kept)")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def build_tokenizer():
+    """The built-in byte-level BPE (rewardkit.data.builtin_tokenizer) trained on the word list."""
+    from rewardkit.data.builtin_tokenizer import build_tokenizer as train
+
+    rng = random.Random(1)
+    lines = [" ".join(rng.choice(WORDS) for _ in range(40)) for _ in range(2000)]
+    return train(lines, vocab_size=2048)
+
+
+def words_for(tokenizer, n_tokens: int, rng: random.Random) -> str:
+    """English-like text of about `n_tokens` tokens."""
+    text = " ".join(rng.choice(WORDS) for _ in range(max(1, n_tokens)))
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"][:n_tokens]
+    return tokenizer.decode(ids).strip() or "ok"
+
+
+def build_corpus(tokenizer, n_groups: int, group_size: int, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    rows = []
+    for g in range(n_groups):
+        prompt = words_for(tokenizer, int(min(4000, rng.lognormvariate(math.log(150), 0.7))), rng)
+        for r in range(group_size):
+            target = int(min(4000, rng.lognormvariate(math.log(330), 0.9)))
+            response = words_for(tokenizer, target, rng)
+            ids = render(tokenizer, prompt, response)
+            while len(ids) > 2048:  # clip the whole rendering to the corpus's bound
+                response = response[: int(len(response) * 0.8)]
+                ids = render(tokenizer, prompt, response)
+            while len(ids) < 64:
+                response += " " + words_for(tokenizer, 32, rng)
+                ids = render(tokenizer, prompt, response)
+            rows.append({"group": g, "id": f"g{g}-r{r}", "prompt": prompt, "response": response, "ids": ids})
+    return rows
+
+
+def render(tokenizer, prompt: str, response: str) -> list[int]:
+    from rewardkit.data.tokenize import tokenize_branch
+
+    messages = [{"role": "user", "content": prompt}], [{"role": "assistant", "content": response}]
+    return list(tokenize_branch(tokenizer, *messages).input_ids)
+
+
+def build_model(shape: str, vocab: int, pad: int, device: str, attn: str):
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    from rewardkit.models.tiny import tiny_config
+
+    config = tiny_config(SHAPES[shape], num_labels=1, pad_token_id=pad)
+    config.vocab_size = max(config.vocab_size, vocab)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForSequenceClassification.from_config(config, dtype=dtype, attn_implementation=attn)
+    return model.eval()
+
+
+def non_embedding_params(model) -> int:
+    return sum(p.numel() for n, p in model.named_parameters() if "embed_tokens" not in n)
+
+
+def timed(fn, warm, device: str, repeats: int) -> float:
+    """Best of `repeats` timed passes (CUDA events on a GPU) after one warm-up on a slice."""
+    import torch
+
+    warm()
+    best = math.inf
+    for _ in range(repeats):
+        if device == "cuda":
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            best = min(best, start.elapsed_time(end) / 1e3)
+        else:
+            t = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - t)
+    return best
+
+
+def padded_pass(model, seqs, pad: int, device: str, batch: int = 32):
+    import torch
+
+    def run():
+        with torch.inference_mode():
+            for start in range(0, len(seqs), batch):
+                chunk = seqs[start : start + batch]
+                width = max(map(len, chunk))
+                ids = torch.full((len(chunk), width), pad, dtype=torch.long)
+                mask = torch.zeros_like(ids)
+                for r, s in enumerate(chunk):
+                    ids[r, : len(s)] = torch.tensor(s)
+                    mask[r, : len(s)] = 1
+                model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits[:, 0].float().cpu()
+
+    return run
+
+
+def packed_pass(model, seqs, budget: int, share: bool):
+    import torch
+
+    from rewardkit.models.packed_scoring import packed_scores, plan_packed
+
+    chunks, current, used = [], [], 0
+    for s in seqs:  # arrival order; groups stay together
+        if current and used + len(s) > budget:
+            chunks.append(current)
+            current, used = [], 0
+        current.append(s)
+        used += len(s)
+    chunks.append(current)
+    plans = [plan_packed(c, share_prefixes=share, min_prefix=16) for c in chunks]
+
+    def run():
+        with torch.inference_mode():
+            for plan in plans:
+                packed_scores(model.base_model, model.score, plan).float().cpu()
+
+    return run, sum(p.saved_tokens for p in plans)
+
+
+def http_variant(
+    model_shape: str, tok_dir: Path, rows: list[dict], args, share: bool, device: str, mode: str
+) -> dict:
+    """rewardkit serve over HTTP (`--config`, or `--deploy` with one dedicated worker): 16 clients,
+    each request one group of 8 (closed loop)."""
+    import httpx
+    import yaml
+
+    from rewardkit.bench.server import running_server
+
+    spec = {
+        "name": "rm",
+        "kind": "hf_seqcls",
+        "shape": model_shape,
+        "dtype": "bf16" if device == "cuda" else "fp32",
+        "max_batch_size": 4096,
+        "max_wait_ms": 2.0,
+        # a batch of at most this many tokens: several batches in flight, so admission (tokenising
+        # the next requests) overlaps the forward of the current batch
+        "token_budget": args.batcher_tokens,
+        "options": {
+            "tokenizer": str(tok_dir),
+            "max_batch_tokens": args.max_batch_tokens,
+            "prefix_sharing": share,
+        },
+    }
+    groups: dict[int, list[dict]] = {}
+    for row in rows:
+        groups.setdefault(row["group"], []).append(row)
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = Path(tmp) / "service.yaml"
+        doc: dict = {"scorers": [spec]}
+        if mode == "deploy":
+            doc.update(mode="dedicated", gpus=[0] if device == "cuda" else [])
+        cfg.write_text(yaml.safe_dump(doc))
+        with running_server([f"--{mode}", str(cfg)], Path(tmp), ready_timeout_s=600) as url:
+
+            async def main() -> tuple[float, list[float]]:
+                pending = list(groups.values())
+                latencies: list[float] = []
+                async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+
+                    async def worker():
+                        while pending:
+                            group = pending.pop()
+                            body = {
+                                "scorers": ["rm"],
+                                "items": [
+                                    {"id": r["id"], "prompt": r["prompt"], "response": r["response"]}
+                                    for r in group
+                                ],
+                            }
+                            t = time.perf_counter()
+                            resp = await client.post("/v1/score", json=body)
+                            resp.raise_for_status()
+                            latencies.append(time.perf_counter() - t)
+
+                    warm = pending[: args.clients]
+                    del pending[: args.clients]
+                    await asyncio.gather(
+                        *(
+                            client.post(
+                                "/v1/score",
+                                json={
+                                    "scorers": ["rm"],
+                                    "items": [
+                                        {"id": r["id"], "prompt": r["prompt"], "response": r["response"]}
+                                        for r in g
+                                    ],
+                                },
+                            )
+                            for g in warm
+                        )
+                    )
+                    t0 = time.perf_counter()
+                    await asyncio.gather(*(worker() for _ in range(args.clients)))
+                    return time.perf_counter() - t0, latencies
+
+            seconds, latencies = asyncio.run(main())
+    measured = len(latencies) * args.group_size
+    tokens = sum(len(r["ids"]) for r in rows) * measured / len(rows)
+    return {
+        "seconds": seconds,
+        "seq_per_s": measured / seconds,
+        "tokens_per_s": tokens / seconds,
+        "p50_ms": 1e3 * statistics.median(latencies),
+        "p99_ms": 1e3 * sorted(latencies)[int(0.99 * (len(latencies) - 1))],
+    }
+
+
+def main(argv=None) -> int:
+    import torch
+    import transformers
+
+    import rewardkit.models.attention  # noqa: F401  (registers rk_varlen)
+
+    args = parse_args(argv)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    tokenizer = build_tokenizer()
+    rows = build_corpus(tokenizer, args.n_groups, args.group_size, args.seed)
+    seqs = [r["ids"] for r in rows]
+    real_tokens = sum(map(len, seqs))
+    variants = args.variants.split(",")
+    result = {
+        "machine": {
+            "device": torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu",
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "python": platform.python_version(),
+        },
+        "command": " ".join([sys.executable, *sys.argv]),
+        "corpus": {
+            "sequences": len(seqs),
+            "tokens": real_tokens,
+            "median_tokens": statistics.median(map(len, seqs)),
+            "groups": args.n_groups,
+        },
+        "rows": [],
+        "summary": [],
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        tok_dir = Path(tmp) / "tokenizer"
+        tokenizer.save_pretrained(tok_dir)
+        for shape in args.models.split(","):
+            per: dict[str, dict] = {}
+            model = build_model(shape, len(tokenizer), tokenizer.pad_token_id, device, "sdpa")
+            params = non_embedding_params(model)
+            pad, warm = tokenizer.pad_token_id, seqs[:96]
+            if "a" in variants:
+                run = padded_pass(model, seqs, pad, device)
+                per["a"] = {
+                    "seconds": timed(run, padded_pass(model, warm, pad, device), device, args.repeats)
+                }
+            if "b" in variants:
+                run = padded_pass(model, sorted(seqs, key=len), pad, device)
+                per["b"] = {
+                    "seconds": timed(run, padded_pass(model, warm, pad, device), device, args.repeats)
+                }
+            model.set_attn_implementation("rk_varlen")
+            for name, share in (("c", False), ("c+", True)):
+                if name in variants:
+                    run, saved = packed_pass(model, seqs, args.max_batch_tokens, share)
+                    warm_run, _ = packed_pass(model, warm, args.max_batch_tokens, share)
+                    per[name] = {"seconds": timed(run, warm_run, device, args.repeats), "saved_tokens": saved}
+            del model
+            if device == "cuda":
+                torch.cuda.empty_cache()
+            served = "tiny-text-rm" if shape == "tiny" else shape
+            for name, share in (("d", False), ("e", True)):
+                for mode in args.serve_modes.split(","):
+                    label = name if mode == "config" else f"{name}:{mode}"
+                    if name in variants:
+                        per[label] = http_variant(served, tok_dir, rows, args, share, device, mode)
+            for name, row in per.items():
+                seconds = row["seconds"]
+                row.setdefault("seq_per_s", len(seqs) / seconds)
+                row.setdefault("tokens_per_s", real_tokens / seconds)
+                mfu = 2 * params * row["tokens_per_s"] / PEAK_FLOPS
+                result["rows"].append({"model": shape, "variant": name, "mfu": mfu, "params": params, **row})
+                print(json.dumps(result["rows"][-1]), flush=True)
+            summary = {"model": shape}
+            if "c" in per and "d" in per:
+                summary["http_over_varlen_ceiling"] = per["d"]["seq_per_s"] / per["c"]["seq_per_s"]
+            if "d" in per and "e" in per:
+                summary["prefix_sharing_speedup"] = per["e"]["seq_per_s"] / per["d"]["seq_per_s"]
+            if "c" in per and "d:deploy" in per:
+                summary["deploy_http_over_varlen_ceiling"] = (
+                    per["d:deploy"]["seq_per_s"] / per["c"]["seq_per_s"]
+                )
+            if "c" in per and "c+" in per:
+                summary["inprocess_prefix_sharing_speedup"] = per["c+"]["seq_per_s"] / per["c"]["seq_per_s"]
+            result["summary"].append(summary)
+            if args.out:  # after each model, so a run cut short keeps what it measured
+                args.out.write_text(json.dumps(result, indent=2))
+    print(json.dumps(result["summary"]))
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    sys.exit(main())
