@@ -133,9 +133,9 @@ def run_rewardkit(args, *, precompute: bool) -> dict:
 
     from rewardkit.data.builtin_tokenizer import build_tokenizer
     from rewardkit.data.records import TokenizedBranch, TokenizedPair
+    from rewardkit.objectives.dpo import DPOPolicyObjective
     from rewardkit.train.config import load_dpo_config
     from rewardkit.train.loop import Trainer
-    from rewardkit.train.recipes.dpo import DPOPolicyObjective
 
     device = device_and_memory()
     rows = make_token_pairs(args)

@@ -76,10 +76,10 @@ def result_block(pairs: int, tokens: int, seconds: float, n_params: int, peak_me
 
 def bench_rewardkit(args, pairs, device) -> dict:
     from rewardkit.data.synth import builtin_tokenizer
+    from rewardkit.objectives.reward_model import RewardModelObjective
     from rewardkit.train.config import TrainConfig, from_dict
     from rewardkit.train.distributed import DistInfo
     from rewardkit.train.loop import Trainer
-    from rewardkit.train.recipes.reward_model import RewardModelObjective
 
     with tempfile.TemporaryDirectory() as run_dir:
         cfg = from_dict(

@@ -3,7 +3,7 @@ import torch
 
 from rewardkit.data.collate import collate
 from rewardkit.data.records import TokenizedPair
-from rewardkit.models.reward_model import score_pairs
+from rewardkit.objectives.reward_model import score_pairs
 from support.rm import EOS, branch, random_pairs, tiny_reward_model
 
 

@@ -98,10 +98,10 @@ def test_reference_flag_is_refused_for_reward_models(trained, tmp_path, capsys):
 
 
 def test_dpo_scores_do_not_depend_on_batch_size(trained):
-    from rewardkit.objectives.dpo_scoring import dpo_scorer
+    from rewardkit.objectives.dpo import load_scorer
 
     root, checkpoint = trained
-    scorer = dpo_scorer(checkpoint, root / "base", "cpu")
+    scorer = load_scorer(checkpoint, device="cpu", reference_path=root / "base")
     pairs = tokenize_eval_data(root / "eval.jsonl", scorer.tokenizer, SETTINGS)
     runs = [np.stack(scorer.score(pairs, batch_size)) for batch_size in (1, 7, 64)]
     np.testing.assert_allclose(runs[1], runs[0], atol=1e-5, rtol=0)

@@ -12,8 +12,9 @@ from rewardkit.data.probe import freeze_probe
 from rewardkit.data.synth import builtin_tokenizer, generate_rows
 from rewardkit.data.tokenize import TokenizeSettings
 from rewardkit.eval.artifacts import read_pairs
-from rewardkit.eval.runner import reward_model_scorer, tokenize_eval_data
+from rewardkit.eval.runner import tokenize_eval_data
 from rewardkit.objectives.base import PairScorer
+from rewardkit.objectives.reward_model import load_scorer
 
 N_PAIRS = 48
 
@@ -73,7 +74,7 @@ def test_eval_writes_artifacts_in_probe_order(setup, tmp_path, capsys):
 
 def test_scores_do_not_depend_on_batch_size(setup):
     root, _, _ = setup
-    scorer = reward_model_scorer(root / "model", "cpu")
+    scorer = load_scorer(root / "model", device="cpu")
     pairs = tokenize_eval_data(root / "eval.jsonl", scorer.tokenizer, TokenizeSettings())
     scores = {}
     for batch_size in (1, 7, 64):
@@ -143,7 +144,7 @@ def test_rewardkit_checkpoint_reproduces_the_training_evaluation(tmp_path):
 
 
 def test_not_a_model_and_non_finite_scores_are_one_line_errors(setup, tmp_path, capsys, monkeypatch):
-    from rewardkit.eval import runner
+    from rewardkit.objectives import registry
 
     root, _, _ = setup
     args = [
@@ -158,10 +159,10 @@ def test_not_a_model_and_non_finite_scores_are_one_line_errors(setup, tmp_path, 
     assert main([*args, "--model", str(tmp_path)]) == 2
     assert "neither a rewardkit checkpoint nor an HF" in capsys.readouterr().err
 
-    real = runner.reward_model_scorer
+    real = registry.SCORERS["reward_model"]
 
-    def broken(path, device):
-        scorer = real(path, device)
+    def broken(path, **kwargs):
+        scorer = real(path, **kwargs)
         scores = scorer.score
 
         def score(pairs, batch_size):
@@ -171,7 +172,7 @@ def test_not_a_model_and_non_finite_scores_are_one_line_errors(setup, tmp_path, 
 
         return PairScorer(scorer.objective, scorer.tokenizer, scorer.metadata, score)
 
-    monkeypatch.setattr(runner, "reward_model_scorer", broken)
+    monkeypatch.setitem(registry.SCORERS, "reward_model", broken)
     assert main([*args, "--model", str(root / "model")]) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]  # above it: transformers' loading bar
     assert last.startswith("rewardkit: error: model gave 1 non-finite chosen value(s)")

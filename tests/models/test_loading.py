@@ -8,8 +8,8 @@ from rewardkit.data.collate import collate
 from rewardkit.data.synth import builtin_tokenizer
 from rewardkit.models.export import export_hf
 from rewardkit.models.loading import CheckpointError, HFSequenceClassifier, load_reward_model
-from rewardkit.models.reward_model import score_pairs
 from rewardkit.models.tiny import tiny_config
+from rewardkit.objectives.reward_model import score_pairs
 from rewardkit.train.distributed import DistInfo
 from support.rm import make_trainer, random_pairs, tiny_reward_model, train_config
 

@@ -9,7 +9,7 @@ from rewardkit.data.normalize import normalize_row
 from rewardkit.data.synth import generate_rows
 from rewardkit.data.tokenize import TokenizeSettings, tokenize_pair
 from rewardkit.models.loading import load_reward_model
-from rewardkit.models.reward_model import score_pairs
+from rewardkit.objectives.reward_model import score_pairs
 from rewardkit.train.config import TrainConfig, from_dict
 from rewardkit.train.recipes.reward_model import run
 from support.weights import SMOLLM2_GGUF, smollm2_dir

@@ -12,18 +12,11 @@ from transformers import AutoModelForCausalLM
 from rewardkit.core.errors import ConfigError
 from rewardkit.data.collate import collate
 from rewardkit.data.records import TokenizedBranch, TokenizedPair
+from rewardkit.models.policy import batch_logps
 from rewardkit.models.reference import parameter_digest
 from rewardkit.models.tiny import tiny_config
-from rewardkit.objectives.dpo import (
-    DPOSettings,
-    ReferenceCacheError,
-    ReferenceSettings,
-    batch_logps,
-    check_lora,
-    dpo_metrics,
-    precompute_reference,
-    tokenized_digest,
-)
+from rewardkit.objectives.dpo import DPOSettings, ReferenceSettings, check_lora, dpo_metrics
+from rewardkit.objectives.dpo_reference import ReferenceCacheError, precompute_reference, tokenized_digest
 
 VOCAB = 89
 

@@ -76,8 +76,8 @@ def train_config(run_dir, **sections):
 
 def make_trainer(cfg, pairs=None, *, eval_pairs=None, data_sha256="data-a", info=None):
     from rewardkit.data.synth import builtin_tokenizer
+    from rewardkit.objectives.reward_model import RewardModelObjective
     from rewardkit.train.loop import EvalSet, Trainer
-    from rewardkit.train.recipes.reward_model import RewardModelObjective
 
     pairs = pairs if pairs is not None else random_pairs(32, seed=11, max_len=20)
     eval_set = EvalSet(eval_pairs, "probe-sha") if eval_pairs else None

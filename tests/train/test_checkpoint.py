@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rewardkit.models.loading import CheckpointError, load_reward_model
-from rewardkit.models.reward_model import score_pairs
+from rewardkit.objectives.reward_model import score_pairs
 from rewardkit.train.checkpoint import latest_checkpoint, list_checkpoints
 from rewardkit.train.distributed import DistInfo
 from support.rm import make_trainer, random_pairs, train_config

@@ -91,9 +91,9 @@ def test_precomputed_reference_trains_like_the_live_one(tmp_path):
 def test_the_reference_pass_runs_before_the_policy_moves_to_the_device(tmp_path):
     """The trainer scores and frees a precomputed reference while the policy is still on the
     CPU, so on an accelerator the two models never share the device."""
+    from rewardkit.objectives.dpo import DPOPolicyObjective
+    from rewardkit.train.data import prepare_data
     from rewardkit.train.loop import Trainer
-    from rewardkit.train.recipes.dpo import DPOPolicyObjective
-    from rewardkit.train.recipes.reward_model import prepare_data
 
     cfg = config(tmp_path / "run", "run.max_steps=1", "dpo.precompute_reference=true")
     data = prepare_data(cfg)
@@ -118,7 +118,7 @@ def test_the_reference_pass_runs_before_the_policy_moves_to_the_device(tmp_path)
 
 
 def test_bf16_reference_is_stored_in_bf16_and_trains_like_the_fp32_one(tmp_path):
-    from rewardkit.train.recipes.dpo import DPOPolicyObjective
+    from rewardkit.objectives.dpo import DPOPolicyObjective
 
     cfg = config(tmp_path / "probe", "dpo.reference_dtype=bf16")
     objective = DPOPolicyObjective(cfg, train_pairs=[], data_sha256="x")
@@ -189,16 +189,16 @@ def test_pinned_snapshot_reference(tmp_path):
 
 def test_precompute_scores_in_training_micro_batches_unless_told(tmp_path, monkeypatch):
     """The pass runs beside the policy on the device: a bigger batch would set the peak memory."""
-    import rewardkit.train.recipes.dpo as recipe
+    import rewardkit.objectives.dpo as objective
 
     seen = []
-    real = recipe.precompute_reference
+    real = objective.precompute_reference
 
     def spy(reference, pairs, **kwargs):
         seen.append(kwargs["batch_size"])
         return real(reference, pairs, **kwargs)
 
-    monkeypatch.setattr(recipe, "precompute_reference", spy)
+    monkeypatch.setattr(objective, "precompute_reference", spy)
     run(config(tmp_path / "a", "run.max_steps=1", "run.grad_accum=4", "dpo.precompute_reference=true"))
     run(
         config(

@@ -11,20 +11,18 @@ from __future__ import annotations
 
 import json
 import logging
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from rewardkit.core.errors import RewardkitError, UsageError
-from rewardkit.data.reader import iter_pairs
-from rewardkit.data.reasons import Rejection
+from rewardkit.data.pipeline import Summary, tokenize_source
 from rewardkit.data.records import TokenizedPair
-from rewardkit.data.tokenize import TokenizeSettings, tokenize_pair
+from rewardkit.data.tokenize import TokenizeSettings
 from rewardkit.eval.artifacts import write_eval_artifacts
 from rewardkit.eval.bootstrap import DEFAULT_REPLICATES, DEFAULT_SEED
-from rewardkit.objectives.base import PairScorer
+from rewardkit.objectives.registry import load_pair_scorer
 
 log = logging.getLogger(__name__)
 
@@ -44,18 +42,10 @@ def tokenize_eval_data(
     data_path: str | Path, tokenizer: Any, settings: TokenizeSettings
 ) -> list[TokenizedPair]:
     """Accepted pairs in input order; rejected rows are counted by reason and logged, as in training."""
-    pairs: list[TokenizedPair] = []
-    rejected: Counter[str] = Counter()
-    for item in iter_pairs(data_path):
-        if isinstance(item, Rejection):
-            rejected[item.reason] += 1
-            continue
-        try:
-            pairs.append(tokenize_pair(item, tokenizer, settings))
-        except Rejection as rejection:
-            rejected[rejection.reason] += 1
-    if rejected:
-        log.warning("%s: rejected rows by reason: %s", data_path, dict(sorted(rejected.items())))
+    summary = Summary()
+    pairs = tokenize_source(data_path, tokenizer, settings, summary)
+    if summary.rejected:
+        log.warning("%s: rejected rows by reason: %s", data_path, summary.nonzero())
     if not pairs:
         raise UsageError(f"{data_path}: no evaluation pairs left after validation", code="empty_eval_data")
     return pairs
@@ -69,21 +59,6 @@ def _device(requested: str | None) -> str:
             raise UsageError("--device cuda requested but CUDA is not available")
         return requested
     return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def reward_model_scorer(model_path: str | Path, device: str) -> PairScorer:
-    """A rewardkit reward-model checkpoint or an HF `*ForSequenceClassification` dir (num_labels 1)."""
-    from rewardkit.models.loading import load_reward_model
-    from rewardkit.models.reward_model import score_pairs
-
-    model, tokenizer, metadata = load_reward_model(model_path, device=device)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-
-    def score(pairs: list[TokenizedPair], batch_size: int):
-        chosen, rejected = score_pairs(model, pairs, batch_size, pad_token_id=pad or 0)
-        return chosen, rejected, None  # Bradley–Terry loss from the margin
-
-    return PairScorer(metadata.get("objective", "reward_model"), tokenizer, metadata, score)
 
 
 def evaluate(
@@ -100,24 +75,17 @@ def evaluate(
 ) -> dict[str, Any]:
     """Check the data against the probe, score every pair, write the artifacts; return the summary.
 
-    A DPO checkpoint (rewardkit.json with objective `dpo`) is scored by its implicit reward
-    β·(log π − log π_ref); anything else must load as a reward model.
+    The checkpoint's recorded `objective` picks its scorer (`rewardkit.objectives.registry`): a
+    DPO policy is scored by its implicit reward β·(log π − log π_ref), a reward model (or an HF
+    `*ForSequenceClassification` directory) by its scalar head.
     """
     from rewardkit.data.probe import check_probe
-    from rewardkit.objectives.dpo_scoring import dpo_scorer, is_dpo_checkpoint
 
     probe = load_probe(probe_path)
     settings = TokenizeSettings(**probe["settings"])
     device = _device(device)
     try:
-        if is_dpo_checkpoint(model_path):
-            scorer = dpo_scorer(model_path, reference_path, device)
-        elif reference_path is not None:
-            raise UsageError(
-                f"--reference applies to DPO policies only; {model_path} is not a DPO checkpoint"
-            )
-        else:
-            scorer = reward_model_scorer(model_path, device)
+        scorer = load_pair_scorer(model_path, device=device, reference_path=reference_path)
     except UsageError:
         raise
     except RewardkitError as exc:  # a directory that is not a loadable model: bad input, one line

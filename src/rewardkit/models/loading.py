@@ -98,6 +98,15 @@ def write_model_files(
     return sha256_file(directory / WEIGHTS_FILE)
 
 
+def load_model_weights(model: nn.Module, directory: Path) -> None:
+    """Load a checkpoint's unsharded weights (`model.safetensors`) on every rank (any wrapping)."""
+    from safetensors.torch import load_file
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(model, load_file(str(Path(directory) / WEIGHTS_FILE)), options=options)
+
+
 def load_rewardkit_model(path: str | Path, *, dtype: torch.dtype | None = None) -> tuple[nn.Module, dict]:
     """Rebuild `RewardModel` from config.json + model.safetensors and return it with its metadata."""
     from safetensors.torch import load_file

@@ -24,13 +24,18 @@ long-prompt batch.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from rewardkit.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rewardkit.data.collate import Batch
+    from rewardkit.data.records import TokenizedPair
 
 POLICY_LOADER = "transformers.AutoModelForCausalLM"
 
@@ -266,6 +271,44 @@ def sequence_logps(
     if average:
         totals = totals / counts.clamp(min=1)
     return totals, counts
+
+
+def branch_targets(batch: Batch, pairs: Sequence[TokenizedPair]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-slot completion mask and sequence number (chosen_i = i, rejected_i = n + i, pad = −1).
+
+    A branch occupies `len(branch)` slots of row `score_rows[k]` ending after its score token,
+    so its first slot is `score_cols[k] − score_index`; this holds for every layout.
+    """
+    branches = [p.chosen for p in pairs] + [p.rejected for p in pairs]
+    rows = batch.score_rows.tolist()
+    cols = batch.score_cols.tolist()
+    loss_mask = torch.zeros(batch.input_ids.shape, dtype=torch.long)
+    sequence = torch.full(batch.input_ids.shape, -1, dtype=torch.long)
+    for k, branch in enumerate(branches):
+        start = cols[k] - branch.score_index
+        stop = start + len(branch)
+        loss_mask[rows[k], start:stop] = torch.tensor(branch.loss_mask, dtype=torch.long)
+        sequence[rows[k], start:stop] = k
+    device = batch.input_ids.device
+    return loss_mask.to(device), sequence.to(device)
+
+
+def batch_logps(
+    model, batch: Batch, pairs: Sequence[TokenizedPair], *, average: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(chosen, rejected) completion log-probs [n] of one collated batch of pairs, one forward pass."""
+    loss_mask, sequence = branch_targets(batch, pairs)
+    logps, _ = sequence_logps(
+        model,
+        batch.input_ids,
+        loss_mask,
+        sequence,
+        2 * len(pairs),
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        average=average,
+    )
+    return logps[: len(pairs)], logps[len(pairs) :]
 
 
 def dropout_settings(model) -> dict[str, float]:

@@ -10,16 +10,13 @@ s_c − s_r) and is left out so exported `*ForSequenceClassification` heads matc
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
 from rewardkit.core.errors import ConfigError
-from rewardkit.data.collate import Batch, Layout, block_attention_mask, collate
-from rewardkit.data.records import TokenizedPair
+from rewardkit.data.collate import Batch, block_attention_mask
 from rewardkit.models.attention import packed_attention, resolve_attn_implementation
 
 # Bidirectional backbones: packed rows need an explicit block-diagonal mask for these, while
@@ -137,48 +134,6 @@ class RewardModel(nn.Module):
         with torch.autocast(device_type=last.device.type, enabled=False):
             # sum over the size-1 output dim: a fresh tensor, not a view (FSDP2 hooks the output).
             return self.head(last.float()).sum(-1)
-
-
-def model_device(model: nn.Module) -> torch.device:
-    return next(model.parameters()).device
-
-
-@torch.no_grad()
-def score_pairs(
-    model: nn.Module,
-    pairs: Sequence[TokenizedPair],
-    batch_size: int,
-    layout: Layout = "right",
-    *,
-    pad_token_id: int = 0,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Score every pair in eval mode; returns float64 (chosen, rejected) arrays in input order.
-
-    Models that only accept one layout (HF `*ForSequenceClassification` wrappers) declare
-    `supported_layouts`; the first supported one is used instead of an unsupported request.
-    """
-    if batch_size < 1:
-        raise ValueError("batch_size must be >= 1")
-    supported = getattr(model, "supported_layouts", None)
-    if supported is not None and layout not in supported:
-        layout = supported[0]
-    was_training = model.training
-    model.eval()
-    device = model_device(model)
-    chosen: list[np.ndarray] = []
-    rejected: list[np.ndarray] = []
-    try:
-        for start in range(0, len(pairs), batch_size):
-            chunk = pairs[start : start + batch_size]
-            batch = collate(chunk, layout=layout, pad_token_id=pad_token_id).to(device)
-            scores = model(batch).float().cpu().numpy().astype(np.float64)
-            chosen.append(scores[: len(chunk)])
-            rejected.append(scores[len(chunk) :])
-    finally:
-        model.train(was_training)
-    if not chosen:
-        return np.zeros(0), np.zeros(0)
-    return np.concatenate(chosen), np.concatenate(rejected)
 
 
 def model_spec(m: Any) -> dict[str, Any]:

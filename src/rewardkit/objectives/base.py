@@ -1,9 +1,14 @@
-"""The `Objective` protocol: what the single training loop needs from a reward model or DPO recipe.
+"""The `Objective` protocol: what training and evaluation need from a reward model or DPO objective.
 
 The loop owns everything objective-independent (sampling, loss scaling across ranks and
 accumulation, optimisation, metrics, checkpoints, evaluation); an objective owns its model,
 its per-pair loss and what its checkpoints claim to be. Keeping the loss a *sum over pairs*
 here is what lets the loop normalise by the global pair count exactly once.
+
+Evaluation has one path from pairs to scores, `score_in_batches`: the training loop's probe
+evaluation (`Objective.score`) and `rewardkit eval` of a saved checkpoint (each objective
+module's `load_scorer`, found through `rewardkit.objectives.registry`) both run it, each with
+its objective's `BatchScore`, so the two give the same numbers for the same weights.
 """
 
 from __future__ import annotations
@@ -17,7 +22,16 @@ import numpy as np
 import torch
 from torch import nn
 
+from rewardkit.data.collate import Batch, Layout, collate
 from rewardkit.data.records import TokenizedPair
+
+PairScores = tuple[np.ndarray, np.ndarray, np.ndarray | None]
+"""float64 (chosen, rejected, per-pair loss or None for Bradley–Terry on the margin), input order."""
+
+BatchScore = Callable[
+    [nn.Module, Batch, Sequence[TokenizedPair]], tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
+]
+"""One collated batch → (chosen, rejected, per-pair loss or None): what an objective scores."""
 
 
 @dataclass
@@ -52,10 +66,8 @@ class Objective(Protocol):
     ) -> MicroBatchOutput:
         """Forward one micro-batch; return the per-pair loss *sum* (not mean)."""
 
-    def score(
-        self, model: nn.Module, pairs: Sequence[TokenizedPair], batch_size: int
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """(chosen, rejected, per-pair losses or None for Bradley–Terry on the margin) for evaluation."""
+    def score(self, model: nn.Module, pairs: Sequence[TokenizedPair], batch_size: int) -> PairScores:
+        """The probe evaluation during training: `score_in_batches` with this objective's batch score."""
 
     def write_model(self, directory: Path, state_dict: dict[str, torch.Tensor], tokenizer: Any) -> str:
         """Write the model files of a checkpoint; return the weights' SHA-256."""
@@ -84,9 +96,58 @@ def check_objective(metadata: dict[str, Any], name: str, role: str, run_kind: st
 
 @dataclass
 class PairScorer:
-    """A loaded model behind one call: pairs → (chosen, rejected, per-pair loss or None)."""
+    """A loaded checkpoint behind one call: pairs → scores (what `rewardkit eval` measures)."""
 
     objective: str
     tokenizer: Any
     metadata: dict[str, Any]
-    score: Callable[[list[TokenizedPair], int], tuple[np.ndarray, np.ndarray, np.ndarray | None]]
+    score: Callable[[list[TokenizedPair], int], PairScores]
+
+
+@torch.no_grad()
+def score_in_batches(
+    model: nn.Module,
+    pairs: Sequence[TokenizedPair],
+    batch_size: int,
+    score_batch: BatchScore,
+    *,
+    layout: Layout = "right",
+    pad_token_id: int = 0,
+) -> PairScores:
+    """The one pairs → scores path: eval mode, no grad, `batch_size` pairs per collated batch.
+
+    Every objective's evaluation, in training and from a checkpoint, runs through here, so
+    scores cannot depend on which of the two asked. Models that only accept one layout (HF
+    `*ForSequenceClassification` wrappers) declare `supported_layouts`; the first supported one
+    is used instead of an unsupported request. The model's train/eval mode is restored.
+    """
+    if batch_size < 1:
+        raise ValueError("batch_size must be >= 1")
+    supported = getattr(model, "supported_layouts", None)
+    if supported is not None and layout not in supported:
+        layout = supported[0]
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    chosen: list[np.ndarray] = []
+    rejected: list[np.ndarray] = []
+    losses: list[np.ndarray] = []
+    try:
+        for start in range(0, len(pairs), batch_size):
+            chunk = pairs[start : start + batch_size]
+            batch = collate(chunk, layout=layout, pad_token_id=pad_token_id).to(device)
+            c, r, loss = score_batch(model, batch, chunk)
+            chosen.append(_float64(c))
+            rejected.append(_float64(r))
+            if loss is not None:
+                losses.append(_float64(loss))
+    finally:
+        model.train(was_training)
+    if not chosen:
+        return np.zeros(0), np.zeros(0), None
+    return np.concatenate(chosen), np.concatenate(rejected), np.concatenate(losses) if losses else None
+
+
+def _float64(values: torch.Tensor) -> np.ndarray:
+    """fp32 on the host first, as scores have always been read, then widened for the statistics."""
+    return values.float().cpu().numpy().astype(np.float64)

@@ -1,51 +1,88 @@
-"""The DPO objective: settings, per-pair loss and TRL-style metrics, and the reference log-prob cache.
+"""The DPO objective: settings, per-pair loss and TRL-style metrics, training and evaluation.
 
-This module is a *component* of the one training loop (`rewardkit.train.loop`): the loop owns
-data order, accumulation, optimiser, checkpoints and logging; the objective turns a collated
-batch into per-pair losses and per-pair metric values, which the loop sums and divides by the
-global number of pairs exactly as it does for reward models.
+Training: `DPOPolicyObjective` is a *component* of the one training loop
+(`rewardkit.train.loop`): the loop owns data order, accumulation, optimiser, checkpoints and
+logging; the objective builds the policy and its frozen reference, turns a collated batch into
+per-pair losses and per-pair metric values (`dpo_batch`), which the loop sums and divides by
+the global number of pairs exactly as it does for reward models.
+
+Evaluation: `load_scorer` scores a saved policy by its implicit reward
+β·(log π(y|x) − log π_ref(y|x)) with the same `dpo_batch`, through the one pairs → scores path
+(`rewardkit.objectives.base.score_in_batches`), so `rewardkit eval` and the training loop's
+evaluation compute the same numbers.
 
 Sequence log-probs are sums over completion tokens (`rewardkit.models.policy`), except for
-`loss_type: ipo`, which is defined on length-averaged log-probs (as in TRL).
-
-The reference is frozen. Either it runs live next to the policy (one extra no-grad forward
-per batch), or `precompute_reference: true` scores every training pair once before step 0,
-stores the log-probs on disk keyed by the data digest and the reference's parameter digest,
-and frees the reference model, which leaves the policy alone on the accelerator.
+`loss_type: ipo`, which is defined on length-averaged log-probs (as in TRL). The reference
+(live, precomputed or absent) is `rewardkit.objectives.dpo_reference`'s.
 """
 
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
 import math
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ConfigDict, Field, model_validator
 
 from rewardkit.core.config import ConfigModel, Dtype
-from rewardkit.core.errors import ConfigError, RewardkitError
-from rewardkit.core.hashing import sha256_json
+from rewardkit.core.errors import ConfigError, UsageError
+from rewardkit.data.collate import collate
+from rewardkit.data.records import TokenizedPair
+from rewardkit.data.tokenize import pad_token_id
+from rewardkit.models.attention import packed_row_length
+from rewardkit.models.loading import CheckpointError, load_model_weights
+from rewardkit.models.lora import (
+    adapters_disabled,
+    apply_lora,
+    load_adapter,
+    merged_state_dict,
+    write_adapter,
+)
+from rewardkit.models.policy import (
+    POLICY_LOADER,
+    batch_logps,
+    build_policy,
+    check_policy_semantics,
+    write_causal_lm,
+)
+from rewardkit.models.reference import ReferenceSidecar, check_sidecar
+from rewardkit.objectives.base import (
+    BatchScore,
+    MicroBatchOutput,
+    PairScorer,
+    PairScores,
+    check_objective,
+    score_in_batches,
+)
+from rewardkit.objectives.dpo_reference import (
+    FrozenReference,
+    build_training_reference,
+    load_eval_reference,
+    load_frozen_causal_lm,
+    precompute_reference,
+    release,
+)
 from rewardkit.objectives.losses import DPO_LOSS_TYPES, dpo_loss, dpo_rewards
 
 if TYPE_CHECKING:
     import torch
+    from torch import nn
 
     from rewardkit.data.collate import Batch
-    from rewardkit.data.records import TokenizedPair
 
 log = logging.getLogger(__name__)
+
+OBJECTIVE = "dpo"
+ROLE = "policy"
+HEAD_TYPE = "causal_lm"
 
 TIE_TOLERANCE = 1e-6
 """|reward margin| at or below this counts as a tie (half credit in tie-aware accuracy)."""
 
 REFERENCE_SOURCES = ("initial_policy", "snapshot")
-CACHE_FORMAT = 1
 
 
 class ReferenceSettings(ConfigModel):
@@ -158,48 +195,6 @@ def check_lora(model_section: Any, dpo_section: Any) -> None:
         )
 
 
-def branch_targets(batch: Batch, pairs: Sequence[TokenizedPair]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-slot completion mask and sequence number (chosen_i = i, rejected_i = n + i, pad = −1).
-
-    A branch occupies `len(branch)` slots of row `score_rows[k]` ending after its score token,
-    so its first slot is `score_cols[k] − score_index`; this holds for every layout.
-    """
-    import torch
-
-    branches = [p.chosen for p in pairs] + [p.rejected for p in pairs]
-    rows = batch.score_rows.tolist()
-    cols = batch.score_cols.tolist()
-    loss_mask = torch.zeros(batch.input_ids.shape, dtype=torch.long)
-    sequence = torch.full(batch.input_ids.shape, -1, dtype=torch.long)
-    for k, branch in enumerate(branches):
-        start = cols[k] - branch.score_index
-        stop = start + len(branch)
-        loss_mask[rows[k], start:stop] = torch.tensor(branch.loss_mask, dtype=torch.long)
-        sequence[rows[k], start:stop] = k
-    device = batch.input_ids.device
-    return loss_mask.to(device), sequence.to(device)
-
-
-def batch_logps(
-    model, batch: Batch, pairs: Sequence[TokenizedPair], *, average: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(chosen, rejected) completion log-probs [n] of one collated batch, one forward pass."""
-    from rewardkit.models.policy import sequence_logps
-
-    loss_mask, sequence = branch_targets(batch, pairs)
-    logps, _ = sequence_logps(
-        model,
-        batch.input_ids,
-        loss_mask,
-        sequence,
-        2 * len(pairs),
-        attention_mask=batch.attention_mask,
-        position_ids=batch.position_ids,
-        average=average,
-    )
-    return logps[: len(pairs)], logps[len(pairs) :]
-
-
 def dpo_metrics(
     policy_chosen: torch.Tensor,
     policy_rejected: torch.Tensor,
@@ -232,165 +227,285 @@ def dpo_metrics(
     }
 
 
-def tokenized_digest(pairs: Sequence[TokenizedPair]) -> str:
-    """SHA-256 over exactly what the reference scores: pair ids, token ids and loss masks."""
-    return sha256_json(
-        [
-            [p.pair_id, p.chosen.input_ids, p.chosen.loss_mask, p.rejected.input_ids, p.rejected.loss_mask]
-            for p in pairs
-        ]
+def dpo_batch(
+    settings: DPOSettings, reference: FrozenReference, policy, batch: Batch, pairs: Sequence[TokenizedPair]
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """(per-pair loss [n], {metric: per-pair values [n]}) of one collated batch; the loop reduces both."""
+    ref_c, ref_r = reference.batch(batch, pairs)
+    pol_c, pol_r = batch_logps(policy, batch, pairs, average=settings.average_logps)
+    losses = dpo_loss(
+        settings.loss_type,
+        pol_c,
+        pol_r,
+        ref_c,
+        ref_r,
+        beta=settings.beta,
+        label_smoothing=settings.label_smoothing,
     )
+    return losses, dpo_metrics(pol_c, pol_r, ref_c, ref_r, beta=settings.beta)
 
 
-class ReferenceCacheError(RewardkitError):
-    code = "reference_cache"
+def batch_score(settings: DPOSettings, reference: FrozenReference) -> BatchScore:
+    """Evaluation's view of `dpo_batch`: implicit rewards (chosen, rejected) and per-pair losses."""
+
+    def score(policy, batch: Batch, pairs: Sequence[TokenizedPair]):
+        losses, metrics = dpo_batch(settings, reference, policy, batch, pairs)
+        return metrics["rewards/chosen"], metrics["rewards/rejected"], losses
+
+    return score
 
 
-@dataclass
-class ReferenceLogps:
-    """Precomputed reference log-probs by pair id (fp32, CPU)."""
-
-    key: str
-    index: dict[str, int]
-    chosen: torch.Tensor
-    rejected: torch.Tensor
-
-    def lookup(self, pairs: Sequence[TokenizedPair], device) -> tuple[torch.Tensor, torch.Tensor]:
-        import torch
-
-        try:
-            rows = torch.tensor([self.index[p.pair_id] for p in pairs], dtype=torch.long)
-        except KeyError as exc:
-            raise ReferenceCacheError(
-                f"pair {exc.args[0]!r} is not in the reference cache {self.key}"
-            ) from exc
-        return self.chosen[rows].to(device), self.rejected[rows].to(device)
+# ---- evaluation of a saved policy ---------------------------------------------------------------
+def settings_from_metadata(meta: dict[str, Any]) -> DPOSettings:
+    """The `dpo:` settings a checkpoint was trained with (beta, loss type, reference source)."""
+    raw = dict(meta.get("dpo") or {})
+    if not raw:
+        raise UsageError("DPO checkpoint records no dpo settings (beta, loss_type)", code="bad_checkpoint")
+    return DPOSettings(**{**raw, "reference": ReferenceSettings(**(raw.get("reference") or {}))})
 
 
-def reference_cache_key(*, data_digest: str, reference_digest: str, average: bool) -> str:
-    return sha256_json(
-        {"format": CACHE_FORMAT, "data": data_digest, "reference": reference_digest, "average_logps": average}
-    )
+def load_scorer(path: str | Path, *, device: str, reference_path: str | Path | None = None) -> PairScorer:
+    """A DPO checkpoint as a preference scorer: the implicit reward β·(log π(y|x) − log π_ref(y|x)).
 
-
-def precompute_reference(
-    reference,
-    pairs: Sequence[TokenizedPair],
-    *,
-    cache_dir: str | Path,
-    data_digest: str,
-    reference_digest: str,
-    average: bool,
-    batch_size: int,
-    layout: str = "right",
-    pad_token_id: int = 0,
-    context: Callable[[], AbstractContextManager] = contextlib.nullcontext,
-) -> ReferenceLogps:
-    """Score every pair with the frozen reference once, or reuse the cache for the same key.
-
-    The cache file is `<cache_dir>/<key>.safetensors`; the key covers the data digest, the
-    reference's parameter digest and whether log-probs are averaged, so a changed dataset,
-    reference or loss type can never reuse stale values. `context` is entered around the
-    scoring (a LoRA policy's base runs with its adapters disabled).
+    The reference comes from `reference_path` or, for `source: snapshot`, the pinned snapshot
+    the checkpoint names, and must match the checkpoint's sidecar (`load_eval_reference`): a
+    policy scored against another reference would report a different, meaningless reward.
     """
-    import torch
-    from safetensors import safe_open
-    from safetensors.torch import save
-    from tqdm.auto import tqdm
+    from transformers import AutoTokenizer
 
-    from rewardkit.core.atomic import write_bytes
-    from rewardkit.data.collate import collate
+    from rewardkit.models.loading import read_metadata
 
-    key = reference_cache_key(data_digest=data_digest, reference_digest=reference_digest, average=average)
-    path = Path(cache_dir) / f"{key}.safetensors"
-    ids = [p.pair_id for p in pairs]
-    if len(set(ids)) != len(ids):
-        raise ReferenceCacheError("pair ids must be unique to cache reference log-probs")
-    if path.is_file():
-        with safe_open(str(path), framework="pt") as handle:
-            meta = handle.metadata() or {}
-            chosen, rejected = handle.get_tensor("chosen"), handle.get_tensor("rejected")
-        cached_ids = meta.get("pair_ids", "").split("\n") if meta.get("pair_ids") else []
-        if meta.get("key") == key and cached_ids == ids:
-            log.info("reference log-probs: reusing cache %s", path)
-            return ReferenceLogps(key, {pid: i for i, pid in enumerate(ids)}, chosen, rejected)
-        log.warning("reference cache %s does not match this run; recomputing", path)
-    device = next(reference.parameters()).device
-    chosen_parts, rejected_parts = [], []
-    with torch.no_grad(), context():
-        for start in tqdm(range(0, len(pairs), batch_size), desc="reference log-probs", unit="batch"):
-            chunk = pairs[start : start + batch_size]
-            batch = collate(chunk, layout=layout, pad_token_id=pad_token_id).to(device)
-            c, r = batch_logps(reference, batch, chunk, average=average)
-            chosen_parts.append(c.float().cpu())
-            rejected_parts.append(r.float().cpu())
-    chosen = torch.cat(chosen_parts) if chosen_parts else torch.zeros(0)
-    rejected = torch.cat(rejected_parts) if rejected_parts else torch.zeros(0)
-    if "\n" in "".join(ids):
-        raise ReferenceCacheError("pair ids with newlines cannot be cached")
-    blob = save({"chosen": chosen, "rejected": rejected}, metadata={"key": key, "pair_ids": "\n".join(ids)})
-    write_bytes(path, blob)
-    log.info("reference log-probs: cached %d pairs at %s", len(ids), path)
-    return ReferenceLogps(key, {pid: i for i, pid in enumerate(ids)}, chosen, rejected)
+    meta = read_metadata(path)
+    settings = settings_from_metadata(meta)
+    policy = load_frozen_causal_lm(path).to(device)
+    reference = None
+    if settings.needs_reference:
+        reference = load_eval_reference(settings, meta.get("reference"), reference_path).to(device)
+    score = batch_score(settings, FrozenReference(model=reference, average=settings.average_logps))
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    pad = pad_token_id(tokenizer)
+
+    def score_pairs(pairs: list[TokenizedPair], batch_size: int) -> PairScores:
+        return score_in_batches(policy, pairs, batch_size, score, pad_token_id=pad)
+
+    identity = {**meta, "reference_path": str(reference_path) if reference_path is not None else None}
+    return PairScorer(OBJECTIVE, tokenizer, identity, score_pairs)
 
 
-def release(model) -> None:
-    """Drop a model's storage now (the caller must drop its references too)."""
-    import torch
+# ---- training -----------------------------------------------------------------------------------
+class DPOPolicyObjective:
+    """The loop's `Objective` for DPO: builds policy + frozen reference, reduces per-pair losses.
 
-    for param in model.parameters():
-        param.data = torch.empty(0, dtype=param.dtype, device=param.device)
-    for buffer_owner in model.modules():
-        for name, buf in list(buffer_owner.named_buffers(recurse=False)):
-            setattr(buffer_owner, name, torch.empty(0, dtype=buf.dtype, device=buf.device))
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
-class DPOObjective:
-    """Batch → per-pair DPO loss and metrics, against a live or precomputed frozen reference.
-
-    Exactly one of `reference` (a frozen model, run under no_grad on the same batch) and
-    `reference_logps` (the precomputed cache) is set, unless the loss is `reference_free`.
+    `cfg` is a `rewardkit.train.config.DPOTrainConfig` (the training config plus `dpo:`);
+    it is read by attribute, as objectives sit below the training layer.
     """
 
-    name = "dpo"
+    name = OBJECTIVE
+    role = ROLE
 
     def __init__(
         self,
-        settings: DPOSettings,
+        cfg: Any,
         *,
-        reference=None,
-        reference_logps: ReferenceLogps | None = None,
-        reference_context: Callable[[], AbstractContextManager] = contextlib.nullcontext,
-    ):
-        if settings.needs_reference and (reference is None) == (reference_logps is None):
-            raise ValueError(
-                "DPO needs exactly one of a live reference model or precomputed reference log-probs"
+        train_pairs: Sequence[TokenizedPair],
+        data_sha256: str,
+        eval_pairs: Sequence[TokenizedPair] = (),
+        eval_sha256: str | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.settings: DPOSettings = cfg.dpo
+        self.train_pairs = list(train_pairs)
+        self.eval_pairs = list(eval_pairs)
+        self.data_sha256 = data_sha256
+        self.eval_sha256 = eval_sha256
+        self.pad_token_id = 0
+        self.policy: nn.Module | None = None
+        self.reference: nn.Module | None = None
+        self.sidecar: ReferenceSidecar | None = None
+        self._train_reference: FrozenReference | None = None
+        self._eval_reference: FrozenReference | None = None
+        self._metadata: dict[str, Any] = {}
+        self.lora = cfg.model.lora
+
+    # ---- model ------------------------------------------------------------------------
+    @property
+    def _lora_json(self) -> dict[str, Any] | None:
+        """`model.lora` as checkpoints record it and resumes compare it."""
+        return self.lora.model_dump() if self.lora else None
+
+    @property
+    def _reference_is_policy(self) -> bool:
+        return self.reference is not None and self.reference is self.policy
+
+    def _reference_context(self):
+        if self._reference_is_policy:
+            return adapters_disabled(self.policy)
+        return contextlib.nullcontext()
+
+    def build_model(self, tokenizer: Any) -> nn.Module:
+        from rewardkit.data.tokenize import template_sha256, tokenizer_sha256
+
+        policy = build_policy(self.cfg, vocab_size=len(tokenizer))
+        if len(tokenizer) > policy.config.vocab_size:
+            raise ConfigError(
+                f"tokenizer has {len(tokenizer)} tokens but the policy's vocabulary is {policy.config.vocab_size}"
             )
-        self.settings = settings
-        self.reference = reference if settings.needs_reference else None
-        self.reference_logps = reference_logps
-        # entered around every reference forward: a LoRA policy's own base runs with adapters off
-        self.reference_context = reference_context
+        check_policy_semantics(policy, allow_dropout=self.settings.allow_dropout)
+        self.pad_token_id = pad_token_id(tokenizer)
+        if self.lora is not None:
+            if self.lora.dropout > 0 and not self.settings.allow_dropout:
+                raise ConfigError(
+                    f"model.lora.dropout={self.lora.dropout}: dropout makes the policy's log-probs"
+                    " stochastic; set dpo.allow_dropout: true to train with it anyway"
+                )
+            # digest the base before adapters exist: it is what a LoRA run's reference is
+            policy = self._with_reference_of_base(policy)
+        else:
+            self._build_reference(policy)
+        self.policy = policy
+        self._metadata = {
+            "objective": self.name,
+            "role": self.role,
+            "head_type": HEAD_TYPE,
+            "loader": POLICY_LOADER,
+            "architecture": type(policy.get_base_model() if self.lora else policy).__name__,
+            "dpo": self.settings.to_json(),
+            "lora": self._lora_json,
+            "reference": self.sidecar.to_json() if self.sidecar else None,
+            "tokenizer_sha256": tokenizer_sha256(tokenizer),
+            "template_sha256": template_sha256(tokenizer),
+            "attn_implementation": policy.config._attn_implementation,
+            "max_length": self.cfg.data.max_length,
+        }
+        return policy
 
-    def reference_batch(self, batch: Batch, pairs: Sequence[TokenizedPair]):
-        import torch
+    def _build_reference(self, policy: nn.Module) -> None:
+        if self.settings.needs_reference:
+            self.reference, self.sidecar = build_training_reference(policy, self.settings, lora=self.lora)
 
-        if not self.settings.needs_reference:
-            return None, None
-        if self.reference_logps is not None:
-            return self.reference_logps.lookup(pairs, batch.input_ids.device)
-        with torch.no_grad(), self.reference_context():
-            return batch_logps(self.reference, batch, pairs, average=self.settings.average_logps)
+    def _with_reference_of_base(self, base: nn.Module) -> nn.Module:
+        """Build the reference against the plain base (a snapshot is checked against it, the
+        initial policy is digested as it), then wrap the base with fresh adapters."""
+        self._build_reference(base)
+        policy = apply_lora(base, self.lora)
+        if self.reference is base:
+            self.reference = policy  # the same frozen weights, reached with adapters disabled
+        return policy
 
-    def loss(self, policy, batch: Batch, pairs: Sequence[TokenizedPair]):
-        """(per-pair loss [n], {metric: per-pair values [n]}); the loop reduces both."""
+    def prepare(self, device: torch.device) -> None:
+        self._prepare(device)
+
+    def _prepare(self, device: torch.device) -> FrozenReference:
+        """Move the reference next to the policy, or score everything once and free it."""
+        if self._train_reference is not None:
+            return self._train_reference
         s = self.settings
-        ref_c, ref_r = self.reference_batch(batch, pairs)
-        pol_c, pol_r = batch_logps(policy, batch, pairs, average=s.average_logps)
-        losses = dpo_loss(
-            s.loss_type, pol_c, pol_r, ref_c, ref_r, beta=s.beta, label_smoothing=s.label_smoothing
+        if self.reference is None or not s.precompute_reference:
+            if self.reference is not None:
+                self.reference.to(device)
+            self._train_reference = FrozenReference(
+                model=self.reference, average=s.average_logps, context=self._reference_context
+            )
+            return self._train_reference
+        self.reference.to(device)
+        cache_dir = Path(s.reference_cache_dir or Path(self.cfg.run.run_dir) / "reference_cache")
+        common = {
+            "cache_dir": cache_dir,
+            "reference_digest": self.sidecar.param_sha256,
+            "average": s.average_logps,
+            "batch_size": s.reference_batch_size or self._micro_batch_pairs(),
+            "layout": self.cfg.run.layout,
+            "pad_token_id": self.pad_token_id,
+            "context": self._reference_context,
+        }
+        train = precompute_reference(self.reference, self.train_pairs, data_digest=self.data_sha256, **common)
+        if self.eval_pairs:
+            eval_logps = precompute_reference(
+                self.reference, self.eval_pairs, data_digest=self.eval_sha256 or "eval", **common
+            )
+            self._eval_reference = FrozenReference(logps=eval_logps)
+        if not self._reference_is_policy:  # a LoRA policy's base is the policy: nothing to free
+            release(self.reference)
+        self.reference = None
+        self._train_reference = FrozenReference(logps=train)
+        return self._train_reference
+
+    def _micro_batch_pairs(self) -> int:
+        """Pairs per training micro-batch: a reference pass at this size needs no more
+        activation memory than training does (and with LoRA on `initial_policy` the pass runs
+        on the policy itself, so a larger batch would set the run's peak)."""
+        import torch.distributed as dist
+
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        return max(1, self.cfg.run.global_batch_pairs // (world * self.cfg.run.grad_accum))
+
+    # ---- the loop's protocol ----------------------------------------------------------
+    def micro_batch(
+        self, model: nn.Module, pairs: Sequence[TokenizedPair], device: torch.device
+    ) -> MicroBatchOutput:
+        reference = self._prepare(device)
+        batch = collate(
+            pairs,
+            layout=self.cfg.run.layout,
+            pad_token_id=self.pad_token_id,
+            max_length=self.cfg.data.max_length,
+            row_length=packed_row_length(self.policy.config, self.cfg.data.max_length),
+        ).to(device)
+        losses, metrics = dpo_batch(self.settings, reference, model, batch, pairs)
+        return MicroBatchOutput(
+            loss_sum=losses.sum(),
+            chosen=metrics["rewards/chosen"],
+            rejected=metrics["rewards/rejected"],
+            num_tokens=batch.num_tokens,
+            num_slots=batch.num_slots,
+            extra=metrics,
         )
-        return losses, dpo_metrics(pol_c, pol_r, ref_c, ref_r, beta=s.beta)
+
+    def score(self, model: nn.Module, pairs: Sequence[TokenizedPair], batch_size: int) -> PairScores:
+        """Implicit rewards (chosen, rejected) and per-pair DPO losses, float64, input order."""
+        reference = self._prepare(next(model.parameters()).device)
+        score = batch_score(self.settings, self._eval_reference or reference)
+        return score_in_batches(
+            model, pairs, batch_size, score, layout=self.cfg.run.layout, pad_token_id=self.pad_token_id
+        )
+
+    def write_model(self, directory: Path, state_dict: dict[str, torch.Tensor], tokenizer: Any) -> str:
+        """The plain causal LM; with LoRA, merged, plus peft's adapter files for resume."""
+        if self.lora is None:
+            return write_causal_lm(Path(directory), self.policy, state_dict, tokenizer)
+        merged = merged_state_dict(state_dict, self.lora.scaling)
+        sha = write_causal_lm(Path(directory), self.policy.get_base_model(), merged, tokenizer)
+        write_adapter(Path(directory), self.policy, state_dict)
+        return sha
+
+    def load_model_state(self, model: nn.Module, directory: Path) -> None:
+        """Full runs load the weights; LoRA runs load only the adapters onto the rebuilt base."""
+        if self.lora is None:
+            load_model_weights(model, directory)
+        else:
+            load_adapter(model, directory)
+
+    def checkpoint_metadata(self) -> dict[str, Any]:
+        return dict(self._metadata)
+
+    def validate_resume(self, metadata: dict[str, Any]) -> None:
+        """Same objective, same loss, and the very same reference (parameter digest recomputed)."""
+        check_objective(metadata, self.name, self.role, "DPO")
+        lora = self._lora_json
+        if metadata.get("lora") != lora:
+            raise CheckpointError(
+                f"checkpoint was trained with model.lora={metadata.get('lora')!r}, this run has {lora!r}",
+                code="lora_mismatch",
+            )
+        recorded = metadata.get("dpo") or {}
+        for key in ("loss_type", "beta", "label_smoothing"):
+            if recorded.get(key) != getattr(self.settings, key):
+                raise CheckpointError(
+                    f"checkpoint was trained with dpo.{key}={recorded.get(key)!r}, this run has"
+                    f" {getattr(self.settings, key)!r}",
+                    code="dpo_settings_mismatch",
+                )
+        if self.sidecar is not None:
+            if not metadata.get("reference"):
+                raise CheckpointError("checkpoint records no reference sidecar", code="reference_mismatch")
+            check_sidecar(ReferenceSidecar.from_json(metadata["reference"]), self.sidecar)

@@ -81,17 +81,6 @@ def full_state_dicts(model: nn.Module, optimizer: torch.optim.Optimizer) -> tupl
     return get_state_dict(model, optimizer, options=options)
 
 
-def load_model_weights(model: nn.Module, directory: Path) -> None:
-    """Load a checkpoint's unsharded weights (`model.safetensors`) on every rank."""
-    from safetensors.torch import load_file
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-    from rewardkit.models.loading import WEIGHTS_FILE
-
-    options = StateDictOptions(full_state_dict=True)
-    set_model_state_dict(model, load_file(str(directory / WEIGHTS_FILE)), options=options)
-
-
 def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, directory: Path) -> None:
     """Load the unsharded optimizer state, keyed by the (already loaded) model's parameter names."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict

@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -41,6 +41,9 @@ from rewardkit.train.distributed import (
     wrap_model,
 )
 from rewardkit.train.sampler import PairSampler
+
+if TYPE_CHECKING:
+    from rewardkit.train.data import PreparedData
 
 log = logging.getLogger("rewardkit.train")
 
@@ -483,3 +486,29 @@ class Trainer:
             last_metrics=metrics,
             eval_summaries=self.eval_summaries,
         )
+
+
+def train_objective(
+    cfg: TrainConfig,
+    objective: Objective,
+    data: PreparedData,
+    *,
+    resume: str | None = None,
+    allow_new_data: bool = False,
+) -> RunResult:
+    """What every recipe runs: the one loop over prepared data, resumed from a checkpoint
+    directory or the run's latest one (`resume="auto"`), then trained, checkpointed, evaluated."""
+    trainer = Trainer(
+        cfg,
+        objective,
+        train_pairs=data.train,
+        tokenizer=data.tokenizer,
+        data_sha256=data.data_sha256,
+        eval_set=EvalSet(data.eval, data.probe_sha256) if data.eval else None,
+    )
+    if resume == "auto":
+        found = ckpt.latest_checkpoint(Path(cfg.run.run_dir) / "checkpoints")
+        resume = str(found) if found else None
+    if resume:
+        trainer.resume(resume, allow_new_data=allow_new_data)
+    return trainer.fit()

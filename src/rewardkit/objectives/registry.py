@@ -1,0 +1,46 @@
+"""Which objective scores a saved checkpoint: the checkpoint's recorded `objective` → its module.
+
+Every objective module exposes `load_scorer(path, *, device, reference_path) -> PairScorer`,
+the evaluation half of the objective protocol (`rewardkit.objectives.base`). `rewardkit eval`
+dispatches here and nowhere else, so adding an objective means adding one entry.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from rewardkit.models.loading import METADATA_FILE, OBJECTIVE, CheckpointError
+from rewardkit.objectives import dpo, reward_model
+from rewardkit.objectives.base import PairScorer
+
+ScorerLoader = Callable[..., PairScorer]
+
+SCORERS: dict[str, ScorerLoader] = {
+    reward_model.OBJECTIVE: reward_model.load_scorer,
+    dpo.OBJECTIVE: dpo.load_scorer,
+}
+
+
+def checkpoint_objective(path: str | Path) -> str:
+    """The `objective` a rewardkit checkpoint records; a directory without `rewardkit.json`
+    (an HF `*ForSequenceClassification` model) is a reward model."""
+    meta_path = Path(path) / METADATA_FILE
+    if not meta_path.is_file():
+        return OBJECTIVE
+    return json.loads(meta_path.read_text()).get("objective")
+
+
+def load_pair_scorer(
+    path: str | Path, *, device: str, reference_path: str | Path | None = None
+) -> PairScorer:
+    """The scorer of whatever objective trained `path` (pairs → chosen, rejected, losses)."""
+    objective = checkpoint_objective(path)
+    loader = SCORERS.get(objective)
+    if loader is None:
+        raise CheckpointError(
+            f"{path}: objective {objective!r} has no scorer; known: {', '.join(sorted(SCORERS))}",
+            code="wrong_objective",
+        )
+    return loader(path, device=device, reference_path=reference_path)

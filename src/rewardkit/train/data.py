@@ -1,0 +1,98 @@
+"""Training data: the `data:` section through the one data pipeline, for every objective.
+
+Reward-model and DPO runs train on the same prepared data: train and eval pairs read,
+normalised, validated and tokenised by `rewardkit.data.pipeline` (rejections counted by reason,
+as `rewardkit data validate` counts them), the eval pairs checked against a frozen probe when
+one is given, and the hashes that identify both in checkpoints and evaluation artifacts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rewardkit.core.errors import ConfigError
+from rewardkit.core.hashing import sha256_json
+from rewardkit.data.pipeline import Source, Summary, tokenize_source
+from rewardkit.data.probe import check_probe, freeze_probe
+from rewardkit.data.records import TokenizedPair
+from rewardkit.data.tokenize import TokenizeSettings, load_tokenizer
+from rewardkit.train.config import TrainConfig
+
+log = logging.getLogger("rewardkit.train")
+
+
+@dataclass
+class PreparedData:
+    train: list[TokenizedPair]
+    eval: list[TokenizedPair]
+    tokenizer: Any
+    data_sha256: str
+    probe_sha256: str | None
+    rejected: dict[str, int]
+
+
+def training_tokenizer(cfg: TrainConfig):
+    """`data.tokenizer`: `builtin`, a local directory, or `model` (the backbone's own tokenizer)."""
+    spec = cfg.data.tokenizer
+    if spec == "model":
+        from transformers import AutoTokenizer
+
+        source = cfg.model.path or cfg.model.init_from
+        if not source:
+            raise ConfigError("data.tokenizer=model needs model.path or model.init_from")
+        kwargs = {"gguf_file": cfg.model.gguf_file} if cfg.model.gguf_file and cfg.model.path else {}
+        return AutoTokenizer.from_pretrained(source, local_files_only=True, **kwargs)
+    return load_tokenizer(spec)
+
+
+def _sources(cfg: TrainConfig) -> tuple[Source, Source]:
+    """(train, eval) sources: the files, or the synthetic task's rows split in two."""
+    data = cfg.data
+    if data.synth is not None:
+        from rewardkit.data.synth import generate_rows
+
+        if data.train or data.eval:
+            raise ConfigError("data: give either synth or train/eval files, not both")
+        rows = generate_rows(data.synth.train_rows + data.synth.eval_rows, seed=data.synth.seed)
+        return rows[: data.synth.train_rows], rows[data.synth.train_rows :]
+    if data.train:
+        return data.train, data.eval or []
+    raise ConfigError("data: set data.train (a JSONL/Parquet file) or data.synth")
+
+
+def prepare_data(cfg: TrainConfig) -> PreparedData:
+    """Read, validate and tokenise the train / eval pairs (rejections are counted by reason)."""
+    data = cfg.data
+    tokenizer = training_tokenizer(cfg)
+    settings = TokenizeSettings(
+        max_length=data.max_length,
+        max_completion_length=data.max_completion_length,
+        truncation=data.truncation,
+    )
+    train_source, eval_source = _sources(cfg)
+    summary = Summary()
+    train = tokenize_source(train_source, tokenizer, settings, summary)
+    evaluation = tokenize_source(eval_source, tokenizer, settings, summary)
+    rejected = summary.nonzero()
+    if rejected:
+        log.warning("rejected pairs by reason: %s", rejected)
+    if not train:
+        raise ConfigError("no training pairs left after validation")
+    probe_sha = None
+    if evaluation:
+        if data.probe:
+            probe = json.loads(Path(data.probe).read_text())
+            check_probe(probe, evaluation, tokenizer=tokenizer, settings=settings)
+        probe_sha = freeze_probe(evaluation, tokenizer, settings)["tokens_sha256"]
+    return PreparedData(
+        train=train,
+        eval=evaluation,
+        tokenizer=tokenizer,
+        data_sha256=sha256_json(freeze_probe(train, tokenizer, settings)),
+        probe_sha256=probe_sha,
+        rejected=rejected,
+    )
