@@ -50,6 +50,7 @@ BUILTIN_SCORERS: dict[str, str] = {
     "regex": "rewardkit.serve.scorers.rules:RegexScorer",
     "length": "rewardkit.serve.scorers.rules:LengthScorer",
     "math": "rewardkit.serve.scorers.math:MathScorer",
+    "code": "rewardkit.serve.scorers.code:CodeScorer",
 }
 
 _REGISTERED: dict[str, type[Scorer]] = {}

@@ -1,0 +1,311 @@
+"""The `code` scorer, local backend: right/partial programs in both test shapes, and hostile
+programs (infinite loop, fork bomb, 10 GB allocation, writes outside the sandbox, network,
+100 MB of output) contained as per-item errors or failed cases while their neighbours score
+normally; the sandbox_fusion backend against a fake SandboxFusion server on loopback; HTTP."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+
+from rewardkit.core.errors import ConfigError
+from rewardkit.serve.scorers import sandbox as sandbox_mod
+from rewardkit.serve.scorers.base import ItemError, ScoreItem
+from rewardkit.serve.scorers.code import CodeScorer, extract_code
+from support.serve import LiveServer, make_config
+
+TIMEOUT_S = 1.0
+ADD = {"inputs": ["1 2\n", "3 4\n", "10 -2\n"], "outputs": ["3\n", "7\n", "8\n"]}
+RIGHT = "Here you go:\n```python\na, b = map(int, input().split())\nprint(a + b)\n```\n"
+HALF = "```python\na, b = map(int, input().split())\nprint(a + b if a < 5 else 0)\n```"
+
+NAMESPACES_OK = sandbox_mod.probe("namespaces")[0]
+needs_ns = pytest.mark.skipif(not NAMESPACES_OK, reason="the kernel refuses user+mount+net namespaces here")
+
+
+@pytest.fixture(scope="module")
+def scorer():
+    s = CodeScorer("code", options={"timeout_s": TIMEOUT_S, "concurrency": 4, "max_processes": 32})
+    if not NAMESPACES_OK:
+        s = CodeScorer("code", options={"timeout_s": TIMEOUT_S, "concurrency": 4, "isolation": "rlimits"})
+    s.load()
+    yield s
+    s.close()
+
+
+def item(response: str, reference, i: str = "x") -> ScoreItem:
+    return ScoreItem(id=i, prompt="", response=response, reference=reference)
+
+
+def test_extract_code():
+    assert extract_code("a\n```python\nx=1\n```\nb\n```\ny=2\n```") == "y=2\n"
+    assert extract_code("```cpp\nint main(){}\n```\n```python\nz=3\n```") == "z=3\n"
+    assert extract_code("print(1)") == "print(1)"
+
+
+def test_stdin_cases_fraction_and_all_or_nothing(scorer):
+    got = scorer.score_batch([item(RIGHT, ADD, "r"), item(HALF, ADD, "h"), item(RIGHT, json.dumps(ADD), "s")])
+    assert got == [1.0, pytest.approx(2 / 3), 1.0]
+    strict = CodeScorer("strict", options={"scoring": "all_or_nothing"})
+    strict.sandbox = scorer.sandbox  # share the running sandbox
+    assert strict.score_batch([item(RIGHT, ADD), item(HALF, ADD)]) == [1.0, 0.0]
+
+
+def test_assert_style_tests(scorer):
+    tests = "import math\nassert f(1) == 2\nassert f(2) == 3\nassert f(3) == 5\n"
+    got = scorer.score_batch(
+        [
+            item("```python\ndef f(x):\n    return x + 1\n```", {"tests": tests}, "two"),
+            item("def f(x): return x + 1 if x < 3 else 5", {"tests": tests}, "all"),
+            item("raise SystemExit(3)", {"tests": tests}, "exit"),
+            item("import os\nos._exit(0)", {"tests": tests}, "cheat"),  # skipping the tests is no pass
+        ]
+    )
+    assert got == [pytest.approx(2 / 3), 1.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("reference", [None, "not json", {"inputs": ["1"]}, {"tests": "assert ("}, [1, 2]])
+def test_bad_reference_is_bad_input(scorer, reference):
+    (got,) = scorer.score_batch([item(RIGHT, reference)])
+    assert isinstance(got, ItemError) and got.code == "bad_input"
+
+
+def hostile_programs(tmp_path: Path, port: int) -> dict[str, str]:
+    return {
+        "loop": "while True:\n    pass",
+        "fork_bomb": "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
+        "alloc_10gb": "x = bytearray(10 * 1024**3)\nprint(len(x))",
+        "output_100mb": "import sys\nsys.stdout.write('x' * 100_000_000)",
+        "big_file": "open('/tmp/big', 'wb').write(b'x' * (100 << 20))",
+        "write_outside": (
+            f"for p in [{str(tmp_path / 'escape.txt')!r}, {str(Path.cwd() / 'ESCAPE_FROM_SANDBOX')!r}]:\n"
+            "    try:\n        open(p, 'w').write('x')\n    except OSError as e:\n        print(type(e).__name__)\n"
+        ),
+        "network": f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)\nprint('connected')",
+    }
+
+
+@needs_ns
+def test_hostile_programs_are_contained_and_neighbours_unaffected(scorer, tmp_path):
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.settimeout(0.2)
+    port = listener.getsockname()[1]
+    progs = hostile_programs(tmp_path, port)
+    items = [item(RIGHT, ADD, "before")]
+    items += [item(code, ADD, name) for name, code in progs.items()]
+    items += [item(RIGHT, ADD, "after"), item(HALF, ADD, "half")]
+    t0 = time.monotonic()
+    got = dict(zip([i.id for i in items], scorer.score_batch(items), strict=True))
+    elapsed = time.monotonic() - t0
+    assert got["before"] == 1.0 and got["after"] == 1.0 and got["half"] == pytest.approx(2 / 3)
+    expected = {
+        "loop": "timeout",
+        "fork_bomb": "timeout",
+        "alloc_10gb": "memory_limit",
+        "output_100mb": "output_limit",
+        "big_file": "output_limit",
+    }
+    for name, code in expected.items():
+        assert isinstance(got[name], ItemError) and got[name].code == code, (name, got[name])
+    # writes outside and network are refused *inside* the sandbox: the program fails its cases
+    assert got["write_outside"] == 0.0 and got["network"] == 0.0
+    assert not (tmp_path / "escape.txt").exists() and not (Path.cwd() / "ESCAPE_FROM_SANDBOX").exists()
+    with pytest.raises(TimeoutError):
+        listener.accept()  # nothing ever connected
+    listener.close()
+    # the two timeouts run concurrently with the rest; nothing waits past its own limit for long
+    assert elapsed < 3 * TIMEOUT_S * 3 + 5
+    # the sandbox is healthy afterwards and no fork-bomb process survived
+    assert scorer.score_batch([item(RIGHT, ADD, str(i)) for i in range(8)]) == [1.0] * 8
+    if scorer.sandbox.cfg["cgroup"]:
+        base = Path(scorer.sandbox.cfg["cgroup"])
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            procs = [p for d in base.glob("u*") for p in (d / "cgroup.procs").read_text().split()]
+            if len(procs) <= 2 * scorer.sandbox.cfg["prefork"]:
+                break
+            time.sleep(0.1)
+        assert len(procs) <= 2 * scorer.sandbox.cfg["prefork"], procs  # only the idle pre-forked units
+
+
+@needs_ns
+def test_sandbox_view_is_isolated(scorer):
+    code = (
+        "import os, socket\n"
+        "print(os.getpid(), os.getcwd(), len([p for p in os.listdir('/proc') if p.isdigit()]))\n"
+        "print(sorted(n for _, n in socket.if_nameindex()))\n"
+    )
+    r = scorer.sandbox.run({"mode": "stdin", "code": code, "stdin": ""})
+    pid, cwd, nprocs = r.stdout.decode().splitlines()[0].split()
+    assert pid == "1" and cwd == "/tmp/work" and int(nprocs) <= 2
+    assert r.stdout.decode().splitlines()[1] == "['lo']"  # a fresh network namespace
+    assert "namespaces" in scorer.info().extra["isolation"]
+
+
+def test_start_without_namespaces_needs_explicit_rlimits(monkeypatch):
+    monkeypatch.setattr(sandbox_mod, "probe", lambda isolation: (False, "EPERM"))
+    with pytest.raises(ConfigError, match="isolation: rlimits"):
+        CodeScorer("c").load()
+    s = CodeScorer("c", options={"isolation": "rlimits", "timeout_s": TIMEOUT_S})
+    s.load()
+    try:
+        assert s.score_batch([item(RIGHT, ADD)]) == [1.0]
+        assert s.info().extra["isolation"].startswith("rlimits only")
+        (err,) = s.score_batch([item("while True: pass", ADD)])
+        assert err.code == "timeout"
+    finally:
+        s.close()
+
+
+def test_options_are_checked():
+    with pytest.raises(ConfigError, match="backend"):
+        CodeScorer("c", options={"backend": "docker"})
+    with pytest.raises(ConfigError, match="url"):
+        CodeScorer("c", options={"backend": "sandbox_fusion"})
+    with pytest.raises(ConfigError, match="scoring"):
+        CodeScorer("c", options={"scoring": "best"})
+
+
+# ----------------------------------------------------------------------------- sandbox_fusion
+
+
+class FakeSandboxFusion(BaseHTTPRequestHandler):
+    """`POST /run_code` with SandboxFusion's request/response shape. Decides by markers in the
+    code: TLE -> TimeLimitExceeded, OOM -> return_code 137, BOOM -> SandboxError, 500 -> HTTP 500;
+    otherwise runs the code with python3 (the tests send only harmless programs)."""
+
+    requests: list[dict] = []
+
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):
+        import subprocess
+        import sys
+
+        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        FakeSandboxFusion.requests.append(body)
+        assert self.path == "/run_code"
+        assert {"code", "language", "stdin", "run_timeout", "memory_limit_MB"} <= set(body)
+        code = body["code"]
+        if "HTTP500" in code:
+            self.send_response(500)
+            self.end_headers()
+            return
+        resp = {
+            "status": "Success",
+            "message": "",
+            "compile_result": None,
+            "executor_pod_name": None,
+            "files": {},
+        }
+        if "BOOM" in code:
+            resp.update(status="SandboxError", message="container failed", run_result=None)
+        elif "TLE" in code:
+            resp.update(
+                status="Failed",
+                run_result={
+                    "status": "TimeLimitExceeded",
+                    "execution_time": 1.0,
+                    "return_code": None,
+                    "stdout": "",
+                    "stderr": "",
+                },
+            )
+        elif "OOM" in code:
+            resp.update(
+                status="Failed",
+                run_result={
+                    "status": "Error",
+                    "execution_time": 0.1,
+                    "return_code": 137,
+                    "stdout": "",
+                    "stderr": "Killed",
+                },
+            )
+        else:
+            p = subprocess.run(
+                [sys.executable, "-c", code], input=body["stdin"], capture_output=True, text=True
+            )
+            resp.update(
+                status="Success" if p.returncode == 0 else "Failed",
+                run_result={
+                    "status": "Finished" if p.returncode == 0 else "Error",
+                    "execution_time": 0.01,
+                    "return_code": p.returncode,
+                    "stdout": p.stdout,
+                    "stderr": p.stderr,
+                },
+            )
+        data = json.dumps(resp).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+@pytest.fixture(scope="module")
+def fusion_url():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeSandboxFusion)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_sandbox_fusion_backend(fusion_url):
+    s = CodeScorer("sf", options={"backend": "sandbox_fusion", "url": fusion_url, "timeout_s": 3})
+    s.load()
+    tests = "assert f(1) == 2\nassert f(2) == 3\nassert f(3) == 5\n"
+    got = s.score_batch(
+        [
+            item(RIGHT, ADD, "right"),
+            item(HALF, ADD, "half"),
+            item("def f(x): return x + 1", {"tests": tests}, "asserts"),
+            item("# TLE\nwhile True: pass", ADD, "tle"),
+            item("# OOM", ADD, "oom"),
+            item("# BOOM", ADD, "boom"),
+            item("# HTTP500", ADD, "http500"),
+        ]
+    )
+    assert got[:3] == [1.0, pytest.approx(2 / 3), pytest.approx(2 / 3)]
+    assert [g.code for g in got[3:]] == ["timeout", "memory_limit", "sandbox_error", "sandbox_error"]
+    assert FakeSandboxFusion.requests[0]["language"] == "python"
+    assert FakeSandboxFusion.requests[0]["stdin"] == "1 2\n"
+    s2 = CodeScorer(
+        "dead", options={"backend": "sandbox_fusion", "url": "http://127.0.0.1:9", "timeout_s": 1}
+    )
+    s2.load()
+    (err,) = s2.score_batch([item(RIGHT, ADD)])
+    assert err.code == "sandbox_error"  # an unreachable sandbox is an error, never 0
+    assert s.info().extra["backend"] == "sandbox_fusion"
+
+
+def test_through_http():
+    opts = {"timeout_s": TIMEOUT_S, "concurrency": 2}
+    if not NAMESPACES_OK:
+        opts["isolation"] = "rlimits"
+    with LiveServer(make_config([{"name": "code", "kind": "code", "options": opts}])) as server:
+        items = [
+            {"id": "right", "response": RIGHT, "reference": json.dumps(ADD)},
+            {"id": "loop", "response": "while True: pass", "reference": json.dumps(ADD)},
+            {"id": "noref", "response": RIGHT},
+        ]
+        r = httpx.post(server.url + "/v1/score", json={"scorers": ["code"], "items": items}, timeout=60)
+        assert r.status_code == 200, r.text
+        res = {x["id"]: x for x in r.json()["results"]}
+        assert res["right"]["scores"] == {"code": 1.0}
+        assert res["loop"]["errors"]["code"]["code"] == "timeout" and res["loop"]["scores"] == {}
+        assert res["noref"]["errors"]["code"]["code"] == "bad_input"
+        info = next(s for s in httpx.get(server.url + "/v1/scorers").json()["scorers"] if s["name"] == "code")
+        assert info["kind"] == "code" and info["extra"]["backend"] == "local"
+        assert "isolation" in info["extra"] and info["extra"]["limits"]["timeout_s"] == TIMEOUT_S
