@@ -51,6 +51,7 @@ BUILTIN_SCORERS: dict[str, str] = {
     "length": "rewardkit.serve.scorers.rules:LengthScorer",
     "math": "rewardkit.serve.scorers.math:MathScorer",
     "code": "rewardkit.serve.scorers.code:CodeScorer",
+    "composite": "rewardkit.serve.scorers.composite:CompositeScorer",
 }
 
 _REGISTERED: dict[str, type[Scorer]] = {}
