@@ -114,3 +114,22 @@ def test_length_buckets_respect_the_token_budget():
     for b in buckets:
         assert len(b) == 1 or len(b) * max(lengths[i] for i in b) <= 100
     assert [3] in buckets  # longer than the budget: alone
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_flash_packed_and_shared_scores_match_a_plain_bf16_forward_on_cuda(family):
+    torch.manual_seed(0)
+    model = seqcls(family, "sdpa").to("cuda", torch.bfloat16)
+    seqs = corpus()
+    plain = torch.tensor(
+        [float(model(input_ids=torch.tensor([s], device="cuda")).logits[0, 0]) for s in seqs]
+    )
+    model.set_attn_implementation("rk_varlen")
+    with torch.no_grad():
+        packed = packed_scores(model.base_model, model.score, plan_packed(seqs)).float().cpu()
+        shared = packed_scores(
+            model.base_model, model.score, plan_packed(seqs, share_prefixes=True, min_prefix=8)
+        )
+    torch.testing.assert_close(packed, plain, atol=2e-2, rtol=0)
+    torch.testing.assert_close(shared.float().cpu(), packed, atol=1e-3, rtol=0)
