@@ -52,6 +52,7 @@ BUILTIN_SCORERS: dict[str, str] = {
     "math": "rewardkit.serve.scorers.math:MathScorer",
     "code": "rewardkit.serve.scorers.code:CodeScorer",
     "composite": "rewardkit.serve.scorers.composite:CompositeScorer",
+    "judge": "rewardkit.serve.scorers.judge:JudgeScorer",
 }
 
 _REGISTERED: dict[str, type[Scorer]] = {}

@@ -1,0 +1,306 @@
+"""The `judge` scorer against a fake OpenAI-compatible server on loopback (real HTTP): parsing
+(regex, JSON, pairwise), unparseable and refused answers, the rate limit and the concurrency
+limit, retries on 429/5xx, the per-item deadline, and one pass through the rewardkit HTTP app."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import pytest
+
+pytest.importorskip("aiolimiter")
+pytest.importorskip("tenacity")
+
+from rewardkit.core.errors import ConfigError
+from rewardkit.serve.scorers.base import ItemError, ScoreItem
+from rewardkit.serve.scorers.judge import JudgeScorer, Unparseable, parse_answer
+from support.serve import LiveServer, make_config
+
+
+class FakeJudge(BaseHTTPRequestHandler):
+    """POST /v1/chat/completions. The answer depends on a marker in the response under judgement:
+    GOOD -> "Score: 9", BAD -> "Score: 2", JSON -> '{"score": 7}', GARBLE -> no score,
+    HIGH -> "Score: 15", REFUSE -> a refusal, EMPTY -> "", RATE<n> -> 429 for the first n calls of
+    that item, E500 -> one 500 first, ALWAYS429 -> 429 forever, SLOW -> 3 s; pairwise: A/B/TIE."""
+
+    calls: dict[str, int] = {}
+    in_flight = 0
+    max_in_flight = 0
+    stamps: list[float] = []
+    lock = threading.Lock()
+    bodies: list[dict] = []
+
+    def log_message(self, *args):
+        pass
+
+    def reply(self, status: int, obj: dict | None = None, headers: dict | None = None) -> None:
+        data = json.dumps(obj or {"error": {"message": "x"}}).encode()
+        self.send_response(status)
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_POST(self):
+        cls = FakeJudge
+        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        with cls.lock:
+            cls.in_flight += 1
+            cls.max_in_flight = max(cls.max_in_flight, cls.in_flight)
+            cls.stamps.append(time.monotonic())
+            cls.bodies.append(body)
+        try:
+            self.answer(body)
+        finally:
+            with cls.lock:
+                cls.in_flight -= 1
+
+    def answer(self, body):
+        assert self.path == "/v1/chat/completions" and body["model"] == "fake-judge"
+        text = body["messages"][-1]["content"]
+        key = re.search(r"ITEM\d+", text)
+        key = key.group(0) if key else text
+        with FakeJudge.lock:
+            n = FakeJudge.calls[key] = FakeJudge.calls.get(key, 0) + 1
+        time.sleep(0.02)
+        m = re.search(r"RATE(\d)", text)
+        if (m and n <= int(m.group(1))) or "ALWAYS429" in text:
+            return self.reply(429, headers={"retry-after": "0"})
+        if "E500" in text and n == 1:
+            return self.reply(500)
+        if "SLOW" in text:
+            time.sleep(3)
+        refusal = None
+        finish = "stop"
+        if "[Response A]" in text:
+            a, b = text.split("[Response A]")[1].split("[Response B]")
+            if "WIN" in a or "LOSE" in b:
+                content = "[[A]]"
+            elif "WIN" in b or "LOSE" in a:
+                content = "[[B]]"
+            else:
+                content = "[[TIE]]"
+        elif "GOOD" in text or "2 + 2 = 4" in text:
+            content = "Clear and right.\nScore: 9"
+        elif "BAD" in text:
+            content = "Wrong.\nScore: 2"
+        elif "JSON" in text:
+            content = 'Here: {"score": 7}'
+        elif "HIGH" in text:
+            content = "Score: 15"
+        elif "REFUSE" in text:
+            content, refusal = None, "I can't help with that."
+        elif "FILTER" in text:
+            content, finish = "", "content_filter"
+        elif "EMPTY" in text:
+            content = ""
+        else:
+            content = "It is a fine answer, I think."
+        msg = {"role": "assistant", "content": content}
+        if refusal:
+            msg["refusal"] = refusal
+        self.reply(
+            200,
+            {
+                "id": "chatcmpl-1",
+                "object": "chat.completion",
+                "model": body["model"],
+                "choices": [{"index": 0, "message": msg, "finish_reason": finish}],
+                "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+            },
+        )
+
+
+@pytest.fixture(scope="module")
+def url():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeJudge)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def reset():
+    FakeJudge.calls.clear()
+    FakeJudge.stamps.clear()
+    FakeJudge.max_in_flight = 0
+
+
+def judge(url: str, **options) -> JudgeScorer:
+    s = JudgeScorer("judge", options={"url": url, "model": "fake-judge", "backoff_s": 0.01, **options})
+    s.load()
+    return s
+
+
+def item(response: str, i: str = "x", reference=None) -> ScoreItem:
+    return ScoreItem(id=i, prompt="Explain.", response=response, reference=reference)
+
+
+def test_parse_answer():
+    pat = re.compile(r"(?i)score\s*[:=]\s*\**\s*(-?\d+(?:\.\d+)?)")
+    kw = {"mode": "pointwise", "parse": "regex", "pattern": pat, "scale": (1.0, 10.0)}
+    assert parse_answer("Score: 10", **kw) == 1.0
+    assert parse_answer("score = 1", **kw) == 0.0
+    assert parse_answer("Score: 3 ... on reflection **Score:** 5.5", **kw) == pytest.approx(0.5)
+    for bad in ("", "no idea", "Score: 11", "Score: 0"):
+        with pytest.raises(Unparseable):
+            parse_answer(bad, **kw)
+    js = {**kw, "parse": "json"}
+    assert parse_answer('x {"score": 4} y {"score": 10}', **js) == 1.0
+    with pytest.raises(Unparseable):
+        parse_answer('{"rating": 4}', **js)
+    pw = {
+        "mode": "pairwise",
+        "parse": "regex",
+        "pattern": re.compile(r"\[\[\s*(A|B|TIE)\s*\]\]"),
+        "scale": (1, 10),
+    }
+    assert [parse_answer(t, **pw) for t in ("[[A]]", "[[B]]", "so [[A]] no, [[TIE]]")] == [1.0, 0.0, 0.5]
+
+
+def test_pointwise_scores_and_unparseable_answers_are_errors(url):
+    s = judge(url)
+    try:
+        got = s.score_batch(
+            [
+                item("GOOD", "ITEM1"),
+                item("BAD", "ITEM2"),
+                item("GARBLE", "ITEM3"),
+                item("HIGH", "ITEM4"),
+                item("REFUSE", "ITEM5"),
+                item("FILTER", "ITEM6"),
+                item("EMPTY", "ITEM7"),
+            ]
+        )
+        assert got[:2] == [pytest.approx(8 / 9), pytest.approx(1 / 9)]
+        for g in got[2:]:
+            assert isinstance(g, ItemError) and g.code == "judge_unparseable", g
+        assert s.info().extra["counters"]["unparseable"] == 5
+    finally:
+        s.close()
+
+
+def test_json_parse_and_reference_in_prompt(url):
+    s = judge(url, parse="json")
+    try:
+        (got,) = s.score_batch([item("JSON", reference="the answer is 4")])
+        assert got == pytest.approx(6 / 9)
+        assert "the answer is 4" in FakeJudge.bodies[-1]["messages"][-1]["content"]
+    finally:
+        s.close()
+
+
+def test_pairwise_against_reference(url):
+    s = judge(url, mode="pairwise", both_orders=False)
+    try:
+        got = s.score_batch(
+            [item("WIN", reference="ref"), item("LOSE", reference="ref"), item("meh", reference="r")]
+        )
+        assert got == [1.0, 0.0, 0.5]
+        (missing,) = s.score_batch([item("WIN")])
+        assert missing.code == "bad_input"
+    finally:
+        s.close()
+    both = judge(url, mode="pairwise", both_orders=True)
+    try:
+        # swapped, the reference is A: the fake prefers whichever side says WIN
+        assert both.score_batch([item("WIN", reference="ref")]) == [1.0]
+    finally:
+        both.close()
+
+
+def test_retries_on_429_and_5xx_then_succeed_or_fail_as_error(url):
+    reset()
+    s = judge(url, max_retries=3)
+    try:
+        got = s.score_batch([item("GOOD RATE2 ITEM1"), item("GOOD E500 ITEM2"), item("GOOD ALWAYS429 ITEM3")])
+        assert got[0] == pytest.approx(8 / 9) and got[1] == pytest.approx(8 / 9)
+        assert isinstance(got[2], ItemError) and got[2].code == "judge_error" and "429" in got[2].message
+        assert (
+            FakeJudge.calls["ITEM1"] == 3 and FakeJudge.calls["ITEM2"] == 2 and FakeJudge.calls["ITEM3"] == 4
+        )
+    finally:
+        s.close()
+
+
+def test_rate_limit_and_concurrency_limit(url):
+    reset()
+    s = judge(url, rate_limit_rps=50, concurrency=4)
+    try:
+        t0 = time.monotonic()
+        got = s.score_batch([item(f"GOOD ITEM{k}") for k in range(100)])
+        elapsed = time.monotonic() - t0
+        assert got == [pytest.approx(8 / 9)] * 100
+        assert FakeJudge.max_in_flight <= 4
+        # the bucket holds 50 and refills at 50/s: by time t at most 50 + 50 t requests went out
+        # (4 in flight x 20 ms per answer alone would allow 200/s), so 100 need >= 1 s
+        assert elapsed >= 0.95
+        for k, stamp in enumerate(sorted(FakeJudge.stamps), start=1):
+            assert stamp - t0 >= (k - 50) / 50 - 0.03, (k, stamp - t0)
+    finally:
+        s.close()
+
+
+def test_deadline_is_an_error_not_a_score(url):
+    s = judge(url, deadline_s=0.5)
+    try:
+        t0 = time.monotonic()
+        got = s.score_batch([item("GOOD SLOW", "ITEM1"), item("GOOD", "ITEM2")])
+        assert time.monotonic() - t0 < 2.5
+        assert isinstance(got[0], ItemError) and got[0].code == "timeout"
+        assert got[1] == pytest.approx(8 / 9)
+    finally:
+        s.close()
+
+
+def test_unreachable_endpoint_is_judge_error():
+    s = judge("http://127.0.0.1:9", max_retries=1, deadline_s=5)
+    try:
+        (got,) = s.score_batch([item("GOOD")])
+        assert isinstance(got, ItemError) and got.code == "judge_error"
+    finally:
+        s.close()
+
+
+def test_options_are_checked(monkeypatch):
+    with pytest.raises(ConfigError, match="url"):
+        JudgeScorer("j", options={"model": "m"})
+    with pytest.raises(ConfigError, match="mode"):
+        JudgeScorer("j", options={"url": "http://x", "model": "m", "mode": "listwise"})
+    with pytest.raises(ConfigError, match="capture group"):
+        JudgeScorer("j", options={"url": "http://x", "model": "m", "pattern": "score"})
+    monkeypatch.delenv("RK_TEST_KEY", raising=False)
+    with pytest.raises(ConfigError, match="RK_TEST_KEY"):
+        JudgeScorer("j", options={"url": "http://x", "model": "m", "api_key_env": "RK_TEST_KEY"})
+
+
+def test_through_http(url):
+    spec = {
+        "name": "judge",
+        "kind": "judge",
+        "options": {"url": url + "/v1", "model": "fake-judge", "backoff_s": 0.01},
+    }
+    with LiveServer(make_config([spec])) as server:
+        items = [
+            {"id": "good", "prompt": "Explain.", "response": "GOOD"},
+            {"id": "garble", "prompt": "Explain.", "response": "GARBLE"},
+        ]
+        r = httpx.post(server.url + "/v1/score", json={"scorers": ["judge"], "items": items}, timeout=30)
+        assert r.status_code == 200, r.text
+        res = {x["id"]: x for x in r.json()["results"]}
+        assert res["good"]["scores"]["judge"] == pytest.approx(8 / 9)
+        assert (
+            res["garble"]["errors"]["judge"]["code"] == "judge_unparseable" and res["garble"]["scores"] == {}
+        )
+        info = next(
+            s for s in httpx.get(server.url + "/v1/scorers").json()["scorers"] if s["name"] == "judge"
+        )
+        assert info["extra"]["backend"].endswith("/v1/chat/completions")
+        assert info["extra"]["limits"]["concurrency"] == 16
