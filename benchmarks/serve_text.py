@@ -344,6 +344,14 @@ def packed_pass(model, seqs, budget: int, share: bool):
     return run, sum(p.saved_tokens for p in plans)
 
 
+def request_body(group: list[dict]) -> dict:
+    """One group of responses as a /v1/score body, through the one wire schema."""
+    from rewardkit.serve.protocol import encode_score_request
+
+    items = [{"id": r["id"], "prompt": r["prompt"], "response": r["response"]} for r in group]
+    return encode_score_request(items, ["rm"])[0]
+
+
 def http_variant(
     model_shape: str, tok_dir: Path, rows: list[dict], args, share: bool, device: str, mode: str
 ) -> dict:
@@ -389,13 +397,7 @@ def http_variant(
                     async def worker():
                         while pending:
                             group = pending.pop()
-                            body = {
-                                "scorers": ["rm"],
-                                "items": [
-                                    {"id": r["id"], "prompt": r["prompt"], "response": r["response"]}
-                                    for r in group
-                                ],
-                            }
+                            body = request_body(group)
                             t = time.perf_counter()
                             resp = await client.post("/v1/score", json=body)
                             resp.raise_for_status()
@@ -407,13 +409,7 @@ def http_variant(
                         *(
                             client.post(
                                 "/v1/score",
-                                json={
-                                    "scorers": ["rm"],
-                                    "items": [
-                                        {"id": r["id"], "prompt": r["prompt"], "response": r["response"]}
-                                        for r in g
-                                    ],
-                                },
+                                json=request_body(g),
                             )
                             for g in warm
                         )
