@@ -153,6 +153,9 @@ def test_relayed_timing_and_batches_are_validated_not_trusted():
     ]
     assert decode_batches([good, *bad], {"a"}) == [BatchStats("a", 0.5, (0.1, 0.2), ("ok", "non_finite"))]
     assert decode_batches("junk", {"a"}) == []
+    tokens = {"real": 10, "computed": 12, "padding": 2, "made_up": 5, "shared": -1}
+    (relayed,) = decode_batches([{**good, "tokens": tokens}], {"a"})
+    assert relayed.tokens == {"real": 10, "computed": 12, "padding": 2}  # no new labels, no negatives
     assert decode_timing({"queue_s": 0.25, "inference_s": 1}) == (0.25, 1.0)
     assert decode_timing({"queue_s": "x", "inference_s": -3}) == (0.0, 0.0) == decode_timing(None)
 

@@ -29,7 +29,7 @@ from rewardkit.deploy.config import DeployConfig
 from rewardkit.deploy.mps import ManagedMps
 from rewardkit.deploy.supervisor import Supervisor, SupervisorSettings
 from rewardkit.deploy.transport import RemoteError, WorkerLost, decode_results, encode_items
-from rewardkit.serve.metrics import BatchStats, ServeMetrics
+from rewardkit.serve.metrics import TOKEN_KINDS, BatchStats, ServeMetrics
 from rewardkit.serve.protocol import STATUS_BY_CODE, ServeError
 from rewardkit.serve.scorers.base import ItemError, ScoreItem, ScorerInfo
 from rewardkit.serve.timing import record_timing
@@ -65,7 +65,13 @@ def _batch_stats(entry: Any, scorers: set[str]) -> BatchStats | None:
         or not all(isinstance(o, str) for o in outcomes)
     ):
         return None
-    return BatchStats(scorer, inference_s, tuple(float(d) for d in delays), tuple(outcomes))
+    raw_tokens = entry.get("tokens") or {}
+    tokens = (
+        {k: v for k, v in raw_tokens.items() if k in TOKEN_KINDS and type(v) is int and v >= 0}
+        if isinstance(raw_tokens, dict)
+        else {}
+    )
+    return BatchStats(scorer, inference_s, tuple(float(d) for d in delays), tuple(outcomes), tokens)
 
 
 def decode_batches(raw: Any, scorers: set[str]) -> list[BatchStats]:

@@ -19,6 +19,10 @@ def outcome(result: object) -> str:
     return "ok" if isinstance(result, float) else getattr(result, "code", "scorer_failed")
 
 
+TOKEN_KINDS = ("real", "computed", "padding", "shared")
+"""Token accounting kinds a text scorer reports per batch (`Scorer.take_batch_stats`)."""
+
+
 @dataclass(frozen=True)
 class BatchStats:
     """One forward as the metrics see it. Plain data so a deploy worker can relay it as JSON."""
