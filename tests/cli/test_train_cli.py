@@ -35,3 +35,37 @@ def test_train_rm_cli_usage_errors_exit_2(tmp_path, capsys):
     assert "unknown config key" in capsys.readouterr().err
     assert main(["export", "hf", str(tmp_path), str(tmp_path / "x")]) == 2
     assert "not a rewardkit checkpoint" in capsys.readouterr().err
+
+
+def test_corrupt_checkpoint_is_one_line_exit_2_in_eval_and_export(tmp_path, capsys):
+    import shutil
+
+    run = tmp_path / "run"
+    base = ["model.tiny=tiny-llama", "data.synth.train_rows=16", "data.synth.eval_rows=4"]
+    common = [*base, "data.max_length=96", f"run.run_dir={run}", "run.global_batch_pairs=8"]
+    assert main(["train", "rm", *common, "run.max_steps=1", "run.progress=false"]) == 0
+    checkpoint = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["checkpoint"]
+    data = tmp_path / "eval.jsonl"
+    assert main(["data", "synth", "--out", str(data), "--n", "6", "--seed", "3"]) == 0
+    probe = tmp_path / "probe.json"
+    freeze = ["data", "freeze-probe", str(data), "--tokenizer", "builtin", "--out", str(probe)]
+    assert main([*freeze, "--max-length", "96"]) == 0
+    capsys.readouterr()
+    for how in ("flip", "truncate"):
+        bad = tmp_path / f"bad-{how}"
+        shutil.copytree(checkpoint, bad)
+        weights = bad / "model.safetensors"
+        data_bytes = bytearray(weights.read_bytes())
+        if how == "flip":
+            data_bytes[len(data_bytes) // 2] ^= 0xFF
+        else:
+            del data_bytes[len(data_bytes) // 2 :]
+        weights.write_bytes(bytes(data_bytes))
+        ev = ["eval", "--model", str(bad), "--probe", str(probe), "--data", str(data)]
+        assert main([*ev, "--out", str(tmp_path / f"ev-{how}"), "--device", "cpu"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "sha256 mismatch" in err and str(weights) in err and len(err.splitlines()) == 1
+        assert main(["export", "hf", str(bad), str(tmp_path / f"hf-{how}")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "sha256 mismatch" in err and str(weights) in err and len(err.splitlines()) == 1
+        assert not (tmp_path / f"hf-{how}").exists()

@@ -127,3 +127,54 @@ def test_head_stays_fp32_under_bf16_autocast():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         scores = model(collate(random_pairs(2, seed=0)))
     assert scores.dtype == torch.float32
+
+
+def _corrupt(path, how):
+    """Flip 16 bytes in the middle (same size) or cut the file in half."""
+    data = bytearray(path.read_bytes())
+    if how == "flip":
+        middle = len(data) // 2
+        data[middle : middle + 16] = bytes(b ^ 0xFF for b in data[middle : middle + 16])
+    else:
+        data = data[: len(data) // 2]
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("how", ["flip", "truncate"])
+def test_corrupt_weights_are_refused_before_loading(checkpoints, tmp_path, how):
+    import shutil
+
+    dst = tmp_path / "ckpt"
+    shutil.copytree(checkpoints["tiny-llama"][0], dst)
+    meta = json.loads((dst / "rewardkit.json").read_text())
+    recorded = meta["weight_files"]["model.safetensors"]
+    assert recorded["size"] == (dst / "model.safetensors").stat().st_size
+    assert recorded["sha256"] == meta["model_sha256"]
+    _corrupt(dst / "model.safetensors", how)
+    with pytest.raises(CheckpointError) as err:
+        load_reward_model(dst)
+    assert err.value.code == "sha256_mismatch"
+    message = err.value.message
+    assert "sha256 mismatch" in message and "model.safetensors" in message and "\n" not in message
+    expected = str(recorded["size"]) if how == "truncate" else recorded["sha256"]
+    assert expected in message and "actual" in message
+
+
+def test_legacy_checkpoint_with_only_model_sha256_is_checked(checkpoints, tmp_path):
+    import shutil
+
+    dst = tmp_path / "old"
+    shutil.copytree(checkpoints["tiny-llama"][0], dst)
+    meta = json.loads((dst / "rewardkit.json").read_text())
+    del meta["weight_files"]
+    (dst / "rewardkit.json").write_text(json.dumps(meta))
+    load_reward_model(dst)  # intact: loads
+    _corrupt(dst / "model.safetensors", "flip")
+    with pytest.raises(CheckpointError, match="sha256 mismatch"):
+        load_reward_model(dst)
+
+
+def test_hf_dir_without_recorded_digests_loads_as_before(tmp_path):
+    _save_seqcls(tmp_path / "hf")
+    _corrupt(tmp_path / "hf" / "model.safetensors", "flip")  # nothing recorded, nothing to check
+    load_reward_model(tmp_path / "hf")

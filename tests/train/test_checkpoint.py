@@ -202,3 +202,16 @@ def test_crash_during_save_leaves_previous_checkpoint_loadable(tmp_path):
     trainer.save()
     assert [p.name for p in list_checkpoints(ckpts)] == ["step-0000001", "step-0000002"]
     assert not any(p.name.startswith(".step-") for p in ckpts.iterdir())  # stale temp dir pruned
+
+
+def test_resume_refuses_corrupt_weights_before_loading(finished_run, tmp_path):
+    ckpt = _copy_ckpt(finished_run, tmp_path)
+    weights = ckpt / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-8:] = bytes(b ^ 0x55 for b in data[-8:])  # same size, last tensor's bytes changed
+    weights.write_bytes(bytes(data))
+    cfg = train_config(tmp_path / "run", model={"tiny": "tiny-bert"}, run={"max_steps": 8})
+    trainer = make_trainer(cfg, finished_run[2], eval_pairs=random_pairs(5, seed=8), info=SOLO)
+    with pytest.raises(CheckpointError) as err:
+        trainer.resume(ckpt)
+    assert err.value.code == "sha256_mismatch" and str(weights) in err.value.message

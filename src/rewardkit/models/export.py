@@ -126,8 +126,7 @@ def export_dpo_policy(checkpoint: Path, out: Path) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rewardkit.core.atomic import staged_dir
-    from rewardkit.core.hashing import sha256_file
-    from rewardkit.models.loading import WEIGHTS_FILE, CheckpointError, read_metadata
+    from rewardkit.models.loading import WEIGHTS_FILE, CheckpointError, read_metadata, verify_files
 
     checkpoint, out = Path(checkpoint), Path(out)
     meta = read_metadata(checkpoint)
@@ -135,11 +134,9 @@ def export_dpo_policy(checkpoint: Path, out: Path) -> dict[str, Any]:
         raise CheckpointError(
             f"{checkpoint}: objective {meta.get('objective')!r} is not a DPO policy", code="wrong_objective"
         )
-    weights = checkpoint / WEIGHTS_FILE
-    if not weights.is_file() or sha256_file(weights) != meta.get("model_sha256"):
-        raise CheckpointError(
-            f"{weights}: missing or does not match the recorded model_sha256", code="weights_mismatch"
-        )
+    if not (checkpoint / WEIGHTS_FILE).is_file():
+        raise CheckpointError(f"{checkpoint / WEIGHTS_FILE}: missing", code="missing_weights")
+    verify_files(checkpoint, meta)
     load = {"local_files_only": True, "trust_remote_code": False, "dtype": torch.float32}
     model = AutoModelForCausalLM.from_pretrained(checkpoint, **load).eval()
     tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)

@@ -31,11 +31,77 @@ class CheckpointError(RewardkitError):
     code = "bad_checkpoint"
 
 
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
+"""Files recorded in `weight_files` (size + SHA-256) and checked before every load."""
+STATE_FILES = ("optimizer.pt", "rng.pt", "trainer_state.json")
+
+
+def file_digests(directory: str | Path, names: list[str] | None = None) -> dict[str, dict[str, Any]]:
+    """`{name: {"size", "sha256"}}` for the weight files of `directory` (or the given names)."""
+    directory = Path(directory)
+    if names is None:
+        names = sorted(
+            p.name
+            for p in directory.iterdir()
+            if p.is_file() and p.suffix in WEIGHT_SUFFIXES and p.name not in STATE_FILES
+        )
+    return {
+        name: {"size": (directory / name).stat().st_size, "sha256": sha256_file(directory / name)}
+        for name in names
+    }
+
+
+def verify_files(path: str | Path, meta: dict[str, Any]) -> None:
+    """Check every recorded weight file's size and SHA-256 before anything reads it.
+
+    Checkpoints record `weight_files` (`{name: {size, sha256}}`); older ones only `model_sha256`
+    of `model.safetensors`, which is checked the same way. Directories without recorded digests
+    (HF dirs) are not checked. A mismatch raises `CheckpointError` (code `sha256_mismatch`) with
+    one line naming the file, the expected and the actual size / digest.
+    """
+    path = Path(path)
+    recorded = meta.get("weight_files")
+    if not recorded:
+        legacy = meta.get("model_sha256")
+        recorded = {WEIGHTS_FILE: {"sha256": legacy}} if legacy else {}
+    for name, want in sorted(recorded.items()):
+        file = path / name
+        if not file.is_file():
+            raise CheckpointError(f"{file}: missing (recorded in {METADATA_FILE})", code="missing_weights")
+        size = file.stat().st_size
+        expected_size = want.get("size")
+        if expected_size is not None and size != expected_size:
+            raise CheckpointError(
+                f"{file}: sha256 mismatch: expected {expected_size} bytes sha256 {want.get('sha256')},"
+                f" actual {size} bytes (truncated or replaced; the checkpoint is corrupt)",
+                code="sha256_mismatch",
+            )
+        actual = sha256_file(file)
+        if want.get("sha256") and actual != want["sha256"]:
+            raise CheckpointError(
+                f"{file}: sha256 mismatch: expected {want['sha256']}, actual {actual} ({size} bytes;"
+                " the checkpoint is corrupt)",
+                code="sha256_mismatch",
+            )
+
+
+def read_verified_metadata(path: str | Path) -> dict[str, Any]:
+    """`read_metadata` plus `verify_files`: what every load of a checkpoint's weights goes through."""
+    meta = read_metadata(path)
+    verify_files(path, meta)
+    return meta
+
+
 def read_metadata(path: str | Path) -> dict[str, Any]:
     meta_path = Path(path) / METADATA_FILE
     if not meta_path.is_file():
         raise CheckpointError(f"{path}: no {METADATA_FILE}; not a rewardkit checkpoint", code="not_rewardkit")
-    meta = json.loads(meta_path.read_text())
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{meta_path}: not valid JSON ({exc})", code="bad_checkpoint") from None
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{meta_path}: not a JSON object", code="bad_checkpoint")
     if meta.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(
             f"{path}: checkpoint format {meta.get('format_version')!r}, this rewardkit reads {FORMAT_VERSION}",
@@ -99,17 +165,34 @@ def write_model_files(
 
 
 def load_model_weights(model: nn.Module, directory: Path) -> None:
-    """Load a checkpoint's unsharded weights (`model.safetensors`) on every rank (any wrapping)."""
-    from safetensors.torch import load_file
+    """Load a checkpoint's unsharded weights (`model.safetensors`) on every rank (any wrapping).
+
+    The file is checked against the recorded size and SHA-256 first (`verify_files`).
+    """
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
+    directory = Path(directory)
+    if (directory / METADATA_FILE).is_file():
+        verify_files(directory, read_metadata(directory))
     options = StateDictOptions(full_state_dict=True)
-    set_model_state_dict(model, load_file(str(Path(directory) / WEIGHTS_FILE)), options=options)
+    set_model_state_dict(model, load_safetensors(directory / WEIGHTS_FILE), options=options)
+
+
+def load_safetensors(file: Path) -> dict[str, torch.Tensor]:
+    """`safetensors.torch.load_file`, with an unreadable file as a one-line `CheckpointError`."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(file))
+    except (SafetensorError, OSError, ValueError) as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise CheckpointError(f"{file}: missing", code="missing_weights") from None
+        raise CheckpointError(f"{file}: cannot read safetensors ({exc})", code="bad_weights") from None
 
 
 def load_rewardkit_model(path: str | Path, *, dtype: torch.dtype | None = None) -> tuple[nn.Module, dict]:
     """Rebuild `RewardModel` from config.json + model.safetensors and return it with its metadata."""
-    from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModel
 
     from rewardkit.models.reward_model import RewardModel
@@ -126,10 +209,11 @@ def load_rewardkit_model(path: str | Path, *, dtype: torch.dtype | None = None) 
     weights = path / WEIGHTS_FILE
     if not weights.is_file():
         raise CheckpointError(f"{path}: missing {WEIGHTS_FILE}", code="missing_weights")
+    verify_files(path, meta)
     config = AutoConfig.from_pretrained(path, local_files_only=True)
     config._attn_implementation = resolve_attn_implementation(meta.get("attn_implementation"))
     model = RewardModel(AutoModel.from_config(config, dtype=torch.float32))
-    state = load_file(str(weights))
+    state = load_safetensors(weights)
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise CheckpointError(

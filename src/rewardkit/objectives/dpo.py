@@ -273,9 +273,9 @@ def load_scorer(path: str | Path, *, device: str, reference_path: str | Path | N
     """
     from transformers import AutoTokenizer
 
-    from rewardkit.models.loading import read_metadata
+    from rewardkit.models.loading import read_verified_metadata
 
-    meta = read_metadata(path)
+    meta = read_verified_metadata(path)  # weight files checked against their recorded SHA-256
     settings = settings_from_metadata(meta)
     policy = load_frozen_causal_lm(path).to(device)
     reference = None

@@ -4,7 +4,8 @@ Layout of one checkpoint directory:
 
 - `model.safetensors`, `config.json`, tokenizer files: the model as `load_reward_model` reads it
 - `rewardkit.json`: metadata (format version, objective, role, head, base-model identity,
-  tokenizer/template hashes, step, pairs consumed, data manifest hash, weights hash)
+  tokenizer/template hashes, step, pairs consumed, data manifest hash, weights hash, and
+  `weight_files`: size and SHA-256 of every weight file, checked before every load)
 - `optimizer.pt`: full (unsharded) optimizer state keyed by parameter name
 - `trainer_state.json`: scheduler, sampler position, step-0 evaluation identity
 - `rng.pt`: python / numpy / torch / cuda RNG states of every rank
@@ -28,7 +29,15 @@ import torch
 from torch import nn
 
 from rewardkit.core.atomic import staged_dir
-from rewardkit.models.loading import FORMAT_VERSION, METADATA_FILE, CheckpointError, read_metadata
+from rewardkit.models.loading import (
+    FORMAT_VERSION,
+    METADATA_FILE,
+    WEIGHTS_FILE,
+    CheckpointError,
+    file_digests,
+    read_metadata,
+    verify_files,
+)
 from rewardkit.train.distributed import DistInfo, all_gather_objects, barrier
 
 STEP_RE = re.compile(r"^step-(\d{7})$")
@@ -115,6 +124,10 @@ def save_checkpoint(
             torch.save({"ranks": rng_states}, tmp / "rng.pt")
             (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=2, sort_keys=True))
             meta = {**metadata, "format_version": FORMAT_VERSION, "step": step, "model_sha256": weights_sha}
+            # size + SHA-256 of every weight file: every load checks them (models.loading.verify_files)
+            meta["weight_files"] = file_digests(tmp)
+            if WEIGHTS_FILE in meta["weight_files"]:
+                meta["weight_files"][WEIGHTS_FILE]["sha256"] = weights_sha
             meta["world_size"] = info.world_size
             # Metadata last: a directory without it is never treated as a checkpoint.
             (tmp / METADATA_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True))
@@ -135,6 +148,7 @@ def check_resumable(directory: str | Path, *, world_size: int) -> dict[str, Any]
     """Metadata of a checkpoint that has everything a resume needs, else a coded refusal."""
     directory = Path(directory)
     meta = read_metadata(directory)
+    verify_files(directory, meta)
     missing = [name for name in REQUIRED_STATE if not (directory / name).is_file()]
     if missing:
         raise CheckpointError(
