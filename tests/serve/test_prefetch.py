@@ -215,14 +215,15 @@ def test_consolidated_worker_scores_equal_per_scorer_decoding_exactly(share):
     got, images = asyncio.run(go())
     for name in ("l", "h"):
         assert [r.get("score") for r in got[name][:-1]] == want[name][:-1]  # bit-equal
-        assert got[name][-1]["error"]["code"] == "bad_image"
+        assert got[name][-1]["error"]["code"] == "bad_input"  # refused at admission (prepare)
         assert isinstance(want[name][-1], ItemError) and want[name][-1].code == "bad_image"
     assert all("score" in r for r in got["len"])
     if share:
         shared = images["l"]
         n_images = sum(len(b) for b in batches)
         assert shared.decoded == n_images  # once per image, not once per image per scorer
-        assert shared.hits == 2 * n_images and shared.held == 0
+        # each scorer reads every good image twice (admission check, batch); the bad one never
+        assert shared.hits == 4 * (n_images - 1) and shared.held == 0
 
 
 def test_service_backend_decodes_a_requests_images_on_arrival_and_scores_exactly():
@@ -244,13 +245,14 @@ def test_service_backend_decodes_a_requests_images_on_arrival_and_scores_exactly
 
     results, decoded, hits, held = asyncio.run(go())
     n_images = sum(len(b) for b in batches)
-    assert (decoded, hits, held) == (n_images, n_images, 0)  # every batch image came from the prefetch
+    # every image decoded once, on arrival; admission and the batch read each good one from it
+    assert (decoded, hits, held) == (n_images, 2 * (n_images - 1), 0)
     for batch, got in zip(batches, results, strict=True):
         want = reference.score_batch(batch)
         assert [r for r in got if not isinstance(r, ItemError)] == [
             w for w in want if not isinstance(w, ItemError)
         ]
-    assert results[-1][-1].code == "bad_image"
+    assert results[-1][-1].code == "bad_input"
 
 
 def test_prefetch_images_false_decodes_in_the_batch_with_the_same_scores():
@@ -270,7 +272,7 @@ def test_prefetch_images_false_decodes_in_the_batch_with_the_same_scores():
     images, got = asyncio.run(go())
     assert images == {}  # nothing prefetched: the scorer kept its own decoder
     want = reference.score_batch(batch)
-    assert got[:-1] == want[:-1] and got[-1].code == want[-1].code == "bad_image"
+    assert got[:-1] == want[:-1] and got[-1].code == "bad_input" and want[-1].code == "bad_image"
 
 
 def test_consolidated_gateway_over_real_worker_matches_in_process_scores():
@@ -298,7 +300,7 @@ def test_consolidated_gateway_over_real_worker_matches_in_process_scores():
     got = asyncio.run(go())
     for name in ("l", "h"):
         assert got[name][:-1] == want[name][:-1]
-        assert got[name][-1].code == "bad_image"
+        assert got[name][-1].code == "bad_input"  # refused at admission in the worker
 
 
 @pytest.mark.gpu

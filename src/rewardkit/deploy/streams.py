@@ -45,6 +45,28 @@ class OwnStream(Scorer):
         with torch.cuda.stream(self.stream):
             return self.inner.score_batch(items)
 
+    def prepare(self, item: ScoreItem) -> Any:
+        """The wrapped scorer's admission work (tokenising, image checks), unchanged."""
+        return self.inner.prepare(item)
+
+    def prepared_tokens(self, prepared: Any) -> int | None:
+        return self.inner.prepared_tokens(prepared)
+
+    def score_prepared(self, batch: list[Any]) -> list[Any]:
+        if self.stream is None:
+            return self.inner.score_prepared(batch)
+        import torch
+
+        with torch.cuda.stream(self.stream):
+            return self.inner.score_prepared(batch)
+
+    @property
+    def packs_tokens(self) -> bool:  # type: ignore[override]
+        return self.inner.packs_tokens
+
+    def take_batch_stats(self) -> dict[str, int]:
+        return self.inner.take_batch_stats()
+
     def info(self) -> ScorerInfo:
         return self.inner.info()
 

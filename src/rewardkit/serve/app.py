@@ -26,7 +26,6 @@ from rewardkit import __version__
 from rewardkit.serve.backend import ScoringBackend
 from rewardkit.serve.batcher import check_value
 from rewardkit.serve.config import ServiceConfig
-from rewardkit.serve.images import check_image
 from rewardkit.serve.metrics import ServeMetrics
 from rewardkit.serve.multipart import parse_multipart
 from rewardkit.serve.protocol import (
@@ -172,12 +171,9 @@ def create_app(
             raise ServeError(
                 "too_many_items", f"{len(req.items)} items exceed the limit of {limits.max_items}"
             )
-        return items_from_request(
-            req,
-            parts,
-            needs_image=needs_image,
-            check_image=lambda data, where: check_image(data, limits.max_image_pixels, where=where),
-        )
+        # Images are judged per item by the image scorers at admission (header limits, then a
+        # full decode, off the event loop): a bad image is that item's `bad_input`, not a 4xx.
+        return items_from_request(req, parts, needs_image=needs_image)
 
     async def score_all(names: list[str], items: list[ScoreItem]) -> dict[str, list[Any]]:
         async def one(name: str) -> list[Any]:

@@ -74,6 +74,10 @@ class InProcessBackend:
         specs = {s.name: s for s in self.config.scorers}
         for scorer in scorers:
             spec = specs.get(scorer.name)
+            # image scorers refuse oversized images per item at admission (docs/reliability.md)
+            limit_pixels = getattr(getattr(scorer, "inner", scorer), "limit_image_pixels", None)
+            if limit_pixels is not None:
+                limit_pixels(self.config.limits.max_image_pixels)
             batcher = DynamicBatcher(
                 scorer,
                 max_batch_size=spec.max_batch_size if spec else scorer.max_batch_size,

@@ -1,11 +1,19 @@
-"""Image checks at the door and CLIP preprocessing as tensor ops.
+"""Image checks and decoding, and CLIP preprocessing as tensor ops.
 
-`check_image` runs in the request handler and only reads the header (format and size) plus
-the end-of-stream marker, so an undecodable, truncated or oversized image is a 422/413 before
-it reaches a queue, at a cost of microseconds. The full decode happens in the scorer's batch:
-on the GPU with `torchvision.io.decode_jpeg(device=...)` when torchvision is importable,
-otherwise with Pillow on a thread pool. Resizing, cropping and normalising are the same torch
-ops on either path, so CPU and GPU serving agree.
+Every image is judged on its own (docs/reliability.md): `inspect_image` reads only the header
+(format, width, height) and the end-of-stream marker, so a decompression bomb (more than
+`max_pixels`), an extreme aspect ratio (over `max_aspect`:1, whose shortest-side resize would
+blow the long side up to hundreds of thousands of pixels) and a JPEG/PNG cut short are refused
+before a single pixel is decoded. `ImageDecoder.decode` runs that check on every blob before any
+decode path (nvJPEG on the GPU, Pillow on a thread pool), so no path can be made to allocate for
+a bomb; Pillow then decodes fully (`load()`), so a truncated or corrupt stream raises instead of
+returning a half-grey picture. CMYK, palette, 16-bit and animated images (first frame) become
+8-bit RGB. Image scorers run this at admission (`ClipScorer.prepare`): a refused image is that
+item's `bad_input`, never its request's or its batch's failure.
+
+`check_image` is the older whole-request check (a `ServeError`), kept for trainer routes.
+Resizing, cropping and normalising are the same torch ops on either decode path, so CPU and GPU
+serving agree.
 """
 
 from __future__ import annotations
@@ -21,6 +29,79 @@ OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 _JPEG_SOI, _JPEG_EOI = b"\xff\xd8", b"\xff\xd9"
 _PNG_MAGIC, _PNG_IEND = b"\x89PNG\r\n\x1a\n", b"IEND\xaeB`\x82"
+
+DEFAULT_MAX_PIXELS = 4096 * 4096
+"""The service's `limits.max_image_pixels` default; a scorer built outside a service uses it."""
+DEFAULT_MAX_ASPECT = 20.0
+"""Longest side / shortest side above which an image is refused (`options.max_image_aspect`)."""
+
+
+class ImageRejected(ValueError):
+    """An image refused by its header or its decode; the item fails alone (`bad_input`)."""
+
+
+def inspect_image(
+    data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, max_aspect: float = DEFAULT_MAX_ASPECT
+) -> tuple[int, int, str]:
+    """(width, height, format) from the header alone; `ImageRejected` for an empty, unknown,
+    oversized (a decompression bomb), extreme-aspect or truncated JPEG/PNG image. No decoding."""
+    from PIL import Image, UnidentifiedImageError
+
+    if not data:
+        raise ImageRejected("image is empty")
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            width, height = img.size
+            fmt = img.format or "?"
+    except Image.DecompressionBombError as exc:
+        raise ImageRejected(f"image refused without decoding: {exc}") from None
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError) as exc:
+        raise ImageRejected(f"not a decodable image: {type(exc).__name__}: {exc}"[:300]) from None
+    if width < 1 or height < 1:
+        raise ImageRejected(f"image has no pixels ({width}x{height})")
+    if width * height > max_pixels:
+        raise ImageRejected(
+            f"image has {width}x{height} = {width * height} pixels, over max_image_pixels {max_pixels} "
+            "(refused without decoding)"
+        )
+    if max(width, height) > max_aspect * min(width, height):
+        raise ImageRejected(
+            f"image is {width}x{height}, an aspect ratio over max_image_aspect {max_aspect:g}:1"
+        )
+    if fmt == "JPEG" and not data.rstrip(b"\x00").endswith(_JPEG_EOI):
+        raise ImageRejected("truncated JPEG (no end-of-image marker)")
+    if fmt == "PNG" and _PNG_IEND not in data[-64:]:
+        raise ImageRejected("truncated PNG (no IEND chunk)")
+    return width, height, fmt
+
+
+def decode_rgb(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, max_aspect: float = DEFAULT_MAX_ASPECT):
+    """Checked full decode with Pillow → uint8 CHW RGB tensor; `ImageRejected` if it cannot be.
+
+    The header is checked first (`inspect_image`), then every pixel is decoded (`load()`), so a
+    stream that stops or is corrupt raises here. 16-bit greyscale keeps its top 8 bits (Pillow's
+    own conversion would clip it to white); animated images give their first frame."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    inspect_image(data, max_pixels=max_pixels, max_aspect=max_aspect)
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            img.load()
+            if img.mode in ("I", "F") or img.mode.startswith("I;16"):
+                grey = np.asarray(img).astype(np.float64)
+                if img.mode != "F":
+                    grey = grey / 257.0  # 0..65535 → 0..255
+                grey = np.clip(np.rint(grey), 0, 255).astype(np.uint8)
+                arr = np.stack([grey] * 3, axis=-1)
+            else:
+                arr = np.asarray(img.convert("RGB"))
+    except ImageRejected:
+        raise
+    except Exception as exc:  # Pillow raises OSError, ValueError, SyntaxError, struct.error, ...
+        raise ImageRejected(f"image does not decode: {type(exc).__name__}: {exc}"[:300]) from None
+    return torch.from_numpy(arr.copy()).permute(2, 0, 1)
 
 
 def check_image(data: bytes, max_pixels: int, *, where: str = "image") -> None:
@@ -94,22 +175,29 @@ class Preprocess:
         return ((batch - mean) / std).to(dtype)
 
 
-def _pil_decode(data: bytes):
-    import numpy as np
-    import torch
-    from PIL import Image
-
-    with Image.open(io.BytesIO(data)) as img:
-        arr = np.asarray(img.convert("RGB"))
-    return torch.from_numpy(arr.copy()).permute(2, 0, 1)
+def _pil_decode(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, max_aspect: float = DEFAULT_MAX_ASPECT):
+    return decode_rgb(data, max_pixels=max_pixels, max_aspect=max_aspect)
 
 
 class ImageDecoder:
-    """Bytes -> uint8 CHW tensors; per image either a tensor or the exception that decoding raised."""
+    """Bytes -> uint8 CHW tensors; per image either a tensor or the exception that decoding raised.
 
-    def __init__(self, device: str, *, threads: int = 4, on_device: bool = True) -> None:
+    Every blob's header is checked (`inspect_image`) before any decoder sees it, so a bomb or an
+    extreme aspect ratio is an `ImageRejected` value here, whatever the decode path."""
+
+    def __init__(
+        self,
+        device: str,
+        *,
+        threads: int = 4,
+        on_device: bool = True,
+        max_pixels: int = DEFAULT_MAX_PIXELS,
+        max_aspect: float = DEFAULT_MAX_ASPECT,
+    ) -> None:
         """`on_device=False` decodes with Pillow even on a GPU (the `decode: host` scorer option)."""
         self.device = device
+        self.max_pixels = max_pixels
+        self.max_aspect = max_aspect
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="image-decode")
         tvio = None
         if device.startswith("cuda") and on_device:
@@ -125,7 +213,13 @@ class ImageDecoder:
 
     def decode(self, blobs: list[bytes]) -> list[object]:
         results: list[object] = [None] * len(blobs)
-        todo = list(range(len(blobs)))
+        todo = []
+        for i, blob in enumerate(blobs):
+            try:
+                inspect_image(blob, max_pixels=self.max_pixels, max_aspect=self.max_aspect)
+                todo.append(i)
+            except ImageRejected as exc:
+                results[i] = exc
         if self._tvio is not None:
             import torch
 
@@ -147,7 +241,9 @@ class ImageDecoder:
                 for i, t in zip(jpeg, decoded, strict=True):
                     results[i] = t
                 todo = [i for i in todo if results[i] is None]
-        futures = {i: self._pool.submit(_pil_decode, blobs[i]) for i in todo}
+        futures = {
+            i: self._pool.submit(_pil_decode, blobs[i], self.max_pixels, self.max_aspect) for i in todo
+        }
         for i, fut in futures.items():
             try:
                 results[i] = fut.result()

@@ -93,11 +93,11 @@ class RequestErrorCode(StrEnum):
     IDENTITY_MISMATCH = "identity_mismatch", 409, "`pin` names an identity the scorer no longer has"
     BODY_TOO_LARGE = "body_too_large", 413, "body over `max_body_bytes`"
     TOO_MANY_ITEMS = "too_many_items", 413, "more than `max_items` items (or multipart parts)"
-    IMAGE_TOO_LARGE = "image_too_large", 413, "an image over `max_image_pixels`"
+    IMAGE_TOO_LARGE = "image_too_large", 413, "an image over `max_image_pixels` (whole-request image checks)"
     INVALID_JSON = "invalid_json", 422, "the body (or multipart `request` part) is not JSON"
     INVALID_REQUEST = "invalid_request", 422, "schema violation (types, fields, ids, parts, pins)"
     UNKNOWN_SCORER = "unknown_scorer", 422, "a scorer name the service does not host"
-    BAD_IMAGE = "bad_image", 422, "invalid base64, not an image, a truncated or empty image"
+    BAD_IMAGE = "bad_image", 422, "an image's `b64` is not valid base64"
     MISSING_IMAGE = "missing_image", 422, "an image scorer was requested for an item without an image"
     QUEUE_FULL = "queue_full", 429, "the scorer's queue would exceed `max_queue`; see Retry-After"
     NOT_READY = "not_ready", 503, "a requested scorer is loading, failed, or the service is stopping"
@@ -127,9 +127,12 @@ class ItemErrorCode(StrEnum):
 
     NON_FINITE = "non_finite", "the scorer produced NaN or ±inf"
     SCORER_FAILED = "scorer_failed", "the scorer raised on this batch or returned a non-number / wrong count"
-    BAD_IMAGE = "bad_image", "the image passed the header check but failed to decode in the batch"
+    BAD_IMAGE = "bad_image", "the image passed admission but failed to decode in the batch"
     MISSING_REFERENCE = "missing_reference", "the scorer needs the item's `reference`"
-    BAD_INPUT = "bad_input", "an item the scorer cannot use (e.g. an empty response)"
+    BAD_INPUT = (
+        "bad_input",
+        "an item the scorer cannot use (an empty response, an undecodable or hostile image)",
+    )
     TOO_LONG = "too_long", "a text item whose response alone exceeds `max_length` tokens"
     WORKER_LOST = "worker_lost", "(deploy) the worker process holding the item died"
 

@@ -20,6 +20,12 @@ differently, so `host` is part of the identity. `cuda_graphs: true` (CUDA only) 
 as CUDA graphs captured at bucket batch sizes (`rewardkit.serve.graphs`); texts are then padded
 to CLIP's 77 positions and run without a padding mask, as CLIP was trained: attention is causal
 and the score reads the end-of-text position, so the padding after it changes nothing.
+
+Admission (`prepare`, on the batcher's admission threads): each image's header is checked
+(more than the service's `limits.max_image_pixels` or an aspect ratio over
+`options.max_image_aspect`, default 20:1, is refused without decoding) and then decoded in full
+(read from the request's prefetched decode when there is one), so a truncated, corrupt or
+hostile image is that item's `bad_input` and never reaches a batch (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -30,7 +36,14 @@ from typing import Any, ClassVar
 
 from rewardkit.core.errors import ConfigError
 from rewardkit.serve.graphs import BucketGraphs, bucket_sizes
-from rewardkit.serve.images import ImageDecoder, Preprocess
+from rewardkit.serve.images import (
+    DEFAULT_MAX_ASPECT,
+    DEFAULT_MAX_PIXELS,
+    ImageDecoder,
+    ImageRejected,
+    Preprocess,
+    inspect_image,
+)
 from rewardkit.serve.scorers.base import ItemError, ScoreItem
 from rewardkit.serve.scorers.common import (
     ModelScorer,
@@ -151,7 +164,7 @@ class ClipScorer(ModelScorer):
     kind: ClassVar[str] = "clip"
     modality: ClassVar = "image_text"
     allowed_options: ClassVar[frozenset[str]] = frozenset(
-        {"divisor", "seed", "decode_threads", "decode", "cuda_graphs"}
+        {"divisor", "seed", "decode_threads", "decode", "cuda_graphs", "max_image_aspect"}
     )
     shapes: ClassVar[tuple[str, ...]] = tuple(CLIP_SHAPES)
     default_divisor: ClassVar[float] = 1.0
@@ -171,8 +184,19 @@ class ClipScorer(ModelScorer):
             raise ConfigError(
                 f"scorer {name!r}: options.cuda_graphs needs a CUDA device, not {self.device!r}"
             )
+        aspect = self.options.get("max_image_aspect", DEFAULT_MAX_ASPECT)
+        if isinstance(aspect, bool) or not isinstance(aspect, int | float) or not aspect >= 1:
+            raise ConfigError(f"scorer {name!r}: options.max_image_aspect must be a number >= 1")
+        self.max_image_aspect = float(aspect)
+        self.max_image_pixels = DEFAULT_MAX_PIXELS
         self.preprocess = self.decoder = None
         self._graphs: dict[str, BucketGraphs] = {}
+
+    def limit_image_pixels(self, max_pixels: int) -> None:
+        """The service's `limits.max_image_pixels` (the backend calls this before `load`)."""
+        self.max_image_pixels = int(max_pixels)
+        if isinstance(self.decoder, ImageDecoder):
+            self.decoder.max_pixels = self.max_image_pixels
 
     def load(self) -> None:
         import torch
@@ -201,6 +225,8 @@ class ClipScorer(ModelScorer):
             self.device,
             threads=int(self.options.get("decode_threads", 4)),
             on_device=self.decode == "device",
+            max_pixels=self.max_image_pixels,
+            max_aspect=self.max_image_aspect,
         )
         if self.cuda_graphs:
             self._capture_graphs()
@@ -258,10 +284,26 @@ class ClipScorer(ModelScorer):
     def encode_images(self, pixels):
         return self._graphs.get("image", self._image_tower)(pixels)
 
+    def prepare(self, item: ScoreItem) -> ScoreItem | ItemError:
+        """Admission: header limits without decoding, then a full decode (a prefetched one is
+        read, not redone); any failure is this item's `bad_input`. Returns the item itself: the
+        batch reads the pixels from the shared decoder (or decodes again when nothing holds them),
+        so a long queue never holds decoded pixels for every waiting item."""
+        if item.image is None:
+            return ItemError("bad_input", "item has no image")
+        try:
+            inspect_image(item.image, max_pixels=self.max_image_pixels, max_aspect=self.max_image_aspect)
+        except ImageRejected as exc:
+            return ItemError("bad_input", str(exc)[:300])
+        (decoded,) = self.decoder.decode([item.image])
+        if isinstance(decoded, BaseException) or decoded is None:
+            return ItemError("bad_input", f"image does not decode: {decoded}"[:300])
+        return item
+
     def score_batch(self, items: list[ScoreItem]) -> list[float | ItemError]:
         import torch
 
-        results: list[float | ItemError] = [ItemError("missing_image", "item has no image")] * len(items)
+        results: list[float | ItemError] = [ItemError("bad_input", "item has no image")] * len(items)
         decoded = self.decoder.decode([i.image or b"" for i in items])
         ok = []
         for k, (item, img) in enumerate(zip(items, decoded, strict=True)):
@@ -307,4 +349,4 @@ class PickScoreScorer(ClipScorer):
     """PickScore: exp(logit_scale)·cos on a CLIP-H/14 model; the divisor is fixed at 1."""
 
     kind: ClassVar[str] = "pickscore"
-    allowed_options = frozenset({"seed", "decode_threads", "decode", "cuda_graphs"})
+    allowed_options = frozenset({"seed", "decode_threads", "decode", "cuda_graphs", "max_image_aspect"})
