@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from rewardkit.core import atomic
+from rewardkit.core.errors import UsageError
 from rewardkit.eval.bootstrap import DEFAULT_REPLICATES, DEFAULT_SEED
 
 
@@ -17,12 +18,18 @@ def _positive(text: str) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from rewardkit.eval.compare import compare_pairs, format_table
+    from rewardkit.eval.benchmarks import is_examples_file
+    from rewardkit.eval.compare import compare_examples, compare_pairs, format_benchmark_table, format_table
 
-    comparison = compare_pairs(args.a, args.b, seed=args.seed, replicates=args.replicates)
+    if is_examples_file(args.a) or is_examples_file(args.b):
+        comparison = compare_examples(args.a, args.b, seed=args.seed, replicates=args.replicates)
+        table = format_benchmark_table(comparison)
+    else:
+        comparison = compare_pairs(args.a, args.b, seed=args.seed, replicates=args.replicates)
+        table = format_table(comparison)
     out = Path(args.out) / "comparison.json"
     atomic.write_json(out, comparison)
-    print(format_table(comparison))
+    print(table)
     print(f"wrote {out}")
     return 0
 
@@ -36,8 +43,53 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _eval_benchmark(args: argparse.Namespace) -> int:
+    from rewardkit.eval.benchmarks import evaluate_benchmark
+
+    summary = evaluate_benchmark(
+        benchmark=args.benchmark,
+        data_path=args.data,
+        model_path=args.model,
+        out_dir=args.out,
+        batch_size=args.batch_size,
+        device=args.device,
+        reference_path=args.reference,
+        max_length=args.max_length,
+        truncation=args.truncation,
+        seed=args.seed,
+        replicates=args.replicates,
+    )
+    data = summary["data"]
+    print(
+        f"{data['rows']} rows read, {data['valid']} scored, {data['rejected']} rejected "
+        f"{data['rejections'] or ''}, {data['truncated_examples']} with a truncated text"
+    )
+    for name, entry in summary["aggregates"].items():
+        block = entry["bootstrap"]
+        print(
+            f"{name:<28} {entry['score']:.4f}  95% [{block['ci_95'][0]:.4f}, {block['ci_95'][1]:.4f}]  "
+            f"lower_95 {block['lower_95']:.4f}  n {entry['n']}"
+        )
+    for name, entry in summary["subsets"].items():
+        block = entry["bootstrap"]
+        print(
+            f"  {name:<26} {entry['value']:.4f}  95% [{block['ci_95'][0]:.4f}, {block['ci_95'][1]:.4f}]  "
+            f"lower_95 {block['lower_95']:.4f}  n {entry['n']}"
+        )
+    print(summary["headline"]["sentence"])
+    print(f"wrote {Path(args.out) / 'summary.json'}")
+    return 0
+
+
 def _eval(args: argparse.Namespace) -> int:
     from rewardkit.eval.runner import evaluate
+
+    if args.benchmark is not None:
+        if args.probe is not None:
+            raise UsageError("--probe is for rewardkit's own pairs; a --benchmark evaluation takes none")
+        return _eval_benchmark(args)
+    if args.probe is None:
+        raise UsageError("--probe is required (or give --benchmark rewardbench|rewardbench2|rm-bench)")
 
     summary = evaluate(
         model_path=args.model,
@@ -71,10 +123,19 @@ def _bootstrap_options(parser: argparse.ArgumentParser) -> None:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    ev = subparsers.add_parser("eval", help="score a frozen probe: pairs.jsonl + summary.json with bootstrap")
+    ev = subparsers.add_parser(
+        "eval", help="score a frozen probe or a public benchmark: artifacts + summary.json with bootstrap"
+    )
     ev.add_argument("--model", required=True, help="rewardkit checkpoint or Hugging Face model directory")
-    ev.add_argument("--probe", required=True, help="probe.json written by rewardkit data freeze-probe")
-    ev.add_argument("--data", required=True, help="evaluation pairs the probe was frozen from")
+    ev.add_argument("--probe", help="probe.json written by rewardkit data freeze-probe")
+    ev.add_argument(
+        "--benchmark",
+        choices=("rewardbench", "rewardbench2", "rm-bench"),
+        help="evaluate a local copy of a public benchmark (--data: parquet, json, jsonl or a datasets folder)",
+    )
+    ev.add_argument(
+        "--data", required=True, help="evaluation pairs the probe was frozen from, or the benchmark data"
+    )
     ev.add_argument("--out", required=True, help="output directory")
     ev.add_argument(
         "--batch-size", type=_positive, default=16, help="pairs per forward batch (default %(default)s)"
@@ -83,14 +144,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--reference", help="DPO only: the reference model directory, checked against the sidecar"
     )
     ev.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
+    ev.add_argument(
+        "--max-length",
+        type=_positive,
+        default=4096,
+        help="--benchmark: tokens per scored text; longer ones are cut from the left (default %(default)s)",
+    )
+    ev.add_argument(
+        "--truncation",
+        choices=("truncate", "drop"),
+        default="truncate",
+        help="--benchmark: cut over-long texts from the left, or reject their examples as oversize",
+    )
     _bootstrap_options(ev)
     ev.set_defaults(func=_eval)
 
     cmp_parser = subparsers.add_parser(
         "compare", help="paired bootstrap + exact McNemar of B vs A on one probe"
     )
-    cmp_parser.add_argument("a", help="A/pairs.jsonl (baseline)")
-    cmp_parser.add_argument("b", help="B/pairs.jsonl (candidate)")
+    cmp_parser.add_argument("a", help="A/pairs.jsonl or A/examples.jsonl of a benchmark (baseline)")
+    cmp_parser.add_argument("b", help="B/pairs.jsonl or B/examples.jsonl (candidate)")
     cmp_parser.add_argument("--out", required=True, help="directory for comparison.json")
     _bootstrap_options(cmp_parser)
     cmp_parser.set_defaults(func=_compare)

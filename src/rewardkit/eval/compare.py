@@ -147,3 +147,126 @@ def format_table(comparison: dict[str, Any]) -> str:
             f"{entry['discordant_a_only']:>6} {entry['discordant_b_only']:>6} {entry['mcnemar_p']:>10.4g}"
         )
     return "\n".join(lines)
+
+
+BENCHMARK_COMPARISON_SCHEMA = "rewardkit.eval.benchmark_comparison/1"
+
+
+def _benchmark_difference(
+    name: str, correct_a: np.ndarray, correct_b: np.ndarray, v_a: np.ndarray, v_b: np.ndarray, *,
+    statistic: str, seed: int, replicates: int,
+) -> dict[str, Any]:  # fmt: skip
+    a_only = int(np.sum(correct_a & ~correct_b))
+    b_only = int(np.sum(~correct_a & correct_b))
+    block = bootstrap.paired_bootstrap(
+        v_a, v_b, statistic=f"{name}: {statistic}", seed=seed, replicates=replicates
+    )
+    return {
+        "n_pairs": int(v_a.size),
+        "accuracy_a": float(v_a.mean()),
+        "accuracy_b": float(v_b.mean()),
+        "difference": float(v_b.mean() - v_a.mean()),
+        "discordant_a_only": a_only,
+        "discordant_b_only": b_only,
+        "mcnemar_p": mcnemar_exact(a_only, b_only),
+        "bootstrap": block,
+    }
+
+
+def compare_examples(
+    path_a: str | Path,
+    path_b: str | Path,
+    *,
+    seed: int = bootstrap.DEFAULT_SEED,
+    replicates: int = bootstrap.DEFAULT_REPLICATES,
+) -> dict[str, Any]:
+    """B − A on two benchmark evaluations (`examples.jsonl`), paired by example id.
+
+    Every aggregate (the benchmark score, sections / domains) and every subset gets the paired
+    bootstrap of the per-example values (the same weighted values `rewardkit eval --benchmark`
+    bootstrapped, so the point difference is exactly score(B) − score(A)), P(B > A), and the
+    exact McNemar test on the strict per-example `correct`.
+    """
+    from rewardkit.eval.benchmarks import common, get, read_examples
+
+    rows_a, rows_b = read_examples(path_a), read_examples(path_b)
+    bench_a, bench_b = rows_a[0]["benchmark"], rows_b[0]["benchmark"]
+    if bench_a != bench_b:
+        raise UsageError(
+            f"different benchmarks: {path_a} is {bench_a}, {path_b} is {bench_b}", code="probe_mismatch"
+        )
+    if rows_a[0]["data_sha256"] != rows_b[0]["data_sha256"]:
+        raise UsageError(
+            f"different data: {path_a} has data_sha256 {rows_a[0]['data_sha256'][:12]}…, "
+            f"{path_b} has {rows_b[0]['data_sha256'][:12]}…",
+            code="probe_mismatch",
+        )
+    keyed = [{"pair_id": r["id"], "subset": r["subset"]} for r in rows_a]
+    keyed_b = [{"pair_id": r["id"], "subset": r["subset"]} for r in rows_b]
+    for rows in (keyed, keyed_b):
+        rows[0]["probe_sha256"] = rows_a[0]["data_sha256"]
+    order = _align(keyed, keyed_b, str(path_a), str(path_b))
+    rows_b = [rows_b[j] for j in order]
+    module = get(bench_a)
+    subsets = [r["subset"] for r in rows_a]
+    correct_a = np.array([r["correct"] for r in rows_a], dtype=bool)
+    correct_b = np.array([r["correct"] for r in rows_b], dtype=bool)
+    sizes: dict[str, int] = {}
+    for s in subsets:
+        sizes[s] = sizes.get(s, 0) + 1
+    aggregates: dict[str, Any] = {}
+    for agg in module.aggregates(sizes):
+        va = np.array([r[agg.statistic] for r in rows_a], dtype=np.float64)
+        vb = np.array([r[agg.statistic] for r in rows_b], dtype=np.float64)
+        mask, wa = common.aggregate_values(subsets, va, agg.weights)
+        _, wb = common.aggregate_values(subsets, vb, agg.weights)
+        if mask.any():
+            aggregates[agg.name] = _benchmark_difference(
+                agg.name, correct_a[mask], correct_b[mask], wa, wb,
+                statistic=agg.statistic, seed=seed, replicates=replicates,
+            )  # fmt: skip
+    per_subset: dict[str, Any] = {}
+    for name in sorted(sizes):
+        mask = np.array([s == name for s in subsets], dtype=bool)
+        va = np.array([r["value"] for r, m in zip(rows_a, mask, strict=True) if m], dtype=np.float64)
+        vb = np.array([r["value"] for r, m in zip(rows_b, mask, strict=True) if m], dtype=np.float64)
+        per_subset[name] = _benchmark_difference(
+            name,
+            correct_a[mask],
+            correct_b[mask],
+            va,
+            vb,
+            statistic="value",
+            seed=seed,
+            replicates=replicates,
+        )
+    return {
+        "schema": BENCHMARK_COMPARISON_SCHEMA,
+        "benchmark": bench_a,
+        "a": str(path_a),
+        "b": str(path_b),
+        "data_sha256": rows_a[0]["data_sha256"],
+        "aggregates": aggregates,
+        "subsets": per_subset,
+    }
+
+
+def format_benchmark_table(comparison: dict[str, Any]) -> str:
+    """Plain-text table: one line per aggregate, then one per subset (score, not accuracy, where weighted)."""
+    header = (
+        f"{'':<28} {'n':>6} {'A':>7} {'B':>7} {'B-A':>8} "
+        f"{'95% interval':>19} {'P(B>A)':>7} {'A-only':>6} {'B-only':>6} {'McNemar p':>10}"
+    )
+    lines = [header, "-" * len(header)]
+    entries = list(comparison["aggregates"].items()) + [
+        (f"  {k}", v) for k, v in comparison["subsets"].items()
+    ]
+    for name, entry in entries:
+        block = entry["bootstrap"]
+        low, high = block["ci_95"]
+        lines.append(
+            f"{name[:28]:<28} {entry['n_pairs']:>6} {entry['accuracy_a']:>7.4f} {entry['accuracy_b']:>7.4f} "
+            f"{entry['difference']:>+8.4f} {f'[{low:+.4f}, {high:+.4f}]':>19} {block['p_b_greater']:>7.4f} "
+            f"{entry['discordant_a_only']:>6} {entry['discordant_b_only']:>6} {entry['mcnemar_p']:>10.4g}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,370 @@
+"""`rewardkit eval --benchmark NAME`: public reward-model benchmarks from local files, with intervals.
+
+One path for the three benchmarks:
+
+1. read the local copy in its published schema (`loader`); a file in another schema is one
+   line naming the missing columns; bad rows are rejected with reason codes and counted;
+2. score every distinct (prompt, response) once, through the checkpoint's objective scorer
+   (`rewardkit.objectives.registry.load_pair_scorer`, the same pairs → scores path as
+   `rewardkit eval --probe`): the distinct texts are sorted by length and scored two per
+   `TokenizedPair`, so nothing is scored twice and batches carry little padding;
+3. apply the benchmark's released scoring rules (`rewardbench`, `rewardbench2`, `rmbench`);
+4. bootstrap every number (`common.statistics_block`) and write `examples.jsonl`,
+   `worst.json` and `summary.json` (last, with the examples' SHA-256).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from rewardkit.core import atomic
+from rewardkit.core.errors import RewardkitError, UsageError
+from rewardkit.core.hashing import sha256_bytes
+from rewardkit.data import reasons as R
+from rewardkit.data.reasons import Rejection
+from rewardkit.data.records import TokenizedBranch, TokenizedPair
+from rewardkit.eval import bootstrap
+from rewardkit.eval.benchmarks import common, loader, rewardbench, rewardbench2, rmbench
+from rewardkit.eval.benchmarks.loader import Item
+
+log = logging.getLogger(__name__)
+
+BENCHMARKS: dict[str, ModuleType] = {m.NAME: m for m in (rewardbench, rewardbench2, rmbench)}
+WORST_FILE = "worst.json"
+DEFAULT_MAX_LENGTH = 4096
+TRUNCATION = ("truncate", "drop")
+
+
+def get(name: str) -> ModuleType:
+    try:
+        return BENCHMARKS[name]
+    except KeyError:
+        raise UsageError(f"unknown benchmark {name!r}; known: {', '.join(BENCHMARKS)}") from None
+
+
+def read_items(module: ModuleType, path: str | Path) -> tuple[list[Item], dict[str, Any]]:
+    """Accepted items in file order, and the data section: rows read, rejected per reason code."""
+    columns, rows = loader.read_table(path)
+    loader.check_columns(path, columns, module.REQUIRED, module.TITLE)
+    counts = {reason: 0 for reason in R.REASONS}
+    items: list[Item] = []
+    seen: set[str] = set()
+    first_examples: dict[str, str] = {}
+    n_rows = 0
+    for index, row in enumerate(rows):
+        n_rows += 1
+        try:
+            if not isinstance(row, dict):
+                raise Rejection(R.SCHEMA, "row is not an object")
+            item = module.parse(row)
+            if item.id in seen:
+                raise Rejection(R.DUPLICATE_ID, f"id {item.id!r} already used")
+        except Rejection as rejection:
+            counts[rejection.reason] += 1
+            first_examples.setdefault(rejection.reason, f"row {index}: {rejection}")
+            continue
+        seen.add(item.id)
+        items.append(item)
+    data = {
+        "path": str(path),
+        "rows": n_rows,
+        "valid": len(items),
+        "rejected": n_rows - len(items),
+        "rejections": {k: v for k, v in counts.items() if v},
+        "first_rejection": first_examples,
+    }
+    if not items:
+        raise UsageError(f"{path}: no {module.TITLE} example left after validation ({data['rejections']})")
+    return items, data
+
+
+def data_sha256(items: list[Item]) -> str:
+    """SHA-256 over the accepted examples (id, subset, prompt, responses) in order: what was measured."""
+    digest = hashlib.sha256()
+    for item in items:
+        digest.update(json.dumps(item.to_json(), sort_keys=True, ensure_ascii=False).encode("utf-8") + b"\n")
+    return digest.hexdigest()
+
+
+def tokenize_texts(
+    tokenizer: Any, keys: list[tuple[str, str]], *, max_length: int, truncation: str
+) -> tuple[list[TokenizedBranch | None], list[int], list[bool]]:
+    """(branch or None when dropped, completion tokens before truncation, truncated?) per distinct text.
+
+    Over-long sequences are cut from the left (the front of the prompt first), keeping the end
+    of the response and the end-of-turn token the score is read at; with `drop` they are left
+    out and their examples rejected as `oversize`.
+    """
+    from rewardkit.data.tokenize import tokenize_branch
+
+    branches: list[TokenizedBranch | None] = []
+    lengths: list[int] = []
+    cut: list[bool] = []
+    for prompt, response in keys:
+        try:
+            branch = tokenize_branch(
+                tokenizer, [{"role": "user", "content": prompt}], [{"role": "assistant", "content": response}]
+            )
+        except Rejection:
+            branches.append(None)
+            lengths.append(0)
+            cut.append(False)
+            continue
+        lengths.append(int(sum(branch.loss_mask)))
+        over = len(branch.input_ids) - max_length
+        if over > 0:
+            cut.append(True)
+            if truncation == "drop":
+                branches.append(None)
+                continue
+            branch = TokenizedBranch(
+                input_ids=branch.input_ids[over:],
+                loss_mask=branch.loss_mask[over:],
+                score_index=branch.score_index - over,
+            )
+        else:
+            cut.append(False)
+        branches.append(branch)
+    return branches, lengths, cut
+
+
+def score_branches(scorer: Any, branches: list[TokenizedBranch], batch_size: int) -> tuple[np.ndarray, int]:
+    """One float64 score per branch (input order) and the token count, two branches per pair, by length."""
+    order = sorted(range(len(branches)), key=lambda i: (-len(branches[i]), i))
+    pairs = []
+    for k in range(0, len(order), 2):
+        a = order[k]
+        b = order[k + 1] if k + 1 < len(order) else order[k]
+        pairs.append(TokenizedPair(pair_id=f"text-{k // 2}", chosen=branches[a], rejected=branches[b]))
+    first, second, _ = scorer.score(pairs, batch_size)
+    scores = np.empty(len(branches), dtype=np.float64)
+    for k in range(len(pairs)):
+        scores[order[2 * k]] = first[k]
+        if 2 * k + 1 < len(order):
+            scores[order[2 * k + 1]] = second[k]
+    return scores, sum(len(b) for b in branches)
+
+
+def _device(requested: str | None) -> str:
+    from rewardkit.eval.runner import _device as pick
+
+    return pick(requested)
+
+
+def evaluate_benchmark(
+    *,
+    benchmark: str,
+    data_path: str | Path,
+    model_path: str | Path,
+    out_dir: str | Path,
+    batch_size: int = 16,
+    device: str | None = None,
+    reference_path: str | Path | None = None,
+    max_length: int = DEFAULT_MAX_LENGTH,
+    truncation: str = "truncate",
+    seed: int = bootstrap.DEFAULT_SEED,
+    replicates: int = bootstrap.DEFAULT_REPLICATES,
+    scorer: Any = None,
+) -> dict[str, Any]:
+    """Read, score, apply the released rules, bootstrap, write the artifacts; return the summary."""
+    from rewardkit.objectives.registry import load_pair_scorer
+
+    module = get(benchmark)
+    if truncation not in TRUNCATION:
+        raise UsageError(f"truncation must be one of {TRUNCATION}, got {truncation!r}")
+    items, data = read_items(module, data_path)
+    device = _device(device)
+    if scorer is None:
+        try:
+            scorer = load_pair_scorer(model_path, device=device, reference_path=reference_path)
+        except UsageError:
+            raise
+        except RewardkitError as exc:
+            raise UsageError(exc.message, code=exc.code) from None
+
+    index: dict[tuple[str, str], int] = {}
+    for item in items:
+        for text in (*item.chosen, *item.rejected):
+            index.setdefault((item.prompt, text), len(index))
+    keys = list(index)
+    branches, lengths, cut = tokenize_texts(
+        scorer.tokenizer, keys, max_length=max_length, truncation=truncation
+    )
+
+    kept: list[Item] = []
+    for item in items:
+        ids = [index[(item.prompt, t)] for t in (*item.chosen, *item.rejected)]
+        missing = [i for i in ids if branches[i] is None]
+        if missing:
+            reason = R.OVERSIZE if any(cut[i] for i in missing) else R.EMPTY_COMPLETION
+            data["rejections"][reason] = data["rejections"].get(reason, 0) + 1
+            data["first_rejection"].setdefault(reason, f"id {item.id}: a response {reason}")
+            continue
+        kept.append(item)
+    data["valid"], data["rejected"] = len(kept), data["rows"] - len(kept)
+    if not kept:
+        raise UsageError(f"{data_path}: no example left after tokenisation ({data['rejections']})")
+    items = kept
+    used = sorted({index[(it.prompt, t)] for it in items for t in (*it.chosen, *it.rejected)})
+    started = time.perf_counter()
+    used_scores, tokens = score_branches(scorer, [branches[i] for i in used], batch_size)
+    seconds = time.perf_counter() - started
+    bad = np.flatnonzero(~np.isfinite(used_scores))
+    if bad.size:
+        raise UsageError(
+            f"model gave {bad.size} non-finite score(s); nothing written", code="non_finite_scores"
+        )
+    scores = np.full(len(keys), np.nan)
+    scores[used] = used_scores
+
+    def pick(item: Item, texts: tuple[str, ...]) -> np.ndarray:
+        return np.array([scores[index[(item.prompt, t)]] for t in texts], dtype=np.float64)
+
+    chosen = [pick(it, it.chosen) for it in items]
+    rejected = [pick(it, it.rejected) for it in items]
+    records = module.score(items, chosen, rejected)
+    digest = data_sha256(items)
+    rows = []
+    for item, c, r, rec in zip(items, chosen, rejected, records, strict=True):
+        c_ids = [index[(item.prompt, t)] for t in item.chosen]
+        r_ids = [index[(item.prompt, t)] for t in item.rejected]
+        rows.append(
+            {
+                "id": item.id,
+                "subset": item.subset,
+                "benchmark": module.NAME,
+                "chosen_scores": c.tolist(),
+                "rejected_scores": r.tolist(),
+                **rec,
+                "chosen_tokens": [lengths[i] for i in c_ids],
+                "rejected_tokens": [lengths[i] for i in r_ids],
+                "chosen_chars": [len(t) for t in item.chosen],
+                "rejected_chars": [len(t) for t in item.rejected],
+                "truncated": any(cut[i] for i in (*c_ids, *r_ids)),
+                "data_sha256": digest,
+            }
+        )
+    data["distinct_texts"] = len(used)
+    data["truncated_texts"] = int(sum(cut[i] for i in used))
+    data["truncated_examples"] = sum(row["truncated"] for row in rows)
+    data["max_length"] = max_length
+    data["truncation"] = truncation
+    subset_sizes: dict[str, int] = {}
+    for item in items:
+        subset_sizes[item.subset] = subset_sizes.get(item.subset, 0) + 1
+    stats = common.statistics_block(
+        rows, module.SUBSET_STATISTICS, module.aggregates(subset_sizes), module.CHANCE,
+        seed=seed, replicates=replicates,
+    )  # fmt: skip
+    examples_bytes = common.example_lines(rows)
+    summary: dict[str, Any] = {
+        "schema": common.SUMMARY_SCHEMA,
+        "benchmark": module.NAME,
+        "title": module.TITLE,
+        "matched": module.MATCHED,
+        "chance": module.CHANCE,
+        "headline": headline(module, stats),
+        "n_examples": len(rows),
+        **stats,
+        "details": details(module, items, rows),
+        "length_bias": common.length_bias(
+            [r["chosen_scores"] for r in rows],
+            [r["rejected_scores"] for r in rows],
+            [r["chosen_tokens"] for r in rows],
+            [r["rejected_tokens"] for r in rows],
+            "completion tokens",
+        ),  # fmt: skip
+        "data": data,
+        "data_sha256": digest,
+        "objective": scorer.objective,
+        "model": {"path": str(model_path), **scorer.metadata},
+        "throughput": {
+            "distinct_texts": len(used),
+            "pairs": len(used) / 2,
+            "tokens": tokens,
+            "seconds": seconds,
+            "texts_per_s": len(used) / seconds if seconds > 0 else None,
+            "pairs_per_s": len(used) / 2 / seconds if seconds > 0 else None,
+            "tokens_per_s": tokens / seconds if seconds > 0 else None,
+            "device": device,
+            "dtype": "fp32",
+            "batch_size": batch_size,
+            "layout": "right-padded, distinct texts sorted by length",
+        },
+        "bootstrap": {"seed": seed, "replicates": replicates, "generator": bootstrap.GENERATOR},
+        "examples_file": common.EXAMPLES_FILE,
+        "examples_sha256": sha256_bytes(examples_bytes),
+        "worst_file": WORST_FILE,
+    }
+    out = Path(out_dir)
+    atomic.write_bytes(out / common.EXAMPLES_FILE, examples_bytes)
+    atomic.write_json(out / WORST_FILE, common.worst_pairs(items, rows))
+    atomic.write_json(out / "summary.json", summary)
+    return summary
+
+
+def headline(module: ModuleType, stats: dict[str, Any]) -> dict[str, Any]:
+    aggregates = stats["aggregates"]
+    name = module.HEADLINE if module.HEADLINE in aggregates else next(iter(aggregates))
+    block = aggregates[name]["bootstrap"]
+    low, high = block["ci_95"]
+    sentence = (
+        f"{module.TITLE} {name}: {block['point']:.3f} (95% interval {low:.3f}–{high:.3f}; one-sided lower "
+        f"bound {block['lower_95']:.3f}) on {aggregates[name]['n']} examples, against chance "
+        f"{module.CHANCE:g}: {'above' if block['pass'] else 'not shown above'} chance."
+    )
+    return {"name": name, "score": block["point"], "ci_95": [low, high], "lower_95": block["lower_95"],
+            "chance": module.CHANCE, "sentence": sentence}  # fmt: skip
+
+
+def details(module: ModuleType, items: list[Item], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    if module is rewardbench2:
+        return {"ties": rewardbench2.subset_details(items, rows)}
+    if module is rmbench:
+        out: dict[str, Any] = {"styles": list(rmbench.STYLES)}
+        groups: dict[str, list[dict[str, Any]]] = {"(all)": rows}
+        for row in rows:
+            groups.setdefault(row["subset"], []).append(row)
+        for name, group in groups.items():
+            m = np.mean([np.array(r["matrix"], dtype=np.float64) for r in group], axis=0)
+            out[name] = {"matrix": m.tolist(), **rmbench.accuracy_levels(m), "n": len(group)}
+        return {"style_matrix": out}
+    return {"sections": rewardbench.section_weights({it.subset for it in items})}
+
+
+def read_examples(path: str | Path) -> list[dict[str, Any]]:
+    """Rows of a benchmark examples.jsonl (or the one inside a directory), checked for the fields compare needs."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / common.EXAMPLES_FILE
+    rows = []
+    with open(path, encoding="utf-8") as handle:
+        for line_no, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise UsageError(
+                    f"{path}:{line_no}: not JSON ({exc.msg})", code="bad_examples_file"
+                ) from None
+            missing = [k for k in (*common.EXAMPLE_SCHEMA_KEYS, "benchmark", "data_sha256") if k not in row]
+            if missing:
+                raise UsageError(f"{path}:{line_no}: missing {', '.join(missing)}", code="bad_examples_file")
+            rows.append(row)
+    if not rows:
+        raise UsageError(f"{path}: no examples", code="bad_examples_file")
+    return rows
+
+
+def is_examples_file(path: str | Path) -> bool:
+    path = Path(path)
+    return path.name == common.EXAMPLES_FILE or (path.is_dir() and (path / common.EXAMPLES_FILE).is_file())
