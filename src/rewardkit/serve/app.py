@@ -26,7 +26,7 @@ from rewardkit import __version__
 from rewardkit.serve.backend import ScoringBackend
 from rewardkit.serve.batcher import check_value
 from rewardkit.serve.config import ServiceConfig
-from rewardkit.serve.metrics import ServeMetrics
+from rewardkit.serve.metrics import CountEveryResponse, ServeMetrics, mark_counted
 from rewardkit.serve.multipart import parse_multipart
 from rewardkit.serve.protocol import (
     DEPLOYMENT_ROUTE,
@@ -108,6 +108,7 @@ def create_app(
             await backend.stop()
 
     app = FastAPI(title="rewardkit reward service", version=__version__, lifespan=lifespan)
+    app.add_middleware(CountEveryResponse, metrics=metrics)  # every response, 5xx included
     app.state.metrics = metrics
     app.state.backend = backend
 
@@ -120,6 +121,7 @@ def create_app(
             raise ServeError("unauthorized", "missing or wrong bearer token (Authorization: Bearer <token>)")
 
     def count(route: str, status: int, code: str, started: float) -> None:
+        mark_counted()  # the middleware counts whatever a handler does not
         metrics.requests.labels(route, str(status), code).inc()
         metrics.request_latency.labels(route).observe(time.perf_counter() - started)
 
@@ -129,12 +131,12 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse(error_body("invalid_request", str(exc.errors()[:1])), status_code=422)
+        return JSONResponse(error_body("invalid_request", str(exc.errors()[:1])[:300]), status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = ROUTE_ERROR_CODES.get(exc.status_code, HTTP_ERROR_CODE)
-        return JSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code)
+        return JSONResponse(error_body(code, str(exc.detail)[:300]), status_code=exc.status_code)
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONResponse:
@@ -222,7 +224,9 @@ def create_app(
             configured = set(backend.scorer_names())
             unknown = [n for n in names if n not in configured]
             if unknown:
-                raise ServeError("unknown_scorer", f"unknown scorers {unknown}; known: {sorted(configured)}")
+                raise ServeError(
+                    "unknown_scorer", f"unknown scorers {unknown}; known: {sorted(configured)}"[:1000]
+                )
             infos = backend.scorer_infos()
             missing = [n for n in names if n not in infos]
             if missing:

