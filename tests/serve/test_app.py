@@ -304,7 +304,8 @@ def test_queue_full_429_and_queue_timeout_504():
         big = httpx.post(
             s.url + "/v1/score", json={"scorers": ["slow"], "items": [{"id": "a"}, {"id": "b"}, {"id": "c"}]}
         )
-        assert_error(big, 429, "queue_full")
+        assert_error(big, 413, "too_large")  # more than max_queue: no retry can ever fit it
+        assert "retry-after" not in big.headers
 
 
 def test_not_ready_503_when_warmup_is_not_finite():

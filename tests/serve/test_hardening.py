@@ -11,6 +11,7 @@ import json
 import re
 
 import httpx
+import pytest
 
 from support.hostile import served
 from support.serve import LiveServer, make_config
@@ -114,3 +115,57 @@ def test_an_unhandled_server_error_is_a_counted_json_500():
         assert r.status_code == 500 and r.json()["code"] == "internal"
         counts = metric_counts(httpx.get(server.url + "/metrics").text)
         assert counts[("/v1/score", "500", "internal")] == 1
+
+
+# ------------------------------------------------------------------ 413 too_large, 429 only transient
+
+
+def test_more_items_than_max_queue_is_413_and_the_client_does_not_retry_it(tmp_path):
+    from rewardkit.serve.client import RewardClient, ServiceError
+
+    items = [{"id": str(k), "response": "x"} for k in range(65)]  # `len` has max_queue 64
+    with served(tmp_path, RULES_YAML) as url:
+        r = httpx.post(url + "/v1/score", json={"scorers": ["len"], "items": items}, timeout=30)
+        assert r.status_code == 413 and r.json()["code"] == "too_large", r.text
+        assert "retry-after" not in r.headers
+        fits = httpx.post(url + "/v1/score", json={"scorers": ["len"], "items": items[:64]}, timeout=30)
+        assert fits.status_code == 200
+        posts = []
+
+        class Counting(httpx.HTTPTransport):
+            def handle_request(self, request: httpx.Request) -> httpx.Response:
+                posts.append(request.url.path)
+                return super().handle_request(request)
+
+        with (
+            RewardClient(url, transport=Counting(), backoff_s=0.01) as client,
+            pytest.raises(ServiceError) as err,
+        ):
+            client.score(items, ["len"])
+        assert err.value.status == 413 and err.value.code == "too_large"
+        assert posts == ["/v1/score"]  # one attempt: a 413 is final
+
+
+def test_a_workers_queue_full_keeps_its_retry_after_through_the_deploy_transport(tmp_path):
+    import asyncio
+
+    from rewardkit.deploy.transport import RemoteError, TransportClient, serve_unix
+    from rewardkit.serve.protocol import ServeError
+
+    async def handler(op, header, body):
+        raise ServeError("queue_full", "busy", retry_after=3.0)
+
+    async def go():
+        path = str(tmp_path / "w.sock")
+        server = await serve_unix(path, handler)
+        client = await TransportClient.connect(path)
+        try:
+            with pytest.raises(RemoteError) as err:
+                await client.call("score", {}, timeout=5)
+            return err.value
+        finally:
+            await client.close()
+            server.close()
+
+    err = asyncio.run(go())
+    assert err.code == "queue_full" and err.retry_after == 3.0

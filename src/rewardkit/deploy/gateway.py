@@ -178,7 +178,7 @@ class GatewayBackend:
             return [ItemError("worker_lost", f"worker {worker.plan.name}: {exc.message}")] * len(items)
         except RemoteError as exc:
             if exc.code in STATUS_BY_CODE:
-                raise ServeError(exc.code, exc.message) from None
+                raise ServeError(exc.code, exc.message, retry_after=exc.retry_after) from None
             return [ItemError("scorer_failed", f"{exc.code}: {exc.message}")] * len(items)
         except TimeoutError:
             raise ServeError(

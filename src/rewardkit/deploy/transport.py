@@ -50,6 +50,8 @@ class RemoteError(RewardkitError):
     """The worker answered with an error (its `code` is kept)."""
 
     code = "worker_error"
+    retry_after: float | None = None
+    """Seconds the worker suggested waiting (its `queue_full`), relayed as `Retry-After`."""
 
 
 def encode_frame(header: dict[str, Any], body: bytes = b"") -> bytes:
@@ -193,9 +195,13 @@ class TransportClient:
             self._pending.pop(rid, None)
         if not header.get("ok", False):
             err = header.get("error") or {}
-            raise RemoteError(
+            remote = RemoteError(
                 str(err.get("message", "worker error")), code=str(err.get("code", "worker_error"))
             )
+            retry_after = err.get("retry_after")
+            if isinstance(retry_after, int | float) and not isinstance(retry_after, bool):
+                remote.retry_after = float(retry_after)
+            raise remote
         return header, rbody
 
     async def _read_loop(self) -> None:
@@ -255,7 +261,10 @@ async def serve_unix(path: str, handler: Handler) -> asyncio.AbstractServer:
                 code = exc.code if isinstance(exc, RewardkitError) else "internal"
                 if not isinstance(exc, RewardkitError):
                     log.exception("worker request %s failed", rid)
-                frame = encode_frame({"id": rid, "ok": False, "error": {"code": code, "message": str(exc)}})
+                error = {"code": code, "message": str(exc)}
+                if (retry_after := getattr(exc, "retry_after", None)) is not None:
+                    error["retry_after"] = retry_after  # queue_full's Retry-After reaches the client
+                frame = encode_frame({"id": rid, "ok": False, "error": error})
             with contextlib.suppress(ConnectionError, OSError):
                 writer.write(frame)
                 await writer.drain()

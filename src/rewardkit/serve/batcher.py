@@ -146,6 +146,12 @@ class DynamicBatcher:
         """Queue `items`, wait for their batches, return one result per item in order."""
         if self._task is None or self._wakeup is None:
             raise ServeError("not_ready", f"scorer {self.name!r} is not started")
+        if len(items) > self.max_queue:  # no wait can make room: 413, not a 429 to retry forever
+            raise ServeError(
+                "too_large",
+                f"{len(items)} items can never fit scorer {self.name!r}'s queue of {self.max_queue}; "
+                "split the request",
+            )
         if len(self._queue) + len(items) > self.max_queue:
             retry = max(
                 1.0, math.ceil(self.max_wait_s + len(self._queue) / max(1, self.max_batch_size) * 0.05)

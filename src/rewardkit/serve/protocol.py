@@ -94,6 +94,7 @@ class RequestErrorCode(StrEnum):
     IDENTITY_MISMATCH = "identity_mismatch", 409, "`pin` names an identity the scorer no longer has"
     BODY_TOO_LARGE = "body_too_large", 413, "body over `max_body_bytes`"
     TOO_MANY_ITEMS = "too_many_items", 413, "more than `max_items` items (or multipart parts)"
+    TOO_LARGE = "too_large", 413, "more items than a requested scorer's `max_queue` can ever admit"
     IMAGE_TOO_LARGE = "image_too_large", 413, "an image over `max_image_pixels` (whole-request image checks)"
     INVALID_JSON = "invalid_json", 422, "the body (or multipart `request` part) is not JSON"
     INVALID_REQUEST = "invalid_request", 422, "schema violation (types, fields, ids, parts, pins)"
