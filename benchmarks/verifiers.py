@@ -1,0 +1,306 @@
+"""Verifier throughput and latency (docs/benchmarks/verifiers.md).
+
+    .venv/bin/python benchmarks/verifiers.py --out docs/benchmarks/verifiers.json
+
+1. math, in-thread reference: `check_answer` (math-verify parse + verify, the exact work a pool
+   worker does) called in this thread on typical RL answers (a few hundred words ending in a
+   boxed answer, half right): items/s on one core, p50/p99 per item.
+2. math through `POST /v1/score`: a `rewardkit serve` subprocess with a `math` scorer (one worker
+   process per core); throughput with batches of 32 from 4 concurrent clients, and per-item
+   latency (batch 1, one client): p50/p99. Goal: >= 80 % of cores x the in-thread rate.
+3. code sandbox: start-up latency (from `LocalSandbox.run()` to the program's first statement,
+   both read from the same wall clock) and round trip per run, p50/p99, with the isolation in
+   force; and trivial-program runs/s at `concurrency` = cores. References measured in the same
+   run: a fresh `python3 -I -c pass`, `python3 -S -c pass`, and a fork from this process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import platform
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+WORDS = [
+    "we",
+    "consider",
+    "the",
+    "expression",
+    "and",
+    "simplify",
+    "each",
+    "term",
+    "carefully",
+    "noting",
+    "that",
+    "the",
+    "sum",
+    "of",
+    "the",
+    "first",
+    "terms",
+    "telescopes",
+    "so",
+    "the",
+    "remaining",
+    "factor",
+    "is",
+    "what",
+    "we",
+    "need",
+    "therefore",
+    "substituting",
+    "back",
+    "gives",
+]
+
+
+def answers(n: int, seed: int = 0) -> list[tuple[str, str]]:
+    """(response, reference): ~300 words of reasoning ending in a boxed answer, half right."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        kind = i % 4
+        if kind == 0:
+            ref, right, wrong = f"{rng.randint(2, 999)}", None, None
+            right, wrong = ref, str(int(ref) + rng.randint(1, 9))
+        elif kind == 1:
+            p, q = rng.randint(1, 9), rng.randint(10, 19)
+            ref, right, wrong = (
+                f"\\frac{{{p}}}{{{q}}}",
+                f"\\frac{{{2 * p}}}{{{2 * q}}}",
+                f"\\frac{{{q}}}{{{p}}}",
+            )
+        elif kind == 2:
+            a = rng.randint(2, 9)
+            ref, right, wrong = f"{a}\\sqrt{{2}}", f"\\sqrt{{{2 * a * a}}}", f"{a}\\sqrt{{3}}"
+        else:
+            a = rng.randint(1, 5)
+            ref, right, wrong = f"x^2 + {2 * a}x + {a * a}", f"(x+{a})^2", f"(x+{a + 1})^2"
+        body = " ".join(rng.choice(WORDS) for _ in range(rng.randint(250, 350)))
+        answer = right if i % 2 == 0 else wrong
+        out.append((f"{body}. So the final answer is $\\boxed{{{answer}}}$.", ref))
+    return out
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
+
+
+def bench_math_in_thread(data: list[tuple[str, str]]) -> dict:
+    import logging
+
+    from rewardkit.serve.scorers.math import check_answer
+
+    logging.getLogger("math_verify").setLevel(logging.CRITICAL)  # as in the pool's workers
+
+    for r, ref in data[:20]:  # warm sympy's caches like a warmed worker
+        check_answer(r, ref, {})
+    lat = []
+    t0 = time.perf_counter()
+    right = 0
+    for r, ref in data:
+        t = time.perf_counter()
+        res = check_answer(r, ref, {})
+        lat.append((time.perf_counter() - t) * 1e3)
+        right += res == ("ok", 1.0)
+    wall = time.perf_counter() - t0
+    return {
+        "items": len(data),
+        "items_per_s": len(data) / wall,
+        "p50_ms": statistics.median(lat),
+        "p99_ms": pct(lat, 99),
+        "right_fraction": right / len(data),
+    }
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def bench_math_http(data: list[tuple[str, str]], workers: int) -> dict:
+    port = free_port()
+    cfg = {
+        "scorers": [
+            {
+                "name": "math",
+                "kind": "math",
+                "max_batch_size": 64,
+                "max_wait_ms": 1,
+                "options": {"workers": workers, "spares": 1, "timeout_s": 5.0},
+            }
+        ]
+    }
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        json.dump(cfg, f)  # JSON is YAML
+    exe = Path(sys.executable).with_name("rewardkit")
+    proc = subprocess.Popen(
+        [str(exe), "serve", "--config", f.name, "--port", str(port), "--log-level", "warning"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(url + "/health/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError("rewardkit serve did not become ready")
+            time.sleep(0.2)
+        items = [{"id": str(i), "response": r, "reference": ref} for i, (r, ref) in enumerate(data)]
+        client = httpx.Client(timeout=60, limits=httpx.Limits(max_connections=16))
+
+        def post(batch):
+            t = time.perf_counter()
+            r = client.post(url + "/v1/score", json={"scorers": ["math"], "items": batch})
+            r.raise_for_status()
+            res = r.json()["results"]
+            assert all("math" in x["scores"] for x in res), [x["errors"] for x in res if x["errors"]][:3]
+            return (time.perf_counter() - t) * 1e3
+
+        post(items[:64])  # warm
+        batches = [items[i : i + 32] for i in range(0, len(items), 32)]
+        t0 = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            list(pool.map(post, batches))
+        wall = time.perf_counter() - t0
+        thr = {"items": len(items), "batch": 32, "clients": 4, "items_per_s": len(items) / wall}
+        lat = [post([it]) for it in items[:400]]
+        return {
+            **thr,
+            "latency_batch1_p50_ms": statistics.median(lat),
+            "latency_batch1_p99_ms": pct(lat, 99),
+        }
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        os.unlink(f.name)
+
+
+def bench_sandbox(isolation: str, n: int, concurrency: int) -> dict:
+    from rewardkit.serve.scorers.sandbox import LocalSandbox
+
+    box = LocalSandbox(isolation=isolation, timeout_s=5, prefork=max(2, concurrency))
+    box.start()
+    try:
+        code = "import time\nprint(time.time())"
+        for _ in range(20):
+            box.run({"mode": "stdin", "code": code, "stdin": ""})
+        start, rtt = [], []
+        for _ in range(n):
+            t = time.time()
+            r = box.run({"mode": "stdin", "code": code, "stdin": ""})
+            assert r.status == "ok", r
+            start.append((float(r.stdout) - t) * 1e3)
+            rtt.append(r.wall_s * 1e3)
+            time.sleep(0.002)  # let the zygote refill its pre-forked runners, as between batches
+        t0 = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+            list(pool.map(lambda _: box.run({"mode": "stdin", "code": "pass", "stdin": ""}), range(n)))
+        wall = time.perf_counter() - t0
+        return {
+            "isolation": isolation,
+            "process_limit": box.process_limit(),
+            "startup_p50_ms": statistics.median(start),
+            "startup_p99_ms": pct(start, 99),
+            "round_trip_p50_ms": statistics.median(rtt),
+            "round_trip_p99_ms": pct(rtt, 99),
+            "runs_per_s": n / wall,
+            "concurrency": concurrency,
+        }
+    finally:
+        box.close()
+
+
+def bench_process_refs(n: int = 30) -> dict:
+    def timeit(cmd):
+        ts = []
+        for _ in range(n):
+            t = time.perf_counter()
+            subprocess.run(cmd, check=True)
+            ts.append((time.perf_counter() - t) * 1e3)
+        return statistics.median(ts)
+
+    forks = []
+    for _ in range(n * 10):
+        t = time.perf_counter()
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+        forks.append((time.perf_counter() - t) * 1e3)
+    return {
+        "python_I_c_pass_ms": timeit([sys.executable, "-I", "-c", "pass"]),
+        "python_S_c_pass_ms": timeit([sys.executable, "-S", "-c", "pass"]),
+        "fork_wait_from_this_process_ms": statistics.median(forks),
+        "unshare_rn_true_ms": timeit(["unshare", "-rn", "true"]),
+        "true_ms": timeit(["true"]),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--math-items", type=int, default=2000)
+    ap.add_argument("--sandbox-runs", type=int, default=400)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    import importlib.metadata as md
+
+    cores = len(os.sched_getaffinity(0))
+    data = answers(args.math_items)
+    res: dict = {
+        "machine": {
+            "platform": platform.platform(),
+            "cpu": platform.processor() or platform.machine(),
+            "cores": cores,
+            "python": platform.python_version(),
+            "math_verify": md.version("math-verify"),
+            "sympy": md.version("sympy"),
+            "load_avg_at_start": os.getloadavg(),
+        },
+        "command": " ".join(["python", *sys.argv]),
+    }
+    res["math_in_thread"] = bench_math_in_thread(data)
+    print("math in-thread:", res["math_in_thread"], flush=True)
+    res["math_http"] = bench_math_http(data, workers=cores)
+    ref = cores * res["math_in_thread"]["items_per_s"]
+    res["math_http"]["fraction_of_cores_x_in_thread"] = res["math_http"]["items_per_s"] / ref
+    print("math http:", res["math_http"], flush=True)
+    res["process_refs"] = bench_process_refs()
+    print("process refs:", res["process_refs"], flush=True)
+    from rewardkit.serve.scorers.sandbox import probe
+
+    isolations = ["namespaces", "rlimits"] if probe("namespaces")[0] else ["rlimits"]
+    res["sandbox"] = [bench_sandbox(iso, args.sandbox_runs, cores) for iso in isolations]
+    for s in res["sandbox"]:
+        print("sandbox:", s, flush=True)
+    res["machine"]["load_avg_at_end"] = os.getloadavg()
+    if args.out:
+        Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
