@@ -48,9 +48,10 @@ def test_trl_conversational_explicit():
     assert pair.prompt == row["prompt"] and pair.chosen == [bot("a")] and pair.rejected == [bot("b")]
 
 
-def test_trl_standard_implicit_has_empty_prompt():
+def test_trl_standard_implicit_prompt_is_extracted_as_trl_does():
     pair = normalize_row({"chosen": "The sky is blue.", "rejected": "The sky is green."})
-    assert pair.prompt == [] and pair.chosen == [bot("The sky is blue.")]
+    assert pair.prompt == [{"role": "user", "content": "The sky is"}] and pair.chosen == [bot(" blue.")]
+    assert normalize_row({"chosen": "abc", "rejected": "xyz"}).prompt == []
 
 
 def test_ultrafeedback_binarized_shape():

@@ -20,7 +20,7 @@ def register(subparsers) -> None:
     data.set_defaults(func=lambda args: _help(data))
 
     validate = commands.add_parser("validate", help="check every row; print a summary; write rejections")
-    validate.add_argument("input", metavar="IN")
+    validate.add_argument("input", metavar="IN", help="file, Hub-format folder, or FOLDER:SPLIT")
     _tokenizer_args(validate)
     validate.add_argument("--report", metavar="REJECTS.jsonl", help="write one JSON line per rejected row")
     validate.set_defaults(func=cmd_validate)
@@ -82,11 +82,13 @@ def _tokenizer_and_settings(args: argparse.Namespace):
     return load_tokenizer(args.tokenizer), TokenizeSettings(**given)
 
 
-def _input(path: str) -> Path:
-    source = Path(path)
-    if not source.is_file():
-        raise UsageError(f"{path}: no such file")
-    return source
+def _input(path: str) -> str:
+    """A file, a Hub-format folder, or `FOLDER:SPLIT` (rewardkit.data.reader.resolve_source)."""
+    from rewardkit.data.reader import resolve_source
+
+    if not resolve_source(path)[0].exists():
+        raise UsageError(f"{path}: no such file or folder")
+    return path
 
 
 def _progress(desc: str):
@@ -99,23 +101,30 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from rewardkit.core.atomic import write_bytes
     from rewardkit.core.hashing import canonical_json
     from rewardkit.data.pipeline import Summary, iter_validated
+    from rewardkit.data.reader import UnterminatedInput
     from rewardkit.data.reasons import Rejection
 
     source = _input(args.input)
     tokenizer, settings = _tokenizer_and_settings(args)
     summary = Summary()
     report: list[bytes] = []  # rejections only; written atomically once the pass is complete
+    unterminated = None
     with _progress("validate") as bar:
-        for item in iter_validated(source, tokenizer, settings):
-            summary.add(item)
-            bar.update(1)
-            if args.report and isinstance(item, Rejection):
-                report.append(canonical_json(item.to_json()) + b"\n")
+        try:
+            for item in iter_validated(source, tokenizer, settings):
+                summary.add(item)
+                bar.update(1)
+                if args.report and isinstance(item, Rejection):
+                    report.append(canonical_json(item.to_json()) + b"\n")
+        except UnterminatedInput as exc:  # the complete elements before the cut were checked
+            unterminated = exc
     if args.report:
         write_bytes(args.report, b"".join(report))
     print(summary.table())
     if args.report:
         print(f"rejections written to {args.report}")
+    if unterminated is not None:
+        raise unterminated
     return 1 if summary.rejected else 0
 
 

@@ -22,7 +22,7 @@ from rewardkit.core.atomic import staged_dir, write_json
 from rewardkit.core.errors import UsageError
 from rewardkit.core.hashing import canonical_json, sha256_file
 from rewardkit.data.pipeline import Summary, iter_validated
-from rewardkit.data.reader import detect_format
+from rewardkit.data.reader import detect_format, input_name, input_sha256
 from rewardkit.data.reasons import Rejection
 from rewardkit.data.tokenize import TokenizeSettings, template_sha256, tokenizer_sha256
 
@@ -91,9 +91,9 @@ def prepare(
             "format": MANIFEST_FORMAT,
             "rewardkit_version": __version__,
             "input": {
-                "name": Path(source).name,
+                "name": input_name(source),
                 "format": detect_format(source),
-                "sha256": sha256_file(source),
+                "sha256": input_sha256(source),
             },
             "split": {
                 "eval_size": eval_size,

@@ -8,7 +8,8 @@ Accepted shapes (see docs/data.md for examples):
 - implicit prompt: `chosen` and `rejected` full conversations; the prompt is their strictly
   shared message prefix and each side continues with exactly one assistant message.
   HH-RLHF transcripts (`\\n\\nHuman:` / `\\n\\nAssistant:` strings) are parsed into messages
-  first; two plain strings with no prompt are TRL's "standard implicit" rows (empty prompt);
+  first; two plain strings with no prompt are TRL's "standard implicit" rows, split into prompt
+  and completions at their longest common prefix exactly as TRL's `maybe_extract_prompt` does;
 - optional `pair_id` / `id` / `prompt_id`, `margin` (finite number) and `metadata` (object);
   UltraFeedback's `score_chosen` / `score_rejected` are kept in metadata.
 
@@ -156,11 +157,12 @@ def _implicit(chosen: Any, rejected: Any) -> tuple[list[Message], list[Message],
         hh_chosen, hh_rejected = _is_hh(chosen), _is_hh(rejected)
         if hh_chosen != hh_rejected:
             raise Rejection(R.SCHEMA, "one side is an HH-RLHF transcript and the other is not")
-        if not hh_chosen:  # TRL standard implicit row: no prompt at all
+        if not hh_chosen:  # TRL standard implicit row: the shared text prefix is the prompt
+            prompt, chosen_text, rejected_text = extract_text_prompt(chosen, rejected)
             return (
-                [],
-                [{"role": "assistant", "content": chosen}],
-                [{"role": "assistant", "content": rejected}],
+                [{"role": "user", "content": prompt}] if prompt else [],
+                [{"role": "assistant", "content": chosen_text}],
+                [{"role": "assistant", "content": rejected_text}],
             )
         chosen_messages, rejected_messages = _parse_hh(chosen, "chosen"), _parse_hh(rejected, "rejected")
     elif isinstance(chosen, str) or isinstance(rejected, str):
@@ -192,6 +194,24 @@ def _implicit(chosen: Any, rejected: Any) -> tuple[list[Message], list[Message],
                 R.BAD_ROLE, f"{side} continues the prompt with a {last['role']!r} turn, not assistant"
             )
     return chosen_messages[:shared], chosen_messages[shared:], rejected_messages[shared:]
+
+
+def extract_text_prompt(chosen: str, rejected: str) -> tuple[str, str, str]:
+    """(prompt, chosen, rejected) split as TRL's `extract_prompt` splits two strings.
+
+    The prompt is the longest common prefix; when the first differing character follows a
+    space, that space goes to the completions (`"The sky is blue."` / `"The sky is green."` →
+    `"The sky is"`, `" blue."`, `" green."`). As in TRL, when one string is a prefix of the
+    other the last shared character stays with the completions.
+    """
+    shortest = min(len(chosen), len(rejected))
+    idx = 0
+    for idx in range(shortest):
+        if chosen[idx] != rejected[idx]:
+            if idx > 0 and chosen[idx - 1] == " ":
+                idx -= 1
+            break
+    return chosen[:idx], chosen[idx:], rejected[idx:]
 
 
 def _read_messages(value: Any, field: str) -> list[Message]:

@@ -127,6 +127,10 @@ def tokenizer_sha256(tokenizer) -> str:
 
 
 def render(tokenizer, messages: list[Message], *, add_generation_prompt: bool) -> str:
+    """The template's text for `messages`; an empty prompt renders as "" (transformers refuses to
+    template an empty conversation), so a prompt-less row's completion is its whole rendering."""
+    if not messages:
+        return ""
     template = getattr(tokenizer, "chat_template", None) or PLAIN_TEMPLATE
     return tokenizer.apply_chat_template(
         messages, chat_template=template, tokenize=False, add_generation_prompt=add_generation_prompt
