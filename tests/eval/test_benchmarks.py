@@ -308,3 +308,22 @@ def test_cli_with_a_real_model_scores_each_text_as_alone(tmp_path, capsys):
             alone, _ = scorer.score([TokenizedPair("x", branch, branch)], 1)[:2]
             assert got == pytest.approx(float(alone[0]), abs=1e-5)
     assert score_in_batches  # the one pairs → scores path both went through
+
+
+@pytest.mark.parametrize(
+    "benchmark,data", [("rm-bench", "rmbench.json"), ("rewardbench2", "rewardbench2.jsonl")]
+)
+def test_benchmark_report(tmp_path, benchmark, data):
+    from rewardkit.eval.report import build_report
+
+    run(tmp_path / "ev", benchmark, FIXTURES / data)
+    page = build_report(tmp_path / "ev", tmp_path / "out").read_text()
+    text = (tmp_path / "out" / "report.md").read_text()
+    sections = ["Headline", "Scores with intervals", "Data", "Worst pairs", "Length bias", "Throughput"]
+    assert all(f"## {s}" in text for s in sections)
+    assert "on 4 examples, against chance" in text or "on 8 examples, against chance" in text
+    assert "| rejected | 1 |" in text or "| rejected | 2 |" in text
+    assert (benchmark == "rm-bench") == ("## Style bias (RM-Bench)" in text)
+    assert (benchmark == "rewardbench2") == ("## Ties terms" in text)
+    assert "Explain Schrödinger" in page or "Describe a cat" in page  # worst pairs carry their text
+    assert (tmp_path / "out" / "forest.png").is_file()

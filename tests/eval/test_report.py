@@ -47,11 +47,17 @@ def test_report_is_self_contained_with_a_markdown_twin(tmp_path, capsys):
     assert str(run / "report" / "report.html") in capsys.readouterr().out
     page = (run / "report" / "report.html").read_text()
     images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
-    assert len(images) == 4  # training curves, eval over steps, histograms, calibration
+    assert len(images) == 5  # training curves, eval over steps, histograms, forest plot, calibration
     assert all(base64.b64decode(image).startswith(PNG_MAGIC) for image in images)
     assert not re.search(r'(src|href)="(?!data:)', page)  # nothing outside the file
     markdown = (run / "report" / "report.md").read_text()
-    for name in ("training_curves.png", "eval_accuracy.png", "score_histogram.png", "calibration.png"):
+    for name in (
+        "training_curves.png",
+        "eval_accuracy.png",
+        "score_histogram.png",
+        "forest.png",
+        "calibration.png",
+    ):
         assert f"]({name})" in markdown
         assert (run / "report" / name).read_bytes().startswith(PNG_MAGIC)
     for text in ("Per-subset results (step 20)", "| a | 10 |", "lr: 1.0e-4", "probe_sha256", "ab" * 32):
@@ -67,7 +73,7 @@ def test_report_of_an_eval_directory_without_training(tmp_path):
     path = build_report(tmp_path / "ev", tmp_path / "out")
     page = path.read_text()
     assert "No metrics.jsonl in this run." in page and "No config.yaml in this run." in page
-    assert page.count("data:image/png;base64,") == 2  # histograms and calibration
+    assert page.count("data:image/png;base64,") == 3  # histograms, forest plot and calibration
     with pytest.raises(UsageError, match="not a directory"):
         build_report(tmp_path / "missing")
 
@@ -84,3 +90,35 @@ def test_calibration_bins_by_hand():
     assert table[1]["predicted"] == pytest.approx(sig[2])
     expected = (3 * abs(table[0]["observed"] - table[0]["predicted"]) + 3 * abs(2 / 3 - sig[2])) / 6
     assert expected_calibration_error(table) == pytest.approx(expected)
+
+
+def test_report_headline_compares_with_step_0(tmp_path):
+    run = _run(tmp_path)
+    markdown = tmp_path / "run" / "report" / "report.md"
+    build_report(run)
+    text = markdown.read_text()
+    assert text.index("## Headline") < text.index("## Training curves")
+    headline = text.split("## Headline\n\n")[1].split("\n")[0]
+    assert headline.startswith("Strict accuracy") and "on 30 pairs of the frozen probe at step 20" in headline
+    assert "vs step 0" in headline and "paired gain of" in headline
+    assert "No token lengths in pairs.jsonl" in text
+
+
+def test_report_length_bias_and_data_from_rewardkit_eval_artifacts(tmp_path):
+    # chosen longer → right, chosen shorter → wrong: the length panel must show it
+    chosen_tokens = [10, 10, 10, 2, 2, 2]
+    rejected_tokens = [2, 2, 2, 10, 10, 10]
+    write_eval_artifacts(
+        tmp_path / "ev", pair_ids=[f"p{i}" for i in range(6)], chosen_scores=[1.0, 1, 1, 0, 0, 0],
+        rejected_scores=[0.0, 0, 0, 1, 1, 1], subsets=["a"] * 6, probe_sha256="ab" * 32, objective="reward_model",
+        model_identity={}, batch_plan={}, replicates=50, completion_tokens=(chosen_tokens, rejected_tokens),
+        extra={"data": {"rows": 8, "valid": 6, "rejected": 2, "rejections": {"identical": 2}, "truncated": 0}},
+    )  # fmt: skip
+    (tmp_path / "ev" / "throughput.json").write_text(json.dumps({"pairs_per_s": 12.5, "device": "cpu"}))
+    build_report(tmp_path / "ev", tmp_path / "out")
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert "| chosen longer | 3 | 1.0000 |" in text and "| chosen shorter | 3 | 0.0000 |" in text
+    assert "Accuracy gap (chosen longer − chosen shorter): 1.000" in text
+    assert "|   rejected: identical | 2 |" in text and "| rows read | 8 |" in text
+    assert "| pairs per s | 12.50 |" in text
+    assert (tmp_path / "out" / "length_bias.png").read_bytes().startswith(PNG_MAGIC)

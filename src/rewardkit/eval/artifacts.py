@@ -67,11 +67,17 @@ def _pair_rows(
     loss: np.ndarray,
     subsets: Sequence[str | None],
     probe_sha256: str,
+    completion_tokens: tuple[Sequence[int], Sequence[int]] | None = None,
 ) -> bytes:
     correct = metrics.strict_correct(margin)
     tie = metrics.ties(margin)
     lines = []
     for i, pair_id in enumerate(pair_ids):
+        lengths = (
+            {"chosen_tokens": int(completion_tokens[0][i]), "rejected_tokens": int(completion_tokens[1][i])}
+            if completion_tokens is not None
+            else {}
+        )
         row = {
             "pair_id": pair_id,
             "chosen_score": float(chosen[i]),
@@ -82,6 +88,7 @@ def _pair_rows(
             "tie": bool(tie[i]),
             "subset": subsets[i],
             "probe_sha256": probe_sha256,
+            **lengths,
         }
         lines.append(json.dumps(row, allow_nan=False, ensure_ascii=False))
     return ("\n".join(lines) + "\n").encode("utf-8")
@@ -101,8 +108,14 @@ def write_eval_artifacts(
     seed: int = bootstrap.DEFAULT_SEED,
     replicates: int = bootstrap.DEFAULT_REPLICATES,
     pair_losses: Sequence[float] | np.ndarray | None = None,
+    completion_tokens: tuple[Sequence[int], Sequence[int]] | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Score → artifacts: write pairs.jsonl then summary.json into out_dir; return the summary.
+
+    `completion_tokens` (chosen, rejected token counts per pair) adds `chosen_tokens` /
+    `rejected_tokens` to each row, for the report's length-bias check; `extra` adds summary
+    keys (`rewardkit eval` records `data` and `throughput`). Training passes neither.
 
     Scores are in probe order. NaN/inf scores or losses are refused (ValueError) rather than
     written: a failed forward pass must never turn into a measured preference.
@@ -132,7 +145,13 @@ def write_eval_artifacts(
         if loss.shape != margin.shape:
             raise ValueError(f"{loss.size} pair losses for {margin.size} pairs")
 
-    pairs_bytes = _pair_rows(pair_ids, margin, chosen, rejected, loss, subsets, probe_sha256)
+    if completion_tokens is not None and not (
+        len(completion_tokens[0]) == len(completion_tokens[1]) == margin.size
+    ):
+        raise ValueError("need chosen and rejected token counts for every pair")
+    pairs_bytes = _pair_rows(
+        pair_ids, margin, chosen, rejected, loss, subsets, probe_sha256, completion_tokens
+    )
     summary: dict[str, Any] = {
         "schema": SUMMARY_SCHEMA,
         "objective": objective,
@@ -157,6 +176,7 @@ def write_eval_artifacts(
                 replicates=replicates,
             ),
         },
+        **(extra or {}),
         "pairs_file": PAIRS_FILE,
         "pairs_sha256": sha256_bytes(pairs_bytes),
     }

@@ -26,7 +26,7 @@ import numpy as np
 from rewardkit.core import atomic
 from rewardkit.core.errors import UsageError
 from rewardkit.core.hashing import sha256_file
-from rewardkit.eval import metrics
+from rewardkit.eval import bootstrap, metrics
 from rewardkit.eval.artifacts import (
     PAIRS_FILE,
     SUMMARY_FILE,
@@ -37,6 +37,7 @@ from rewardkit.eval.artifacts import (
 )
 
 CALIBRATION_BINS = 10
+BENCHMARK_SCHEMA = "rewardkit.eval.benchmark/1"
 _CURVES = (
     ("loss", ("loss",)),
     ("accuracy", ("accuracy", "tie_rate")),
@@ -290,12 +291,311 @@ def _render_html(title: str, page: _Page) -> str:
     )
 
 
+# ---- headline, forest plot, data, worst pairs, length and style bias, throughput -----------------
+def forest_png(rows: list[tuple[str, float, float, float, int]], chance: float, title: str) -> bytes:
+    """One line per (label, point, low, high, n): the point and its 95% interval, chance dotted."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7.0, 0.9 + 0.42 * len(rows)))
+    ys = np.arange(len(rows))[::-1]
+    for y, (label, point, low, high, _) in zip(ys, rows, strict=True):
+        bold = label.startswith("(") or label == rows[0][0]
+        ax.plot([low, high], [y, y], color="C0" if not bold else "C3", linewidth=2.2 if bold else 1.6)
+        ax.plot([point], [y], marker="D" if bold else "o", color="C0" if not bold else "C3", markersize=7)
+    ax.axvline(chance, color="grey", linestyle=":", linewidth=1, label=f"chance ({chance:g})")
+    ax.set_yticks(ys, [f"{label}  (n={n})" for label, _, _, _, n in rows], fontsize=8)
+    lows = [r[2] for r in rows] + [chance]
+    highs = [r[3] for r in rows] + [chance]
+    pad = 0.05 * max(1e-3, max(highs) - min(lows))
+    ax.set_xlim(min(lows) - pad, max(highs) + pad)
+    ax.set_xlabel("score, with its 95% bootstrap interval")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3, axis="x")
+    ax.legend(fontsize=8, loc="lower right")
+    return _png(fig)
+
+
+def length_bias_png(bias: dict[str, Any], label: str) -> bytes:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5.6, 3.4))
+    keys = [k for k in ("chosen_longer", "same_length", "chosen_shorter") if bias[k]["comparisons"]]
+    values = [bias[k]["accuracy"] for k in keys]
+    bars = ax.bar([k.replace("_", " ") for k in keys], values, color=["C2", "C7", "C3"][: len(keys)])
+    for bar, key in zip(bars, keys, strict=True):
+        ax.annotate(
+            f"{bias[key]['accuracy']:.3f}\nn={bias[key]['comparisons']}",
+            (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+            ha="center", va="bottom", fontsize=8,
+        )  # fmt: skip
+    ax.axhline(0.5, color="grey", linestyle=":", linewidth=1)
+    ax.set_ylim(0, 1.15)
+    ax.set_ylabel("accuracy of the comparisons")
+    rho = bias.get("spearman_score_length")
+    ax.set_title(
+        f"Length bias ({label}; length in {bias['unit']})"
+        + (f", Spearman(score, length) {rho:+.2f}" if rho is not None else ""),
+        fontsize=9,
+    )
+    ax.grid(alpha=0.3, axis="y")
+    return _png(fig)
+
+
+def style_png(style: dict[str, Any]) -> bytes:
+    """RM-Bench: the pooled 3 × 3 accuracy matrix and easy / normal / hard per domain."""
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10.0, 3.8), gridspec_kw={"width_ratios": [1, 1.4]})
+    styles = style["styles"]
+    matrix = np.array(style["(all)"]["matrix"])
+    image = left.imshow(matrix, vmin=0, vmax=1, cmap="RdYlGn")
+    for i in range(3):
+        for j in range(3):
+            left.text(j, i, f"{matrix[i, j]:.2f}", ha="center", va="center", fontsize=9)
+    left.set_xticks(range(3), styles, fontsize=7, rotation=15)
+    left.set_yticks(range(3), styles, fontsize=7)
+    left.set_xlabel("rejected style")
+    left.set_ylabel("chosen style")
+    left.set_title("P(chosen > rejected), all domains\nupper right = hard, diagonal = normal", fontsize=9)
+    fig.colorbar(image, ax=left, fraction=0.046)
+    names = [k for k in style if k not in ("styles",)]
+    x = np.arange(len(names))
+    for k, level in enumerate(("easy", "normal", "hard")):
+        right.bar(x + (k - 1) * 0.27, [style[n][level] for n in names], width=0.27, label=level)
+    right.set_xticks(x, names, fontsize=7, rotation=15)
+    right.axhline(0.5, color="grey", linestyle=":", linewidth=1)
+    right.set_ylim(0, 1.05)
+    right.set_title("Style bias: a model that prefers fancier style scores easy ≫ hard", fontsize=9)
+    right.legend(fontsize=8)
+    right.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    return _png(fig)
+
+
+def _fmt(value: Any, digits: int = 4) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _add_table(page: _Page, title: str, headers: list[str], rows: list[list[str]], note: str = "") -> None:
+    md, html_table = _table(headers, rows)
+    page.add(
+        title,
+        md + (f"\n{note}" if note else ""),
+        html_table + (f"<p>{html.escape(note)}</p>" if note else ""),
+    )
+
+
+def _data_section(page: _Page, data: dict[str, Any] | None) -> None:
+    if not data:
+        page.add("Data", "No data section in this summary.", "<p>No data section in this summary.</p>")
+        return
+    rows = [["rows read", _fmt(data.get("rows"))], ["scored", _fmt(data.get("valid"))],
+            ["rejected", _fmt(data.get("rejected"))]]  # fmt: skip
+    rows += [
+        [f"  rejected: {reason}", str(n)] for reason, n in sorted((data.get("rejections") or {}).items())
+    ]
+    for key, label in (("truncated_examples", "examples with a truncated text"),
+                       ("truncated_texts", "truncated texts"), ("truncated", "truncated pairs"),
+                       ("distinct_texts", "distinct texts scored"), ("truncation", "truncation policy"),
+                       ("max_length", "max length (tokens)")):  # fmt: skip
+        if key in data:
+            rows.append(
+                [label, _fmt(data[key]) if data[key] is not None else "not counted (truncate policy)"]
+            )
+    _add_table(page, "Data", ["what", "count"], rows)
+
+
+def _throughput_section(page: _Page, throughput: dict[str, Any] | None) -> None:
+    if not throughput:
+        return
+    rows = [[key.replace("_", " "), _fmt(value, 2)] for key, value in throughput.items()]
+    _add_table(
+        page, "Throughput", ["what", "value"], rows, "Scoring only (model forward passes), not loading."
+    )
+
+
+def _length_bias_section(page: _Page, bias: dict[str, Any], label: str) -> None:
+    page.add_figure(
+        "Length bias", "length_bias.png", length_bias_png(bias, label),
+        "Accuracy of chosen-vs-rejected comparisons when the chosen response is longer vs shorter; "
+        "a large gap means the score tracks length",
+    )  # fmt: skip
+    rows = [
+        [k.replace("_", " "), str(bias[k]["comparisons"]), _fmt(bias[k]["accuracy"])]
+        for k in ("chosen_longer", "same_length", "chosen_shorter")
+    ]
+    note = (
+        f"Accuracy gap (chosen longer − chosen shorter): {_fmt(bias.get('gap'), 3)}; correlation of score with "
+        f"length over all scored responses: Pearson {_fmt(bias.get('pearson_score_length'), 3)}, "
+        f"Spearman {_fmt(bias.get('spearman_score_length'), 3)}."
+    )
+    _add_table(page, "Length bias (numbers)", ["comparison", "n", "accuracy"], rows, note)
+
+
+def _worst_section(page: _Page, worst: list[dict[str, Any]]) -> None:
+    if not worst:
+        page.add("Worst pairs", "No wrong examples.", "<p>No wrong examples.</p>")
+        return
+
+    def cut(text: str, n: int = 300) -> str:
+        text = " ".join(str(text).split())
+        return text if len(text) <= n else text[:n] + " …"
+
+    def cell(value: Any) -> str:
+        return cut(str(value)).replace("|", "\\|")
+
+    md_rows = "".join(
+        f"| {cell(w['id'])} | {cell(w['subset'])} | {w['wrong_margin']:.3f} | {cell(w['prompt'])} | "
+        f"{cell(w['chosen'])} | {cell(w['rejected'])} |\n"
+        for w in worst
+    )
+    markdown = (
+        "| id | subset | wrong margin | prompt | chosen | rejected |\n|---|---|---|---|---|---|\n" + md_rows
+    )
+    body = "".join(
+        f"<tr><td>{html.escape(str(w['id']))}</td><td>{html.escape(str(w['subset']))}</td>"
+        f"<td>{w['wrong_margin']:.3f}</td>"
+        + "".join(
+            f'<td style="text-align:left;max-width:22em;white-space:pre-wrap">{html.escape(cut(w[k], 600))}</td>'
+            for k in ("prompt", "chosen", "rejected")
+        )
+        + "</tr>"
+        for w in worst
+    )
+    table = (
+        "<table><tr><th>id</th><th>subset</th><th>wrong margin</th><th>prompt</th><th>chosen</th>"
+        f"<th>rejected</th></tr>{body}</table>"
+    )
+    note = "Largest wrong margins: best rejected score − worst chosen score, among the examples scored wrong."
+    page.add("Worst pairs", f"{markdown}\n{note}", f"{table}<p>{html.escape(note)}</p>")
+
+
+def _pairs_length_bias(pairs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    if not pairs or "chosen_tokens" not in pairs[0]:
+        return None
+    from rewardkit.eval.benchmarks.common import length_bias
+
+    return length_bias(
+        [[r["chosen_score"]] for r in pairs], [[r["rejected_score"]] for r in pairs],
+        [[r["chosen_tokens"]] for r in pairs], [[r["rejected_tokens"]] for r in pairs], "completion tokens",
+    )  # fmt: skip
+
+
+def _subset_forest_rows(summary: dict[str, Any], pairs: list[dict[str, Any]]) -> list[tuple]:
+    strict = summary["bootstrap"]["strict"]
+    rows = [("(all)", strict["point"], strict["ci_95"][0], strict["ci_95"][1], summary["n_pairs"])]
+    for name in summary["subsets"]:
+        values = np.array([float(r["correct"]) for r in pairs if r["subset"] == name])
+        block = bootstrap.bootstrap_mean(
+            values, statistic=f"{name}: accuracy", seed=strict["seed"], replicates=strict["replicates"]
+        )
+        rows.append((name, block["point"], block["ci_95"][0], block["ci_95"][1], values.size))
+    return rows
+
+
+def _run_headline(evals: list[tuple[int | None, Path, dict[str, Any]]]) -> str:
+    step, path, summary = evals[-1]
+    strict = summary["bootstrap"]["strict"]
+    where = f"at step {step}" if step is not None else f"in {path.name}"
+    sentence = (
+        f"Strict accuracy {strict['point']:.3f} (95% interval {strict['ci_95'][0]:.3f}–{strict['ci_95'][1]:.3f}; "
+        f"one-sided lower bound {strict['lower_95']:.3f}) on {summary['n_pairs']} pairs of the frozen probe {where}, "
+        f"{'above' if strict['pass'] else 'not shown above'} chance (0.5)"
+    )
+    first_step, first_path, first = evals[0]
+    if len(evals) > 1 and first_step is not None and first_step != step:
+        from rewardkit.eval.compare import compare_pairs
+
+        try:
+            diff = compare_pairs(first_path / PAIRS_FILE, path / PAIRS_FILE, seed=strict["seed"],
+                                 replicates=strict["replicates"])["bootstrap"]["strict"]  # fmt: skip
+            sentence += (
+                f"; vs step {first_step} ({first['accuracy']:.3f}) a paired gain of {diff['point']:+.3f} "
+                f"(95% interval {diff['ci_95'][0]:+.3f} to {diff['ci_95'][1]:+.3f})"
+            )
+        except UsageError:
+            pass
+    return sentence + "."
+
+
+def _benchmark_report(run: Path, out: Path, summary: dict[str, Any]) -> Path:
+    """The page for a `rewardkit eval --benchmark` directory."""
+    page = _Page()
+    page.add(
+        "Headline",
+        summary["headline"]["sentence"],
+        f"<p><b>{html.escape(summary['headline']['sentence'])}</b></p>",
+    )
+    chance = summary["chance"]
+    rows = [
+        (name, e["score"], e["bootstrap"]["ci_95"][0], e["bootstrap"]["ci_95"][1], e["n"])
+        for name, e in summary["aggregates"].items()
+    ]
+    rows += [
+        (f"  {name}", e["value"], e["bootstrap"]["ci_95"][0], e["bootstrap"]["ci_95"][1], e["n"])
+        for name, e in summary["subsets"].items()
+    ]
+    page.add_figure(
+        "Scores with intervals", "forest.png", forest_png(rows, chance, f"{summary['title']}: every number, 95% intervals"),
+        "Aggregates first (headline in red), then each subset; dotted line: chance",
+    )  # fmt: skip
+    table_rows = [
+        [name, str(e["n"]), f"{e['score']:.4f}", f"[{e['bootstrap']['ci_95'][0]:.4f}, {e['bootstrap']['ci_95'][1]:.4f}]",
+         f"{e['bootstrap']['lower_95']:.4f}"]
+        for name, e in summary["aggregates"].items()
+    ] + [
+        [f"  {name}", str(e["n"]), f"{e['value']:.4f}", f"[{e['bootstrap']['ci_95'][0]:.4f}, {e['bootstrap']['ci_95'][1]:.4f}]",
+         f"{e['bootstrap']['lower_95']:.4f}"]
+        for name, e in summary["subsets"].items()
+    ]  # fmt: skip
+    _add_table(page, "Scores (numbers)", ["", "n", "score", "95% interval", "one-sided lower 95%"], table_rows,
+               f"Scoring matched: {summary['matched']}.")  # fmt: skip
+    ties = summary.get("details", {}).get("ties")
+    if ties:
+        _add_table(page, "Ties terms", ["subset", "score", "ref acc", "tied acc", "preferred", "preferred hard",
+                                        "margin"],
+                   [[k, *(f"{v[t]:.4f}" for t in ("ties_score", "ref_accuracy", "tied_accuracy", "preferred",
+                                                   "preferred_hard", "margin"))] for k, v in ties.items()])  # fmt: skip
+    style = summary.get("details", {}).get("style_matrix")
+    if style:
+        page.add_figure("Style bias (RM-Bench)", "style_bias.png", style_png(style),
+                        "Left: P(chosen style i beats rejected style j). Right: easy / normal / hard per domain")  # fmt: skip
+    _data_section(page, summary.get("data"))
+    worst_path = run / summary.get("worst_file", "worst.json")
+    _worst_section(page, json.loads(worst_path.read_text()) if worst_path.is_file() else [])
+    _length_bias_section(page, summary["length_bias"], summary["title"])
+    _throughput_section(page, summary.get("throughput"))
+    model = {k: v for k, v in summary["model"].items() if isinstance(v, str | int | float)}
+    _add_table(page, "Hashes and settings", ["what", "value"], [
+        ["data_sha256", summary["data_sha256"]], ["examples_sha256", summary["examples_sha256"]],
+        ["headline index_sha256", summary["aggregates"][summary["headline"]["name"]]["bootstrap"]["index_sha256"]],
+        ["bootstrap", f"seed {summary['bootstrap']['seed']}, {summary['bootstrap']['replicates']} replicates"],
+        ["model", json.dumps(model, sort_keys=True)], ["objective", str(summary["objective"])],
+    ])  # fmt: skip
+    return _write_page(out, f"rewardkit {summary['title']} report: {run.resolve().name}", page)
+
+
+def _write_page(out: Path, title: str, page: _Page) -> Path:
+    for name, png in page.figures.items():
+        atomic.write_bytes(out / name, png)
+    markdown = f"# {title}\n\n" + "".join(f"## {t}\n\n{m}\n\n" for t, m, _ in page.sections)
+    atomic.write_text(out / "report.md", markdown)
+    atomic.write_text(out / "report.html", _render_html(title, page))
+    return out / "report.html"
+
+
 def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path:
     """Write report.html, report.md and the PNGs to out_dir (default RUN/report); return the HTML path."""
     run = Path(run_dir)
     if not run.is_dir():
         raise UsageError(f"{run}: not a directory", code="bad_run_dir")
     out = Path(out_dir) if out_dir is not None else run / "report"
+    top = run / SUMMARY_FILE
+    if top.is_file():
+        raw = json.loads(top.read_text(encoding="utf-8"))
+        if raw.get("schema") == BENCHMARK_SCHEMA:
+            return _benchmark_report(run, out, raw)
     page = _Page()
     hashes: list[list[str]] = []
 
@@ -331,6 +631,14 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
             histogram_png(chosen, rejected, label),
             f"Latest evaluation ({label})",
         )
+        page.sections.insert(
+            0, ("Headline", _run_headline(evals), f"<p><b>{html.escape(_run_headline(evals))}</b></p>")
+        )
+        page.add_figure(
+            "Accuracy with intervals", "forest.png",
+            forest_png(_subset_forest_rows(summary, pairs), 0.5, f"Strict accuracy by subset ({label}), 95% intervals"),
+            "All pairs (red) and each subset, with the percentile-bootstrap interval; dotted line: chance",
+        )  # fmt: skip
         table = calibration_table(margin)
         page.add_figure(
             "Calibration", "calibration.png", calibration_png(table, label),
@@ -349,6 +657,16 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
         page.add(
             f"Per-subset results ({label})", f"{md}\n{verdict}", f"{html_table}<p>{html.escape(verdict)}</p>"
         )
+        _data_section(page, summary.get("data"))
+        bias = _pairs_length_bias(pairs)
+        if bias is not None:
+            _length_bias_section(page, bias, label)
+        else:
+            page.add("Length bias", "No token lengths in pairs.jsonl (written by `rewardkit eval`).",
+                     "<p>No token lengths in pairs.jsonl (written by <code>rewardkit eval</code>).</p>")  # fmt: skip
+        throughput_path = path / "throughput.json"
+        if throughput_path.is_file():
+            _throughput_section(page, json.loads(throughput_path.read_text(encoding="utf-8")))
         hashes += [
             ["probe_sha256", summary["probe_sha256"]],
             [f"pairs_sha256 ({label})", summary["pairs_sha256"]],
@@ -371,10 +689,4 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
         md, html_table = _table(["what", "value"], hashes)
         page.add("Hashes", md, html_table)
 
-    title = f"rewardkit report: {run.resolve().name}"
-    for name, png in page.figures.items():
-        atomic.write_bytes(out / name, png)
-    markdown = f"# {title}\n\n" + "".join(f"## {t}\n\n{m}\n\n" for t, m, _ in page.sections)
-    atomic.write_text(out / "report.md", markdown)
-    atomic.write_text(out / "report.html", _render_html(title, page))
-    return out / "report.html"
+    return _write_page(out, f"rewardkit report: {run.resolve().name}", page)

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from rewardkit.core import atomic
 from rewardkit.core.errors import RewardkitError, UsageError
 from rewardkit.data.pipeline import Summary, tokenize_source
 from rewardkit.data.records import TokenizedPair
@@ -25,6 +27,7 @@ from rewardkit.eval.bootstrap import DEFAULT_REPLICATES, DEFAULT_SEED
 from rewardkit.objectives.registry import load_pair_scorer
 
 log = logging.getLogger(__name__)
+THROUGHPUT_FILE = "throughput.json"
 
 
 def load_probe(path: str | Path) -> dict[str, Any]:
@@ -39,10 +42,10 @@ def load_probe(path: str | Path) -> dict[str, Any]:
 
 
 def tokenize_eval_data(
-    data_path: str | Path, tokenizer: Any, settings: TokenizeSettings
+    data_path: str | Path, tokenizer: Any, settings: TokenizeSettings, summary: Summary | None = None
 ) -> list[TokenizedPair]:
     """Accepted pairs in input order; rejected rows are counted by reason and logged, as in training."""
-    summary = Summary()
+    summary = summary if summary is not None else Summary()
     pairs = tokenize_source(data_path, tokenizer, settings, summary)
     if summary.rejected:
         log.warning("%s: rejected rows by reason: %s", data_path, summary.nonzero())
@@ -90,9 +93,12 @@ def evaluate(
         raise
     except RewardkitError as exc:  # a directory that is not a loadable model: bad input, one line
         raise UsageError(exc.message, code=exc.code) from None
-    pairs = tokenize_eval_data(data_path, scorer.tokenizer, settings)
+    data = Summary()
+    pairs = tokenize_eval_data(data_path, scorer.tokenizer, settings, data)
     check_probe(probe, pairs, tokenizer=scorer.tokenizer, settings=settings)
+    started = time.perf_counter()
     chosen, rejected, losses = scorer.score(pairs, batch_size)
+    seconds = time.perf_counter() - started
     for name, values in (("chosen", chosen), ("rejected", rejected), ("loss", losses)):
         bad = [] if values is None else np.flatnonzero(~np.isfinite(values))
         if len(bad):
@@ -108,7 +114,7 @@ def evaluate(
         "precision": "fp32",
         "device_type": device.split(":")[0],
     }
-    return write_eval_artifacts(
+    summary = write_eval_artifacts(
         out_dir,
         pair_ids=[p.pair_id for p in pairs],
         chosen_scores=chosen,
@@ -121,4 +127,33 @@ def evaluate(
         seed=seed,
         replicates=replicates,
         pair_losses=losses,
+        completion_tokens=(
+            [sum(p.chosen.loss_mask) for p in pairs],
+            [sum(p.rejected.loss_mask) for p in pairs],
+        ),
+        extra={
+            "data": {
+                **{k: v for k, v in data.to_json().items() if k != "rejections"},
+                "rejections": data.nonzero(),
+                "truncation": settings.truncation,
+                # drop rejects over-length pairs (counted as oversize), so none is cut
+                "truncated": 0 if settings.truncation == "drop" else None,
+            },
+        },
     )
+    # timing varies run to run: kept out of summary.json, whose bytes depend only on the scores
+    tokens = sum(p.num_tokens for p in pairs)
+    atomic.write_json(
+        Path(out_dir) / THROUGHPUT_FILE,
+        {
+            "pairs": len(pairs),
+            "tokens": tokens,
+            "seconds": seconds,
+            "pairs_per_s": len(pairs) / seconds if seconds > 0 else None,
+            "tokens_per_s": tokens / seconds if seconds > 0 else None,
+            "device": device,
+            "dtype": "fp32",
+            "batch_size": batch_size,
+        },
+    )
+    return summary
