@@ -148,6 +148,16 @@ def test_sandbox_view_is_isolated(scorer):
     pid, cwd, nprocs = r.stdout.decode().splitlines()[0].split()
     assert pid == "1" and cwd == "/tmp/work" and int(nprocs) <= 2
     assert r.stdout.decode().splitlines()[1] == "['lo']"  # a fresh network namespace
+    # the runner keeps the server's uid: home directories and secrets are covered, the
+    # interpreter's own files stay importable
+    code = (
+        "import os, fractions, statistics\n"
+        "print(open('/etc/shadow').read() == '' if os.path.exists('/etc/shadow') else True)\n"
+        "print(os.listdir('/home') if os.path.isdir('/home') else [])\n"
+    )
+    r = scorer.sandbox.run({"mode": "stdin", "code": code, "stdin": ""})
+    assert r.status == "ok" and r.report["error"] is None, r
+    assert r.stdout.decode().splitlines() == ["True", "[]"]
     assert "namespaces" in scorer.info().extra["isolation"]
 
 

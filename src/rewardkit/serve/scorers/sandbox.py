@@ -49,6 +49,10 @@ MS_REC = 0x4000
 MS_PRIVATE = 1 << 18
 MS_NOSUID = 2
 MS_NODEV = 4
+MS_RDONLY = 1
+MS_REMOUNT = 32
+MS_BIND = 4096
+MNT_DETACH = 2
 AT_FDCWD = -100
 AT_RECURSIVE = 0x8000
 MOUNT_ATTR_RDONLY = 0x1
@@ -57,6 +61,8 @@ PR_SET_PDEATHSIG = 1
 PR_SET_NO_NEW_PRIVS = 38
 NOBODY = 65534
 EXIT_SETUP_FAILED = 125
+HIDE_PATHS = ("/root", "/home", "/etc/shadow", "/etc/gshadow", "/etc/sudoers", "/var/lib/sss", "/run/secrets")
+"""Covered inside the namespaces (the runner keeps the server's uid, so it could read them)."""
 
 # ----------------------------------------------------------------------------- libc
 
@@ -111,6 +117,35 @@ def _enter_namespaces(cfg: dict[str, Any]) -> None:
     )
     size = f"size={int(cfg['tmpfs_mb'])}m,mode=1777".encode()
     _check(libc.mount(b"tmpfs", b"/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, size), "mount tmpfs /tmp")
+    _hide(libc, cfg.get("hide_paths", []), cfg.get("keep_paths", []))
+
+
+def _hide(libc: Any, hide: list[str], keep: list[str]) -> None:
+    """Cover `hide` (home directories, /etc/shadow, ...) with empty tmpfs / /dev/null, then bind
+    back the `keep` paths inside them (the interpreter's prefix and site-packages)."""
+    staged = []
+    for i, path in enumerate(keep):
+        if os.path.isdir(path) and any(path == h or path.startswith(h.rstrip("/") + "/") for h in hide):
+            stage = f"/tmp/.keep{i}"
+            os.mkdir(stage)
+            _check(libc.mount(path.encode(), stage.encode(), None, MS_BIND | MS_REC, None), f"bind {path}")
+            staged.append((stage, path))
+    for path in hide:
+        if os.path.isdir(path) and not os.path.islink(path):
+            _check(
+                libc.mount(b"tmpfs", path.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"size=1m,mode=755"), path
+            )
+        elif os.path.isfile(path):
+            _check(libc.mount(b"/dev/null", path.encode(), None, MS_BIND, None), f"hide {path}")
+    for stage, path in staged:
+        os.makedirs(path, exist_ok=True)
+        _check(libc.mount(stage.encode(), path.encode(), None, MS_BIND | MS_REC, None), f"rebind {path}")
+        _check(libc.umount2(stage.encode(), MNT_DETACH), f"umount {stage}")
+        os.rmdir(stage)
+    if staged:  # the re-created path components and the covering tmpfs stay read-only
+        for path in hide:
+            if os.path.isdir(path) and not os.path.islink(path):
+                libc.mount(None, path.encode(), None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, None)
 
 
 def _drop_capabilities() -> None:
@@ -511,6 +546,7 @@ class LocalSandbox:
         tmpfs_mb: int = 64,
         prefork: int = 2,
         preimport: tuple[str, ...] = (),
+        hide_paths: tuple[str, ...] = HIDE_PATHS,
     ) -> None:
         if isolation not in ("namespaces", "rlimits"):
             raise ValueError("isolation must be namespaces or rlimits")
@@ -527,6 +563,8 @@ class LocalSandbox:
             "prefork": prefork,
             "preimport": list(preimport),
             "drop_root": os.geteuid() == 0 and _world_readable_stdlib(),
+            "hide_paths": list(hide_paths),
+            "keep_paths": _interpreter_paths(),
             "cgroup": _pids_cgroup_base(),
         }
         self._lock = threading.Lock()
@@ -778,6 +816,20 @@ class LocalSandbox:
                 "memory_limit", exit_code=code, message=f"address-space limit {self.cfg['memory_mb']} MiB"
             )
         return RunResult("ok", bytes(out), report, exit_code=code)
+
+
+def _interpreter_paths() -> list[str]:
+    """What a hidden path must keep visible: the interpreter's prefixes and package dirs."""
+    import site
+    import sysconfig
+
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, *sysconfig.get_paths().values()}
+    with contextlib.suppress(AttributeError):  # some embedded interpreters lack it
+        paths.update(site.getsitepackages())
+    paths.add(os.path.dirname(os.path.realpath(sys.executable)))
+    out = sorted({os.path.realpath(p) for p in paths if p and os.path.isdir(p)})
+    # only the outermost of nested paths: binding a parent brings its children
+    return [p for p in out if not any(p != q and p.startswith(q.rstrip("/") + "/") for q in out)]
 
 
 def _world_readable_stdlib() -> bool:
