@@ -119,8 +119,12 @@ def check_answer(response: str, reference: str, options: dict[str, Any]) -> tupl
 def _worker_main(conn: Any, options: dict[str, Any], max_memory_mb: int) -> None:
     """One pool worker: answers (response, reference) pairs on its pipe until EOF."""
     import resource
+    import signal
     import warnings
 
+    # Ctrl-C reaches the whole process group: the server shuts down and closes the socket
+    # (EOF ends this loop); an item in flight is not cut short by the terminal's SIGINT.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     warnings.filterwarnings("ignore")
     logging.getLogger("math_verify").setLevel(logging.CRITICAL)
     logging.getLogger("latex2sympy2_extended").setLevel(logging.CRITICAL)

@@ -406,6 +406,8 @@ def _zygote_main(ctl_fd: int, cfg: dict[str, Any]) -> None:
         pid = os.fork()
         if pid == 0:
             try:
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 sel.close()
                 ctl.close()
                 mine.close()
@@ -420,6 +422,29 @@ def _zygote_main(ctl_fd: int, cfg: dict[str, Any]) -> None:
         ready.append((pid, mine, pidfd))
         idle_pidfds[pidfd] = pid
         sel.register(pidfd, selectors.EVENT_READ, ("idle", pidfd))
+
+    def shutdown(*_: Any) -> None:
+        pids = [pid for pid, _, _ in ready] + [pid for _, pid in running.values()]
+        for pid in pids:
+            _kill_group(pid)
+        if cfg.get("cgroup"):
+            for pid in pids:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, 0)
+            left = pids + cgroup_busy
+            for _ in range(100):  # namespace teardown can lag on a loaded host
+                left = _rm_cgroups(cfg["cgroup"], left)
+                if not left:
+                    break
+                time.sleep(0.05)
+            with contextlib.suppress(OSError):
+                os.rmdir(cfg["cgroup"])
+        os._exit(0)
+
+    # Ctrl-C reaches the whole foreground process group: the server shuts down and closes the
+    # socket, which ends the zygote; a SIGTERM of its own cleans up the same way.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, shutdown)
 
     def send(obj: dict[str, Any]) -> None:
         ctl.send(json.dumps(obj).encode())
@@ -438,22 +463,7 @@ def _zygote_main(ctl_fd: int, cfg: dict[str, Any]) -> None:
                 except OSError:
                     data = b""
                 if not data:  # the server went away: take every unit with us
-                    pids = [pid for pid, _, _ in ready] + [pid for _, pid in running.values()]
-                    for pid in pids:
-                        _kill_group(pid)
-                    if cfg.get("cgroup"):
-                        for pid in pids:
-                            with contextlib.suppress(ChildProcessError):
-                                os.waitpid(pid, 0)
-                        left = pids + cgroup_busy
-                        for _ in range(20):
-                            left = _rm_cgroups(cfg["cgroup"], left)
-                            if not left:
-                                break
-                            time.sleep(0.05)
-                        with contextlib.suppress(OSError):
-                            os.rmdir(cfg["cgroup"])
-                    os._exit(0)
+                    shutdown()
                 msg = json.loads(data)
                 if msg["op"] == "run":
                     if not ready:
