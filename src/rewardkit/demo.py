@@ -8,7 +8,13 @@ smoke test of the stable command-line interface:
 3. train a small reward model (step-0 and final evaluation on the probe);
 4. evaluate the final checkpoint with the FP64 paired bootstrap;
 5. serve it over HTTP, score a few items with `RewardClient`, stop the server;
-6. write the HTML/Markdown report and print a short summary.
+6. write the HTML/Markdown reports (the run, and the evaluation) and print a short summary.
+
+The synthetic labels come from an annotator who is right most of the time but swayed by
+length (`rewardkit.data.synth`), so the demo model does not saturate: it lands near 0.83
+held-out accuracy with a visible interval, a calibration curve over many bins, and a score
+that correlates with length — the things the report exists to show. The demo fails unless
+the accuracy lies inside (0.6, 0.95) and its one-sided lower bound clears chance.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from pathlib import Path
 RUN = Path(os.environ.get("REWARDKIT_DEMO_DIR", "demo-run"))
 N_ROWS = 4000
 EVAL_SIZE = 600
+ACCURACY_RANGE = (0.6, 0.95)
 
 
 def _rewardkit(*args: str, ok: tuple[int, ...] = (0,)) -> subprocess.CompletedProcess[str]:
@@ -148,6 +155,7 @@ def main() -> int:
     summary = json.loads((RUN / "eval" / "summary.json").read_text())
     http = _serve_and_score(model_dir)
     _rewardkit("report", str(train_dir))
+    _rewardkit("report", str(RUN / "eval"))
 
     strict = summary["bootstrap"]["strict"]
     print("\n== rewardkit demo summary ==")
@@ -159,9 +167,28 @@ def main() -> int:
     print(
         f"HTTP check            {http['http_pairs_correct']}/{http['http_pairs']} pairs ranked right via {http['url']}"
     )
-    print(f"report                {(train_dir / 'report' / 'report.html').resolve()}")
+    import numpy as np
+
+    from rewardkit.eval.benchmarks.common import length_bias
+    from rewardkit.eval.report import calibration_table
+
+    pairs = [json.loads(line) for line in (RUN / "eval" / "pairs.jsonl").open()]
+    bins = calibration_table(np.array([p["margin"] for p in pairs], dtype=np.float64))
+    bias = length_bias(
+        [[p["chosen_score"]] for p in pairs], [[p["rejected_score"]] for p in pairs],
+        [[p["chosen_tokens"]] for p in pairs], [[p["rejected_tokens"]] for p in pairs], "completion tokens",
+    )  # fmt: skip
+    print(f"calibration bins      {len(bins)} with pairs (of 10)")
+    print(
+        f"length bias           accuracy {bias['chosen_longer']['accuracy']:.3f} when the chosen answer is longer, "
+        f"{bias['chosen_shorter']['accuracy']:.3f} when shorter; Spearman(score, length) "
+        f"{bias['spearman_score_length']:+.2f}"
+    )
+    print(f"report (run)          {(train_dir / 'report' / 'report.html').resolve()}")
+    print(f"report (evaluation)   {(RUN / 'eval' / 'report' / 'report.html').resolve()}")
     print(f"total time            {time.monotonic() - started:.0f} s")
-    return 0 if summary["accuracy"] >= 0.9 else 1
+    low, high = ACCURACY_RANGE
+    return 0 if low < summary["accuracy"] < high and strict["pass"] else 1
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""The synth task: deterministic, valid, length-neutral, short; corrupt rows hit their reasons."""
+"""The synth task: deterministic, valid, short; the rule is length-neutral, the annotator's labels are
+length-biased by the documented flip rule; corrupt rows hit their reasons."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 from rewardkit.data import reasons as R
 from rewardkit.data.normalize import normalize_row
 from rewardkit.data.reasons import Rejection
-from rewardkit.data.synth import builtin_tokenizer, corrupt_rows, generate_rows
+from rewardkit.data.synth import builtin_tokenizer, corrupt_rows, flip_probability, generate_rows
 from rewardkit.data.tokenize import TokenizeSettings, tokenize_pair
 
 
@@ -30,10 +31,18 @@ def test_rows_are_valid_mixed_and_short():
     assert max(max(len(t.chosen), len(t.rejected)) for t in tokenized) <= 72
 
 
+def _length_heuristic(pairs, size):
+    score = 0.0
+    for p in pairs:
+        c, r = size(p.chosen), size(p.rejected)
+        score += 1.0 if c > r else 0.5 if c == r else 0.0
+    return score / len(pairs)
+
+
 @pytest.mark.parametrize("measure", ["words", "chars", "tokens"])
-def test_length_heuristic_is_near_chance(measure):
+def test_length_heuristic_is_near_chance_for_the_rule(measure):
     tok = builtin_tokenizer()
-    pairs = [normalize_row(row) for row in generate_rows(3000, seed=7)]
+    pairs = [normalize_row(row) for row in generate_rows(3000, seed=7, annotator_noise=False)]
 
     def size(messages):
         text = messages[-1]["content"]
@@ -41,11 +50,33 @@ def test_length_heuristic_is_near_chance(measure):
             measure
         ]
 
-    score = 0.0
-    for p in pairs:
-        c, r = size(p.chosen), size(p.rejected)
-        score += 1.0 if c > r else 0.5 if c == r else 0.0
-    assert 0.45 <= score / len(pairs) <= 0.55
+    assert 0.45 <= _length_heuristic(pairs, size) <= 0.55
+
+
+def _words(messages):
+    return len(messages[-1]["content"].replace(" and ", ", ").split(", "))
+
+
+def test_annotator_flips_by_the_documented_rule():
+    noisy = generate_rows(20000, seed=11)
+    clean = generate_rows(20000, seed=11, annotator_noise=False)
+    flipped = {d: [0, 0] for d in range(-3, 4)}
+    for row, rule in zip(noisy, clean, strict=True):
+        was_flipped = row["metadata"]["flipped"]
+        assert (row["chosen"], row["rejected"]) == (
+            (rule["rejected"], rule["chosen"]) if was_flipped else (rule["chosen"], rule["rejected"])
+        )
+        rule_pair = normalize_row(rule)
+        d = _words(rule_pair.rejected) - _words(rule_pair.chosen)
+        flipped[d][0] += 1
+        flipped[d][1] += was_flipped
+    for d, (n, k) in flipped.items():
+        assert k / n == pytest.approx(flip_probability(d), abs=0.03), d
+    assert flip_probability(-2) == 0.08 and flip_probability(1) == 0.2 and flip_probability(3) == 0.6
+    rate = sum(k for _, k in flipped.values()) / len(noisy)
+    assert 0.15 <= rate <= 0.2  # so a model that learns the rule lands near 0.83, not 1.0
+    # the labels now carry a length bias: "pick the longer answer" beats chance
+    assert 0.56 <= _length_heuristic([normalize_row(r) for r in noisy], _words) <= 0.62
 
 
 def reason(row, settings):

@@ -1,15 +1,25 @@
 """A deterministic built-in preference task for the demo and the tests.
 
 The rule: the prompt asks for things of one category ("Name a fruit."; fruit, animal or
-color); the chosen answer lists words of that category, the rejected answer lists words of
-an off-topic category that is never asked for (tool, drink or metal). A model learns it
-from the answers' words alone (it does not have to read the prompt), which is what makes it
-learnable by a 2-layer model in seconds; the point of the task is the shortcut control:
+color); the on-topic answer lists words of that category, the off-topic answer lists words
+of a category that is never asked for (tool, drink or metal). A model learns it from the
+answers' words alone (it does not have to read the prompt), which is what makes it
+learnable by a 2-layer model in seconds. Both answers have 1-4 words drawn independently
+from the same distribution, and the off-topic words have about the same length as the
+on-topic ones, so by construction the longer answer is the on-topic one about half the time.
 
-- both answers have 1-4 words drawn independently from the same distribution, and the
-  off-topic words have about the same length as the on-topic ones, so the longer answer (in
-  words, characters or tokens) is the chosen one about half the time and a length heuristic
-  scores about 0.5.
+The labels come from a simulated annotator who mostly follows the rule but is swayed by
+length, as human raters are: with d = words(off-topic) − words(on-topic), the pair is
+labelled the wrong way round (the off-topic answer `chosen`) with probability
+`flip_probability(d)` = 0.08 for d ≤ 0 and min(0.2·d, 0.6) for d > 0. So about 17% of labels
+disagree with the rule, a model that learns the rule perfectly scores about 0.83 against the
+labels, the best any model can do is about 0.84 (preferring the longer off-topic answer when
+d = 3), a length-only heuristic scores about 0.59, and a model trained on these labels shows
+a real length bias — which is what the demo's report is there to reveal: an accuracy well
+below 1 with a visible interval, a calibration curve over several bins, and accuracy that
+depends on whether the chosen answer is the longer one. `metadata.flipped` marks the pairs
+whose label disagrees with the rule. `generate_rows(..., annotator_noise=False)` gives the
+rule's labels only (the pre-noise task, row for row).
 
 A rule that needs the prompt (the rejected answer from *another asked* category, so no word
 is good or bad on its own) was tried first and rejected: tiny-llama stayed at chance (loss
@@ -44,27 +54,51 @@ SYSTEM = "Answer with words only."
 SMALL_TALK = (("Hello!", "Hi, how can I help?"), ("Good morning.", "Good morning to you."))
 SHAPES = ("plain", "chat", "chat_implicit")
 MAX_WORDS = 4
+BASE_FLIP = 0.08
+FLIP_PER_WORD = 0.2
+MAX_FLIP = 0.6
 
 
-def generate_rows(n: int, seed: int = 0) -> list[dict[str, Any]]:
-    """`n` valid rows, identical for the same (n, seed); ids are `synth-<seed>-<index>`."""
+def flip_probability(length_difference: int) -> float:
+    """P(the annotator labels the off-topic answer `chosen`), d = words(off-topic) − words(on-topic)."""
+    if length_difference <= 0:
+        return BASE_FLIP
+    return min(FLIP_PER_WORD * length_difference, MAX_FLIP)
+
+
+def generate_rows(n: int, seed: int = 0, *, annotator_noise: bool = True) -> list[dict[str, Any]]:
+    """`n` valid rows, identical for the same (n, seed); ids are `synth-<seed>-<index>`.
+
+    The annotator's draws come from their own stream, so `annotator_noise=False` gives the
+    same rows with the rule's labels, and a prefix of `n` rows is the same for any larger `n`.
+    """
     rng = random.Random(f"rewardkit-synth:{seed}")
-    return [_row(rng, f"synth-{seed}-{index:07d}") for index in range(n)]
+    annotator = random.Random(f"rewardkit-synth-annotator:{seed}")
+    rows = []
+    for index in range(n):
+        flip = annotator.random()  # drawn for every row, so rows never shift
+        rows.append(_row(rng, f"synth-{seed}-{index:07d}", flip if annotator_noise else None))
+    return rows
 
 
-def _answer(rng: random.Random, category: str) -> str:
+def _answer(rng: random.Random, category: str) -> tuple[str, int]:
     words = rng.sample(CATEGORIES[category], rng.randint(1, MAX_WORDS))
     text = words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
-    return text + "."
+    return text + ".", len(words)
 
 
-def _row(rng: random.Random, pair_id: str) -> dict[str, Any]:
+def _row(rng: random.Random, pair_id: str, flip: float | None = None) -> dict[str, Any]:
     category = rng.choice(sorted(ASKED))
     other = rng.choice(sorted(OFF_TOPIC))
     question = rng.choice(QUESTIONS).format(c=category)
-    chosen, rejected = _answer(rng, category), _answer(rng, other)
+    (chosen, on_words), (rejected, off_words) = _answer(rng, category), _answer(rng, other)
+    flipped = flip is not None and flip < flip_probability(off_words - on_words)
+    if flipped:
+        chosen, rejected = rejected, chosen
     shape = rng.choice(SHAPES)
     metadata = {"subset": shape, "category": category}
+    if flip is not None:
+        metadata["flipped"] = flipped
     if shape == "plain":
         return {
             "id": pair_id,
