@@ -8,6 +8,10 @@
 2. math through `POST /v1/score`: a `rewardkit serve` subprocess with a `math` scorer (one worker
    process per core); throughput with batches of 32 from 4 concurrent clients, and per-item
    latency (batch 1, one client): p50/p99. Goal: >= 80 % of cores x the in-thread rate.
+4. judge against a stand-in engine (every answer takes 50 ms, as generation would): items/s
+   sending the prompts straight to it with 16 in flight, with 1 in flight (verl's default
+   rate-limited judge wrapper), and through `POST /v1/score` with a `judge` scorer at
+   concurrency 16. This isolates the scorer's and the service's cost; it is not a model's speed.
 3. code sandbox: start-up latency (from `LocalSandbox.run()` to the program's first statement,
    both read from the same wall clock) and round trip per run, p50/p99, with the isolation in
    force; and trivial-program runs/s at `concurrency` = cores. References measured in the same
@@ -157,16 +161,7 @@ def bench_math_http(data: list[tuple[str, str]], workers: int) -> dict:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(url + "/health/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise RuntimeError("rewardkit serve did not become ready")
-            time.sleep(0.2)
+        _wait_ready(url, proc)
         items = [{"id": str(i), "response": r, "reference": ref} for i, (r, ref) in enumerate(data)]
         client = httpx.Client(timeout=60, limits=httpx.Limits(max_connections=16))
 
@@ -198,6 +193,145 @@ def bench_math_http(data: list[tuple[str, str]], workers: int) -> dict:
         except subprocess.TimeoutExpired:
             proc.kill()
         os.unlink(f.name)
+
+
+def _fake_engine(latency_s: float) -> tuple[object, str]:
+    """A stand-in OpenAI-compatible engine: every answer takes `latency_s` (as generation would)
+    and ends in "Score: 7". Measures the judge scorer's own cost, not a model's."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as real engines
+
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["content-length"]))
+            time.sleep(latency_s)
+            data = json.dumps(
+                {
+                    "id": "x",
+                    "object": "chat.completion",
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": "Fine.\nScore: 7"},
+                            "finish_reason": "stop",
+                        }
+                    ],
+                }
+            ).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    class Server(ThreadingHTTPServer):
+        request_queue_size = 1024  # the default backlog of 5 drops SYNs of a burst: 1 s retransmits
+        daemon_threads = True
+
+    server = Server(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def bench_judge_fake(n: int, concurrency: int, latency_s: float) -> dict:
+    import asyncio
+
+    server, engine = _fake_engine(latency_s)
+    prompts = [f"Question {i}: explain why the sky is blue." for i in range(n)]
+    body = {"model": "m", "max_tokens": 64, "temperature": 0.0}
+
+    async def direct(conc: int, count: int) -> float:
+        sem = asyncio.Semaphore(conc)
+        async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=conc)) as client:
+
+            async def one(p):
+                async with sem:
+                    r = await client.post(
+                        engine + "/v1/chat/completions",
+                        json={**body, "messages": [{"role": "user", "content": p}]},
+                    )
+                    r.raise_for_status()
+
+            t = time.perf_counter()
+            await asyncio.gather(*(one(p) for p in prompts[:count]))
+            return count / (time.perf_counter() - t)
+
+    direct_rate = asyncio.run(direct(concurrency, n))
+    one_in_flight = asyncio.run(direct(1, max(20, n // 16)))
+    port = free_port()
+    cfg = {
+        "scorers": [
+            {
+                "name": "judge",
+                "kind": "judge",
+                "max_batch_size": 256,
+                "max_wait_ms": 5,
+                "options": {"url": engine, "model": "m", "concurrency": concurrency, "max_tokens": 64},
+            }
+        ]
+    }
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        json.dump(cfg, f)
+    exe = Path(sys.executable).with_name("rewardkit")
+    proc = subprocess.Popen(
+        [str(exe), "serve", "--config", f.name, "--port", str(port), "--log-level", "warning"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(url, proc)
+        items = [
+            {"id": str(i), "prompt": p, "response": "Because of Rayleigh scattering."}
+            for i, p in enumerate(prompts)
+        ]
+        client = httpx.Client(timeout=120, limits=httpx.Limits(max_connections=16))
+
+        def post(batch):
+            r = client.post(url + "/v1/score", json={"scorers": ["judge"], "items": batch})
+            r.raise_for_status()
+            assert all("judge" in x["scores"] for x in r.json()["results"])
+
+        t0 = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            list(pool.map(post, [items[i : i + 16] for i in range(0, n, 16)]))
+        through = n / (time.perf_counter() - t0)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        os.unlink(f.name)
+        server.shutdown()
+    return {
+        "engine_latency_ms": latency_s * 1e3,
+        "concurrency": concurrency,
+        "items": n,
+        "direct_items_per_s": direct_rate,
+        "one_in_flight_items_per_s": one_in_flight,
+        "through_v1_score_items_per_s": through,
+        "through_over_direct": through / direct_rate,
+        "through_over_one_in_flight": through / one_in_flight,
+    }
+
+
+def _wait_ready(url: str, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            if httpx.get(url + "/health/ready", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline or proc.poll() is not None:
+            raise RuntimeError("rewardkit serve did not become ready")
+        time.sleep(0.2)
 
 
 def bench_sandbox(isolation: str, n: int, concurrency: int) -> dict:
@@ -265,6 +399,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--math-items", type=int, default=2000)
     ap.add_argument("--sandbox-runs", type=int, default=400)
+    ap.add_argument("--judge-items", type=int, default=1024)
+    ap.add_argument("--only", choices=["math", "sandbox", "judge"], default=None)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     import importlib.metadata as md
@@ -283,20 +419,25 @@ def main() -> None:
         },
         "command": " ".join(["python", *sys.argv]),
     }
-    res["math_in_thread"] = bench_math_in_thread(data)
-    print("math in-thread:", res["math_in_thread"], flush=True)
-    res["math_http"] = bench_math_http(data, workers=cores)
-    ref = cores * res["math_in_thread"]["items_per_s"]
-    res["math_http"]["fraction_of_cores_x_in_thread"] = res["math_http"]["items_per_s"] / ref
-    print("math http:", res["math_http"], flush=True)
-    res["process_refs"] = bench_process_refs()
-    print("process refs:", res["process_refs"], flush=True)
-    from rewardkit.serve.scorers.sandbox import probe
+    if args.only in (None, "math"):
+        res["math_in_thread"] = bench_math_in_thread(data)
+        print("math in-thread:", res["math_in_thread"], flush=True)
+        res["math_http"] = bench_math_http(data, workers=cores)
+        ref = cores * res["math_in_thread"]["items_per_s"]
+        res["math_http"]["fraction_of_cores_x_in_thread"] = res["math_http"]["items_per_s"] / ref
+        print("math http:", res["math_http"], flush=True)
+    if args.only in (None, "sandbox"):
+        res["process_refs"] = bench_process_refs()
+        print("process refs:", res["process_refs"], flush=True)
+        from rewardkit.serve.scorers.sandbox import probe
 
-    isolations = ["namespaces", "rlimits"] if probe("namespaces")[0] else ["rlimits"]
-    res["sandbox"] = [bench_sandbox(iso, args.sandbox_runs, cores) for iso in isolations]
-    for s in res["sandbox"]:
-        print("sandbox:", s, flush=True)
+        isolations = ["namespaces", "rlimits"] if probe("namespaces")[0] else ["rlimits"]
+        res["sandbox"] = [bench_sandbox(iso, args.sandbox_runs, cores) for iso in isolations]
+        for s in res["sandbox"]:
+            print("sandbox:", s, flush=True)
+    if args.only in (None, "judge"):
+        res["judge_fake_engine"] = bench_judge_fake(args.judge_items, 16, 0.05)
+        print("judge (fake engine):", res["judge_fake_engine"], flush=True)
     res["machine"]["load_avg_at_end"] = os.getloadavg()
     if args.out:
         Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
