@@ -33,7 +33,12 @@ def mismatch(probe, pairs, **kwargs) -> str:
 def test_freeze_records_the_contract(tok, tokenized):
     probe = freeze_probe(tokenized, tok, TokenizeSettings())
     assert probe["count"] == 20 and probe["pair_ids"] == [p.pair_id for p in tokenized]
-    assert probe["settings"] == {"max_length": 1024, "max_completion_length": 512, "truncation": "drop"}
+    assert probe["settings"] == {
+        "max_length": 1024,
+        "max_completion_length": 512,
+        "truncation": "drop",
+        "score_position": "template_end",
+    }
     assert freeze_probe(iter(tokenized), tok) == probe  # any iterable, same result
     check_probe(probe, tokenized, tokenizer=tok, settings=TokenizeSettings())
 

@@ -63,12 +63,22 @@ def test_chat_template_branch_layout(tok):
     n_prompt = branch.loss_mask.count(0)
     assert branch.input_ids[:n_prompt] == tok(prompt_text, add_special_tokens=False)["input_ids"]
     assert branch.loss_mask == [0] * n_prompt + [1] * (len(branch) - n_prompt)
-    # the completion is the answer plus the end-of-turn marker; the trailing "\n" is not kept
-    assert tok.decode(completion_tokens(tok, branch)) == "kiwi and plum.<|im_end|>"
+    # template_end (default): the completion is everything the template renders after the
+    # prompt, ChatML's trailing "\n" included, and the score is read there (as TRL reads it)
+    assert tok.decode(completion_tokens(tok, branch)) == "kiwi and plum.<|im_end|>\n"
     assert branch.score_index == len(branch) - 1
-    assert branch.input_ids[branch.score_index] == tok.convert_tokens_to_ids("<|im_end|>")
+    full = tok.apply_chat_template(
+        [{"role": "user", "content": "Name a fruit."}, {"role": "assistant", "content": "kiwi and plum."}],
+        tokenize=True,
+        return_dict=True,
+    )["input_ids"]
+    assert branch.input_ids == list(full)
     assert tp.rejected.input_ids[:n_prompt] == branch.input_ids[:n_prompt]
-    assert tok.decode(completion_tokens(tok, tp.rejected)) == "red.<|im_end|>"
+    assert tok.decode(completion_tokens(tok, tp.rejected)) == "red.<|im_end|>\n"
+    # end_of_turn (checkpoints before issue 24): cut after the end-of-turn marker
+    legacy = tokenize_pair(pair(), tok, TokenizeSettings(score_position="end_of_turn")).chosen
+    assert tok.decode(completion_tokens(tok, legacy)) == "kiwi and plum.<|im_end|>"
+    assert legacy.input_ids[legacy.score_index] == tok.convert_tokens_to_ids("<|im_end|>")
 
 
 def test_multi_turn_completion_and_metadata(tok):
@@ -83,7 +93,7 @@ def test_multi_turn_completion_and_metadata(tok):
     )
     tp = tokenize_pair(p, tok)
     assert (
-        tok.decode(completion_tokens(tok, tp.chosen)) == "a1<|im_end|>\n<|im_start|>assistant\na2<|im_end|>"
+        tok.decode(completion_tokens(tok, tp.chosen)) == "a1<|im_end|>\n<|im_start|>assistant\na2<|im_end|>\n"
     )
     assert (tp.margin, tp.subset, tp.pair_id) == (1.5, "s", p.pair_id)
 

@@ -222,6 +222,9 @@ def normalize_rows(rows: Iterable[Any]) -> Iterator[PreferencePair | Rejection]:
         except Rejection as rejection:
             yield rejection.at(index)
             continue
+        except RecursionError:  # a JSONL row just under the decoder's limit, nested metadata
+            yield Rejection(R.SCHEMA, "row nests JSON too deeply", source_index=index)
+            continue
         if not seen.add(pair.pair_id):
             yield Rejection(
                 R.DUPLICATE_ID,

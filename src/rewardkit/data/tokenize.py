@@ -46,6 +46,19 @@ PLAIN_TEMPLATE = (
 _SPECIAL_ATTRS = ("bos_token", "eos_token", "pad_token", "unk_token", "sep_token", "cls_token", "mask_token")
 
 
+TEMPLATE_END = "template_end"
+END_OF_TURN = "end_of_turn"
+SCORE_POSITIONS = (TEMPLATE_END, END_OF_TURN)
+"""Where a branch ends, hence where a reward model reads its score.
+
+`template_end` (the default; TRL's RewardTrainer and RewardBench): the last token of
+`apply_chat_template(conversation)` without a generation prompt — for ChatML the "\\n" after
+`<|im_end|>`. `end_of_turn` (rewardkit before issue 24): the template's text after the
+completion is cut after the end-of-turn marker. Checkpoints record theirs (`score_position`);
+a checkpoint without the key was trained with `end_of_turn`.
+"""
+
+
 @dataclass(frozen=True)
 class TokenizeSettings:
     """Length limits and what to do with pairs that exceed them.
@@ -60,10 +73,15 @@ class TokenizeSettings:
     max_length: int = 1024
     max_completion_length: int = 512
     truncation: Literal["drop", "truncate"] = "drop"
+    score_position: Literal["template_end", "end_of_turn"] = "template_end"
 
     def __post_init__(self) -> None:
         if self.truncation not in ("drop", "truncate"):
             raise ConfigError(f"truncation must be 'drop' or 'truncate', got {self.truncation!r}")
+        if self.score_position not in SCORE_POSITIONS:
+            raise ConfigError(
+                f"score_position must be one of {', '.join(SCORE_POSITIONS)}, got {self.score_position!r}"
+            )
         if self.max_length < 2 or self.max_completion_length < 1:
             raise ConfigError("max_length must be >= 2 and max_completion_length >= 1")
 
@@ -137,25 +155,56 @@ def render(tokenizer, messages: list[Message], *, add_generation_prompt: bool) -
     )
 
 
-def completion_text(tokenizer, prompt: list[Message], prompt_text: str, completion: list[Message]) -> str:
-    """The text the template renders for `completion` after `prompt_text`, trailing whitespace dropped."""
+def completion_text(
+    tokenizer,
+    prompt: list[Message],
+    prompt_text: str,
+    completion: list[Message],
+    score_position: str = END_OF_TURN,
+) -> str:
+    """The text the template renders for `completion` after `prompt_text`.
+
+    `end_of_turn` drops the trailing whitespace (ChatML's "\\n" after `<|im_end|>`);
+    `template_end` keeps everything the template renders, as `apply_chat_template` does. Without
+    a chat template (the plain template) trailing whitespace is always dropped: EOS ends the branch.
+    """
     full = render(tokenizer, [*prompt, *completion], add_generation_prompt=False)
     if not full.startswith(prompt_text):
         raise UsageError(
             "the tokenizer's chat template does not render the prompt as a prefix of the conversation, "
             "so the completion cannot be located"
         )
-    return full[len(prompt_text) :].rstrip()
+    text = full[len(prompt_text) :]
+    if score_position == TEMPLATE_END and getattr(tokenizer, "chat_template", None) is not None:
+        return text
+    return text.rstrip()
 
 
-def encode_texts(tokenizer, prompt_text: str, completions: list[str]) -> tuple[list[int], list[list[int]]]:
+def encode_texts(
+    tokenizer, prompt_text: str, completions: list[str], *, joint: bool = False
+) -> tuple[list[int], list[list[int]]]:
     """Token ids of the prompt and of each completion, in one tokenizer call.
 
     With the plain template the prompt starts with BOS (or CLS) and each completion ends with
     EOS (or SEP), when the tokenizer has them; chat templates write their own markers.
+    `joint` encodes prompt + completion as one text (what `apply_chat_template(tokenize=True)`
+    does), so a branch's ids are exactly the ecosystem's. The prompt part is the longest prefix
+    of the prompt's own ids that every joint encoding starts with: where a template's boundary
+    merges ("\\n\\n" + text in Llama-3 templates can tokenise differently together), the merged
+    token counts as completion. Such a token is shared by both branches, so it cancels in a
+    reward margin and in DPO's chosen-minus-rejected log-ratios.
     """
-    encoded = tokenizer([prompt_text, *completions], add_special_tokens=False)["input_ids"]
-    prompt_ids, completion_ids = list(encoded[0]), [list(ids) for ids in encoded[1:]]
+    texts = [prompt_text, *completions]
+    if joint:
+        texts += [prompt_text + c for c in completions]
+    encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    prompt_ids = list(encoded[0])
+    completion_ids = [list(ids) for ids in encoded[1 : 1 + len(completions)]]
+    if joint:
+        wholes = [list(ids) for ids in encoded[1 + len(completions) :]]
+        shared = min(_common_prefix(prompt_ids, whole) for whole in wholes)
+        prompt_ids = prompt_ids[:shared]
+        completion_ids = [whole[shared:] for whole in wholes]
     if getattr(tokenizer, "chat_template", None) is None:
         start = _first_id(tokenizer, "bos_token_id", "cls_token_id")
         end = _first_id(tokenizer, "eos_token_id", "sep_token_id")
@@ -167,11 +216,20 @@ def encode_texts(tokenizer, prompt_text: str, completions: list[str]) -> tuple[l
     return prompt_ids, completion_ids
 
 
-def tokenize_branch(tokenizer, prompt: list[Message], completion: list[Message]) -> TokenizedBranch:
-    """One untruncated branch (what a scorer feeds the model for a prompt + response)."""
+def tokenize_branch(
+    tokenizer, prompt: list[Message], completion: list[Message], *, score_position: str = TEMPLATE_END
+) -> TokenizedBranch:
+    """One untruncated branch (what a scorer feeds the model for a prompt + response).
+
+    An empty prompt is refused (ValueError, as transformers refuses an empty conversation): a
+    served item always has one; prompt-less data rows go through `tokenize_pair`.
+    """
+    if not prompt:
+        raise ValueError("Cannot apply chat template to an empty conversation (empty prompt)")
     prompt_text = render(tokenizer, prompt, add_generation_prompt=True)
+    text = completion_text(tokenizer, prompt, prompt_text, completion, score_position)
     prompt_ids, (completion_ids,) = encode_texts(
-        tokenizer, prompt_text, [completion_text(tokenizer, prompt, prompt_text, completion)]
+        tokenizer, prompt_text, [text], joint=score_position == TEMPLATE_END
     )
     if not completion_ids:
         raise Rejection(R.EMPTY_COMPLETION, "completion has no tokens")
@@ -182,10 +240,14 @@ def tokenize_pair(pair: PreferencePair, tokenizer, settings: TokenizeSettings | 
     """Tokenise both branches under `settings`; raise `Rejection` (oversize, post_truncation, ...)."""
     settings = settings or TokenizeSettings()
     prompt_text = render(tokenizer, pair.prompt, add_generation_prompt=True)
+    position = settings.score_position
     texts = [
-        completion_text(tokenizer, pair.prompt, prompt_text, side) for side in (pair.chosen, pair.rejected)
+        completion_text(tokenizer, pair.prompt, prompt_text, side, position)
+        for side in (pair.chosen, pair.rejected)
     ]
-    prompt_ids, (chosen, rejected) = encode_texts(tokenizer, prompt_text, texts)
+    prompt_ids, (chosen, rejected) = encode_texts(
+        tokenizer, prompt_text, texts, joint=position == TEMPLATE_END
+    )
     if not chosen or not rejected:
         raise Rejection(R.EMPTY_COMPLETION, "a completion has no tokens", pair_id=pair.pair_id)
     limit, completion_limit = settings.max_length, settings.max_completion_length
@@ -237,6 +299,15 @@ def _branch(prompt_ids: list[int], completion_ids: list[int]) -> TokenizedBranch
         loss_mask=[0] * len(prompt_ids) + [1] * len(completion_ids),
         score_index=len(input_ids) - 1,
     )
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def _first_id(tokenizer, *attrs: str) -> int | None:

@@ -6,7 +6,11 @@ last non-pad token (Llama, Qwen2, Mistral, Gemma, GPT-2, ...). Families that poo
 (BERT-style encoders pool the first token through a dense+tanh pooler and a biased
 classifier) are refused with that reason rather than exported into a model that scores
 differently. Every export is reloaded with plain transformers and must reproduce rewardkit's
-scores within 1e-5 (fp32) before it is renamed into place.
+scores within 1e-5 (fp32) before it is renamed into place. The config's pad / bos / eos ids are
+the tokenizer's, and a model card (README.md) records provenance, hashes, the probe accuracy
+with its bootstrap interval when the run evaluated that step, usage and the scoring convention
+(`score_position`: `template_end`, the last token of `apply_chat_template`, as TRL and
+RewardBench read it; `end_of_turn` for checkpoints trained before that was recorded).
 
 Dispatch is on the checkpoint's `objective`; other objectives (DPO policies) register their
 own exporter in `EXPORTERS`.
@@ -29,16 +33,69 @@ class ExportError(RewardkitError):
     code = "export_refused"
 
 
-def _verification_pairs(tokenizer: Any, max_length: int):
-    """Real template-rendered branches (ending at the end-of-turn token the score is read at)."""
+VERIFY_CONVERSATIONS = [
+    # (prompt messages, chosen, rejected): multi-turn, with and without system prompts
+    (
+        [
+            {"role": "system", "content": "You are a terse assistant."},
+            {"role": "user", "content": "Name a fruit."},
+            {"role": "assistant", "content": "kiwi."},
+            {"role": "user", "content": "Another one?"},
+        ],
+        "plum.",
+        "red.",
+    ),
+    ([{"role": "user", "content": "Name an animal."}], "otter and lynx.", "blue."),
+    (
+        [
+            {"role": "user", "content": "Name a color."},
+            {"role": "assistant", "content": "teal."},
+            {"role": "user", "content": "And a fruit?"},
+        ],
+        "fig.",
+        "wolf.",
+    ),
+    (
+        [{"role": "system", "content": "Answer in lowercase."}, {"role": "user", "content": "A colour?"}],
+        "green.",
+        "pear.",
+    ),
+]
+
+
+def _verification_pairs(tokenizer: Any, max_length: int, score_position: str):
+    """Real template-rendered branches: synthetic rows plus multi-turn conversations with system prompts."""
     from rewardkit.data.normalize import normalize_row
+    from rewardkit.data.reasons import Rejection
     from rewardkit.data.synth import generate_rows
     from rewardkit.data.tokenize import TokenizeSettings, tokenize_pair
 
     settings = TokenizeSettings(
-        max_length=max_length, max_completion_length=max_length // 2, truncation="truncate"
+        max_length=max_length,
+        max_completion_length=max_length // 2,
+        truncation="truncate",
+        score_position=score_position,
     )
-    return [tokenize_pair(normalize_row(row), tokenizer, settings) for row in generate_rows(6, seed=7)]
+    rows = generate_rows(6, seed=7) + [
+        {"prompt": prompt, "chosen": chosen, "rejected": rejected}
+        for prompt, chosen, rejected in VERIFY_CONVERSATIONS
+    ]
+    pairs = []
+    for row in rows:
+        try:
+            pairs.append(tokenize_pair(normalize_row(row), tokenizer, settings))
+        except Rejection:  # a conversation longer than a tiny model's max_length
+            continue
+    return pairs
+
+
+def special_token_ids(tokenizer: Any, pad: int) -> dict[str, int | None]:
+    """The config's pad / bos / eos ids: exactly the tokenizer's (pad: the one the export pads with)."""
+    return {
+        "pad_token_id": pad,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+    }
 
 
 def export_reward_model(checkpoint: Path, out: Path) -> dict[str, Any]:
@@ -47,15 +104,17 @@ def export_reward_model(checkpoint: Path, out: Path) -> dict[str, Any]:
 
     from rewardkit.core.atomic import staged_dir
     from rewardkit.data.collate import collate
-    from rewardkit.models.loading import load_rewardkit_model
+    from rewardkit.data.tokenize import END_OF_TURN
+    from rewardkit.models.loading import load_reward_model
 
-    model, meta = load_rewardkit_model(checkpoint)
+    model, tokenizer, meta = load_reward_model(checkpoint)  # weight files verified first
     model.eval()
-    tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
+    position = meta["score_position"]
     config = model.config.__class__.from_dict(model.config.to_dict())
     config.num_labels = 1
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    config.pad_token_id = pad
+    pad = export_pad_token_id(tokenizer, meta)
+    for key, value in special_token_ids(tokenizer, pad).items():
+        setattr(config, key, value)
     family = config.model_type
     try:
         seqcls = AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
@@ -75,23 +134,26 @@ def export_reward_model(checkpoint: Path, out: Path) -> dict[str, Any]:
         head.weight.copy_(model.head.weight)
     seqcls.eval()
 
-    pairs = _verification_pairs(tokenizer, int(meta.get("max_length") or 128))
+    pairs = _verification_pairs(tokenizer, int(meta.get("max_length") or 128), position)
     ends = {b.input_ids[b.score_index] for p in pairs for b in (p.chosen, p.rejected)}
     if pad in ends:
         raise ExportError(
             f"the pad token (id {pad}) is the token scores are read at; *ForSequenceClassification finds the"
-            " last non-pad token and would skip it. Give the tokenizer a distinct pad token before training"
+            " last non-pad token and would skip it. Set data.pad_token to a token that is not the"
+            " tokenizer's EOS (as TRL's RewardConfig.pad_token) and retrain"
         )
     with staged_dir(out) as tmp:
         seqcls.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        if position == END_OF_TURN:
+            # a checkpoint trained before score_position: HF reads the last token, so feed each
+            # branch up to its end-of-turn marker (the model card says so)
+            pairs = [replace(p, chosen=_truncate(p.chosen), rejected=_truncate(p.rejected)) for p in pairs]
         reloaded = AutoModelForSequenceClassification.from_pretrained(
             tmp, local_files_only=True, dtype=torch.float32
         )
         reloaded.eval()
-        # HF scores the last non-pad token, so feed each branch up to its score index.
-        cut = [replace(p, chosen=_truncate(p.chosen), rejected=_truncate(p.rejected)) for p in pairs]
-        batch = collate(cut, layout="right", pad_token_id=pad)
+        batch = collate(pairs, layout="right", pad_token_id=pad)
         with torch.no_grad():
             ours = model(batch)
             theirs = reloaded(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, 0]
@@ -105,9 +167,108 @@ def export_reward_model(checkpoint: Path, out: Path) -> dict[str, Any]:
             "max_abs_diff": diff,
             "verified_sequences": len(ours),
             "source_model_sha256": meta.get("model_sha256"),
+            "score_position": position,
+            "special_token_ids": special_token_ids(tokenizer, pad),
         }
         (tmp / "rewardkit_export.json").write_text(json.dumps(report, indent=2, sort_keys=True))
+        (tmp / "README.md").write_text(model_card(checkpoint, meta, report, tokenizer))
+        # tokenizer_config's pad token must be the one the config names
+        check = AutoTokenizer.from_pretrained(tmp, local_files_only=True)
+        if check.pad_token_id != pad:
+            raise ExportError(f"exported tokenizer pads with {check.pad_token_id}, config says {pad}")
     return report
+
+
+def export_pad_token_id(tokenizer: Any, meta: dict[str, Any]) -> int:
+    """The tokenizer's pad id (set from `data.pad_token` during training); EOS if it has none."""
+    if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if tokenizer.pad_token_id is None:
+        raise ExportError("the tokenizer has neither a pad nor an EOS token; set data.pad_token and retrain")
+    return int(tokenizer.pad_token_id)
+
+
+def _run_summary(checkpoint: Path, step: Any) -> dict[str, Any] | None:
+    """The run's evaluation at this checkpoint's step (RUN/eval/step-N/summary.json), if present."""
+    if not isinstance(step, int):
+        return None
+    summary = checkpoint.parent.parent / "eval" / f"step-{step:07d}" / "summary.json"
+    try:
+        return json.loads(summary.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def model_card(checkpoint: Path, meta: dict[str, Any], report: dict[str, Any], tokenizer: Any) -> str:
+    """README.md of an exported reward model: provenance, hashes, probe accuracy, usage, convention."""
+    from rewardkit.data.tokenize import END_OF_TURN
+
+    base = meta.get("base_model") or {}
+    base_name = base.get("path") or base.get("init_from") or base.get("random_init") or "unknown"
+    summary = _run_summary(Path(checkpoint), meta.get("step"))
+    if summary and summary.get("accuracy") is not None:
+        strict = (summary.get("bootstrap") or {}).get("strict") or {}
+        interval = strict.get("ci_95")
+        accuracy = f"{summary['accuracy']:.4f} on {summary.get('n_pairs')} probe pairs"
+        if interval:
+            accuracy += f" (95% paired-bootstrap interval [{interval[0]:.4f}, {interval[1]:.4f}])"
+        probe = summary.get("probe_sha256") or "unknown"
+    else:
+        accuracy, probe = "not recorded (no evaluation of this step next to the checkpoint)", "unknown"
+    position = report["score_position"]
+    if position == END_OF_TURN:
+        convention = (
+            "`end_of_turn` (a checkpoint trained before rewardkit recorded `score_position`): the reward is"
+            " read at the chat template's end-of-turn token. Cut `apply_chat_template` ids after that"
+            " token (e.g. drop ChatML's trailing newline after `<|im_end|>`) before the forward."
+        )
+    else:
+        convention = (
+            "`template_end`: the reward is read at the last token of `apply_chat_template(messages)`"
+            " without a generation prompt (for ChatML the newline after `<|im_end|>`), as TRL's"
+            " RewardTrainer and RewardBench read it. Plain text without a chat template: the text plus"
+            " the EOS token."
+        )
+    ids = report["special_token_ids"]
+    return f"""---
+library_name: transformers
+tags: [reward-model, rewardkit]
+---
+
+# Reward model exported by rewardkit
+
+A `{report["architecture"]}` with `num_labels = 1`: the score is `logits[0, 0]`.
+
+| | |
+|---|---|
+| base model | `{base_name}` (sha256 `{base.get("sha256")}`) |
+| training step | {meta.get("step")} ({meta.get("pairs_consumed")} pairs) |
+| training data (tokenised pairs) sha256 | `{meta.get("data_manifest_sha256")}` |
+| probe tokens sha256 | `{probe}` |
+| probe accuracy | {accuracy} |
+| tokenizer sha256 / template sha256 | `{meta.get("tokenizer_sha256")}` / `{meta.get("template_sha256")}` |
+| checkpoint weights sha256 | `{meta.get("model_sha256")}` |
+| special tokens (config = tokenizer) | pad {ids["pad_token_id"]}, bos {ids["bos_token_id"]}, eos {ids["eos_token_id"]} |
+| export check | {report["verified_sequences"]} sequences, max abs difference {report["max_abs_diff"]:.2e} vs the checkpoint (fp32) |
+
+## Scoring convention
+
+{convention}
+
+## Usage
+
+```python
+import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+tok = AutoTokenizer.from_pretrained("PATH")
+model = AutoModelForSequenceClassification.from_pretrained("PATH", dtype=torch.float32).eval()
+messages = [{{"role": "user", "content": "Name a fruit."}}, {{"role": "assistant", "content": "kiwi."}}]
+ids = tok.apply_chat_template(messages, tokenize=True, return_dict=True, return_tensors="pt")
+with torch.no_grad():
+    score = model(**ids).logits[0, 0].item()
+```
+"""
 
 
 def _truncate(branch):

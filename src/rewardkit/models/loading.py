@@ -17,6 +17,7 @@ from torch import nn
 from rewardkit.core.errors import RewardkitError
 from rewardkit.core.hashing import sha256_file
 from rewardkit.data.collate import Batch
+from rewardkit.data.tokenize import END_OF_TURN, TEMPLATE_END
 from rewardkit.models.attention import resolve_attn_implementation
 
 FORMAT_VERSION = 1
@@ -239,6 +240,11 @@ def load_reward_model(
         raise CheckpointError(f"{path}: not a directory", code="not_found")
     if (path / METADATA_FILE).is_file():
         model, meta = load_rewardkit_model(path, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        # checkpoints from before `score_position` was recorded read at the end-of-turn marker
+        meta = {**meta, "score_position": meta.get("score_position") or END_OF_TURN}
+        if meta["score_position"] == END_OF_TURN:
+            model.read_at_end_of_turn(tokenizer)
     else:
         config = _is_seqcls_dir(path)
         if config is None:
@@ -263,7 +269,8 @@ def load_reward_model(
             "head_type": HFSequenceClassifier.head_type,
             "architecture": config["architectures"][0],
             "model_sha256": sha256_file(weights[0]) if len(weights) == 1 else None,
+            "score_position": TEMPLATE_END,  # HF reads the last non-pad token
         }
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     model.to(device).eval()
     return model, tokenizer, meta

@@ -98,6 +98,21 @@ class RewardModel(nn.Module):
 
     head_type = "linear_last_token"
 
+    # Checkpoints trained with score_position `end_of_turn` (before issue 24) read at the
+    # template's end-of-turn marker; branches now end where `apply_chat_template` ends (ChatML's
+    # "\n" after `<|im_end|>`). `read_at_end_of_turn` makes such a model step back over those
+    # whitespace-only template tokens, so it scores exactly as it was trained.
+    _trailing_ids: torch.Tensor | None = None
+
+    def read_at_end_of_turn(self, tokenizer: Any) -> None:
+        special = set(tokenizer.all_special_ids)
+        ids = [
+            i
+            for i in range(len(tokenizer))
+            if i not in special and tokenizer.decode([i]) and not tokenizer.decode([i]).strip()
+        ]
+        self._trailing_ids = torch.tensor(ids, dtype=torch.long)
+
     def __init__(self, backbone: nn.Module) -> None:
         super().__init__()
         if getattr(backbone, "pooler", None) is not None:
@@ -130,7 +145,15 @@ class RewardModel(nn.Module):
             kwargs["attention_mask"] = batch.attention_mask
         with boundaries as extra:
             hidden = self.backbone(**kwargs, **extra).last_hidden_state
-        last = hidden[batch.score_rows, batch.score_cols]
+        cols = batch.score_cols
+        if self._trailing_ids is not None:
+            trailing = self._trailing_ids.to(batch.input_ids.device)
+            for _ in range(32):  # step back over trailing template whitespace, never past a sequence start
+                step = torch.isin(batch.input_ids[batch.score_rows, cols], trailing) & (cols > 0)
+                if not bool(step.any()):
+                    break
+                cols = cols - step.long()
+        last = hidden[batch.score_rows, cols]
         with torch.autocast(device_type=last.device.type, enabled=False):
             # sum over the size-1 output dim: a fresh tensor, not a view (FSDP2 hooks the output).
             return self.head(last.float()).sum(-1)

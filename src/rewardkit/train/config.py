@@ -120,6 +120,9 @@ class DataConfig(ConfigModel):
     max_length: int = 512
     max_completion_length: int = 256
     truncation: Literal["drop", "truncate"] = "drop"
+    # template_end: the last token of apply_chat_template(conversation), as TRL / RewardBench read
+    # it; end_of_turn: rewardkit's reading before issue 24 (to continue such a run)
+    score_position: Literal["template_end", "end_of_turn"] = "template_end"
 
 
 class OptimConfig(ConfigModel):

@@ -72,6 +72,7 @@ def prepare_data(cfg: TrainConfig) -> PreparedData:
         max_length=data.max_length,
         max_completion_length=data.max_completion_length,
         truncation=data.truncation,
+        score_position=data.score_position,
     )
     train_source, eval_source = _sources(cfg)
     summary = Summary()

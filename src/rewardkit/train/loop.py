@@ -377,6 +377,8 @@ class Trainer:
             **self.objective.checkpoint_metadata(),
             "pairs_consumed": self.pairs_consumed,
             "data_manifest_sha256": self.data_sha256,
+            # where scores are read (rewardkit.data.tokenize.SCORE_POSITIONS); loads honour it
+            "score_position": self.cfg.data.score_position,
         }
         state = {
             "step": self.step,

@@ -1,0 +1,174 @@
+"""Exported reward models score where the ecosystem scores: plain transformers, apply_chat_template, logits[0, 0].
+
+TRL's RewardTrainer and RewardBench read the reward at the last token of
+`apply_chat_template(messages)` (no generation prompt). A checkpoint trained by rewardkit and
+exported with `rewardkit export hf` must give its own scores, within 1e-3 in fp32, through
+exactly that recipe, for ChatML (which appends "\n" after <|im_end|>) and Llama-3-style templates.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+from rewardkit.cli import main
+from rewardkit.data.normalize import normalize_row
+from rewardkit.data.synth import builtin_tokenizer
+from rewardkit.data.tokenize import TokenizeSettings, tokenize_branch, tokenize_pair
+from rewardkit.models.loading import load_reward_model
+from rewardkit.objectives.reward_model import score_pairs
+
+torch.set_num_threads(1)
+
+LLAMA3_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content'] + '<|eot_id|>' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
+)
+
+QWEN2_TINY = {
+    "model_type": "qwen2",
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 512,
+}
+
+SYSTEMS = ["You are a terse assistant.", "Answer in lowercase.", "Be kind."]
+QUESTIONS = ["Name a fruit.", "Name an animal.", "Name a color.", "Another one?", "And a fruit?"]
+ANSWERS = ["kiwi and plum.", "otter.", "teal.", "red.", "fig, pear and lime.", "wolf."]
+
+
+def conversations(n: int = 24) -> list[list[dict]]:
+    """Single- and multi-turn conversations, with and without system prompts, ending in an answer."""
+    out = []
+    for i in range(n):
+        messages = [{"role": "system", "content": SYSTEMS[i % 3]}] if i % 2 == 0 else []
+        for turn in range(1 + i % 3):
+            messages.append({"role": "user", "content": QUESTIONS[(i + turn) % 5]})
+            messages.append({"role": "assistant", "content": ANSWERS[(i * 3 + turn) % 6]})
+        out.append(messages)
+    return out
+
+
+def _llama3_tokenizer():
+    tok = builtin_tokenizer()
+    tok.add_special_tokens(
+        {"additional_special_tokens": ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]}
+    )
+    tok.chat_template = LLAMA3_TEMPLATE
+    return tok
+
+
+@pytest.fixture(scope="module", params=["chatml-qwen2", "llama3-llama"])
+def exported(request, tmp_path_factory):
+    from rewardkit.train.config import load_config
+    from rewardkit.train.recipes.reward_model import run
+
+    root = tmp_path_factory.mktemp(request.param)
+    tok = builtin_tokenizer() if request.param.startswith("chatml") else _llama3_tokenizer()
+    tok.save_pretrained(root / "tok")
+    model = (
+        ["model.config=" + json.dumps(QWEN2_TINY)] if "qwen2" in request.param else ["model.tiny=tiny-llama"]
+    )
+    cfg = load_config(
+        None,
+        [
+            *model,
+            f"data.tokenizer={root / 'tok'}",
+            "data.synth={train_rows: 32, eval_rows: 8, seed: 0}",
+            "data.max_length=128",
+            "data.max_completion_length=64",
+            f"run.run_dir={root / 'run'}",
+            "run.max_steps=3",
+            "run.global_batch_pairs=8",
+            "run.progress=false",
+            "optim.lr=3e-3",
+        ],
+    )
+    result = run(cfg)
+    out = root / "hf"
+    assert main(["export", "hf", str(result.checkpoint), str(out)]) == 0
+    return result.checkpoint, out
+
+
+def test_standard_hf_recipe_gives_rewardkit_scores(exported):
+    checkpoint, out = exported
+    ours, tokenizer, meta = load_reward_model(checkpoint)
+    assert meta["score_position"] == "template_end"
+    tok = AutoTokenizer.from_pretrained(out)
+    hf = AutoModelForSequenceClassification.from_pretrained(out, dtype=torch.float32).eval()
+    convs = conversations(24)
+    # rewardkit's own scores: evaluation's path (tokenize_pair + score_pairs) ...
+    pairs = []
+    for messages in convs:
+        rejected = [*messages[:-1], {"role": "assistant", "content": "nothing at all."}]
+        row = {"chosen": messages, "rejected": rejected}
+        pairs.append(tokenize_pair(normalize_row(row), tokenizer, TokenizeSettings()))
+    chosen, rejected = score_pairs(ours, pairs, batch_size=5, layout="packed")
+    worst = 0.0
+    with torch.no_grad():
+        for i, messages in enumerate(convs):
+            ids = tok.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"]
+            # ... are read at the last template token, and the ids are the ecosystem's
+            assert pairs[i].chosen.input_ids == list(ids)
+            plain = hf(input_ids=torch.tensor([ids])).logits[0, 0].item()
+            worst = max(worst, abs(plain - chosen[i]))
+            # the serve path (tokenize_branch) reads the same position
+            branch = tokenize_branch(tokenizer, messages[:-1], messages[-1:])
+            assert branch.input_ids == list(ids)
+            other = [*messages[:-1], {"role": "assistant", "content": "nothing at all."}]
+            ids = tok.apply_chat_template(other, tokenize=True, return_dict=True)["input_ids"]
+            worst = max(worst, abs(hf(input_ids=torch.tensor([ids])).logits[0, 0].item() - rejected[i]))
+    assert worst < 1e-3
+    assert abs(chosen - rejected).max() > 1e-4  # a trained, non-constant model
+
+
+def test_export_config_and_card(exported):
+    checkpoint, out = exported
+    config = json.loads((out / "config.json").read_text())
+    tok = AutoTokenizer.from_pretrained(out)
+    assert config["pad_token_id"] == tok.pad_token_id
+    assert config["bos_token_id"] == tok.bos_token_id and config["eos_token_id"] == tok.eos_token_id
+    card = (out / "README.md").read_text()
+    meta = json.loads((checkpoint / "rewardkit.json").read_text())
+    assert "template_end" in card and meta["data_manifest_sha256"] in card
+    assert "apply_chat_template" in card and "probe accuracy" in card
+    summary = json.loads((checkpoint.parent.parent / "eval" / checkpoint.name / "summary.json").read_text())
+    assert f"{summary['accuracy']:.4f}" in card and summary["probe_sha256"] in card
+
+
+def test_legacy_end_of_turn_checkpoint_scores_as_trained(exported, tmp_path):
+    """A checkpoint without score_position (trained before it was recorded) reads at the end-of-turn token."""
+    import shutil
+
+    checkpoint, out = exported
+    if "llama3" in str(out):
+        # Llama-3's "<|end_header_id|>\n\n" + answer tokenises differently as one text than split
+        # (docs/export.md): the ids differ, not only the position, so only ChatML is exact here.
+        pytest.skip("exact only where joint and split encodings agree (ChatML)")
+    legacy = tmp_path / "legacy"
+    shutil.copytree(checkpoint, legacy)
+    meta = json.loads((legacy / "rewardkit.json").read_text())
+    del meta["score_position"]
+    (legacy / "rewardkit.json").write_text(json.dumps(meta))
+    model, tokenizer, meta = load_reward_model(legacy)
+    assert meta["score_position"] == "end_of_turn"
+    messages = conversations(3)[2]
+    rejected = [*messages[:-1], {"role": "assistant", "content": "nothing."}]
+    row = normalize_row({"chosen": messages, "rejected": rejected})
+    new = tokenize_pair(row, tokenizer, TokenizeSettings())
+    old = tokenize_pair(row, tokenizer, TokenizeSettings(score_position="end_of_turn"))
+    assert len(new.chosen) >= len(old.chosen)
+    a = score_pairs(model, [new], batch_size=1)
+    b = score_pairs(model, [old], batch_size=1)
+    assert abs(a[0] - b[0]).max() < 1e-5 and abs(a[1] - b[1]).max() < 1e-5
+    assert main(["export", "hf", str(legacy), str(tmp_path / "hf")]) == 0
+    assert "end_of_turn" in (tmp_path / "hf" / "README.md").read_text()
