@@ -264,9 +264,14 @@ class FakeSandboxFusion(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
 
+class Backlogged(ThreadingHTTPServer):
+    request_queue_size = 128  # the default backlog of 5 drops a burst's SYNs (1 s retransmits)
+    daemon_threads = True
+
+
 @pytest.fixture(scope="module")
 def fusion_url():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeSandboxFusion)
+    server = Backlogged(("127.0.0.1", 0), FakeSandboxFusion)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()

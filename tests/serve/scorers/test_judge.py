@@ -121,9 +121,14 @@ class FakeJudge(BaseHTTPRequestHandler):
         )
 
 
+class Backlogged(ThreadingHTTPServer):
+    request_queue_size = 128  # the default backlog of 5 drops a burst's SYNs (1 s retransmits)
+    daemon_threads = True
+
+
 @pytest.fixture(scope="module")
 def url():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeJudge)
+    server = Backlogged(("127.0.0.1", 0), FakeJudge)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
