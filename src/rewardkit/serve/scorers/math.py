@@ -271,7 +271,10 @@ class MathWorkerPool:
             log.error("math pool: no spare worker became ready in 120 s")
 
     def run(self, response: str, reference: str) -> tuple[Any, ...]:
-        worker = self._idle.get()
+        try:  # all workers busy or being replaced; bounded, so a failed respawn cannot hang a request
+            worker = self._idle.get(timeout=self.timeout_s + 120)
+        except queue.Empty:
+            return ("error", "scorer_failed", "no math worker became available (respawns failing?)")
         try:
             worker.conn.send((response, reference))
             if worker.conn.poll(self.timeout_s):
