@@ -5,6 +5,7 @@ limit, retries on 429/5xx, the per-item deadline, and one pass through the rewar
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import socket
@@ -109,13 +110,29 @@ class FakeJudge(BaseHTTPRequestHandler):
         msg = {"role": "assistant", "content": content}
         if refusal:
             msg["refusal"] = refusal
+        choice = {"index": 0, "message": msg, "finish_reason": finish}
+        if body.get("logprobs") and "LOGP" in text:  # "Score: 4" with 4: 0.5, 5: 0.3, 3: 0.2
+            content = msg["content"] = "Score: 4"
+            top = [("4", 0.5), ("5", 0.3), ("3", 0.2), ("Four", 0.0001)]
+            choice["logprobs"] = {
+                "content": [
+                    {"token": "Score", "logprob": -0.01, "top_logprobs": []},
+                    {"token": ":", "logprob": -0.01, "top_logprobs": []},
+                    {"token": " ", "logprob": -0.01, "top_logprobs": []},
+                    {
+                        "token": "4",
+                        "logprob": math.log(0.5),
+                        "top_logprobs": [{"token": t, "logprob": math.log(p)} for t, p in top],
+                    },
+                ]
+            }
         self.reply(
             200,
             {
                 "id": "chatcmpl-1",
                 "object": "chat.completion",
                 "model": body["model"],
-                "choices": [{"index": 0, "message": msg, "finish_reason": finish}],
+                "choices": [choice],
                 "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
             },
         )
@@ -222,6 +239,23 @@ def test_pairwise_against_reference(url):
         assert both.score_batch([item("WIN", reference="ref")]) == [1.0]
     finally:
         both.close()
+
+
+def test_logprob_expectation(url):
+    s = judge(url, score_from="logprobs", scale=[1, 5], top_logprobs=5)
+    try:
+        got = s.score_batch([item("LOGP", "a"), item("GOOD", "b")])
+        # E[rating] = 0.5*4 + 0.3*5 + 0.2*3 = 4.1 on [1, 5]
+        assert got[0] == pytest.approx((4.1 - 1) / 4)
+        # an answer without logprobs is unparseable, not the sampled rating as a fallback
+        assert isinstance(got[1], ItemError) and got[1].code == "judge_unparseable"
+        assert FakeJudge.bodies[-1]["logprobs"] is True and FakeJudge.bodies[-1]["top_logprobs"] == 5
+    finally:
+        s.close()
+    with pytest.raises(ConfigError, match="logprobs"):
+        JudgeScorer(
+            "j", options={"url": url, "model": "m", "score_from": "logprobs"}
+        )  # 1..10: "10" is 2 tokens
 
 
 def test_retries_on_429_and_5xx_then_succeed_or_fail_as_error(url):

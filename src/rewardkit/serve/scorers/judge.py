@@ -14,11 +14,17 @@ score. Requests run on one asyncio loop: at most `concurrency` in flight, a toke
 `rate_limit_rps` requests per second (aiolimiter), retries with exponential backoff and jitter on
 429/5xx/connection errors (tenacity; a `Retry-After` header is honoured, capped), and a per-item
 `deadline_s` covering every retry (`timeout`). An endpoint that keeps failing is `judge_error`.
+
+`score_from: logprobs` (pointwise, a single-token integer scale such as [1, 5] or [1, 9]) scores
+the expectation of the rating over the top log-probabilities at the rating's token instead of the
+sampled rating; an endpoint without logprobs gives `judge_unparseable`, never a fallback.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
+import itertools
 import json
 import os
 import random
@@ -116,6 +122,39 @@ def parse_answer(
     return (value - lo) / (hi - lo)
 
 
+def expected_score(
+    text: str, logprobs: Any, *, pattern: re.Pattern[str], scale: tuple[float, float]
+) -> float:
+    """The expectation of the rating over the judge's token probabilities at the rating's position
+    (G-Eval style), mapped to [0, 1]. The rating must be readable in the text (the regex's last
+    match) and its token must carry `top_logprobs`; only single-token integer ratings inside the
+    scale count, renormalised over themselves."""
+    import math
+
+    matches = list(pattern.finditer(text or ""))
+    if not matches:
+        raise Unparseable(f"no match for {pattern.pattern!r}")
+    start = matches[-1].start(1)
+    if not isinstance(logprobs, list) or not logprobs:
+        raise Unparseable("the endpoint returned no logprobs (does it support logprobs/top_logprobs?)")
+    tokens = [t.get("token", "") if isinstance(t, dict) else "" for t in logprobs]
+    if "".join(tokens) != text:
+        raise Unparseable("the logprobs' tokens do not spell the answer's text")
+    ends = list(itertools.accumulate(len(t) for t in tokens))
+    entry = logprobs[bisect.bisect_right(ends, start)]  # the token holding the rating's first char
+    lo, hi = scale
+    mass = weighted = 0.0
+    for cand in entry.get("top_logprobs") or []:
+        word = str(cand.get("token", "")).strip()
+        if word.isdigit() and lo <= int(word) <= hi and isinstance(cand.get("logprob"), int | float):
+            p = math.exp(cand["logprob"])
+            mass += p
+            weighted += p * int(word)
+    if mass <= 0.0:
+        raise Unparseable("no rating inside the scale among the top logprobs at the rating's token")
+    return (weighted / mass - lo) / (hi - lo)
+
+
 class JudgeScorer(Scorer):
     kind: ClassVar[str] = "judge"
     modality: ClassVar = "text"
@@ -140,6 +179,8 @@ class JudgeScorer(Scorer):
             "max_backoff_s",
             "deadline_s",
             "request_timeout_s",
+            "score_from",
+            "top_logprobs",
         }
     )
 
@@ -209,6 +250,20 @@ class JudgeScorer(Scorer):
         self.max_tokens = int(num("max_tokens", 512, 1))
         self.temperature = num("temperature", 0.0)
         self.both_orders = bool(o.get("both_orders", False))
+        self.score_from = o.get("score_from", "text")
+        if self.score_from not in ("text", "logprobs"):
+            raise ConfigError(f"{where}: options.score_from must be text or logprobs")
+        self.top_logprobs = int(num("top_logprobs", 20, 1))
+        if self.score_from == "logprobs" and (
+            self.mode != "pointwise"
+            or self.parse != "regex"
+            or not (0 <= self.scale[0] < self.scale[1] <= 9)
+            or self.scale != (int(self.scale[0]), int(self.scale[1]))
+        ):
+            raise ConfigError(
+                f"{where}: score_from: logprobs needs mode pointwise, parse regex and an integer scale "
+                "within 0..9 (every rating one token)"
+            )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self.counters = {"requests": 0, "retries": 0, "unparseable": 0, "errors": 0, "timeouts": 0}
@@ -273,7 +328,7 @@ class JudgeScorer(Scorer):
         msgs = [{"role": "system", "content": self.options["system"]}] if self.options.get("system") else []
         return [*msgs, {"role": "user", "content": content}]
 
-    async def _post_once(self, body: dict[str, Any]) -> str:
+    async def _post_once(self, body: dict[str, Any]) -> tuple[str, Any]:
         import httpx
 
         self.counters["requests"] += 1
@@ -297,7 +352,7 @@ class JudgeScorer(Scorer):
             raise Unparseable("the endpoint's answer is not a chat completion") from None
         if message.get("refusal") or choice.get("finish_reason") == "content_filter":
             raise Unparseable(f"the judge refused: {str(message.get('refusal') or 'content_filter')[:200]}")
-        return message.get("content") or ""
+        return message.get("content") or "", (choice.get("logprobs") or {}).get("content")
 
     async def _ask(self, messages: list[dict[str, str]]) -> float:
         from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
@@ -308,6 +363,8 @@ class JudgeScorer(Scorer):
             "max_tokens": self.max_tokens,
             "temperature": self.temperature,
         }
+        if self.score_from == "logprobs":
+            body.update(logprobs=True, top_logprobs=self.top_logprobs)
 
         def wait(state: Any) -> float:
             exc = state.outcome.exception()
@@ -328,7 +385,9 @@ class JudgeScorer(Scorer):
                 async with self._sem:
                     if self._limiter is not None:
                         await self._limiter.acquire()
-                    text = await self._post_once(body)
+                    text, logprobs = await self._post_once(body)
+        if self.score_from == "logprobs":
+            return expected_score(text, logprobs, pattern=self.pattern, scale=self.scale)
         return parse_answer(text, mode=self.mode, parse=self.parse, pattern=self.pattern, scale=self.scale)
 
     async def _score_item(self, item: ScoreItem) -> float | ItemError:
@@ -388,6 +447,7 @@ class JudgeScorer(Scorer):
                 "model": o["model"],
                 "mode": self.mode,
                 "parse": self.parse,
+                "score_from": self.score_from,
                 "scale": list(self.scale),
                 "limits": {
                     "concurrency": self.concurrency,
