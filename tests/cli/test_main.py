@@ -15,13 +15,14 @@ def test_no_command_prints_help_and_exits_2(capsys):
 
 
 def test_serve_has_no_per_request_access_log_unless_asked(tmp_path, monkeypatch):
-    import uvicorn
-
     calls = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: calls.append(kw))
+    # the server is built but not run (rewardkit.cli.serve.run_until_loaded runs it)
+    monkeypatch.setattr(
+        "rewardkit.cli.serve.run_until_loaded", lambda app, backend, config, server: calls.append(server.config)
+    )
     cfg = tmp_path / "service.yaml"
     cfg.write_text("scorers: [{name: len, kind: length}]\n")
     assert main(["serve", "--config", str(cfg), "--port", "18999"]) == 0
     assert main(["serve", "--config", str(cfg), "--port", "18999", "--access-log"]) == 0
-    assert [kw["access_log"] for kw in calls] == [False, True]
-    assert calls[0]["host"] == "127.0.0.1"  # loopback unless told otherwise
+    assert [c.access_log for c in calls] == [False, True]
+    assert calls[0].host == "127.0.0.1"  # loopback unless told otherwise

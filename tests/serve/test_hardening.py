@@ -169,3 +169,41 @@ def test_a_workers_queue_full_keeps_its_retry_after_through_the_deploy_transport
 
     err = asyncio.run(go())
     assert err.code == "queue_full" and err.retry_after == 3.0
+
+
+# ------------------------------------------------------------------ a scorer that cannot load: exit 2
+
+
+def _serve_exit(tmp_path, args: list[str]) -> tuple[int, str, float]:
+    import subprocess
+    import sys
+    import time
+
+    from rewardkit.bench.server import free_port
+
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "rewardkit", "serve", *args, "--port", str(free_port())],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    return proc.returncode, proc.stderr + proc.stdout, time.monotonic() - started
+
+
+@pytest.mark.parametrize("mode", ["config", "deploy"])
+def test_a_scorer_that_cannot_load_exits_2_with_one_line(tmp_path, mode):
+    scorers = "scorers:\n  - {name: rm, kind: rm, path: /nonexistent/model}\n  - {name: len, kind: length}\n"
+    if mode == "config":
+        (tmp_path / "s.yaml").write_text(scorers)
+        args = ["--config", "s.yaml"]
+    else:
+        (tmp_path / "s.yaml").write_text("mode: dedicated\ngpus: []\n" + scorers)
+        args = ["--deploy", "s.yaml"]
+    code, out, took = _serve_exit(tmp_path, args)
+    assert code == 2, out[-2000:]
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("rewardkit: error: scorer 'rm' (path /nonexistent/model) failed to load: "), last
+    assert "not a directory" in last
+    assert "Traceback" not in out
+    assert took < 60
+    code, out, _ = _serve_exit(tmp_path, [*args, "--debug"])
+    assert code == 2 and "Traceback" in out  # --debug shows where it failed

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -28,6 +29,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--token", help="require this bearer token (default: $REWARDKIT_TOKEN, else none)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.add_argument(
+        "--debug", action="store_true", help="debug logging, with tracebacks for scorers that fail to load"
+    )
     serve.add_argument(
         "--access-log",
         action="store_true",
@@ -62,6 +66,64 @@ def _demo_config():
     return ServiceConfig(scorers=[ScorerSpec(name="rm", kind="rm", path=str(DEMO_MODEL))])
 
 
+def _scorer_source(config, name: str) -> str:
+    for spec in getattr(config, "scorers", []):
+        if spec.name == name:
+            if spec.path is not None:
+                return f"path {spec.path}"
+            return f"shape {spec.shape}" if spec.shape is not None else f"kind {spec.kind}"
+    return "path unknown"
+
+
+def start_failure(app, backend, config) -> str | None:
+    """One line naming every scorer that failed to load (scorer, path, cause), else None."""
+    task = getattr(app.state, "start_task", None)
+    if task is not None and task.done() and not task.cancelled() and task.exception() is not None:
+        exc = task.exception()
+        return " ".join(f"the service failed to start: {type(exc).__name__}: {exc}".split())
+    _, details = backend.ready()
+    failed = {
+        n: str(s)
+        for n, s in details.items()
+        if str(s).startswith("failed") or (str(s).startswith("worker ") and str(s).endswith(" failed"))
+    }
+    if not failed:
+        return None
+    parts = []
+    load_failure = getattr(backend, "load_failure", None)  # the deploy gateway: the worker's own words
+    for name, status in failed.items():
+        status = (load_failure(name) if load_failure is not None else None) or status
+        cause = " ".join(status.removeprefix("failed: ").removeprefix(f"{name}: ").split())
+        parts.append(f"scorer {name!r} ({_scorer_source(config, name)}) failed to load: {cause}")
+    return "; ".join(parts)[:2000]
+
+
+def run_until_loaded(app, backend, config, server) -> str | None:
+    """Serve with uvicorn; as soon as the background load finishes with a scorer that failed,
+    stop and return the one-line reason (the CLI exits 2): a service that can never become
+    ready must not sit answering 503."""
+    import asyncio
+
+    failure: str | None = None
+
+    async def main() -> None:
+        nonlocal failure
+        serving = asyncio.create_task(server.serve())
+        while not server.started and not serving.done():
+            await asyncio.sleep(0.05)
+        start_task = getattr(app.state, "start_task", None)
+        if start_task is not None and not serving.done():
+            await asyncio.wait({start_task, serving}, return_when=asyncio.FIRST_COMPLETED)
+            if start_task.done():
+                failure = start_failure(app, backend, config)
+                if failure is not None:
+                    server.should_exit = True
+        await serving
+
+    asyncio.run(main())
+    return failure
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -69,6 +131,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from rewardkit.serve.backend import InProcessBackend
     from rewardkit.serve.config import load_config
 
+    if args.debug:
+        args.log_level = "debug"
+        os.environ["REWARDKIT_DEBUG"] = "1"  # deploy workers inherit it
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -90,7 +155,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "binding %s without a token: anyone who can reach it can score", args.host
         )
     app = create_app(backend, config)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=args.access_log)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, host=args.host, port=args.port, log_level=args.log_level, access_log=args.access_log
+        )
+    )
+    failure = run_until_loaded(app, backend, config, server)
+    if failure is not None:
+        raise UsageError(failure)  # one line, exit 2 (`--debug` logs the tracebacks above it)
     return 0
 
 

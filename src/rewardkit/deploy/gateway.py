@@ -216,6 +216,11 @@ class GatewayBackend:
         ok = self._admitting and all(v == "ready" for v in details.values())
         return ok, details
 
+    def load_failure(self, scorer: str) -> str | None:
+        """Why `scorer`'s worker failed to load (None unless it did): `rewardkit serve` exits 2 with it."""
+        w = self.supervisor.worker_for(scorer)
+        return w.detail if w is not None and w.state == "failed" else None
+
     def deployment(self) -> dict[str, Any]:
         """`GET /v1/deployment`: the layout and the live state of every process."""
         workers = [w.describe() for w in self.supervisor.workers.values()]

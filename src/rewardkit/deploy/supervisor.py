@@ -27,6 +27,22 @@ from rewardkit.deploy.transport import TransportClient
 log = logging.getLogger(__name__)
 
 
+def _load_failure(socket_path: str) -> str:
+    """The causes a worker wrote before exiting with a load failure ("" if it wrote none)."""
+    from rewardkit.deploy.worker import failure_path
+
+    try:
+        with open(failure_path(socket_path), encoding="utf-8") as f:
+            causes = json.load(f)
+    except (OSError, ValueError):
+        return ""
+    if not isinstance(causes, dict):
+        return ""
+    return "; ".join(f"{name}: {str(status).removeprefix('failed: ')}" for name, status in causes.items())[
+        :1000
+    ]
+
+
 @dataclass
 class SupervisorSettings:
     startup_timeout_s: float = 900.0
@@ -193,6 +209,7 @@ class Supervisor:
                 break
             if not ever_ready:
                 w.state = "failed"
+                w.detail = _load_failure(w.socket_path) or w.detail
                 w.detail = w.detail or f"worker exited with code {code} before becoming ready"
                 log.error("worker %s failed to start: %s", w.plan.name, w.detail)
                 w.ready_event.set()

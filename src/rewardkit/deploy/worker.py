@@ -40,6 +40,11 @@ log = logging.getLogger("rewardkit.deploy.worker")
 EXIT_LOAD_FAILED = 3
 
 
+def failure_path(socket_path: str) -> str:
+    """Where a worker that failed to load leaves `{scorer: "failed: cause"}` for the supervisor."""
+    return socket_path + ".failed"
+
+
 def apply_environment(env: dict[str, str], memory_fraction: float | None) -> None:
     """Set CUDA env vars, then (only if needed) import torch and cap this process's memory."""
     os.environ.update(env)
@@ -158,6 +163,9 @@ async def run_worker(
     ready, details = backend.ready()
     if not ready:
         log.error("worker %s failed to load: %s", plan.get("name"), json.dumps(details))
+        # the supervisor reads this, so `rewardkit serve` can name the scorer and the cause
+        with contextlib.suppress(OSError), open(failure_path(socket_path), "w", encoding="utf-8") as f:
+            json.dump({n: str(s) for n, s in details.items() if s != "ready"}, f)
         return EXIT_LOAD_FAILED
     server = await serve_unix(socket_path, WorkerServer(backend, metrics).handle)
     log.info("worker %s ready on %s (pid %d)", plan.get("name"), socket_path, os.getpid())
@@ -184,7 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--socket", required=True, help="Unix socket path to serve on")
     parser.add_argument("--no-parent-watch", action="store_true", help="keep running if stdin closes")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # `rewardkit serve --debug` sets REWARDKIT_DEBUG: load failures then log their traceback here too
+    level = logging.DEBUG if os.environ.get("REWARDKIT_DEBUG") else logging.INFO
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     with open(args.plan, encoding="utf-8") as f:
         plan = json.load(f)
     apply_environment(plan.get("env", {}), plan.get("memory_fraction"))

@@ -96,8 +96,15 @@ class InProcessBackend:
                 if isinstance(value, ItemError) or not math.isfinite(value):
                     raise RuntimeError(f"warm-up did not produce a finite score: {value}")
             except Exception as exc:
-                log.exception("scorer %s failed to load", scorer.name)
-                self._status[scorer.name] = f"failed: {type(exc).__name__}: {exc}"[:300]
+                cause = " ".join(f"{type(exc).__name__}: {exc}".split())  # one line
+                # one line; the traceback only at debug level (`rewardkit serve --debug`)
+                log.error(
+                    "scorer %s failed to load: %s",
+                    scorer.name,
+                    cause[:500],
+                    exc_info=log.isEnabledFor(logging.DEBUG),
+                )
+                self._status[scorer.name] = f"failed: {cause}"[:300]
                 continue
             batcher.start()
             self._batchers[scorer.name] = batcher
