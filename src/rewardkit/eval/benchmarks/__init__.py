@@ -95,23 +95,33 @@ def data_sha256(items: list[Item]) -> str:
 
 
 def tokenize_texts(
-    tokenizer: Any, keys: list[tuple[str, str]], *, max_length: int, truncation: str
+    tokenizer: Any,
+    keys: list[tuple[str, str]],
+    *,
+    max_length: int,
+    truncation: str,
+    score_position: str | None = None,
 ) -> tuple[list[TokenizedBranch | None], list[int], list[bool]]:
     """(branch or None when dropped, completion tokens before truncation, truncated?) per distinct text.
 
     Over-long sequences are cut from the left (the front of the prompt first), keeping the end
     of the response and the end-of-turn token the score is read at; with `drop` they are left
-    out and their examples rejected as `oversize`.
+    out and their examples rejected as `oversize`. `score_position` is the checkpoint's recorded
+    one (where its score is read), so the texts are tokenised the way the model was trained.
     """
     from rewardkit.data.tokenize import tokenize_branch
 
+    position = {"score_position": score_position} if score_position is not None else {}
     branches: list[TokenizedBranch | None] = []
     lengths: list[int] = []
     cut: list[bool] = []
     for prompt, response in keys:
         try:
             branch = tokenize_branch(
-                tokenizer, [{"role": "user", "content": prompt}], [{"role": "assistant", "content": response}]
+                tokenizer,
+                [{"role": "user", "content": prompt}],
+                [{"role": "assistant", "content": response}],
+                **position,
             )
         except Rejection:
             branches.append(None)
