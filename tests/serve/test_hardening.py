@@ -207,3 +207,83 @@ def test_a_scorer_that_cannot_load_exits_2_with_one_line(tmp_path, mode):
     assert took < 60
     code, out, _ = _serve_exit(tmp_path, [*args, "--debug"])
     assert code == 2 and "Traceback" in out  # --debug shows where it failed
+
+
+# ------------------------------------------------------------------ the token: never argv, every /v1/*
+
+
+def test_token_on_argv_is_refused_with_a_hint(tmp_path):
+    (tmp_path / "s.yaml").write_text(RULES_YAML)
+    code, out, took = _serve_exit(tmp_path, ["--config", "s.yaml", "--token", "s3cret"])
+    assert code == 2 and took < 30
+    last = out.strip().splitlines()[-1]
+    assert "REWARDKIT_TOKEN" in last and "--token-file" in last and "s3cret" not in out, out
+
+
+@pytest.mark.parametrize("source", ["env", "file"])
+def test_with_a_token_every_v1_route_needs_it_and_health_stays_open(tmp_path, source):
+    from support.hostile import server_process
+
+    secret = "tok-" + source + "-9f8e7d"
+    yaml = tmp_path / "s.yaml"
+    yaml.write_text(RULES_YAML)
+    if source == "env":
+        args, env = ["--config", str(yaml)], {"REWARDKIT_TOKEN": secret}
+    else:
+        (tmp_path / "token").write_text(secret + "\n")
+        args, env = ["--config", str(yaml), "--token-file", str(tmp_path / "token")], {"REWARDKIT_TOKEN": ""}
+    from rewardkit.bench.server import running_server
+
+    with running_server(args, tmp_path, env=env, ready_timeout_s=120) as url:
+        assert secret not in " ".join(server_process(url).cmdline())  # nothing in `ps`
+        auth = {"authorization": f"Bearer {secret}"}
+        body = {"scorers": ["len"], "items": [{"id": "a", "response": "abc"}]}
+        for method, path in [("POST", "/v1/score"), ("GET", "/v1/scorers"), ("GET", "/v1/not-a-route-yet"),
+                             ("GET", "/metrics")]:  # fmt: skip
+            for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": secret}):
+                r = httpx.request(
+                    method, url + path, json=body if method == "POST" else None, headers=headers
+                )
+                assert r.status_code == 401 and r.json()["code"] == "unauthorized", (path, headers, r.text)
+        assert (
+            httpx.post(url + "/v1/score", json=body, headers=auth).json()["results"][0]["scores"]["len"]
+            == 3.0
+        )
+        assert httpx.get(url + "/v1/scorers", headers=auth).status_code == 200
+        for path in ("/health/live", "/health/ready", "/openapi.json"):
+            assert httpx.get(url + path).status_code == 200, path
+        counts = metric_counts(httpx.get(url + "/metrics", headers=auth).text)
+        assert counts[("/v1/score", "401", "unauthorized")] == 3  # counted under its route
+
+
+def test_openapi_describes_every_routes_request_and_response_bodies():
+    with LiveServer(make_config([{"name": "len", "kind": "length"}])) as server:
+        doc = httpx.get(server.url + "/openapi.json").json()
+    schemas = doc["components"]["schemas"]
+    body = doc["paths"]["/v1/score"]["post"]["requestBody"]["content"]
+    assert body["application/json"]["schema"] == {"$ref": "#/components/schemas/ScoreRequest"}
+    assert "request" in body["multipart/form-data"]["schema"]["properties"]
+    assert {"ScoreRequest", "ItemIn", "MessageIn", "ImageIn", "ScoreResponse", "ErrorOut"} <= set(schemas)
+    assert schemas["ScoreRequest"]["properties"]["items"]["items"] == {"$ref": "#/components/schemas/ItemIn"}
+
+    def refs(node):
+        if isinstance(node, dict):
+            if "$ref" in node:
+                yield node["$ref"]
+            for v in node.values():
+                yield from refs(v)
+        elif isinstance(node, list):
+            for v in node:
+                yield from refs(v)
+
+    for ref in refs(doc):  # every reference resolves inside the document
+        assert ref.startswith("#/components/schemas/") and ref.rsplit("/", 1)[1] in schemas, ref
+    for path, ops in doc["paths"].items():
+        for method, op in ops.items():
+            ok = op["responses"]["200"]
+            assert ok.get("content") or ok.get("description"), (path, method)
+            if method == "post":
+                assert op.get("requestBody"), (path, method)
+            for status, resp in op["responses"].items():
+                if status.startswith(("4", "5")):
+                    assert resp.get("content"), (path, method, status)

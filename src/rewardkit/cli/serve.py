@@ -27,7 +27,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--token", help="require this bearer token (default: $REWARDKIT_TOKEN, else none)")
+    serve.add_argument(
+        "--token-file",
+        type=Path,
+        help="require the bearer token in this file (default: $REWARDKIT_TOKEN, else the config's, else none)",
+    )
+    serve.add_argument("--token", help=argparse.SUPPRESS)  # refused: argv is visible in `ps`
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.add_argument(
         "--debug", action="store_true", help="debug logging, with tracebacks for scorers that fail to load"
@@ -50,9 +55,34 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     score.add_argument("--out", type=Path, help="write results as JSONL here (default: stdout)")
     score.add_argument("--batch-size", type=int, default=64, help="items per request")
-    score.add_argument("--token", help="bearer token (default: $REWARDKIT_TOKEN)")
+    score.add_argument(
+        "--token-file", type=Path, help="file holding the bearer token (default: $REWARDKIT_TOKEN)"
+    )
+    score.add_argument("--token", help=argparse.SUPPRESS)  # refused: argv is visible in `ps`
     score.add_argument("--allow-partial", action="store_true", help="exit 0 even when some items failed")
     score.set_defaults(func=cmd_score)
+
+
+TOKEN_ARGV_HINT = (
+    "--token would show the secret to every user in `ps`; set REWARDKIT_TOKEN or pass --token-file PATH"
+)
+
+
+def read_token_file(path: Path) -> str:
+    """The token in `path` (surrounding whitespace stripped); a one-line UsageError otherwise."""
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"--token-file {path}: {exc}") from None
+    if not token:
+        raise UsageError(f"--token-file {path} is empty")
+    return token
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    if args.token is not None:
+        raise UsageError(TOKEN_ARGV_HINT)
+    return read_token_file(args.token_file) if args.token_file else None
 
 
 def _demo_config():
@@ -148,8 +178,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     else:
         config = load_config(args.config) if args.config else _demo_config()
         backend = InProcessBackend(config)
-    if args.token:
-        config = config.model_copy(update={"token": args.token})
+    if (token := _token(args)) is not None:
+        config = config.model_copy(update={"token": token})
     if args.host not in ("127.0.0.1", "localhost", "::1") and config.resolved_token() is None:
         logging.getLogger(__name__).warning(
             "binding %s without a token: anyone who can reach it can score", args.host
@@ -197,11 +227,12 @@ def cmd_score(args: argparse.Namespace) -> int:
 
     if args.batch_size < 1:
         raise UsageError("--batch-size must be >= 1")
+    token = _token(args)
     items = _read_items(args.file)
     out = args.out.open("w", encoding="utf-8") if args.out else sys.stdout
     failed = 0
     try:
-        with RewardClient(args.url, token=args.token, allow_partial=True) as client:
+        with RewardClient(args.url, token=token, allow_partial=True) as client:
             names = args.scorers.split(",") if args.scorers else [s["name"] for s in client.scorers()]
             with tqdm(total=len(items), unit="item", file=sys.stderr) as bar:
                 for start in range(0, len(items), args.batch_size):

@@ -83,6 +83,59 @@ def _info_json(info: ScorerInfo) -> dict[str, Any]:
     }
 
 
+class RequireToken:
+    """ASGI middleware: with a token configured, every `/v1/*` path (and `/metrics`) needs
+    `Authorization: Bearer <token>`, whichever module added the route; a 401 `unauthorized`
+    JSON error otherwise. `/health/*` and the OpenAPI document stay open for probes."""
+
+    PROTECTED = ("/v1/", METRICS_ROUTE)
+
+    def __init__(self, app: Any, token: str) -> None:
+        self.app = app
+        self.token = token.encode()
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        path = scope.get("path", "") if scope["type"] == "http" else ""
+        if path.startswith(self.PROTECTED) and not self._authorized(scope):
+            err = ServeError("unauthorized", "missing or wrong bearer token (Authorization: Bearer <token>)")
+            headers = (
+                timing_headers(queue_s=0.0, inference_s=0.0, total_s=0.0) if path == SCORE_ROUTE else None
+            )
+            await _error_response(err, headers)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    def _authorized(self, scope: dict) -> bool:
+        for name, value in scope.get("headers", ()):
+            if name == b"authorization":
+                scheme, _, given = value.partition(b" ")
+                return scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), self.token)
+        return False
+
+
+SCORE_REQUEST_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {"schema": {"$ref": "#/components/schemas/ScoreRequest"}},
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": [MULTIPART_REQUEST_PART],
+                    "properties": {
+                        MULTIPART_REQUEST_PART: {
+                            "type": "string",
+                            "description": "the ScoreRequest JSON; items refer to image parts by name",
+                        }
+                    },
+                    "additionalProperties": {"type": "string", "format": "binary"},
+                }
+            },
+        },
+    }
+}
+
+
 def create_app(
     backend: ScoringBackend, config: ServiceConfig, *, metrics: ServeMetrics | None = None
 ) -> FastAPI:
@@ -108,7 +161,13 @@ def create_app(
             await backend.stop()
 
     app = FastAPI(title="rewardkit reward service", version=__version__, lifespan=lifespan)
-    app.add_middleware(CountEveryResponse, metrics=metrics)  # every response, 5xx included
+    if token is not None:
+        app.add_middleware(RequireToken, token=token)  # every /v1/* route, present and future
+    app.add_middleware(  # every response, 5xx and 401 included
+        CountEveryResponse,
+        metrics=metrics,
+        known_paths=lambda: {getattr(r, "path", None) for r in app.routes},
+    )
     app.state.metrics = metrics
     app.state.backend = backend
 
@@ -204,7 +263,8 @@ def create_app(
     @app.post(
         SCORE_ROUTE,
         response_model=ScoreResponse,
-        responses={status: {"model": ErrorOut} for status in (401, 409, 413, 422, 429, 503, 504)},
+        responses={status: {"model": ErrorOut} for status in (401, 409, 413, 422, 429, 500, 503, 504)},
+        openapi_extra=SCORE_REQUEST_BODY,  # the body is read raw (size limit, multipart): declare it
     )
     async def score(request: Request) -> Response:
         """Score items with one or more scorers. JSON body (`ScoreRequest`) or multipart/form-data with a
@@ -252,7 +312,12 @@ def create_app(
         count(SCORE_ROUTE, 200, "", started)
         return Response(json.dumps(body, allow_nan=False), media_type="application/json", headers=headers)
 
-    @app.get(SCORERS_ROUTE, response_model=ScorersResponse, response_model_exclude_unset=True)
+    @app.get(
+        SCORERS_ROUTE,
+        response_model=ScorersResponse,
+        response_model_exclude_unset=True,
+        responses={401: {"model": ErrorOut}},
+    )
     async def scorers(request: Request) -> dict[str, Any]:
         check_auth(request)
         infos = backend.scorer_infos()
@@ -264,7 +329,13 @@ def create_app(
 
     if hasattr(backend, "deployment"):  # the deploy gateway / Ray backend (docs/deploy.md)
 
-        @app.get(DEPLOYMENT_ROUTE)
+        @app.get(
+            DEPLOYMENT_ROUTE,
+            responses={
+                200: {"description": "the layout and live state of every worker (docs/deploy.md)"},
+                401: {"model": ErrorOut},
+            },
+        )
         async def deployment(request: Request) -> dict[str, Any]:
             check_auth(request)
             return await asyncio.to_thread(backend.deployment)
@@ -287,9 +358,34 @@ def create_app(
             headers={"Retry-After": "5"},
         )
 
-    @app.get(METRICS_ROUTE)
+    @app.get(
+        METRICS_ROUTE,
+        response_class=Response,
+        responses={
+            200: {
+                "description": "Prometheus text format",
+                "content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}},
+            },
+            401: {"model": ErrorOut},
+        },
+    )
     async def prometheus(request: Request) -> Response:
         check_auth(request)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    default_openapi = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        """FastAPI's document plus `ScoreRequest` and the models it uses, which no handler
+        parameter declares (the score handler reads its body raw)."""
+        if app.openapi_schema is None:
+            doc = default_openapi()
+            schema = ScoreRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+            components = doc.setdefault("components", {}).setdefault("schemas", {})
+            components.update(schema.pop("$defs", {}))
+            components["ScoreRequest"] = schema
+            app.openapi_schema = doc
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     return app

@@ -136,9 +136,10 @@ class CountEveryResponse:
     template (an unmatched path is `unmatched`, so a scan cannot explode the label set); the code
     is the error body's `code` (empty for a success)."""
 
-    def __init__(self, app: Any, metrics: ServeMetrics) -> None:
+    def __init__(self, app: Any, metrics: ServeMetrics, known_paths: Any = None) -> None:
         self.app = app
         self.metrics = metrics
+        self.known_paths = known_paths  # () -> the app's route paths, for answers given before routing
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -170,7 +171,10 @@ class CountEveryResponse:
             self._count(scope, status, _code(status, bytes(body)), started)
 
     def _count(self, scope: dict, status: int, code: str, started: float) -> None:
-        route = getattr(scope.get("route"), "path", None) or "unmatched"
+        route = getattr(scope.get("route"), "path", None)
+        if route is None:  # answered before routing (a 401 from the token check) or no route
+            path = scope.get("path", "")
+            route = path if self.known_paths is not None and path in self.known_paths() else "unmatched"
         self.metrics.requests.labels(route, str(status), code).inc()
         self.metrics.request_latency.labels(route).observe(time.perf_counter() - started)
 
