@@ -199,7 +199,7 @@ def compare_examples(
         raise UsageError(
             f"different data: {path_a} has data_sha256 {rows_a[0]['data_sha256'][:12]}…, "
             f"{path_b} has {rows_b[0]['data_sha256'][:12]}…",
-            code="probe_mismatch",
+            code="data_mismatch",
         )
     keyed = [{"pair_id": r["id"], "subset": r["subset"]} for r in rows_a]
     keyed_b = [{"pair_id": r["id"], "subset": r["subset"]} for r in rows_b]

@@ -240,7 +240,9 @@ def _table(headers: list[str], rows: list[list[str]]) -> tuple[str, str]:
     return markdown, f"<table><tr>{cells}</tr>{body}</table>"
 
 
-def _subset_rows(summary: dict[str, Any]) -> list[list[str]]:
+def _subset_rows(
+    summary: dict[str, Any], intervals: dict[str, tuple[float, float]] | None = None
+) -> list[list[str]]:
     strict = summary["bootstrap"]["strict"]
     rows = [
         [
@@ -260,7 +262,9 @@ def _subset_rows(summary: dict[str, Any]) -> list[list[str]]:
                 name,
                 str(s["n_pairs"]),
                 f"{s['accuracy']:.4f}",
-                "",
+                f"[{intervals[name][0]:.4f}, {intervals[name][1]:.4f}]"
+                if intervals and name in intervals
+                else "",
                 f"{s['accuracy_tie_aware']:.4f}",
                 f"{s['tie_rate']:.4f}",
                 f"{s['margin_mean']:.4f}",
@@ -631,12 +635,13 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
             histogram_png(chosen, rejected, label),
             f"Latest evaluation ({label})",
         )
-        page.sections.insert(
-            0, ("Headline", _run_headline(evals), f"<p><b>{html.escape(_run_headline(evals))}</b></p>")
-        )
+        headline = _run_headline(evals)
+        page.sections.insert(0, ("Headline", headline, f"<p><b>{html.escape(headline)}</b></p>"))
+        forest_rows = _subset_forest_rows(summary, pairs)
+        intervals = {row[0]: (row[2], row[3]) for row in forest_rows[1:]}
         page.add_figure(
             "Accuracy with intervals", "forest.png",
-            forest_png(_subset_forest_rows(summary, pairs), 0.5, f"Strict accuracy by subset ({label}), 95% intervals"),
+            forest_png(forest_rows, 0.5, f"Strict accuracy by subset ({label}), 95% intervals"),
             "All pairs (red) and each subset, with the percentile-bootstrap interval; dotted line: chance",
         )  # fmt: skip
         table = calibration_table(margin)
@@ -646,7 +651,7 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
         )  # fmt: skip
         md, html_table = _table(
             ["subset", "n", "accuracy", "95% interval", "tie-aware", "tie rate", "mean margin", "mean loss"],
-            _subset_rows(summary),
+            _subset_rows(summary, intervals),
         )
         strict = summary["bootstrap"]["strict"]
         verdict = (
