@@ -190,6 +190,8 @@ def test_rmbench_style_matrix_by_hand(tmp_path):
 
 @pytest.mark.parametrize("fmt", ["parquet", "json", "datasets"])
 def test_readers_give_the_same_result(tmp_path, fmt):
+    from datasets import Dataset, DatasetDict
+
     rows = [json.loads(line) for line in (FIXTURES / "rewardbench2.jsonl").read_text().splitlines()]
     if fmt == "parquet":
         import pyarrow as pa
@@ -201,10 +203,16 @@ def test_readers_give_the_same_result(tmp_path, fmt):
         path = tmp_path / "rb2.json"
         path.write_text(json.dumps(rows))
     else:
-        from datasets import Dataset, DatasetDict
-
         path = tmp_path / "rb2-disk"
         DatasetDict({"test": Dataset.from_list(rows)}).save_to_disk(str(path))
+    if fmt == "datasets":
+        DatasetDict({"test": Dataset.from_list(rows), "extra": Dataset.from_list(rows[:2])}).save_to_disk(
+            str(tmp_path / "two-splits")
+        )
+        with pytest.raises(UsageError, match="splits extra, test; name one as .*:SPLIT"):
+            run(tmp_path / "x", "rewardbench2", tmp_path / "two-splits")
+        two = run(tmp_path / "y", "rewardbench2", f"{tmp_path / 'two-splits'}:extra")
+        assert two["n_examples"] == 2
     base = run(tmp_path / "a", "rewardbench2", FIXTURES / "rewardbench2.jsonl")
     other = run(tmp_path / "b", "rewardbench2", path)
     assert other["data_sha256"] == base["data_sha256"]

@@ -1,8 +1,8 @@
 """Read a local copy of a public reward-model benchmark, in its published schema.
 
 Sources: a Parquet file, a JSON array (or an object whose only list value is the rows), a
-JSONL file, or a folder written by `datasets`' `save_to_disk` (a `Dataset` or a
-`DatasetDict`, whose splits are read in name order). Nothing is downloaded.
+JSONL file, or a folder written by `datasets`' `save_to_disk` (a `Dataset`, or a
+`DatasetDict` with one split or a split named as `DIR:SPLIT`). Nothing is downloaded.
 
 A file in another schema is refused with one line naming the missing columns
 (`benchmark_schema`). Inside a file in the right schema, a row that cannot be scored is
@@ -55,7 +55,19 @@ def _is_datasets_dir(path: Path) -> bool:
 
 
 def read_table(path: str | Path) -> tuple[list[str], Iterator[dict[str, Any]]]:
-    """(column names, rows as dicts) of a local Parquet / JSON / JSONL file or `save_to_disk` folder."""
+    """(column names, rows as dicts) of a local Parquet / JSON / JSONL file or `save_to_disk` folder.
+
+    A `DatasetDict` folder with several splits needs one named, `DIR:SPLIT` (RewardBench's
+    `raw` and `filtered` splits overlap; the benchmark is `filtered`).
+    """
+    split = None
+    text = str(path)
+    if not Path(text).exists() and ":" in text:
+        base, _, split = text.rpartition(":")
+        if Path(base).is_dir():
+            path = base
+        else:
+            split = None
     path = Path(path)
     if not path.exists():
         raise UsageError(f"{path}: no such file or directory", code="no_data")
@@ -66,7 +78,7 @@ def read_table(path: str | Path) -> tuple[list[str], Iterator[dict[str, Any]]]:
                 "(no dataset_info.json, state.json or dataset_dict.json)",
                 code=SCHEMA_CODE,
             )
-        return _read_datasets(path)
+        return _read_datasets(path, split)
     suffix = path.suffix.lower()
     if suffix == ".parquet":
         return _read_parquet(path)
@@ -77,13 +89,25 @@ def read_table(path: str | Path) -> tuple[list[str], Iterator[dict[str, Any]]]:
     raise UsageError(f"{path}: unknown file type {suffix!r} (use .parquet, .json, .jsonl)", code="no_data")
 
 
-def _read_datasets(path: Path) -> tuple[list[str], Iterator[dict[str, Any]]]:
+def _read_datasets(path: Path, split: str | None) -> tuple[list[str], Iterator[dict[str, Any]]]:
     from datasets import Dataset, DatasetDict, load_from_disk
 
     loaded = load_from_disk(str(path))
-    parts: list[Dataset] = (
-        [loaded[name] for name in sorted(loaded)] if isinstance(loaded, DatasetDict) else [loaded]
-    )
+    if isinstance(loaded, DatasetDict):
+        if split is None and len(loaded) > 1:
+            raise UsageError(
+                f"{path}: a DatasetDict with splits {', '.join(sorted(loaded))}; name one as {path}:SPLIT",
+                code=SCHEMA_CODE,
+            )
+        if split is not None and split not in loaded:
+            raise UsageError(
+                f"{path}: no split {split!r} (have: {', '.join(sorted(loaded))})", code=SCHEMA_CODE
+            )
+        parts: list[Dataset] = [loaded[split if split is not None else next(iter(loaded))]]
+    else:
+        if split is not None:
+            raise UsageError(f"{path}: a single Dataset, it has no split {split!r}", code=SCHEMA_CODE)
+        parts = [loaded]
     columns = list(parts[0].column_names) if parts else []
 
     def rows() -> Iterator[dict[str, Any]]:
