@@ -287,3 +287,93 @@ def test_openapi_describes_every_routes_request_and_response_bodies():
             for status, resp in op["responses"].items():
                 if status.startswith(("4", "5")):
                     assert resp.get("content"), (path, method, status)
+
+
+# ------------------------------------------------------------------ fairness under a near-limit body
+
+
+FAIR_YAML = """
+limits: {max_body_bytes: 33554432, max_items: 1024, request_timeout_s: 300}
+scorers:
+  - {name: clip, kind: clip, shape: tiny-clip, device: cpu, max_batch_size: 64, max_wait_ms: 2}
+  - {name: len, kind: length}
+  - {name: em, kind: exact_match}
+"""
+
+
+def numbers_body(n_items: int = 1024, per_item: int = 5000) -> bytes:
+    """A ~29 MiB JSON score request whose items carry thousands of numbers in `metadata`:
+    the costliest body to parse and validate per byte."""
+    items = [{"id": str(k), "response": "a", "reference": "a", "metadata": {"x": list(range(k, k + per_item))}}
+             for k in range(n_items)]  # fmt: skip
+    return json.dumps({"scorers": ["em"], "items": items}).encode()
+
+
+def near_limit_body(target_bytes: int = 29 * 2**20, n_items: int = 1024) -> bytes:
+    """A JSON score request of about `target_bytes`: `n_items` distinct noise JPEGs (base64)."""
+    import base64
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    per_item = target_bytes * 3 // 4 // n_items  # raw JPEG bytes per item
+    side, items, size = 96, [], 0
+    while True:  # find a side whose noise JPEG is about `per_item` bytes
+        buf = io.BytesIO()
+        Image.fromarray(rng.integers(0, 255, (side, side, 3), dtype=np.uint8)).save(buf, "JPEG", quality=95)
+        if buf.tell() >= per_item:
+            break
+        side += 8
+    base = rng.integers(0, 255, (side, side, 3), dtype=np.uint8)
+    for k in range(n_items):
+        arr = np.roll(base, k, axis=1)
+        buf = io.BytesIO()
+        Image.fromarray(arr).save(buf, "JPEG", quality=95)
+        b64 = base64.b64encode(buf.getvalue()).decode()
+        size += len(b64)
+        items.append({"id": str(k), "prompt": "a photo of noise", "image": {"b64": b64}})
+    return json.dumps({"scorers": ["clip"], "items": items}).encode()
+
+
+@pytest.mark.parametrize("kind", ["images", "numbers"])
+def test_health_and_a_small_request_answer_within_1s_during_a_near_limit_body(tmp_path, kind):
+    import concurrent.futures
+    import time
+
+    body = near_limit_body() if kind == "images" else numbers_body()
+    assert 27 * 2**20 < len(body) < 32 * 2**20, len(body)
+    with served(tmp_path, FAIR_YAML) as url, httpx.Client(base_url=url, timeout=300) as client:
+        small = {"scorers": ["len"], "items": [{"id": "s", "response": "abc"}]}
+        assert client.post("/v1/score", json=small).status_code == 200
+
+        def big() -> tuple[float, httpx.Response]:
+            started = time.perf_counter()
+            with httpx.Client(base_url=url, timeout=300) as c:
+                r = c.post("/v1/score", content=body, headers={"content-type": "application/json"})
+            return time.perf_counter() - started, r
+
+        live, small_s = [], []
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            fut = pool.submit(big)
+            while not fut.done():
+                t = time.perf_counter()
+                assert client.get("/health/live").status_code == 200
+                live.append(time.perf_counter() - t)
+                t = time.perf_counter()
+                r = client.post("/v1/score", json=small)
+                small_s.append(time.perf_counter() - t)
+                assert r.status_code == 200 and r.json()["results"][0]["scores"]["len"] == 3.0
+                time.sleep(0.05)
+            big_s, r = fut.result()
+        assert r.status_code == 200, r.text[:300]
+        scores = [x["scores"].get("clip" if kind == "images" else "em") for x in r.json()["results"]]
+        assert len(scores) == 1024 and all(isinstance(s, float) for s in scores)
+        print(
+            f"\n{kind}: {len(body) / 2**20:.1f} MiB body, 1024 items, took {big_s:.1f} s; "
+            f"{len(live)} probes: /health/live max {max(live) * 1000:.0f} ms, "
+            f"small len request max {max(small_s) * 1000:.0f} ms"
+        )
+        assert len(live) >= 3
+        assert max(live) < 1.0 and max(small_s) < 1.0, (max(live), max(small_s))

@@ -113,6 +113,11 @@ class RequireToken:
         return False
 
 
+OFF_LOOP_BYTES = 256 * 1024
+"""Bodies at least this large are parsed in a thread (smaller ones: a thread hop costs more)."""
+OFF_LOOP_ITEMS = 64
+"""Requests with more items build them (base64 decoding included) in a thread."""
+
 SCORE_REQUEST_BODY: dict[str, Any] = {
     "requestBody": {
         "required": True,
@@ -217,6 +222,13 @@ def create_app(
     async def parse(request: Request) -> tuple[ScoreRequest, dict[str, bytes]]:
         body = await read_body(request)
         content_type = request.headers.get("content-type", "")
+        if len(body) < OFF_LOOP_BYTES:
+            return parse_sync(body, content_type)
+        # a large body is parsed in a thread, and in pieces that let the GIL go back to the
+        # event loop (protocol.parse_score_request), so health probes and other requests answer
+        return await asyncio.to_thread(parse_sync, body, content_type)
+
+    def parse_sync(body: bytes, content_type: str) -> tuple[ScoreRequest, dict[str, bytes]]:
         parts: dict[str, bytes] = {}
         if content_type.startswith("multipart/form-data"):
             parts = parse_multipart(body, content_type, max_parts=limits.max_items + 1)
@@ -225,7 +237,7 @@ def create_app(
                 raise ServeError("invalid_request", "multipart body needs a 'request' part holding the JSON")
         else:
             raw_json = body
-        return parse_score_request(raw_json), parts
+        return parse_score_request(raw_json, max_items=limits.max_items), parts
 
     def build_items(req: ScoreRequest, parts: dict[str, bytes], needs_image: bool) -> list[ScoreItem]:
         if len(req.items) > limits.max_items:
@@ -300,7 +312,10 @@ def create_app(
                         f"scorer {name!r} has identity {infos[name].identity}, request pinned {identity}",
                     )
             needs_image = any(infos[n].modality == "image_text" for n in names)
-            items = build_items(req, parts, needs_image)
+            if len(req.items) > OFF_LOOP_ITEMS:  # base64 of many images: off the event loop
+                items = await asyncio.to_thread(build_items, req, parts, needs_image)
+            else:
+                items = build_items(req, parts, needs_image)
             by_scorer = await score_all(names, items) if items else {n: [] for n in names}
         except ServeError as err:
             count(SCORE_ROUTE, err.status, err.code, started)

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, TypeAdapter, ValidationError
 
 from rewardkit.core.errors import RewardkitError
 from rewardkit.serve.scorers.base import ItemError, ScoreItem
@@ -383,9 +383,13 @@ MAX_MESSAGE_CHARS = 300
 
 def _first_error(exc: ValidationError) -> str:
     e = exc.errors(include_url=False, include_input=False)[0]
-    loc = [str(p) for p in e.get("loc", ())]
-    where = ".".join(loc if len(loc) <= 8 else [*loc[:4], "…", *loc[-3:]]) or "body"
-    return f"{where[:120]}: {e.get('msg', 'invalid')}"[:MAX_MESSAGE_CHARS]
+    return _where(list(e.get("loc", ())), e.get("msg", "invalid"))
+
+
+def _where(loc: list[Any], msg: str) -> str:
+    parts = [str(p) for p in loc]
+    where = ".".join(parts if len(parts) <= 8 else [*parts[:4], "…", *parts[-3:]]) or "body"
+    return f"{where[:120]}: {msg}"[:MAX_MESSAGE_CHARS]
 
 
 class _NonFinite(ValueError):
@@ -403,24 +407,44 @@ def _finite_float(text: str) -> float:
     return value
 
 
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # A Python hook (not the C default) on purpose: it runs bytecode once per JSON object, where
+    # the interpreter can hand the GIL to the event loop, so parsing a large body in a thread
+    # does not stall every other request for the whole parse (docs/reliability.md, fairness).
+    return dict(pairs)
+
+
 def json_depth_exceeds(data: Any, limit: int = MAX_JSON_DEPTH) -> bool:
-    """True when arrays/objects nest deeper than `limit` (iterative: no recursion to exhaust)."""
+    """True when arrays/objects nest deeper than `limit` (iterative: no recursion to exhaust).
+    Containers of scalars only are skipped at C speed (`set(map(type, ...))`)."""
     stack = [(data, 1)]
     while stack:
         value, depth = stack.pop()
-        if isinstance(value, dict):
-            children: Iterable[Any] = value.values()
-        elif isinstance(value, list):
-            children = value
-        else:
-            continue
+        children: Iterable[Any] = value.values() if isinstance(value, dict) else value
         if depth > limit:
             return True
-        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+        kinds = set(map(type, children))
+        if dict in kinds or list in kinds:
+            stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
     return False
 
 
-def parse_score_request(raw: bytes | str) -> ScoreRequest:
+class _RequestHead(_Strict):
+    """`ScoreRequest` with its items left unvalidated: they are validated in chunks."""
+
+    scorers: list[ScorerName] = Field(min_length=1, max_length=MAX_SCORERS_PER_REQUEST)
+    items: list[Any]
+    pin: dict[ScorerName, Annotated[str, Field(max_length=MAX_NAME_CHARS)]] = Field(
+        default_factory=dict, max_length=MAX_SCORERS_PER_REQUEST
+    )
+
+
+VALIDATE_CHUNK = 32
+"""Items validated per call: between calls the GIL can pass to the event loop."""
+_ITEMS = TypeAdapter(list[ItemIn])
+
+
+def parse_score_request(raw: bytes | str, *, max_items: int | None = None) -> ScoreRequest:
     """JSON text → `ScoreRequest`; 422 `invalid_json` / `invalid_request` otherwise.
 
     NaN and ±Infinity (which Python's json accepts but JSON does not have), numbers that
@@ -429,19 +453,36 @@ def parse_score_request(raw: bytes | str) -> ScoreRequest:
     `metadata`) can always be re-encoded for the deploy workers and never reach a 500.
     """
     try:
-        data = json.loads(raw, parse_constant=_no_constants, parse_float=_finite_float)
+        data = json.loads(
+            raw, parse_constant=_no_constants, parse_float=_finite_float, object_pairs_hook=_object
+        )
     except _NonFinite as exc:
         raise ServeError("invalid_request", f"{exc} is not a JSON value"[:MAX_MESSAGE_CHARS]) from None
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise ServeError("invalid_json", f"body is not valid JSON: {exc}"[:MAX_MESSAGE_CHARS]) from None
     except ValueError as exc:  # an integer over the interpreter's digit limit
         raise ServeError("invalid_request", f"a number in the body is too large: {exc}"[:120]) from None
-    if json_depth_exceeds(data):
+    if isinstance(data, dict | list) and json_depth_exceeds(data):
         raise ServeError(
             "invalid_request", f"the body nests arrays/objects deeper than {MAX_JSON_DEPTH} levels"
         )
     try:
-        return ScoreRequest.model_validate(data)
+        head = _RequestHead.model_validate(data)
+        if max_items is not None and len(head.items) > max_items:  # before validating them all
+            raise ServeError("too_many_items", f"{len(head.items)} items exceed the limit of {max_items}")
+        items: list[ItemIn] = []
+        for start in range(0, len(head.items), VALIDATE_CHUNK):
+            try:
+                items += _ITEMS.validate_python(head.items[start : start + VALIDATE_CHUNK], strict=True)
+            except ValidationError as exc:
+                e = exc.errors(include_url=False, include_input=False)[0]
+                loc = list(e.get("loc", ()))
+                if loc and isinstance(loc[0], int):
+                    loc[0] += start
+                raise ServeError(
+                    "invalid_request", _where(["items", *loc], e.get("msg", "invalid"))
+                ) from None
+        return ScoreRequest.model_construct(scorers=head.scorers, items=items, pin=head.pin)
     except (ValidationError, RecursionError) as exc:
         message = _first_error(exc) if isinstance(exc, ValidationError) else "the body nests too deeply"
         raise ServeError("invalid_request", message) from None
