@@ -46,7 +46,12 @@ def _load_failure(socket_path: str) -> str:
 @dataclass
 class SupervisorSettings:
     startup_timeout_s: float = 900.0
-    health_interval_s: float = 2.0
+    health_interval_s: float = 1.0
+    """The heartbeat: a `health` call this often to every ready worker."""
+    lost_after_s: float = 5.0
+    """No heartbeat answered for this long: the worker is lost (stopped, hung, partitioned). Its
+    in-flight items fail at once with `worker_lost`, it is killed and restarted. A worker whose
+    event loop is alive answers within milliseconds even while its scorer is busy in a thread."""
     health_timeout_s: float = 10.0
     unhealthy_checks: int = 3
     backoff_base_s: float = 0.5
@@ -62,7 +67,7 @@ class WorkerHandle:
     plan: WorkerPlan
     socket_path: str
     plan_path: str
-    state: str = "pending"  # pending|starting|ready|unhealthy|restarting|failed|stopped
+    state: str = "pending"  # pending|starting|ready|unhealthy|lost|restarting|failed|stopped
     pid: int | None = None
     restarts: int = 0
     last_exit_code: int | None = None
@@ -225,22 +230,40 @@ class Supervisor:
         w.state = "stopped"
 
     async def _watch(self, w: WorkerHandle, proc: asyncio.subprocess.Process) -> None:
-        """Return when the worker exits or is killed for failing health checks."""
+        """Return when the worker exits, is lost (no heartbeat answered for `lost_after_s`) or
+        is killed for failing health checks."""
         bad = 0
+        last_answer = time.monotonic()
         exited = asyncio.ensure_future(proc.wait())
         try:
             while not exited.done():
                 await asyncio.wait({exited}, timeout=self.settings.health_interval_s)
                 if exited.done() or self._stopping:
                     return
-                healthy = False
+                healthy = answered = False
+                # wait no longer than the time left before the worker counts as lost
+                left = self.settings.lost_after_s - (time.monotonic() - last_answer)
                 try:
                     assert w.client is not None
-                    header, _ = await w.client.call("health", timeout=self.settings.health_timeout_s)
+                    header, _ = await w.client.call(
+                        "health", timeout=max(0.05, min(self.settings.health_timeout_s, left))
+                    )
+                    answered = True
                     healthy = bool(header.get("ready"))
                     w.detail = "" if healthy else json.dumps(header.get("details"))
                 except Exception as exc:
-                    w.detail = f"health check failed: {exc}"
+                    w.detail = f"health check failed: {type(exc).__name__}: {exc}"
+                if answered:
+                    last_answer = time.monotonic()
+                elif time.monotonic() - last_answer >= self.settings.lost_after_s and not self._stopping:
+                    silent = time.monotonic() - last_answer
+                    w.state = "lost"
+                    w.detail = f"no heartbeat answered for {silent:.1f}s"
+                    log.error("worker %s (pid %s) lost: %s; killing it", w.plan.name, proc.pid, w.detail)
+                    if w.client is not None:  # its in-flight items fail now, as worker_lost
+                        w.client.abort(f"worker {w.plan.name} lost: {w.detail}")
+                    await self._kill(proc)
+                    return
                 bad = 0 if healthy else bad + 1
                 w.state = "ready" if healthy else "unhealthy"
                 if bad >= self.settings.unhealthy_checks:

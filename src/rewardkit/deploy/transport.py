@@ -230,6 +230,11 @@ class TransportClient:
         self._pending.clear()
         self._writer.close()
 
+    def abort(self, message: str) -> None:
+        """Fail every call in flight now with `WorkerLost(message)` and close: a worker that
+        stopped answering (no heartbeat) must not keep its items waiting for their timeout."""
+        self._fail_all(WorkerLost(message))
+
     async def close(self) -> None:
         self._fail_all(WorkerLost("connection closed by the gateway"))
         self._reader_task.cancel()
