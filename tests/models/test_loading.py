@@ -178,3 +178,39 @@ def test_hf_dir_without_recorded_digests_loads_as_before(tmp_path):
     _save_seqcls(tmp_path / "hf")
     _corrupt(tmp_path / "hf" / "model.safetensors", "flip")  # nothing recorded, nothing to check
     load_reward_model(tmp_path / "hf")
+
+
+def test_checkpoint_dir_loads_in_transformers_with_the_trained_head(checkpoints):
+    """AutoModelForSequenceClassification on a checkpoint dir: every weight loads, no random head."""
+    path, trained = checkpoints["tiny-llama"]
+    loads = []
+    for _ in range(2):
+        hf, info = AutoModelForSequenceClassification.from_pretrained(
+            path, local_files_only=True, output_loading_info=True, dtype=torch.float32
+        )
+        assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+        loads.append(hf.eval())
+    assert torch.equal(loads[0].score.weight, trained.head.weight.detach())
+    config = json.loads((path / "config.json").read_text())
+    tok = builtin_tokenizer()
+    assert config["architectures"] == ["LlamaForSequenceClassification"] and len(config["id2label"]) == 1
+    assert (config["pad_token_id"], config["bos_token_id"], config["eos_token_id"]) == (
+        tok.pad_token_id,
+        tok.bos_token_id,
+        tok.eos_token_id,
+    )
+    pair = random_pairs(1, seed=0)[0]
+    ids = pair.rejected.input_ids  # score_index is the last token for rejected branches
+    with torch.no_grad():
+        scores = [m(input_ids=torch.tensor([ids])).logits[0, 0].item() for m in loads]
+        mine = trained.eval()(collate([pair]))[1].item()
+    assert scores[0] == scores[1] == pytest.approx(mine, abs=1e-5)
+
+
+def test_checkpoint_of_a_family_that_pools_differently_is_refused_by_transformers(checkpoints):
+    path, _ = checkpoints["tiny-bert"]
+    with pytest.raises((ValueError, KeyError, OSError)) as err:
+        AutoModelForSequenceClassification.from_pretrained(path, local_files_only=True)
+    assert "rewardkit-bert" in str(err.value)
+    model, _tok, _meta = load_reward_model(path)  # rewardkit itself still loads it
+    assert model.head.weight.shape == (1, model.config.hidden_size)

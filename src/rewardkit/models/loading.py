@@ -146,23 +146,107 @@ def _is_seqcls_dir(path: Path) -> dict[str, Any] | None:
     return config if any(a.endswith("ForSequenceClassification") for a in archs) else None
 
 
+HF_REFUSED_PREFIX = "rewardkit-"
+"""config.json `model_type` prefix for families transformers cannot load as this reward model."""
+
+
+def hf_seqcls_layout(config: Any) -> str | None:
+    """The base-model prefix of the family's `*ForSequenceClassification` when that class is exactly a
+    rewardkit reward model (backbone + bias-free `score` Linear read at the last token), else None."""
+    from transformers import AutoModelForSequenceClassification
+
+    probe = config.__class__.from_dict(config.to_dict())
+    probe.num_labels = 1
+    try:
+        with torch.device("meta"):
+            seqcls = AutoModelForSequenceClassification.from_config(probe)
+    except (ValueError, KeyError):
+        return None
+    head = getattr(seqcls, "score", None)
+    if not isinstance(head, nn.Linear) or head.bias is not None or head.out_features != 1:
+        return None
+    prefix = seqcls.base_model_prefix
+    return prefix if isinstance(getattr(seqcls, prefix, None), nn.Module) else None
+
+
 def write_model_files(
     directory: str | Path, state_dict: dict[str, torch.Tensor], config: Any, tokenizer: Any
 ) -> str:
     """Write model.safetensors (backbone + head), config.json and tokenizer files; return the weights' SHA-256.
 
+    The directory is a valid Hugging Face `*ForSequenceClassification` (num_labels 1) for the
+    families whose classifier is exactly this reward model (Llama, Qwen2, Mistral, Gemma, ...):
+    weights are named as transformers names them (`model.*`, `score.weight`), the config names
+    that architecture and carries the tokenizer's pad / bos / eos ids, so
+    `AutoModelForSequenceClassification.from_pretrained(CKPT)` loads the trained head. For the
+    other families (BERT-style encoders pool differently) the config's `model_type` is
+    `rewardkit-<type>`, which transformers refuses loudly instead of building a random head.
     The caller writes `rewardkit.json` last, inside a staged directory, so a reader never sees
     weights without metadata.
     """
     from safetensors.torch import save_file
 
     directory = Path(directory)
+    config = config.__class__.from_dict(config.to_dict())
+    config.num_labels = 1
+    if tokenizer is not None:
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        config.pad_token_id, config.bos_token_id = pad, tokenizer.bos_token_id
+        config.eos_token_id = tokenizer.eos_token_id
+    prefix = hf_seqcls_layout(config)
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
+    if prefix is not None:
+        tensors = {_to_hf_name(k, prefix): v for k, v in tensors.items()}
+        from transformers import AutoModelForSequenceClassification
+
+        with torch.device("meta"):
+            config.architectures = [type(AutoModelForSequenceClassification.from_config(config)).__name__]
     save_file(tensors, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
     config.save_pretrained(directory)
+    if prefix is None:
+        config_path = directory / "config.json"
+        data = json.loads(config_path.read_text())
+        data["rewardkit_model_type"] = data["model_type"]
+        data["model_type"] = HF_REFUSED_PREFIX + data["model_type"]
+        data["architectures"] = ["RewardkitRewardModel"]
+        config_path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     if tokenizer is not None:
         tokenizer.save_pretrained(directory)
     return sha256_file(directory / WEIGHTS_FILE)
+
+
+def _to_hf_name(name: str, prefix: str) -> str:
+    if name == "head.weight":
+        return "score.weight"
+    return prefix + name[len("backbone") :] if name.startswith("backbone.") else name
+
+
+def from_hf_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Checkpoint weights in transformers' seqcls naming (`<prefix>.*`, `score.weight`) back to
+    rewardkit's (`backbone.*`, `head.weight`); other state dicts (DPO policies, older checkpoints)
+    are returned unchanged."""
+    if "score.weight" not in state or "head.weight" in state:
+        return state
+    prefixes = {k.split(".", 1)[0] for k in state if k != "score.weight"}
+    if len(prefixes) != 1:
+        return state
+    (prefix,) = prefixes
+    return {
+        ("head.weight" if k == "score.weight" else "backbone" + k[len(prefix) :]): v for k, v in state.items()
+    }
+
+
+def load_backbone_config(path: Path) -> Any:
+    """The backbone's config from a checkpoint's config.json (also when its model_type is masked)."""
+    from transformers import AutoConfig
+
+    data = json.loads((path / "config.json").read_text())
+    if "rewardkit_model_type" not in data:
+        return AutoConfig.from_pretrained(path, local_files_only=True)
+    model_type = data.pop("rewardkit_model_type")
+    for key in ("model_type", "architectures", "transformers_version"):
+        data.pop(key, None)
+    return AutoConfig.for_model(model_type, **data)
 
 
 def load_model_weights(model: nn.Module, directory: Path) -> None:
@@ -176,7 +260,8 @@ def load_model_weights(model: nn.Module, directory: Path) -> None:
     if (directory / METADATA_FILE).is_file():
         verify_files(directory, read_metadata(directory))
     options = StateDictOptions(full_state_dict=True)
-    set_model_state_dict(model, load_safetensors(directory / WEIGHTS_FILE), options=options)
+    state = from_hf_names(load_safetensors(directory / WEIGHTS_FILE))
+    set_model_state_dict(model, state, options=options)
 
 
 def load_safetensors(file: Path) -> dict[str, torch.Tensor]:
@@ -194,7 +279,7 @@ def load_safetensors(file: Path) -> dict[str, torch.Tensor]:
 
 def load_rewardkit_model(path: str | Path, *, dtype: torch.dtype | None = None) -> tuple[nn.Module, dict]:
     """Rebuild `RewardModel` from config.json + model.safetensors and return it with its metadata."""
-    from transformers import AutoConfig, AutoModel
+    from transformers import AutoModel
 
     from rewardkit.models.reward_model import RewardModel
 
@@ -211,10 +296,10 @@ def load_rewardkit_model(path: str | Path, *, dtype: torch.dtype | None = None) 
     if not weights.is_file():
         raise CheckpointError(f"{path}: missing {WEIGHTS_FILE}", code="missing_weights")
     verify_files(path, meta)
-    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    config = load_backbone_config(path)
     config._attn_implementation = resolve_attn_implementation(meta.get("attn_implementation"))
     model = RewardModel(AutoModel.from_config(config, dtype=torch.float32))
-    state = load_safetensors(weights)
+    state = from_hf_names(load_safetensors(weights))
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise CheckpointError(
