@@ -172,3 +172,70 @@ def test_legacy_end_of_turn_checkpoint_scores_as_trained(exported, tmp_path):
     assert abs(a[0] - b[0]).max() < 1e-5 and abs(a[1] - b[1]).max() < 1e-5
     assert main(["export", "hf", str(legacy), str(tmp_path / "hf")]) == 0
     assert "end_of_turn" in (tmp_path / "hf" / "README.md").read_text()
+
+
+def _train(root, tok, *extra):
+    from rewardkit.train.config import load_config
+    from rewardkit.train.recipes.reward_model import run
+
+    tok.save_pretrained(root / "tok")
+    cfg = load_config(
+        None,
+        [
+            "model.tiny=tiny-llama",
+            f"data.tokenizer={root / 'tok'}",
+            "data.synth={train_rows: 16, eval_rows: 4, seed: 0}",
+            "data.max_length=128",
+            "data.max_completion_length=64",
+            f"run.run_dir={root / 'run'}",
+            "run.max_steps=1",
+            "run.global_batch_pairs=8",
+            "run.progress=false",
+            *extra,
+        ],
+    )
+    return run(cfg).checkpoint
+
+
+def test_pad_equal_to_eos_needs_data_pad_token_and_carries_it_into_the_export(tmp_path, capsys, caplog):
+    """Llama-3 style: EOS is <|eot_id|>, the token scores are read at; pad == EOS would be skipped by HF."""
+    tok = _llama3_tokenizer()
+    tok.eos_token = "<|eot_id|>"
+    tok.pad_token = tok.eos_token
+    checkpoint = _train(tmp_path / "a", tok)
+    assert any("data.pad_token" in r.getMessage() for r in caplog.records)
+    capsys.readouterr()
+    assert main(["export", "hf", str(checkpoint), str(tmp_path / "hf-a")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "data.pad_token" in err and not (tmp_path / "hf-a").exists()
+
+    checkpoint = _train(tmp_path / "b", tok, "data.pad_token=<|pad|>")
+    out = tmp_path / "hf-b"
+    assert main(["export", "hf", str(checkpoint), str(out)]) == 0
+    hf_tok = AutoTokenizer.from_pretrained(out)
+    config = json.loads((out / "config.json").read_text())
+    assert hf_tok.pad_token == "<|pad|>" and config["pad_token_id"] == hf_tok.pad_token_id
+    assert config["eos_token_id"] == hf_tok.eos_token_id == hf_tok.convert_tokens_to_ids("<|eot_id|>")
+    ours, tokenizer, _meta = load_reward_model(checkpoint)
+    hf = AutoModelForSequenceClassification.from_pretrained(out, dtype=torch.float32).eval()
+    messages = conversations(4)[3]
+    ids = hf_tok.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"]
+    branch = tokenize_branch(tokenizer, messages[:-1], messages[-1:])
+    pair = tokenize_pair(
+        normalize_row(
+            {"chosen": messages, "rejected": [*messages[:-1], {"role": "assistant", "content": "no."}]}
+        ),
+        tokenizer,
+    )
+    assert branch.input_ids == list(ids) == pair.chosen.input_ids
+    with torch.no_grad():
+        plain = hf(input_ids=torch.tensor([ids])).logits[0, 0].item()
+    assert abs(plain - score_pairs(ours, [pair], batch_size=1)[0][0]) < 1e-3
+
+
+def test_unknown_pad_token_is_a_one_line_config_error(tmp_path, capsys):
+    argv = ["train", "rm", "model.tiny=tiny-llama", "data.synth={train_rows: 8, eval_rows: 2}"]
+    argv += [f"run.run_dir={tmp_path / 'run'}", "data.pad_token=<|nope|>", "run.progress=false"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "data.pad_token" in err

@@ -29,6 +29,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         parser.add_argument(
             "--allow-new-data", action="store_true", help="resume although the data manifest changed"
         )
+        parser.add_argument(
+            "--overwrite",
+            action="store_true",
+            help="delete a non-empty run directory and start again (a fresh run into one is refused)",
+        )
         parser.set_defaults(func=handler)
     train.set_defaults(func=lambda _args: (train.print_help(), 2)[1])
 
@@ -53,7 +58,7 @@ def _train(args: argparse.Namespace, load, run) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cfg = load(args.config, args.overrides)
     try:
-        result = run(cfg, resume=args.resume, allow_new_data=args.allow_new_data)
+        result = run(cfg, resume=args.resume, allow_new_data=args.allow_new_data, overwrite=args.overwrite)
     except UsageError:
         raise
     except RewardkitError as exc:

@@ -46,6 +46,10 @@ PLAIN_TEMPLATE = (
 _SPECIAL_ATTRS = ("bos_token", "eos_token", "pad_token", "unk_token", "sep_token", "cls_token", "mask_token")
 
 
+DEFAULT_MAX_LENGTH = 1024
+DEFAULT_MAX_COMPLETION_LENGTH = 512
+"""The one default for token limits: data commands, freeze-probe and training (TRL's max_length is 1024)."""
+
 TEMPLATE_END = "template_end"
 END_OF_TURN = "end_of_turn"
 SCORE_POSITIONS = (TEMPLATE_END, END_OF_TURN)
@@ -70,8 +74,8 @@ class TokenizeSettings:
     `max_length`.
     """
 
-    max_length: int = 1024
-    max_completion_length: int = 512
+    max_length: int = DEFAULT_MAX_LENGTH
+    max_completion_length: int = DEFAULT_MAX_COMPLETION_LENGTH
     truncation: Literal["drop", "truncate"] = "drop"
     score_position: Literal["template_end", "end_of_turn"] = "template_end"
 

@@ -23,6 +23,7 @@ from rewardkit.core.config import (
     read_config_data,
     to_dict,
 )
+from rewardkit.data.tokenize import DEFAULT_MAX_COMPLETION_LENGTH, DEFAULT_MAX_LENGTH
 from rewardkit.objectives.dpo import DPOSettings, check_lora
 
 __all__ = [
@@ -117,12 +118,15 @@ class DataConfig(ConfigModel):
     probe: str | None = None  # frozen probe directory (rewardkit data freeze-probe)
     synth: SynthConfig | None = None  # rewardkit's synthetic task instead of files
     tokenizer: str = "builtin"  # "builtin", "model" (the backbone's own) or a local tokenizer directory
-    max_length: int = 512
-    max_completion_length: int = 256
+    max_length: int = DEFAULT_MAX_LENGTH  # one default with `rewardkit data` (rewardkit.data.tokenize)
+    max_completion_length: int = DEFAULT_MAX_COMPLETION_LENGTH
     truncation: Literal["drop", "truncate"] = "drop"
     # template_end: the last token of apply_chat_template(conversation), as TRL / RewardBench read
     # it; end_of_turn: rewardkit's reading before issue 24 (to continue such a run)
     score_position: Literal["template_end", "end_of_turn"] = "template_end"
+    # TRL's RewardConfig.pad_token: a vocabulary token to pad with (saved with the tokenizer, hence
+    # in checkpoints and exports); needed where pad == EOS is the token scores are read at
+    pad_token: str | None = None
 
 
 class OptimConfig(ConfigModel):
@@ -154,8 +158,14 @@ class RunConfig(ConfigModel):
     keep_last: int = 2
     eval_every: int = 0  # 0: only at step 0 and the end
     eval_batch_size: int = 32
-    tensorboard: bool = False
+    tensorboard: bool = False  # the same as report_to: [tensorboard]
+    # experiment trackers: trackio | wandb | tensorboard | none (rewardkit.train.tracking)
+    report_to: Annotated[
+        list[Literal["trackio", "wandb", "tensorboard", "none"]],
+        BeforeValidator(lambda v: [v] if isinstance(v, str) else v),
+    ] = Field(default_factory=list)
     progress: bool = True
+    progress_every_s: float = 30.0  # without a terminal: one progress line this often
     num_threads: int | None = None
     # torch.compile each transformer block (regional: one graph reused by every layer). Fuses the
     # norm / rotary / activation elementwise work that dominates small models in eager mode.

@@ -36,7 +36,19 @@ class PreparedData:
 
 
 def training_tokenizer(cfg: TrainConfig):
-    """`data.tokenizer`: `builtin`, a local directory, or `model` (the backbone's own tokenizer)."""
+    """`data.tokenizer` (`builtin`, a local directory, or `model`, the backbone's own), with
+    `data.pad_token` set as its pad token when given."""
+    tokenizer = _load_training_tokenizer(cfg)
+    token = cfg.data.pad_token
+    if token is not None:
+        vocab = tokenizer.get_vocab()
+        if token not in vocab:
+            raise ConfigError(f"data.pad_token {token!r} is not a token of the tokenizer's vocabulary")
+        tokenizer.pad_token = token
+    return tokenizer
+
+
+def _load_training_tokenizer(cfg: TrainConfig):
     spec = cfg.data.tokenizer
     if spec == "model":
         from transformers import AutoTokenizer
@@ -47,6 +59,22 @@ def training_tokenizer(cfg: TrainConfig):
         kwargs = {"gguf_file": cfg.model.gguf_file} if cfg.model.gguf_file and cfg.model.path else {}
         return AutoTokenizer.from_pretrained(source, local_files_only=True, **kwargs)
     return load_tokenizer(spec)
+
+
+def _warn_if_pad_is_scored(tokenizer, pairs: list[TokenizedPair]) -> None:
+    """Training is exact with pad == the scored token (positions are explicit), but a Hugging Face
+    export finds the last non-pad token and would skip it: say so now, naming the setting."""
+    from rewardkit.data.tokenize import pad_token_id
+
+    pad = pad_token_id(tokenizer)
+    if any(b.input_ids[b.score_index] == pad for p in pairs[:256] for b in (p.chosen, p.rejected)):
+        log.warning(
+            "the pad token (id %d, %r) is the token scores are read at: `rewardkit export hf` will refuse"
+            " this model; set data.pad_token to another token of the vocabulary (as TRL's"
+            " RewardConfig.pad_token)",
+            pad,
+            tokenizer.convert_ids_to_tokens(pad),
+        )
 
 
 def _sources(cfg: TrainConfig) -> tuple[Source, Source]:
@@ -81,6 +109,7 @@ def prepare_data(cfg: TrainConfig) -> PreparedData:
     rejected = summary.nonzero()
     if rejected:
         log.warning("rejected pairs by reason: %s", rejected)
+    _warn_if_pad_is_scored(tokenizer, train)
     if not train:
         raise ConfigError("no training pairs left after validation")
     probe_sha = None

@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import random
+import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ import torch
 
 from rewardkit.core.atomic import write_text
 from rewardkit.core.errors import UsageError
+from rewardkit.core.progress import Progress
 from rewardkit.data.records import TokenizedPair
 from rewardkit.eval.metrics import TIE_TOLERANCE
 from rewardkit.models.loading import CheckpointError
@@ -41,6 +43,7 @@ from rewardkit.train.distributed import (
     wrap_model,
 )
 from rewardkit.train.sampler import PairSampler
+from rewardkit.train.tracking import Trackers, check_report_to, with_trl_names
 
 if TYPE_CHECKING:
     from rewardkit.train.data import PreparedData
@@ -297,7 +300,7 @@ class Trainer:
         )
         pairs = float(sums[_SUMS.index("pairs")])
         metrics.update({k: v / pairs for k, v in zip(names, sums[len(_SUMS) :].tolist(), strict=True)})
-        return metrics
+        return with_trl_names(metrics)
 
     # ---- evaluation ---------------------------------------------------------------------
     def batch_plan(self) -> dict[str, Any]:
@@ -360,13 +363,20 @@ class Trainer:
                 pair_losses=losses,
             )
             self.eval_summaries[self.step] = summary
-            log.info("eval step %d: accuracy %.4f on %d pairs", self.step, summary["accuracy"], len(pairs))
+            # strict accuracy counts ties as wrong: at step 0 a DPO policy equals its reference, so every
+            # margin is exactly 0 (strict 0.0, tie-aware 0.5); the line says which it is
+            log.info(
+                "eval step %d: accuracy %.4f (tie-aware %.4f, ties %.1f%%) on %d pairs",
+                self.step,
+                summary["accuracy"],
+                summary["accuracy_tie_aware"],
+                100.0 * summary["tie_rate"],
+                len(pairs),
+            )
             if self._tb is not None:
-                for key in _TB_EVAL_KEYS:
-                    self._tb.add_scalar(f"eval/{key}", summary[key], self.step)
-                self._tb.add_scalar(
-                    "eval/accuracy_lower_95", summary["bootstrap"]["strict"]["lower_95"], self.step
-                )
+                values = {f"eval/{key}": summary[key] for key in _TB_EVAL_KEYS}
+                values["eval/accuracy_lower_95"] = summary["bootstrap"]["strict"]["lower_95"]
+                self._tb.log(values, self.step)
         if self.step == 0:
             self.step0_eval = {"probe_sha256": probe_sha, "n_pairs": len(pairs), "batch_plan": plan}
         return summary
@@ -421,6 +431,10 @@ class Trainer:
         self.pairs_consumed = state["pairs_consumed"]
         self.step0_eval = state.get("step0_eval")
         ckpt.set_rng_state(state["rng"])
+        if self.info.is_main:
+            dropped = truncate_metrics(self.run_dir / "metrics.jsonl", self.step)
+            if dropped:
+                log.info("metrics.jsonl: dropped %d rows after the restored step %d", dropped, self.step)
         log.info("resumed from %s at step %d", directory, self.step)
 
     # ---- the loop -----------------------------------------------------------------------
@@ -428,28 +442,52 @@ class Trainer:
         with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as handle:
             handle.write(json.dumps(metrics, allow_nan=True) + "\n")
         if self._tb is not None:
-            for key, value in metrics.items():
-                if key != "step":
-                    self._tb.add_scalar(f"train/{key}", value, metrics["step"])
+            self._tb.log({f"train/{k}": v for k, v in metrics.items() if k != "step"}, metrics["step"])
+
+    def train_summary(self, started: tuple[float, int], final: dict[str, Any] | None) -> dict[str, Any]:
+        """Transformers Trainer's end-of-training line (what RewardTrainer prints), from metrics.jsonl:
+        runtime, samples and steps per second, mean training loss, epochs, and the final evaluation."""
+        seconds = time.perf_counter() - started[0]
+        steps = self.step - started[1]
+        rows = []
+        path = self.run_dir / "metrics.jsonl"
+        if path.is_file():
+            rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+        losses = [r["loss"] for r in rows if isinstance(r.get("loss"), int | float)]
+        summary = {
+            "train_runtime": round(seconds, 4),
+            "train_samples_per_second": round(steps * self.cfg.run.global_batch_pairs / seconds, 3)
+            if seconds > 0
+            else None,
+            "train_steps_per_second": round(steps / seconds, 3) if seconds > 0 else None,
+            "train_loss": sum(losses) / len(losses) if losses else None,
+            "epoch": round(self.pairs_consumed / max(1, len(self.train_pairs)), 4),
+            "global_step": self.step,
+        }
+        if final is not None:
+            summary["eval_accuracy"] = final["accuracy"]
+            summary["eval_accuracy_lower_95"] = final["bootstrap"]["strict"]["lower_95"]
+        return summary
 
     def fit(self) -> RunResult:
         cfg, info = self.cfg, self.info
         if info.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             write_text(self.run_dir / "config.yaml", dump_yaml(cfg))
-            if cfg.run.tensorboard:
-                try:
-                    from torch.utils.tensorboard import SummaryWriter
-                except ImportError as exc:
-                    raise UsageError("run.tensorboard=true needs the tensorboard package") from exc
-                self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
+            report_to = check_report_to(list(cfg.run.report_to))
+            if cfg.run.tensorboard:  # the older switch: the same as report_to: [tensorboard]
+                report_to.append("tensorboard")
+            if [name for name in report_to if name != "none"]:
+                self._tb = Trackers(report_to, run_dir=self.run_dir, config=cfg.model_dump(mode="json"))
         progress = None
         if info.is_main and cfg.run.progress:
-            from tqdm import tqdm
-
-            progress = tqdm(total=cfg.run.max_steps, initial=self.step, desc="train", unit="step")
+            # a live bar on a terminal; otherwise one line every run.progress_every_s seconds
+            progress = Progress(
+                cfg.run.max_steps, "train", unit="step", initial=self.step, every_s=cfg.run.progress_every_s
+            )
         metrics: dict[str, Any] = {}
         last_saved = None
+        started = (time.perf_counter(), self.step)
         try:
             if self.step == 0:
                 self.evaluate()
@@ -460,8 +498,7 @@ class Trainer:
                 if info.is_main:
                     self._log_metrics(metrics)
                 if progress is not None:
-                    progress.update(1)
-                    progress.set_postfix(loss=f"{metrics['loss']:.4f}", acc=f"{metrics['accuracy']:.3f}")
+                    progress.update(1, loss=f"{metrics['loss']:.4f}", acc=f"{metrics['accuracy']:.3f}")
                 if (
                     cfg.run.save_every
                     and self.step % cfg.run.save_every == 0
@@ -475,7 +512,9 @@ class Trainer:
                 ):
                     self.evaluate()
             last_saved = self.save()
-            self.evaluate(final=True)
+            final_summary = self.evaluate(final=True)
+            if info.is_main:
+                log.info("train summary: %s", json.dumps(self.train_summary(started, final_summary)))
         finally:
             if progress is not None:
                 progress.close()
@@ -497,9 +536,15 @@ def train_objective(
     *,
     resume: str | None = None,
     allow_new_data: bool = False,
+    overwrite: bool = False,
 ) -> RunResult:
     """What every recipe runs: the one loop over prepared data, resumed from a checkpoint
-    directory or the run's latest one (`resume="auto"`), then trained, checkpointed, evaluated."""
+    directory or the run's latest one (`resume="auto"`), then trained, checkpointed, evaluated.
+
+    A fresh run (no `resume`) into a non-empty run directory is refused unless `overwrite`,
+    which empties it first: appending to another run's metrics and checkpoints mixes two runs.
+    """
+    prepare_run_dir(Path(cfg.run.run_dir), resume=resume, overwrite=overwrite)
     trainer = Trainer(
         cfg,
         objective,
@@ -514,3 +559,51 @@ def train_objective(
     if resume:
         trainer.resume(resume, allow_new_data=allow_new_data)
     return trainer.fit()
+
+
+def prepare_run_dir(run_dir: Path, *, resume: str | None, overwrite: bool) -> None:
+    """Refuse a fresh run into a non-empty directory (exit 2, one line), or empty it for `overwrite`."""
+    from rewardkit.train.distributed import barrier
+
+    if resume and overwrite:
+        raise UsageError("--resume and --overwrite exclude each other", code="usage")
+    existing = sorted(p.name for p in run_dir.iterdir()) if run_dir.is_dir() else []
+    barrier()  # every rank has looked before rank 0 changes anything
+    if not existing or resume:
+        return
+    if not overwrite:
+        shown = ", ".join(existing[:4]) + (", ..." if len(existing) > 4 else "")
+        raise UsageError(
+            f"run directory {run_dir} is not empty ({shown}); pass --resume auto to continue that run"
+            " or --overwrite to delete it and start again",
+            code="run_dir_not_empty",
+        )
+    if init_distributed().is_main:
+        for name in existing:
+            target = run_dir / name
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            else:
+                target.unlink()
+        log.info("--overwrite: emptied %s", run_dir)
+    barrier()
+
+
+def truncate_metrics(path: Path, step: int) -> int:
+    """Keep the metrics rows up to `step` (a resume repeats the steps after it); return how many were dropped."""
+    if not path.is_file():
+        return 0
+    kept, dropped = [], 0
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row_step = json.loads(line).get("step")
+        except ValueError:
+            dropped += 1  # a torn last line from a crash
+            continue
+        if isinstance(row_step, int) and row_step > step:
+            dropped += 1
+        else:
+            kept.append(line)
+    if dropped:
+        write_text(path, "".join(line + "\n" for line in kept))
+    return dropped

@@ -13,7 +13,9 @@ from rewardkit.train.data import prepare_data
 from rewardkit.train.loop import RunResult, train_objective
 
 
-def run(cfg: DPOTrainConfig, *, resume: str | None = None, allow_new_data: bool = False) -> RunResult:
+def run(
+    cfg: DPOTrainConfig, *, resume: str | None = None, allow_new_data: bool = False, overwrite: bool = False
+) -> RunResult:
     """Prepare data, train the policy against its frozen reference, checkpoint, evaluate."""
     data = prepare_data(cfg)
     objective = DPOPolicyObjective(
@@ -23,4 +25,6 @@ def run(cfg: DPOTrainConfig, *, resume: str | None = None, allow_new_data: bool 
         eval_pairs=data.eval,
         eval_sha256=data.probe_sha256,
     )
-    return train_objective(cfg, objective, data, resume=resume, allow_new_data=allow_new_data)
+    return train_objective(
+        cfg, objective, data, resume=resume, allow_new_data=allow_new_data, overwrite=overwrite
+    )

@@ -13,8 +13,12 @@ from rewardkit.train.data import prepare_data
 from rewardkit.train.loop import RunResult, train_objective
 
 
-def run(cfg: TrainConfig, *, resume: str | None = None, allow_new_data: bool = False) -> RunResult:
+def run(
+    cfg: TrainConfig, *, resume: str | None = None, allow_new_data: bool = False, overwrite: bool = False
+) -> RunResult:
     """Prepare data, train, checkpoint and evaluate; `resume` is a checkpoint dir or "auto"."""
     data = prepare_data(cfg)
     objective = RewardModelObjective(cfg)
-    return train_objective(cfg, objective, data, resume=resume, allow_new_data=allow_new_data)
+    return train_objective(
+        cfg, objective, data, resume=resume, allow_new_data=allow_new_data, overwrite=overwrite
+    )
