@@ -127,6 +127,7 @@ def test_standard_hf_recipe_gives_rewardkit_scores(exported):
             other = [*messages[:-1], {"role": "assistant", "content": "nothing at all."}]
             ids = tok.apply_chat_template(other, tokenize=True, return_dict=True)["input_ids"]
             worst = max(worst, abs(hf(input_ids=torch.tensor([ids])).logits[0, 0].item() - rejected[i]))
+    print(f"{out.parent.name}: 48 branches, max abs difference {worst:.2e}")  # recorded in docs/export.md
     assert worst < 1e-3
     assert abs(chosen - rejected).max() > 1e-4  # a trained, non-constant model
 
