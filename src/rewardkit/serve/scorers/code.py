@@ -32,8 +32,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
 from rewardkit.core.errors import ConfigError
-from rewardkit.serve.scorers.base import ItemError, ScoreItem, Scorer, ScorerInfo
-from rewardkit.serve.scorers.common import VERSION, as_text, check_options, identity
+from rewardkit.serve.scorers.base import ItemError, ScoreItem, ScorerInfo
+from rewardkit.serve.scorers.common import VERSION, OptionsScorer, as_text, identity
 from rewardkit.serve.scorers.sandbox import _split_tests as split_tests
 
 _FENCE = re.compile(r"```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)```", re.DOTALL)
@@ -91,7 +91,7 @@ def outputs_match(got: str, want: str, how: str) -> bool:
     return a == b
 
 
-class CodeScorer(Scorer):
+class CodeScorer(OptionsScorer):
     kind: ClassVar[str] = "code"
     modality: ClassVar = "rule"
     allowed_options: ClassVar[frozenset[str]] = frozenset(
@@ -123,8 +123,8 @@ class CodeScorer(Scorer):
         max_batch_size: int = 32,
         max_wait_ms: float = 2.0,
     ) -> None:
-        super().__init__(name, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms)
-        o = self.options = check_options(name, self.kind, options, self.allowed_options)
+        super().__init__(name, options=options, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms)
+        o = self.options
         where = f"scorer {name!r} (code)"
         self.backend = o.get("backend", "local")
         if self.backend not in ("local", "sandbox_fusion"):
@@ -153,12 +153,6 @@ class CodeScorer(Scorer):
         self.concurrency = int(o.get("concurrency") or os.cpu_count() or 1)
         self.sandbox: Any = None
         self._pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix=f"code-{name}")
-
-    @classmethod
-    def from_spec(cls, spec: Any) -> Scorer:
-        return cls(
-            spec.name, options=spec.options, max_batch_size=spec.max_batch_size, max_wait_ms=spec.max_wait_ms
-        )
 
     def load(self) -> None:
         o = self.options

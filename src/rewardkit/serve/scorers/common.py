@@ -74,6 +74,30 @@ def check_options(
     return options
 
 
+class OptionsScorer(Scorer):
+    """A scorer configured by its `options` alone (rules, verifiers, judges, composites): the
+    options are checked against `allowed_options` and `from_spec` passes them on."""
+
+    allowed_options: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        options: dict[str, Any] | None = None,
+        max_batch_size: int = 64,
+        max_wait_ms: float = 5.0,
+    ) -> None:
+        super().__init__(name, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms)
+        self.options = check_options(name, self.kind, options, self.allowed_options)
+
+    @classmethod
+    def from_spec(cls, spec: Any) -> Scorer:
+        return cls(
+            spec.name, options=spec.options, max_batch_size=spec.max_batch_size, max_wait_ms=spec.max_wait_ms
+        )
+
+
 class ModelScorer(Scorer):
     """A scorer backed by model weights: from a local directory (`path`) or a named shape."""
 

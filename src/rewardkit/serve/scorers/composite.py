@@ -50,7 +50,7 @@ from typing import Any, ClassVar
 
 from rewardkit.core.errors import ConfigError
 from rewardkit.serve.scorers.base import ItemError, ScoreItem, Scorer, ScorerInfo
-from rewardkit.serve.scorers.common import VERSION, check_options, identity
+from rewardkit.serve.scorers.common import VERSION, OptionsScorer, identity
 
 AGGREGATIONS = ("weighted_sum", "mean", "min", "max")
 COMPONENT_KEYS = frozenset(
@@ -95,7 +95,7 @@ def group_normalize(values: list[float], *, scale: str = "std", ddof: int = 1) -
     return [c / std for c in centred]
 
 
-class CompositeScorer(Scorer):
+class CompositeScorer(OptionsScorer):
     kind: ClassVar[str] = "composite"
     modality: ClassVar = "rule"
     allowed_options: ClassVar[frozenset[str]] = frozenset(
@@ -118,8 +118,8 @@ class CompositeScorer(Scorer):
         max_batch_size: int = 64,
         max_wait_ms: float = 5.0,
     ) -> None:
-        super().__init__(name, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms)
-        o = self.options = check_options(name, self.kind, options, self.allowed_options)
+        super().__init__(name, options=options, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms)
+        o = self.options
         where = f"scorer {name!r} (composite)"
         self.aggregation = o.get("aggregation", "weighted_sum")
         if self.aggregation not in AGGREGATIONS:
@@ -175,12 +175,6 @@ class CompositeScorer(Scorer):
             max_workers=len(self.components), thread_name_prefix=f"composite-{name}"
         )
         self._warmup = ScoreItem(id="warmup", prompt="", response="")
-
-    @classmethod
-    def from_spec(cls, spec: Any) -> Scorer:
-        return cls(
-            spec.name, options=spec.options, max_batch_size=spec.max_batch_size, max_wait_ms=spec.max_wait_ms
-        )
 
     def load(self) -> None:
         from rewardkit.serve.config import ScorerSpec, build_scorer, scorer_registry

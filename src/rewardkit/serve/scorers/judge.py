@@ -33,8 +33,8 @@ import threading
 from typing import Any, ClassVar
 
 from rewardkit.core.errors import ConfigError
-from rewardkit.serve.scorers.base import ItemError, ScoreItem, Scorer, ScorerInfo
-from rewardkit.serve.scorers.common import VERSION, as_text, check_options, identity
+from rewardkit.serve.scorers.base import ItemError, ScoreItem, ScorerInfo
+from rewardkit.serve.scorers.common import VERSION, OptionsScorer, as_text, identity
 
 POINTWISE_TEMPLATE = """You are a strict grader. Rate the quality of the assistant's response to the user's \
 prompt on a scale of {lo} to {hi}.
@@ -155,7 +155,7 @@ def expected_score(
     return (weighted / mass - lo) / (hi - lo)
 
 
-class JudgeScorer(Scorer):
+class JudgeScorer(OptionsScorer):
     kind: ClassVar[str] = "judge"
     modality: ClassVar = "text"
     allowed_options: ClassVar[frozenset[str]] = frozenset(
@@ -192,8 +192,8 @@ class JudgeScorer(Scorer):
         max_batch_size: int = 256,
         max_wait_ms: float = 10.0,
     ) -> None:
-        super().__init__(name, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms)
-        o = self.options = check_options(name, self.kind, options, self.allowed_options)
+        super().__init__(name, options=options, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms)
+        o = self.options
         where = f"scorer {name!r} (judge)"
         for key in ("url", "model"):
             if not isinstance(o.get(key), str) or not o[key]:
@@ -267,12 +267,6 @@ class JudgeScorer(Scorer):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self.counters = {"requests": 0, "retries": 0, "unparseable": 0, "errors": 0, "timeouts": 0}
-
-    @classmethod
-    def from_spec(cls, spec: Any) -> Scorer:
-        return cls(
-            spec.name, options=spec.options, max_batch_size=spec.max_batch_size, max_wait_ms=spec.max_wait_ms
-        )
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -27,8 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
 from rewardkit.core.errors import ConfigError
-from rewardkit.serve.scorers.base import ItemError, ScoreItem, Scorer, ScorerInfo
-from rewardkit.serve.scorers.common import VERSION, as_text, check_options, identity
+from rewardkit.serve.scorers.base import ItemError, ScoreItem, ScorerInfo
+from rewardkit.serve.scorers.common import VERSION, OptionsScorer, as_text, identity
 
 log = logging.getLogger(__name__)
 
@@ -308,7 +308,7 @@ class MathWorkerPool:
         self._threads.shutdown(wait=False)
 
 
-class MathScorer(Scorer):
+class MathScorer(OptionsScorer):
     """See the module docstring. Options: `extraction` (auto|boxed|latex|last_number),
     `format_bonus` (0.0), `rel_tol` (null: math-verify's own comparison), `float_rounding` (6),
     `timeout_s` (per item, 5.0), `workers` (os.cpu_count()), `spares` (1), `max_memory_mb` (2048)."""
@@ -336,8 +336,7 @@ class MathScorer(Scorer):
         max_batch_size: int = 64,
         max_wait_ms: float = 2.0,
     ) -> None:
-        super().__init__(name, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms)
-        self.options = check_options(name, self.kind, options, self.allowed_options)
+        super().__init__(name, options=options, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms)
         o, where = self.options, f"scorer {name!r} (math)"
         if o.get("extraction", "auto") not in EXTRACTION_MODES:
             raise ConfigError(f"{where}: options.extraction must be one of {EXTRACTION_MODES}")
@@ -361,12 +360,6 @@ class MathScorer(Scorer):
             k: o[k] for k in ("extraction", "format_bonus", "rel_tol", "float_rounding") if k in o
         }
         self.pool: MathWorkerPool | None = None
-
-    @classmethod
-    def from_spec(cls, spec: Any) -> Scorer:
-        return cls(
-            spec.name, options=spec.options, max_batch_size=spec.max_batch_size, max_wait_ms=spec.max_wait_ms
-        )
 
     def load(self) -> None:
         try:

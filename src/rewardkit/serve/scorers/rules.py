@@ -13,11 +13,11 @@ import re
 from typing import Any, ClassVar
 
 from rewardkit.core.errors import ConfigError
-from rewardkit.serve.scorers.base import ItemError, ScoreItem, Scorer, ScorerInfo
-from rewardkit.serve.scorers.common import VERSION, as_text, check_options, identity
+from rewardkit.serve.scorers.base import ItemError, ScoreItem, ScorerInfo
+from rewardkit.serve.scorers.common import VERSION, OptionsScorer, as_text, identity
 
 
-class _RuleScorer(Scorer):
+class _RuleScorer(OptionsScorer):
     modality: ClassVar = "rule"
     allowed_options: ClassVar[frozenset[str]] = frozenset()
 
@@ -29,14 +29,7 @@ class _RuleScorer(Scorer):
         max_batch_size: int = 256,
         max_wait_ms: float = 0.0,
     ) -> None:
-        super().__init__(name, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms)
-        self.options = check_options(name, self.kind, options, self.allowed_options)
-
-    @classmethod
-    def from_spec(cls, spec: Any) -> Scorer:
-        return cls(
-            spec.name, options=spec.options, max_batch_size=spec.max_batch_size, max_wait_ms=spec.max_wait_ms
-        )
+        super().__init__(name, options=options, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms)
 
     def load(self) -> None:
         """Nothing to load."""
