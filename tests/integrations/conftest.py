@@ -2,7 +2,8 @@
 
 Scorers: `rm` (a random tiny text reward model, real tokenisation and forward), `len` (response
 length in characters), `exact` (exact match against `reference`) and `double` (tests/support's
-scorer that fails on demand: a response containing "NAN" is a `non_finite` item error).
+scorer that fails on demand: a response containing "NAN" is a `non_finite` item error), and `clip`
+(a random tiny CLIP: caption + image).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ SCORERS = [
     {"name": "len", "kind": "length"},
     {"name": "exact", "kind": "exact_match"},
     {"name": "double", "kind": "double", "max_wait_ms": 1},
+    {"name": "clip", "kind": "clip", "shape": "tiny-clip", "device": "cpu", "max_wait_ms": 2},
 ]
 
 

@@ -55,6 +55,7 @@ from rewardkit.serve.protocol import (
     score_response,
     timing_headers,
 )
+from rewardkit.serve.routes import RouteContext, trainer_routes
 from rewardkit.serve.scorers.base import ItemError, ScoreItem, ScorerInfo
 from rewardkit.serve.timing import RequestTiming, current_timing
 
@@ -326,6 +327,9 @@ def create_app(
             headers[IDEMPOTENCY_KEY_HEADER] = key[:MAX_IDEMPOTENCY_KEY]
         count(SCORE_ROUTE, 200, "", started)
         return Response(json.dumps(body, allow_nan=False), media_type="application/json", headers=headers)
+
+    # OpenRLHF /get_reward and the reward-gateway /score, /health, /rewards (docs/integrations.md)
+    app.include_router(trainer_routes(RouteContext(backend, limits, check_auth, read_body, score_all, count)))
 
     @app.get(
         SCORERS_ROUTE,

@@ -553,3 +553,131 @@ def score_response(
         results.append({"id": item.id, "scores": scores, "errors": errors})
     scorers = {n: {"version": version, "identity": identity} for n, (version, identity) in refs.items()}
     return {"results": results, "scorers": scorers}
+
+
+# ------------------------------------------------- 6. trainer protocols (docs/integrations.md)
+# Wire formats of RL trainers' own reward clients, served by rewardkit.serve.routes. Their
+# whole-request errors use the `{"code", "message"}` body; codes below are their own.
+
+# --- OpenRLHF remote reward model: POST /get_reward (OpenRLHF 0.11 `--remote_rm_url`)
+
+OPENRLHF_ROUTE = "/get_reward"
+OPENRLHF_MODES = ("raw", "split")
+"""`?mode=`: score the query as given (`raw`), or split it at its prompt and re-render (`split`)."""
+
+
+class OpenRLHFRewardRequest(BaseModel):
+    """OpenRLHF's body; fields it may add later are ignored."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    query: list[str] = Field(description="prompt + response as decoded by the policy's tokenizer")
+    prompts: list[str] | None = None
+    labels: list[JsonValue] | None = None
+
+
+class OpenRLHFRewardResponse(BaseModel):
+    rewards: list[float]
+    scores: list[float]
+    extra_logs: dict[str, list[float]] = Field(description="the scorer's score under its name")
+
+
+# --- reward-gateway protocol "1": POST /score, GET /health, GET /rewards (UniRL's RemoteRewardBackend)
+
+GATEWAY_SCORE_ROUTE = "/score"
+GATEWAY_HEALTH_ROUTE = "/health"
+GATEWAY_REWARDS_ROUTE = "/rewards"
+GATEWAY_PROTOCOL_VERSION = "1"
+GATEWAY_METRIC = "score"
+"""The one sub-metric each reward reports: `results[i][reward] = {"score": value}`."""
+
+GATEWAY_ERROR_CODES: dict[str, int] = {
+    "unknown_scorer": 400,  # a required reward the service does not host
+    "unsupported_protocol": 400,  # protocol_version other than "1"
+    "scorer_version_mismatch": 400,  # a pin that differs, or pins a request with several rewards
+    "unsupported_input": 400,  # image_ipc turns, grad_mode
+    "idempotency_conflict": 409,  # a known idempotency_key with a different payload
+}
+
+
+class GatewayTurn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    text: str = ""
+    image_b64: str | None = None
+    image_ipc: str | None = None
+    video_b64: str | None = None
+    video_path: str | None = None
+
+
+class GatewayRequestItem(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    history: list[GatewayTurn] = Field(min_length=1)
+    required_rewards: list[str] = Field(min_length=1)
+    metadata: dict[str, JsonValue] | None = None
+    request_id: str | int | None = None
+    sample_id: str | int | None = None
+    group_id: str | int | None = None
+    source_rank: int | None = None
+    policy_version: int | None = None
+    scorer_version: str | None = None
+    idempotency_key: str | None = Field(default=None, max_length=512)
+
+
+class GatewayScoreRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    protocol_version: str = GATEWAY_PROTOCOL_VERSION
+    requests: list[GatewayRequestItem]
+    grad_mode: bool = False
+
+
+class GatewayIdentity(BaseModel):
+    """Echoed exactly as sent, except `scorer_version`: the scorer's identity."""
+
+    request_id: str | int | None = None
+    sample_id: str | int | None = None
+    group_id: str | int | None = None
+    source_rank: int | None = None
+    policy_version: int | None = None
+    scorer_version: str | None = None
+    idempotency_key: str | None = None
+
+
+class GatewayScoreResponse(BaseModel):
+    protocol_version: str = GATEWAY_PROTOCOL_VERSION
+    results: list[dict[str, dict[str, float]]]
+    errors: list[dict[str, str]]
+    identities: list[GatewayIdentity]
+
+
+class GatewayHealth(BaseModel):
+    status: str = "ok"
+    rewards: dict[str, list[str]]
+
+
+class GatewayRewards(BaseModel):
+    rewards: list[str]
+
+
+def parse_trainer_body(raw: bytes | str, model: type[BaseModel]) -> Any:
+    """A trainer protocol's JSON body → `model`, with the same refusals as `parse_score_request`
+    (NaN/Infinity, overflowing numbers, over-long integers, deep nesting: 422, never a 500)."""
+    try:
+        data = json.loads(raw, parse_constant=_no_constants, parse_float=_finite_float)
+    except _NonFinite as exc:
+        raise ServeError("invalid_request", f"{exc} is not a JSON value"[:MAX_MESSAGE_CHARS]) from None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise ServeError("invalid_json", f"body is not valid JSON: {exc}"[:MAX_MESSAGE_CHARS]) from None
+    except ValueError as exc:
+        raise ServeError("invalid_request", f"a number in the body is too large: {exc}"[:120]) from None
+    if json_depth_exceeds(data):
+        raise ServeError(
+            "invalid_request", f"the body nests arrays/objects deeper than {MAX_JSON_DEPTH} levels"
+        )
+    try:
+        return model.model_validate(data)
+    except (ValidationError, RecursionError) as exc:
+        message = _first_error(exc) if isinstance(exc, ValidationError) else "the body nests too deeply"
+        raise ServeError("invalid_request", message) from None

@@ -1,0 +1,133 @@
+"""The reward-gateway protocol "1" (`POST /score`, `GET /health`, `GET /rewards`) driven the way
+UniRL's `RemoteRewardBackend` drives it (tests/support/gateway_client.py mirrors that client)."""
+
+from __future__ import annotations
+
+import base64
+
+import httpx
+import pytest
+from PIL import Image
+
+from support.gateway_client import GatewayClient, jpeg_b64
+from support.serve import DoubleScorer
+
+
+def scorer_identity(url: str, name: str) -> str:
+    return {s["name"]: s["identity"] for s in httpx.get(url + "/v1/scorers").json()["scorers"]}[name]
+
+
+def image(seed: int) -> Image.Image:
+    return Image.new("RGB", (32, 24), (40 * seed % 255, 90, 200 - 30 * seed % 200))
+
+
+def test_image_requests_equal_v1_score_and_echo_identities(server, direct_scores):
+    client = GatewayClient(server.url, ["clip"], request_batch_size=2, source_rank=3)
+    assert client.is_available()
+    captions = ["a red square", "a blue square", "a cat", "a dog", "noise"]
+    wire = [
+        client.wire_request([{"text": c, "image_b64": jpeg_b64(image(i))}], sample_id=f"s{i}", group_id="g0",
+                            metadata={"policy_version": 7})
+        for i, c in enumerate(captions)
+    ]  # fmt: skip
+    merged = client.post(wire)  # raises unless every identity came back exactly
+    values, problems = client.rewards(merged)
+    assert problems == [None] * 5
+    items = [
+        {"id": str(i), "prompt": c, "image": {"b64": w["history"][-1]["image_b64"]}}
+        for i, (c, w) in enumerate(zip(captions, wire, strict=True))
+    ]
+    assert values == pytest.approx(direct_scores(server.url, "clip", items), abs=1e-5)
+    assert all(set(r) == {"clip"} and set(r["clip"]) == {"score"} for r in merged["results"])
+    assert client.posts == 3  # chunks of 2
+
+
+def test_an_image_to_image_request_scores_the_last_turn(server, direct_scores):
+    client = GatewayClient(server.url, ["clip"])
+    last = jpeg_b64(image(1))
+    wire = [
+        client.wire_request(
+            [{"text": "edit", "image_b64": jpeg_b64(image(2))}, {"text": "edit", "image_b64": last}]
+        )
+    ]
+    values, _ = client.rewards(client.post(wire))
+    assert values == pytest.approx(
+        direct_scores(server.url, "clip", [{"id": "0", "prompt": "edit", "image": {"b64": last}}])
+    )
+
+
+def test_text_turns_for_text_scorers(server, direct_scores):
+    client = GatewayClient(server.url, ["rm", "len"])
+    wire = [client.wire_request([{"text": "Say hello."}, {"text": "Hello there!"}], sample_id=11)]
+    merged = client.post(wire)
+    want_rm = direct_scores(server.url, "rm", [{"id": "0", "prompt": [{"role": "user", "content": "Say hello."}],
+                                               "response": "Hello there!"}])  # fmt: skip
+    assert merged["results"][0]["rm"]["score"] == pytest.approx(want_rm[0], abs=1e-5)
+    assert merged["results"][0]["len"]["score"] == 12.0
+    exact = GatewayClient(server.url, ["exact"])
+    out = exact.post([exact.wire_request([{"text": "2+2?"}, {"text": "4"}], metadata={"answer": "4"})])
+    assert out["results"][0]["exact"]["score"] == 1.0
+
+
+def test_per_reward_errors_are_isolated_and_non_finite_is_never_sent(server):
+    client = GatewayClient(server.url, ["len", "double"])
+    merged = client.post([client.wire_request([{"text": "q"}, {"text": t}]) for t in ("ok", "INF", "NAN")])
+    assert merged["results"][0] == {"len": {"score": 2.0}, "double": {"score": 2.0}}
+    for row in (1, 2):
+        assert merged["results"][row] == {"len": {"score": 3.0}}
+        assert merged["errors"][row]["double"].startswith("non_finite")
+    values, problems = client.rewards(merged)
+    assert values == [2.0, None, None] and "double" in problems[1]
+    clip = GatewayClient(server.url, ["clip"])
+    merged = clip.post([clip.wire_request([{"text": "no image"}])])
+    assert merged["errors"][0]["clip"].startswith("missing_image")
+
+
+def test_idempotency_keys_replay_or_conflict(server):
+    client = GatewayClient(server.url, ["double"])
+    wire = [client.wire_request([{"text": "q"}, {"text": "replay me"}], sample_id="k1")]
+    first = client.post(wire)
+    calls = len(DoubleScorer.batches)
+    assert client.post(wire) == first and len(DoubleScorer.batches) == calls  # replayed, not rescored
+    changed = dict(wire[0], history=[{"text": "q"}, {"text": "something else"}])
+    r = httpx.post(server.url + "/score", json={"protocol_version": "1", "requests": [changed]})
+    assert r.status_code == 409 and r.json()["code"] == "idempotency_conflict"
+    twice = httpx.post(server.url + "/score", json={"protocol_version": "1", "requests": [wire[0], changed]})
+    assert twice.status_code == 409
+
+
+def test_version_pins_and_request_errors(server):
+    identity = scorer_identity(server.url, "len")
+    pinned = GatewayClient(server.url, ["len"], expected_scorer_version=identity)
+    assert pinned.rewards(pinned.post([pinned.wire_request([{"text": "q"}, {"text": "abc"}])]))[0] == [3.0]
+    for client in (GatewayClient(server.url, ["len"], expected_scorer_version="stale"),
+                   GatewayClient(server.url, ["len", "rm"], expected_scorer_version=identity)):  # fmt: skip
+        with pytest.raises(Exception) as info:
+            client.post([client.wire_request([{"text": "q"}, {"text": "abc"}])])
+        assert info.value.response.status_code == 400 and client.posts == 1  # a 400 is not retried
+    unknown = GatewayClient(server.url, ["nope"])
+    with pytest.raises(Exception) as info:
+        unknown.post([unknown.wire_request([{"text": "x"}])])
+    assert info.value.response.status_code == 400 and "nope" in info.value.response.json()["message"]
+    with pytest.raises(ValueError, match="not served"):
+        unknown.is_available()
+    r = httpx.post(server.url + "/score", json={"protocol_version": "2", "requests": []})
+    assert r.status_code == 400 and r.json()["code"] == "unsupported_protocol"
+    video = {
+        "history": [{"text": "v", "video_b64": base64.b64encode(b"x").decode()}],
+        "required_rewards": ["len"],
+    }
+    r = httpx.post(server.url + "/score", json={"protocol_version": "1", "requests": [video]})
+    assert r.status_code == 200 and r.json()["errors"][0]["len"].startswith("bad_input")
+
+
+def test_health_and_rewards(server):
+    health = httpx.get(server.url + "/health").json()
+    assert health["status"] == "ok" and health["rewards"]["rm"] == ["ready"]
+    assert set(httpx.get(server.url + "/rewards").json()["rewards"]) == {
+        "rm",
+        "len",
+        "exact",
+        "double",
+        "clip",
+    }

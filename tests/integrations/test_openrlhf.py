@@ -1,0 +1,108 @@
+"""OpenRLHF 0.11: its single-turn agent executor (`openrlhf.utils.agent.SingleTurnAgentExecutor`,
+what `--remote_rm_url` drives) fetches rewards from `POST /get_reward` of a live server."""
+
+from __future__ import annotations
+
+import asyncio
+import types
+
+import httpx
+import pytest
+
+from rewardkit.data.builtin_tokenizer import build_tokenizer
+from rewardkit.serve.routes.openrlhf import strip_eos
+
+agent = pytest.importorskip("openrlhf.utils.agent")
+
+PROMPT = "<|im_start|>user\nSay hello.<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer(["Say hello.", "Hello there, friend!", "NAN"] * 10, vocab_size=300)
+
+
+class FakeEngine:
+    """Stands in for the vLLM engine: 'generates' a fixed continuation (token ids + text)."""
+
+    def __init__(self, tokenizer, text: str, *, eos: bool = True) -> None:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        self.ids = [*ids, tokenizer.convert_tokens_to_ids("<|im_end|>")] if eos else ids
+        self.text = tokenizer.decode(self.ids, skip_special_tokens=True)
+
+    async def generate(self, prompt_token_ids, sampling_params, multi_modal_data=None):
+        out = types.SimpleNamespace(token_ids=self.ids, text=self.text, finish_reason="stop", logprobs=None)
+        return types.SimpleNamespace(outputs=[out])
+
+
+def run_executor(url: str, tokenizer, response: str, *, label=None, prompt: str = PROMPT) -> dict:
+    executor = agent.SingleTurnAgentExecutor(url)
+    params = types.SimpleNamespace(max_tokens=16, logprobs=None)
+    return asyncio.run(
+        executor.execute(prompt, label, params, 256, tokenizer, FakeEngine(tokenizer, response))
+    )
+
+
+def query_of(output: dict, tokenizer) -> str:
+    return tokenizer.decode(output["observation_tokens"], skip_special_tokens=False)
+
+
+@pytest.mark.parametrize("scorer", ["len", "rm"])
+def test_raw_mode_scores_the_query_as_given(server, direct_scores, tokenizer, scorer):
+    out = run_executor(f"{server.url}/get_reward?scorer={scorer}", tokenizer, "Hello there, friend!")
+    query = query_of(out, tokenizer)
+    assert query.startswith(PROMPT) and query.endswith("<|im_end|>")
+    want = direct_scores(server.url, scorer, [{"id": "0", "prompt": "", "response": query}])[0]
+    assert (
+        out["scores"] == [pytest.approx(want, abs=1e-5)] and out["reward"] == out["scores"]
+    )  # one per query
+    assert out["extra_logs"] == {scorer: [pytest.approx(want, abs=1e-5)]}
+
+
+def test_split_mode_rerenders_prompt_and_response_for_the_scorer(server, direct_scores, tokenizer):
+    out = run_executor(f"{server.url}/get_reward?scorer=rm&mode=split", tokenizer, "Hello there, friend!")
+    query = query_of(out, tokenizer)
+    response = strip_eos(query[len(PROMPT) :])
+    assert response == "Hello there, friend!"
+    want = direct_scores(server.url, "rm", [{"id": "0", "prompt": PROMPT, "response": response}])[0]
+    assert out["scores"] == [pytest.approx(want, abs=1e-5)]
+
+
+def test_labels_are_the_reference(server, tokenizer):
+    out = run_executor(f"{server.url}/get_reward?scorer=exact&mode=split", tokenizer, "Hello there, friend!",
+                       label="hello there, friend!")  # fmt: skip
+    assert out["scores"] == [1.0]
+
+
+def test_default_scorer_is_the_first_configured(server, direct_scores, tokenizer):
+    out = run_executor(f"{server.url}/get_reward", tokenizer, "Hello there, friend!")
+    query = query_of(out, tokenizer)
+    want = direct_scores(server.url, "rm", [{"id": "0", "response": query}])[0]
+    assert out["scores"] == [pytest.approx(want, abs=1e-5)]
+
+
+def test_a_failed_item_fails_the_request_and_openrlhf_gets_no_number(server, tokenizer, monkeypatch):
+    r = httpx.post(f"{server.url}/get_reward?scorer=double", json={"query": ["ok", "NAN"], "prompts": ["", ""],
+                                                                  "labels": [None, None]})  # fmt: skip
+    assert r.status_code == 500 and r.json()["code"] == "non_finite" and "query 1" in r.json()["message"]
+    r = httpx.post(f"{server.url}/get_reward?scorer=rm&mode=split", json={"query": ["cut prompt"],
+                                                                         "prompts": ["full prompt"]})  # fmt: skip
+    assert r.status_code == 422 and r.json()["code"] == "bad_input"
+
+    real_sleep = asyncio.sleep
+    monkeypatch.setattr(agent.asyncio, "sleep", lambda s, *a: real_sleep(0))  # OpenRLHF waits 1 s per retry
+    executor = agent.SingleTurnAgentExecutor(f"{server.url}/get_reward?scorer=double")
+    with pytest.raises(RuntimeError, match="5 times"):
+        asyncio.run(executor._fetch_rewards_via_http(["NAN"], [""], [None]))
+    out = run_executor(f"{server.url}/get_reward?scorer=double", tokenizer, "NAN")
+    assert out["reward"] is None and out["scores"] is None  # OpenRLHF's own "no reward", never a number
+
+
+def test_request_errors(server):
+    assert (
+        httpx.post(f"{server.url}/get_reward?scorer=nope", json={"query": ["x"]}).json()["code"]
+        == "unknown_scorer"
+    )
+    r = httpx.post(f"{server.url}/get_reward", json={"query": ["x"], "prompts": []})
+    assert r.status_code == 422 and r.json()["code"] == "invalid_request"
+    assert httpx.post(f"{server.url}/get_reward?mode=other", json={"query": ["x"]}).status_code == 422
