@@ -26,6 +26,7 @@ from rewardkit import __version__
 from rewardkit.serve.backend import ScoringBackend
 from rewardkit.serve.batcher import check_value
 from rewardkit.serve.config import ServiceConfig
+from rewardkit.serve.lifecycle import install_routes as install_lifecycle_routes
 from rewardkit.serve.metrics import CountEveryResponse, ServeMetrics, mark_counted
 from rewardkit.serve.multipart import parse_multipart
 from rewardkit.serve.protocol import (
@@ -358,6 +359,9 @@ def create_app(
         async def deployment(request: Request) -> dict[str, Any]:
             check_auth(request)
             return await asyncio.to_thread(backend.deployment)
+
+    if hasattr(backend, "lifecycle_action"):  # offload / onload / drain (docs/lifecycle.md)
+        install_lifecycle_routes(app, backend, check_auth)
 
     @app.get(LIVE_ROUTE, response_model=LiveOut)
     async def live() -> dict[str, str]:

@@ -15,6 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from rewardkit.serve.batcher import DynamicBatcher, ItemResult, check_value
 from rewardkit.serve.config import ServiceConfig, build_scorer
+from rewardkit.serve.lifecycle import Lifecycle, describe_process, merge_ready, run_action, scorer_lifecycle
 from rewardkit.serve.metrics import ServeMetrics
 from rewardkit.serve.prefetch import SharedDecoder, share_image_decoding
 from rewardkit.serve.protocol import ServeError
@@ -63,6 +64,7 @@ class InProcessBackend:
         self._batchers: dict[str, DynamicBatcher] = {}
         self._infos: dict[str, ScorerInfo] = {}
         self._status: dict[str, str] = {s.name: "pending" for s in config.scorers}
+        self.lifecycle = Lifecycle()  # offload / onload / drain per scorer (docs/lifecycle.md)
 
     def attach_metrics(self, metrics: ServeMetrics) -> None:
         self.metrics = metrics
@@ -110,13 +112,17 @@ class InProcessBackend:
             self._batchers[scorer.name] = batcher
             self._infos[scorer.name] = scorer.info()
             self._status[scorer.name] = "ready"
+            self.lifecycle.add(scorer_lifecycle(scorer, batcher.run_in_thread, spec))
             log.info("scorer %s ready (%s)", scorer.name, self._infos[scorer.name].identity[:12])
         if self.config.prefetch_images:
             self.images = share_image_decoding([s for s in scorers if s.name in self._batchers])
             if self.images:
                 log.info("images decoded on arrival, shared by %s", sorted(self.images))
+        for machine in self.lifecycle.scorers.values():
+            await machine.started()  # on_demand: offloaded now; per_call: after its idle time
 
     async def stop(self) -> None:
+        self.lifecycle.close()
         await asyncio.gather(*(b.stop() for b in self._batchers.values()))
         self._batchers.clear()
         for shared in {id(d): d for d in self.images.values()}.values():
@@ -129,15 +135,24 @@ class InProcessBackend:
             raise ServeError(
                 "not_ready", f"scorer {scorer!r} is {self._status.get(scorer, 'unknown')}", retry_after=5
             )
-        shared = self.images.get(scorer)
-        if shared is None:
-            return await batcher.submit(items)
-        held = shared.hold([i.image for i in items if i.image])
-        try:
-            await shared.ready(held)  # decoded before the items queue: overlaps earlier forwards
-            return await batcher.submit(items)
-        finally:
-            shared.release(held)
+        async with self.lifecycle.admit(scorer):  # 503 draining/offloaded, or an auto onload
+            shared = self.images.get(scorer)
+            if shared is None:
+                return await batcher.submit(items)
+            held = shared.hold([i.image for i in items if i.image])
+            try:
+                await shared.ready(held)  # decoded before the items queue: overlaps earlier forwards
+                return await batcher.submit(items)
+            finally:
+                shared.release(held)
+
+    async def lifecycle_action(self, action: str, names: list[str] | None, timeout_s: float | None) -> dict:
+        """`POST /v1/lifecycle/<action>`: results by scorer (docs/lifecycle.md)."""
+        return await run_action(self.lifecycle, action, names, timeout_s)
+
+    async def lifecycle_state(self) -> dict[str, Any]:
+        """`GET /v1/lifecycle`: every scorer's state and this process's GPU memory."""
+        return await describe_process(self.lifecycle)
 
     def scorer_infos(self) -> dict[str, ScorerInfo]:
         return dict(self._infos)
@@ -155,4 +170,4 @@ class InProcessBackend:
             if batcher is not None and batcher.broken:
                 status = f"broken: {batcher.consecutive_failures} consecutive failed batches"
             details[name] = status
-        return all(v == "ready" for v in details.values()) and bool(details), details
+        return merge_ready(details, self.lifecycle.states())  # offloaded/draining: healthy, says so

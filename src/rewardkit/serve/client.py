@@ -12,13 +12,14 @@ raises `ScoreError` listing every failed (item, scorer) with its code.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import os
 import random
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,10 +29,12 @@ from rewardkit.core.errors import RewardkitError
 from rewardkit.serve.protocol import (
     HTTP_ERROR_CODE,
     IDEMPOTENCY_KEY_HEADER,
+    LIFECYCLE_ROUTE,
     MULTIPART_REQUEST_PART,
     SCORE_ROUTE,
     SCORERS_ROUTE,
     encode_score_request,
+    lifecycle_route,
 )
 from rewardkit.serve.scorers.base import ScoreItem
 
@@ -109,6 +112,22 @@ def _parse(response: httpx.Response, allow_partial: bool) -> list[ItemScores]:
     if failures and not allow_partial:
         raise ScoreError(failures, results)
     return results
+
+
+def _lifecycle_body(scorers: Sequence[str] | None, timeout_s: float | None) -> dict[str, Any]:
+    """A `POST /v1/lifecycle/<action>` body: no scorers means every scorer of the server."""
+    body: dict[str, Any] = {}
+    if scorers is not None:
+        body["scorers"] = [scorers] if isinstance(scorers, str) else list(scorers)
+    if timeout_s is not None:
+        body["timeout_s"] = float(timeout_s)
+    return body
+
+
+def _json(response: httpx.Response) -> dict[str, Any]:
+    if response.status_code != 200:
+        _parse(response, True)  # raises ServiceError with the body's code
+    return response.json()
 
 
 class _Base:
@@ -197,6 +216,48 @@ class RewardClient(_Base):
                 return _parse(response, self.allow_partial if allow_partial is None else allow_partial)
             time.sleep(delay)
 
+    # --- lifecycle: share the GPU with a trainer over time (docs/lifecycle.md)
+
+    def _lifecycle(self, action: str, scorers: Sequence[str] | None, timeout_s: float | None) -> dict:
+        kwargs = {"json": _lifecycle_body(scorers, timeout_s)}
+        for attempt in itertools.count():  # 503s (onload_failed, drain_timeout) retry like scores
+            response = None
+            try:
+                response = self._http.post(lifecycle_route(action), **kwargs)
+            except RETRY_EXCEPTIONS:
+                if attempt >= self.max_retries:
+                    raise
+            if (delay := self._retry_delay(attempt, response)) is None:
+                return _json(response)["results"]
+            time.sleep(delay)
+
+    def offload(self, scorers: Sequence[str] | None = None, *, timeout_s: float | None = None) -> dict:
+        """Drain, then move the scorers' weights (None: every scorer) to host memory and free the
+        GPU memory. Results by scorer (`state`, `changed`, `transfer`). Idempotent."""
+        return self._lifecycle("offload", scorers, timeout_s)
+
+    def onload(self, scorers: Sequence[str] | None = None) -> dict:
+        """Weights back on the GPU, warmed up; returns when they score. Idempotent. Out of GPU
+        memory is retried (503 `onload_failed`), then raises `ServiceError`."""
+        return self._lifecycle("onload", scorers, None)
+
+    def drain(self, scorers: Sequence[str] | None = None, *, timeout_s: float | None = None) -> dict:
+        """Stop admission (new requests get 503 `draining`) and wait for in-flight ones."""
+        return self._lifecycle("drain", scorers, timeout_s)
+
+    def lifecycle(self) -> dict[str, Any]:
+        """`GET /v1/lifecycle`: state, bytes on the GPU and transition times per scorer."""
+        return _json(self._http.get(LIFECYCLE_ROUTE))
+
+    @contextlib.contextmanager
+    def resident(self, scorers: Sequence[str] | None = None) -> Iterator[RewardClient]:
+        """Onload on entry, offload on exit (an exception too): around a trainer's scoring phase."""
+        self.onload(scorers)
+        try:
+            yield self
+        finally:
+            self.offload(scorers)
+
 
 class AsyncRewardClient(_Base):
     """asyncio client with the same semantics as `RewardClient`."""
@@ -252,3 +313,38 @@ class AsyncRewardClient(_Base):
             if (delay := self._retry_delay(attempt, response)) is None:
                 return _parse(response, self.allow_partial if allow_partial is None else allow_partial)
             await asyncio.sleep(delay)
+
+    # --- lifecycle (docs/lifecycle.md): as RewardClient's
+
+    async def _lifecycle(self, action: str, scorers: Sequence[str] | None, timeout_s: float | None) -> dict:
+        kwargs = {"json": _lifecycle_body(scorers, timeout_s)}
+        for attempt in itertools.count():
+            response = None
+            try:
+                response = await self._http.post(lifecycle_route(action), **kwargs)
+            except RETRY_EXCEPTIONS:
+                if attempt >= self.max_retries:
+                    raise
+            if (delay := self._retry_delay(attempt, response)) is None:
+                return _json(response)["results"]
+            await asyncio.sleep(delay)
+
+    async def offload(self, scorers: Sequence[str] | None = None, *, timeout_s: float | None = None) -> dict:
+        return await self._lifecycle("offload", scorers, timeout_s)
+
+    async def onload(self, scorers: Sequence[str] | None = None) -> dict:
+        return await self._lifecycle("onload", scorers, None)
+
+    async def drain(self, scorers: Sequence[str] | None = None, *, timeout_s: float | None = None) -> dict:
+        return await self._lifecycle("drain", scorers, timeout_s)
+
+    async def lifecycle(self) -> dict[str, Any]:
+        return _json(await self._http.get(LIFECYCLE_ROUTE))
+
+    @contextlib.asynccontextmanager
+    async def resident(self, scorers: Sequence[str] | None = None) -> AsyncIterator[AsyncRewardClient]:
+        await self.onload(scorers)
+        try:
+            yield self
+        finally:
+            await self.offload(scorers)

@@ -20,7 +20,7 @@ import importlib
 import os
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
@@ -79,6 +79,13 @@ class ScorerSpec(ConfigModel):
     max_queue: int = Field(4096, ge=1)
     token_budget: int | None = Field(None, ge=1)
     options: dict[str, Any] = Field(default_factory=dict)
+    residency: Literal["resident", "per_call", "on_demand"] = "resident"
+    """When the weights are on the GPU (docs/lifecycle.md): `resident` until told to move,
+    `per_call` only while requests come, `on_demand` from the first request on."""
+    auto_onload: bool | None = None
+    """A request that finds the scorer offloaded onloads it (default: only per_call/on_demand)."""
+    idle_offload_s: float | None = Field(None, ge=0)
+    """per_call / on_demand: offload after this long without a request (per_call default 1 s)."""
 
     @field_validator("name")
     @classmethod
@@ -91,6 +98,16 @@ class ScorerSpec(ConfigModel):
     def _one_source(self) -> ScorerSpec:
         if self.path is not None and self.shape is not None:
             raise ValueError("give path or shape, not both")
+        return self
+
+    @model_validator(mode="after")
+    def _lifecycle(self) -> ScorerSpec:
+        from rewardkit.serve.lifecycle import policy_of
+
+        try:
+            policy_of(self)
+        except ConfigError as exc:
+            raise ValueError(exc.message) from None
         return self
 
     def resolved_device(self) -> str:

@@ -39,7 +39,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from rewardkit.core.errors import ConfigError
-from rewardkit.serve.errors import STATUS_BY_CODE, ServeError
+from rewardkit.serve.errors import ServeError
+from rewardkit.serve.protocol import LIFECYCLE_ACTIONS as ACTIONS
+from rewardkit.serve.protocol import lifecycle_route
 
 log = logging.getLogger(__name__)
 
@@ -54,15 +56,8 @@ STATES = (RESIDENT, DRAINING, OFFLOADING, OFFLOADED, ONLOADING)
 RESIDENCIES = ("resident", "per_call", "on_demand")
 PER_CALL_IDLE_S = 1.0
 
-LIFECYCLE_ERROR_CODES: dict[str, int] = {
-    "draining": 503,
-    "offloaded": 503,
-    "onload_failed": 503,
-    "drain_timeout": 503,
-    "offload_failed": 500,
-}
-for _code, _status in LIFECYCLE_ERROR_CODES.items():
-    STATUS_BY_CODE.setdefault(_code, _status)
+LIFECYCLE_ERROR_CODES = ("draining", "offloaded", "onload_failed", "drain_timeout", "offload_failed")
+"""Whole-request codes the lifecycle raises (declared in `rewardkit.serve.protocol`)."""
 
 RETRY_AFTER_S = 1.0
 
@@ -415,6 +410,14 @@ class ScorerLifecycle:
         """`on_demand` scorers: loaded and warmed up, then offloaded until the first request."""
         await self.offload(reason="on_demand")
 
+    async def started(self) -> None:
+        """Call once the scorer is loaded and warmed up: `on_demand` offloads now, `per_call`
+        offloads after its idle time unless a request comes first."""
+        if self.policy.residency == "on_demand":
+            await self.start_offloaded()
+        else:
+            self._schedule_idle_offload()
+
     def close(self) -> None:
         if self._idle_task is not None:
             self._idle_task.cancel()
@@ -502,3 +505,162 @@ class Lifecycle:
     def close(self) -> None:
         for m in self.scorers.values():
             m.close()
+
+
+# --- what a backend needs to host lifecycles -----------------------------------------------------
+
+PARKED = (DRAINING, OFFLOADING, OFFLOADED, ONLOADING)
+"""States in which a scorer is healthy but not scoring right now (/health/ready stays 200)."""
+
+
+def policy_of(spec: Any) -> LifecyclePolicy:
+    """A scorer spec's lifecycle settings (absent keys: the defaults)."""
+    return LifecyclePolicy(
+        residency=getattr(spec, "residency", "resident"),
+        auto_onload=getattr(spec, "auto_onload", None),
+        idle_offload_s=getattr(spec, "idle_offload_s", None),
+    )
+
+
+async def warm_up(scorer: Any, run: Callable[[Callable[[], Any]], Awaitable[Any]]) -> None:
+    """Score the scorer's warm-up item on its thread; raise unless the value is finite."""
+    from rewardkit.serve.batcher import check_value
+    from rewardkit.serve.scorers.base import ItemError
+
+    warm = await run(lambda: scorer.score_batch([scorer.warmup_item()]))
+    ok = isinstance(warm, list | tuple) and len(warm) == 1
+    value = check_value(warm[0]) if ok else ItemError("scorer_failed", "no value")
+    if isinstance(value, ItemError) or not math.isfinite(value):
+        raise RuntimeError(f"warm-up did not produce a finite score: {value}")
+
+
+def scorer_lifecycle(
+    scorer: Any, run: Callable[[Callable[[], Any]], Awaitable[Any]], spec: Any = None
+) -> ScorerLifecycle:
+    """The state machine for a loaded, warmed-up scorer whose batches run through `run`."""
+    return ScorerLifecycle(
+        scorer.name,
+        weights_of(scorer),
+        run=run,
+        warmup=lambda: warm_up(scorer, run),
+        policy=policy_of(spec) if spec is not None else None,
+    )
+
+
+def merge_ready(details: dict[str, Any], states: dict[str, str]) -> tuple[bool, dict[str, Any]]:
+    """/health/ready's view: a parked scorer (offloaded, draining, ...) is healthy and says so."""
+    merged = dict(details)
+    for name, state in states.items():
+        if state in PARKED and merged.get(name) == "ready":
+            merged[name] = state
+    ok = bool(merged) and all(v == "ready" or v in PARKED for v in merged.values())
+    return ok, merged
+
+
+async def run_action(
+    lifecycle: Lifecycle, action: str, names: list[str] | None, timeout_s: float | None
+) -> dict:
+    """One `/v1/lifecycle/<action>` on this process's scorers: results by scorer name."""
+    if action == "offload":
+        return await lifecycle.offload(names, timeout_s)
+    if action == "onload":
+        return await lifecycle.onload(names)
+    if action == "drain":
+        return await lifecycle.drain(names, timeout_s)
+    raise ServeError("invalid_request", f"unknown lifecycle action {action!r}; known: {list(ACTIONS)}")
+
+
+async def describe_process(lifecycle: Lifecycle, process: str = "server") -> dict[str, Any]:
+    """`GET /v1/lifecycle` for one process: its scorers and the GPU memory it holds."""
+    from rewardkit.models.offload import device_memory
+
+    memory = await asyncio.to_thread(device_memory)
+    return {"scorers": lifecycle.describe(), "processes": {process: memory}}
+
+
+# --- HTTP: /v1/lifecycle (docs/lifecycle.md) ------------------------------------------------------
+
+MAX_LIFECYCLE_BODY = 64 * 1024
+
+
+async def _lifecycle_request(request: Any) -> tuple[list[str] | None, float | None]:
+    """Scorers from `?scorer=` (repeatable) or the body's `scorers`; `timeout_s` likewise."""
+    import json
+
+    from pydantic import ValidationError
+
+    from rewardkit.serve.protocol import LifecycleRequest
+
+    names = request.query_params.getlist("scorer")
+    query_timeout = request.query_params.get("timeout_s")
+    body = await request.body()
+    if len(body) > MAX_LIFECYCLE_BODY:
+        raise ServeError("body_too_large", f"lifecycle body over {MAX_LIFECYCLE_BODY} bytes")
+    req = LifecycleRequest()
+    if body.strip():
+        try:
+            raw = json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+            raise ServeError("invalid_json", f"body is not valid JSON: {exc}") from None
+        try:
+            req = LifecycleRequest.model_validate(raw)
+        except ValidationError as exc:
+            e = exc.errors()[0]
+            where = ".".join(str(p) for p in e.get("loc", ())) or "body"
+            raise ServeError("invalid_request", f"{where}: {e.get('msg', 'invalid')}") from None
+    if names and req.scorers:
+        raise ServeError("invalid_request", "give the scorers as ?scorer= or in the body, not both")
+    timeout_s = req.timeout_s
+    if query_timeout is not None:
+        if timeout_s is not None:
+            raise ServeError(
+                "invalid_request", "give timeout_s as a query parameter or in the body, not both"
+            )
+        try:
+            timeout_s = float(query_timeout)
+        except ValueError:
+            raise ServeError("invalid_request", f"timeout_s={query_timeout!r} is not a number") from None
+    if timeout_s is not None and not (math.isfinite(timeout_s) and timeout_s >= 0):
+        raise ServeError("invalid_request", "timeout_s must be a finite number >= 0")
+    return (names or req.scorers or None), timeout_s
+
+
+def install_routes(app: Any, backend: Any, check_auth: Callable[[Any], None]) -> None:
+    """`POST /v1/lifecycle/{offload,onload,drain}` and `GET /v1/lifecycle`, for a backend with
+    `lifecycle_action(action, scorers, timeout_s)` and `lifecycle_state()`."""
+    from fastapi import Request
+
+    from rewardkit.serve.protocol import LIFECYCLE_ROUTE, ErrorOut, LifecycleActionOut, LifecycleStateOut
+
+    errors = {code: {"model": ErrorOut} for code in (401, 422, 500, 503)}
+
+    def make(action: str):
+        async def route(request: Request) -> dict[str, Any]:
+            check_auth(request)
+            names, timeout_s = await _lifecycle_request(request)
+            results = await backend.lifecycle_action(action, names, timeout_s)
+            return {"action": action, "results": results, "lifecycle": await backend.lifecycle_state()}
+
+        # this module's annotations are strings (PEP 563) and Request is imported here, not at
+        # module level: give FastAPI the real class, or it reads `request` as a query parameter
+        route.__annotations__ = {"request": Request, "return": dict[str, Any]}
+        route.__name__ = f"lifecycle_{action}"
+        route.__doc__ = {
+            "offload": "Drain, then move the scorers' weights to pinned host memory and free the GPU memory.",
+            "onload": "Move the weights back, re-capture CUDA graphs, warm up; or reopen admission after a drain.",
+            "drain": "Stop admission (503 draining) and wait for in-flight requests to finish.",
+        }[action]
+        return route
+
+    for action in ACTIONS:
+        app.post(lifecycle_route(action), response_model=LifecycleActionOut, responses=errors)(make(action))
+
+    async def lifecycle_state(request: Request) -> dict[str, Any]:
+        """State per scorer, bytes on the GPU, last transition times; the process's GPU memory."""
+        check_auth(request)
+        return await backend.lifecycle_state()
+
+    lifecycle_state.__annotations__ = {"request": Request, "return": dict[str, Any]}
+    app.get(LIFECYCLE_ROUTE, response_model=LifecycleStateOut, responses={401: {"model": ErrorOut}})(
+        lifecycle_state
+    )

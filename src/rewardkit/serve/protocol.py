@@ -40,6 +40,14 @@ DEPLOYMENT_ROUTE = "/v1/deployment"  # deploy gateway / Ray backend only (docs/d
 LIVE_ROUTE = "/health/live"
 READY_ROUTE = "/health/ready"
 METRICS_ROUTE = "/metrics"
+LIFECYCLE_ROUTE = "/v1/lifecycle"  # GET: states; POST .../{offload,onload,drain} (docs/lifecycle.md)
+LIFECYCLE_ACTIONS = ("offload", "onload", "drain")
+
+
+def lifecycle_route(action: str) -> str:
+    """`/v1/lifecycle/offload`, `/v1/lifecycle/onload` or `/v1/lifecycle/drain`."""
+    return f"{LIFECYCLE_ROUTE}/{action}"
+
 
 QUEUE_TIME_HEADER = "x-queue-time"
 """Longest wait of any of the request's items before its batch started (ms)."""
@@ -105,6 +113,11 @@ class RequestErrorCode(StrEnum):
     NOT_READY = "not_ready", 503, "a requested scorer is loading, failed, or the service is stopping"
     QUEUE_TIMEOUT = "queue_timeout", 504, "an item waited longer than `queue_timeout_s`"
     TIMEOUT = "timeout", 504, "the request took longer than `request_timeout_s`"
+    DRAINING = "draining", 503, "the scorer is draining: admission stopped, in-flight work finishing"
+    OFFLOADED = "offloaded", 503, "the scorer is offloaded (POST /v1/lifecycle/onload)"
+    ONLOAD_FAILED = "onload_failed", 503, "onload found too little GPU memory or failed warm-up"
+    DRAIN_TIMEOUT = "drain_timeout", 503, "in-flight work outlasted `timeout_s`; nothing moved"
+    OFFLOAD_FAILED = "offload_failed", 500, "moving the weights to host memory failed; they stayed"
     INTERNAL = "internal", 500, "an unexpected server error (a bug)"
 
 
@@ -294,6 +307,58 @@ class ReadyOut(BaseModel):
 
 class NotReadyOut(ErrorOut):
     scorers: dict[str, Any]
+
+
+# --- /v1/lifecycle: offload, onload, drain, state (docs/lifecycle.md)
+
+
+class LifecycleRequest(_Strict):
+    """Body of `POST /v1/lifecycle/{offload,onload,drain}`; `?scorer=NAME` (repeatable) and
+    `?timeout_s=` say the same in the query. No scorers: every scorer of the server."""
+
+    scorers: list[str] | None = Field(default=None, description="scorer names; absent or null: all")
+    timeout_s: float | None = Field(default=None, description="drain timeout in seconds (default 30)")
+
+
+class LifecycleResult(BaseModel):
+    """One scorer's answer to an action. `changed: false`: it was already there (a no-op)."""
+
+    action: str
+    changed: bool
+    state: str
+    transfer: dict[str, JsonValue] | None = Field(default=None, description="bytes, seconds, gbps moved")
+    ready_seconds: float | None = Field(default=None, description="onload: weights back + warm-up")
+    drained: bool | None = None
+    in_flight: int | None = None
+
+
+class ScorerLifecycleOut(BaseModel):
+    state: str = Field(description="resident | draining | offloading | offloaded | onloading")
+    residency: str
+    auto_onload: bool
+    idle_offload_s: float | None
+    in_flight: int
+    bytes_on_device: int
+    bytes_total: int
+    since: float = Field(description="unix time the current state was entered")
+    last_transition: dict[str, float] = Field(description="state -> unix time it was last entered")
+    transitions: int
+    last_offload: dict[str, JsonValue] | None
+    last_onload: dict[str, JsonValue] | None
+    last_error: str | None
+
+
+class LifecycleStateOut(BaseModel):
+    """`GET /v1/lifecycle`: every scorer, and the GPU memory of each serving process."""
+
+    scorers: dict[str, ScorerLifecycleOut]
+    processes: dict[str, dict[str, JsonValue]]
+
+
+class LifecycleActionOut(BaseModel):
+    action: str
+    results: dict[str, LifecycleResult]
+    lifecycle: LifecycleStateOut
 
 
 # ------------------------------------------------------------------------------- 4. item codec

@@ -253,6 +253,16 @@ class ClipScorer(ModelScorer):
             self.name, 2 * len(sizes), sizes, time.perf_counter() - started,
         )  # fmt: skip
 
+    def before_offload(self) -> None:
+        """Lifecycle (docs/lifecycle.md): the graphs hold the weights' device addresses and a
+        private memory pool, so they go before the weights move (and the pool is freed)."""
+        self._graphs = {}
+
+    def after_onload(self) -> None:
+        """Lifecycle: the weights are back at new addresses; capture the graphs again."""
+        if self.cuda_graphs:
+            self._capture_graphs()
+
     def warmup_item(self) -> ScoreItem:
         import io
 
