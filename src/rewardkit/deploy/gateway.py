@@ -196,6 +196,67 @@ class GatewayBackend:
                 self.metrics.observe_batch(stats)
         return decode_results(header.get("results"), len(items))
 
+    # --- lifecycle (docs/lifecycle.md): forwarded to the worker that hosts each scorer
+
+    async def _worker_call(self, worker: Any, op: str, payload: dict[str, Any], timeout: float) -> dict:
+        client = worker.client
+        if not worker.ready or client is None:
+            raise ServeError("not_ready", f"worker {worker.plan.name} is {worker.state}", retry_after=2)
+        try:
+            header, _ = await client.call(op, payload, timeout=timeout)
+        except WorkerLost as exc:
+            raise ServeError(
+                "not_ready", f"worker {worker.plan.name}: {exc.message}", retry_after=2
+            ) from None
+        except RemoteError as exc:
+            if exc.code in STATUS_BY_CODE:
+                raise ServeError(exc.code, exc.message, retry_after=exc.retry_after) from None
+            raise ServeError("internal", f"worker {worker.plan.name}: {exc.code}: {exc.message}") from None
+        except TimeoutError:
+            raise ServeError("timeout", f"worker {worker.plan.name} did not answer in {timeout:g}s") from None
+        return header
+
+    async def lifecycle_action(self, action: str, names: list[str] | None, timeout_s: float | None) -> dict:
+        """`POST /v1/lifecycle/<action>`: each worker moves its own scorers; results by scorer."""
+        known = self.scorer_names()
+        wanted = list(dict.fromkeys(names)) if names else known
+        unknown = [n for n in wanted if n not in known]
+        if unknown:
+            raise ServeError("unknown_scorer", f"unknown scorers {unknown}; known: {sorted(known)}")
+        by_worker: dict[str, tuple[Any, list[str]]] = {}
+        for name in wanted:
+            worker = self.supervisor.worker_for(name)
+            by_worker.setdefault(worker.plan.name, (worker, []))[1].append(name)
+        budget = (30.0 if timeout_s is None else timeout_s) + self.request_timeout_s  # drain + the move
+        payload = {"action": action, "timeout_s": timeout_s}
+        outs = await asyncio.gather(
+            *(
+                self._worker_call(w, "lifecycle", {**payload, "scorers": s}, budget)
+                for w, s in by_worker.values()
+            ),
+            return_exceptions=True,
+        )
+        results: dict[str, Any] = {}
+        for out in outs:
+            if isinstance(out, BaseException):
+                raise out
+            results.update(out.get("results") or {})
+        return results
+
+    async def lifecycle_state(self) -> dict[str, Any]:
+        """`GET /v1/lifecycle`: every ready worker's scorers, and each worker process's GPU memory."""
+        scorers: dict[str, Any] = {}
+        processes: dict[str, Any] = {}
+        for w in self.supervisor.workers.values():
+            if not w.ready or w.client is None:
+                processes[w.plan.name] = {"worker_state": w.state}
+                continue
+            header = await self._worker_call(w, "lifecycle_state", {}, self.settings.health_timeout_s)
+            scorers.update(header.get("scorers") or {})
+            for memory in (header.get("processes") or {}).values():
+                processes[w.plan.name] = memory
+        return {"scorers": scorers, "processes": processes}
+
     def scorer_infos(self) -> dict[str, ScorerInfo]:
         out = {}
         for w in self.supervisor.workers.values():

@@ -105,6 +105,15 @@ class WorkerServer:
             ready, details = self.backend.ready()
             infos = {n: dataclasses.asdict(i) for n, i in self.backend.scorer_infos().items()}
             return {"ready": ready, "details": details, "scorers": infos, "pid": os.getpid()}, b""
+        if op == "lifecycle":  # offload / onload / drain (docs/lifecycle.md); ServeErrors keep their code
+            scorers = header.get("scorers")
+            names = [str(n) for n in scorers] if isinstance(scorers, list) else None
+            timeout_s = header.get("timeout_s")
+            timeout_s = float(timeout_s) if isinstance(timeout_s, int | float) else None
+            action = str(header.get("action"))
+            return {"results": await self.backend.lifecycle_action(action, names, timeout_s)}, b""
+        if op == "lifecycle_state":
+            return await self.backend.lifecycle_state(), b""
         raise TransportError(f"unknown op {op!r}")
 
 
