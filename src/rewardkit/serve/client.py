@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import json
 import os
@@ -268,6 +269,10 @@ class AsyncRewardClient(_Base):
         *,
         transport: httpx.AsyncBaseTransport | None = None,
         max_connections: int = 100,
+        scorers: Sequence[str] | None = None,
+        stream_batch: int = 64,
+        stream_wait_ms: float = 5.0,
+        stream_in_flight: int = 8,
         **kwargs: Any,
     ) -> None:
         super().__init__(url, **kwargs)
@@ -278,6 +283,8 @@ class AsyncRewardClient(_Base):
             transport=transport,
             limits=httpx.Limits(max_connections=max_connections),
         )
+        self.default_scorers = tuple(scorers) if scorers else ()
+        self._stream = _Stream(self, max(1, stream_batch), stream_wait_ms / 1000, max(1, stream_in_flight))
 
     async def __aenter__(self) -> AsyncRewardClient:
         return self
@@ -286,7 +293,30 @@ class AsyncRewardClient(_Base):
         await self.aclose()
 
     async def aclose(self) -> None:
+        await self._stream.aclose()  # what was submitted is still sent
         await self._http.aclose()
+
+    def submit(
+        self, item: ScoreItem | Mapping[str, Any], scorers: Sequence[str] | None = None
+    ) -> asyncio.Future[ItemScores]:
+        """Queue one item for scoring and return its future at once (call from the event loop).
+
+        Items submitted from any number of coroutines are sent together, `stream_batch` per
+        request, at most `stream_wait_ms` after the first of a request arrived, so a trainer
+        can score each rollout as it finishes. The future resolves to the item's `ItemScores`
+        (ids are the caller's; duplicates are fine), or raises `ScoreError` for that item alone
+        (unless `allow_partial`), or the request's `ServiceError`. A 429 pauses sending for its
+        `Retry-After` and halves the requests in flight (at most `stream_in_flight`)."""
+        names = tuple(scorers) if scorers else self.default_scorers
+        if not names:
+            raise ValueError(
+                "submit needs scorers: submit(item, scorers) or AsyncRewardClient(url, scorers=...)"
+            )
+        return self._stream.submit(item, names)
+
+    async def flush(self) -> None:
+        """Send every queued item now and wait until every submitted future is resolved."""
+        await self._stream.drain()
 
     async def scorers(self) -> list[dict[str, Any]]:
         response = await self._http.get(SCORERS_ROUTE)
@@ -348,3 +378,139 @@ class AsyncRewardClient(_Base):
             yield self
         finally:
             await self.offload(scorers)
+
+
+# ------------------------------------------------------------------- streaming (submit -> Future)
+
+
+def _item_id(item: ScoreItem | Mapping[str, Any], position: int) -> str:
+    value = item.id if isinstance(item, ScoreItem) else item.get("id")
+    return str(position) if value is None else str(value)
+
+
+def _with_id(item: ScoreItem | Mapping[str, Any], wire_id: str) -> ScoreItem | dict[str, Any]:
+    return dataclasses.replace(item, id=wire_id) if isinstance(item, ScoreItem) else {**item, "id": wire_id}
+
+
+class _Stream:
+    """`AsyncRewardClient.submit`'s machinery: items from many coroutines wait in one queue per
+    scorer set and leave in requests of up to `max_batch` items, at the latest `max_wait_s` after
+    the oldest arrived. At most `window` requests are in flight; a 429 halves the window and
+    pauses every send for its `Retry-After`, each success widens it by one (up to
+    `max_in_flight`), so a saturated service slows the submitters instead of being retried
+    harder. Each item's future gets its `ItemScores`, or `ScoreError` for that item alone, or the
+    request's `ServiceError` / connection error."""
+
+    def __init__(
+        self, client: AsyncRewardClient, max_batch: int, max_wait_s: float, max_in_flight: int
+    ) -> None:
+        self.client = client
+        self.max_batch = max_batch
+        self.max_wait_s = max_wait_s
+        self.max_in_flight = max_in_flight
+        self.window = max_in_flight
+        self.in_flight = 0
+        self.paused_until = 0.0
+        self.queues: dict[tuple[str, ...], list[tuple[Any, asyncio.Future]]] = {}
+        self.timers: dict[tuple[str, ...], asyncio.TimerHandle] = {}
+        self.ready: asyncio.Condition | None = None
+        self.tasks: set[asyncio.Task] = set()
+        self.closed = False
+
+    def submit(self, item: Any, scorers: tuple[str, ...]) -> asyncio.Future:
+        if self.closed:
+            raise RuntimeError("the client is closed")
+        loop = asyncio.get_running_loop()
+        if self.ready is None:
+            self.ready = asyncio.Condition()
+        future = loop.create_future()
+        queue = self.queues.setdefault(scorers, [])
+        queue.append((item, future))
+        if len(queue) >= self.max_batch:
+            self._flush(scorers)
+        elif scorers not in self.timers:
+            self.timers[scorers] = loop.call_later(self.max_wait_s, self._flush, scorers)
+        return future
+
+    def _flush(self, scorers: tuple[str, ...]) -> None:
+        timer = self.timers.pop(scorers, None)
+        if timer is not None:
+            timer.cancel()
+        queue = self.queues.get(scorers, [])
+        while queue:
+            batch, queue[:] = queue[: self.max_batch], queue[self.max_batch :]
+            task = asyncio.get_running_loop().create_task(self._send(list(scorers), batch))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    async def _slot(self) -> None:
+        assert self.ready is not None
+        async with self.ready:
+            await self.ready.wait_for(lambda: self.in_flight < self.window)
+            self.in_flight += 1
+
+    async def _release(self, ok: bool | None) -> None:
+        assert self.ready is not None
+        async with self.ready:
+            self.in_flight -= 1
+            if ok is True:
+                self.window = min(self.max_in_flight, self.window + 1)
+            elif ok is False:
+                self.window = max(1, self.window // 2)
+            self.ready.notify_all()
+
+    async def _send(self, scorers: list[str], batch: list[tuple[Any, asyncio.Future]]) -> None:
+        live = [(item, fut) for item, fut in batch if not fut.cancelled()]
+        if not live:
+            return
+        client = self.client
+        # Submitters choose their ids independently: the wire gets positions, the futures the ids.
+        ids = [_item_id(item, n) for n, (item, _) in enumerate(live)]
+        kwargs = client._prepare([_with_id(item, str(n)) for n, (item, _) in enumerate(live)], scorers, None)
+        try:
+            for attempt in itertools.count():
+                if (wait := self.paused_until - time.monotonic()) > 0:
+                    await asyncio.sleep(wait)
+                await self._slot()
+                response, ok = None, None
+                try:
+                    response = await client._http.post(SCORE_ROUTE, **kwargs)
+                    ok = response.status_code != 429
+                except RETRY_EXCEPTIONS:
+                    if attempt >= client.max_retries:
+                        raise
+                finally:
+                    await self._release(ok)
+                delay = client._retry_delay(attempt, response)
+                if delay is None:
+                    break
+                if response is not None and response.status_code == 429:
+                    self.paused_until = max(self.paused_until, time.monotonic() + delay)
+                else:
+                    await asyncio.sleep(delay)
+            results = _parse(response, True)
+        except Exception as exc:  # the whole request failed: every item of it
+            for _, fut in live:
+                if not fut.done():
+                    fut.set_exception(exc)
+            return
+        for (_, fut), item_id, wire in zip(live, ids, results, strict=True):
+            result = ItemScores(item_id, wire.scores, wire.errors)
+            if fut.done():
+                continue
+            failures = [ItemFailure(result.id, s, e["code"], e["message"]) for s, e in result.errors.items()]
+            if failures and not client.allow_partial:
+                fut.set_exception(ScoreError(failures, [result]))
+            else:
+                fut.set_result(result)
+
+    async def drain(self) -> None:
+        """Send everything still queued and wait for every request in flight."""
+        for scorers in list(self.queues):
+            self._flush(scorers)
+        while self.tasks:
+            await asyncio.gather(*list(self.tasks), return_exceptions=True)
+
+    async def aclose(self) -> None:
+        await self.drain()
+        self.closed = True
