@@ -26,10 +26,14 @@ def test_image_requests_equal_v1_score_and_echo_identities(server, direct_scores
     assert client.is_available()
     captions = ["a red square", "a blue square", "a cat", "a dog", "noise"]
     wire = [
-        client.wire_request([{"text": c, "image_b64": jpeg_b64(image(i))}], sample_id=f"s{i}", group_id="g0",
-                            metadata={"policy_version": 7})
+        client.wire_request(
+            [{"text": c, "image_b64": jpeg_b64(image(i))}],
+            sample_id=f"s{i}",
+            group_id="g0",
+            metadata={"policy_version": 7},
+        )
         for i, c in enumerate(captions)
-    ]  # fmt: skip
+    ]
     merged = client.post(wire)  # raises unless every identity came back exactly
     values, problems = client.rewards(merged)
     assert problems == [None] * 5
@@ -60,8 +64,11 @@ def test_text_turns_for_text_scorers(server, direct_scores):
     client = GatewayClient(server.url, ["rm", "len"])
     wire = [client.wire_request([{"text": "Say hello."}, {"text": "Hello there!"}], sample_id=11)]
     merged = client.post(wire)
-    want_rm = direct_scores(server.url, "rm", [{"id": "0", "prompt": [{"role": "user", "content": "Say hello."}],
-                                               "response": "Hello there!"}])  # fmt: skip
+    want_rm = direct_scores(
+        server.url,
+        "rm",
+        [{"id": "0", "prompt": [{"role": "user", "content": "Say hello."}], "response": "Hello there!"}],
+    )
     assert merged["results"][0]["rm"]["score"] == pytest.approx(want_rm[0], abs=1e-5)
     assert merged["results"][0]["len"]["score"] == 12.0
     exact = GatewayClient(server.url, ["exact"])
@@ -100,8 +107,10 @@ def test_version_pins_and_request_errors(server):
     identity = scorer_identity(server.url, "len")
     pinned = GatewayClient(server.url, ["len"], expected_scorer_version=identity)
     assert pinned.rewards(pinned.post([pinned.wire_request([{"text": "q"}, {"text": "abc"}])]))[0] == [3.0]
-    for client in (GatewayClient(server.url, ["len"], expected_scorer_version="stale"),
-                   GatewayClient(server.url, ["len", "rm"], expected_scorer_version=identity)):  # fmt: skip
+    for client in (
+        GatewayClient(server.url, ["len"], expected_scorer_version="stale"),
+        GatewayClient(server.url, ["len", "rm"], expected_scorer_version=identity),
+    ):
         with pytest.raises(Exception) as info:
             client.post([client.wire_request([{"text": "q"}, {"text": "abc"}])])
         assert info.value.response.status_code == 400 and client.posts == 1  # a 400 is not retried

@@ -69,8 +69,12 @@ def test_split_mode_rerenders_prompt_and_response_for_the_scorer(server, direct_
 
 
 def test_labels_are_the_reference(server, tokenizer):
-    out = run_executor(f"{server.url}/get_reward?scorer=exact&mode=split", tokenizer, "Hello there, friend!",
-                       label="hello there, friend!")  # fmt: skip
+    out = run_executor(
+        f"{server.url}/get_reward?scorer=exact&mode=split",
+        tokenizer,
+        "Hello there, friend!",
+        label="hello there, friend!",
+    )
     assert out["scores"] == [1.0]
 
 
@@ -82,11 +86,15 @@ def test_default_scorer_is_the_first_configured(server, direct_scores, tokenizer
 
 
 def test_a_failed_item_fails_the_request_and_openrlhf_gets_no_number(server, tokenizer, monkeypatch):
-    r = httpx.post(f"{server.url}/get_reward?scorer=double", json={"query": ["ok", "NAN"], "prompts": ["", ""],
-                                                                  "labels": [None, None]})  # fmt: skip
+    r = httpx.post(
+        f"{server.url}/get_reward?scorer=double",
+        json={"query": ["ok", "NAN"], "prompts": ["", ""], "labels": [None, None]},
+    )
     assert r.status_code == 500 and r.json()["code"] == "non_finite" and "query 1" in r.json()["message"]
-    r = httpx.post(f"{server.url}/get_reward?scorer=rm&mode=split", json={"query": ["cut prompt"],
-                                                                         "prompts": ["full prompt"]})  # fmt: skip
+    r = httpx.post(
+        f"{server.url}/get_reward?scorer=rm&mode=split",
+        json={"query": ["cut prompt"], "prompts": ["full prompt"]},
+    )
     assert r.status_code == 422 and r.json()["code"] == "bad_input"
 
     real_sleep = asyncio.sleep

@@ -35,8 +35,9 @@ def test_items_from_many_coroutines_share_requests(server):
     transport = Counting()
 
     async def main():
-        async with AsyncRewardClient(server.url, scorers=["len"], transport=transport,
-                                     stream_batch=16, stream_wait_ms=20) as client:  # fmt: skip
+        async with AsyncRewardClient(
+            server.url, scorers=["len"], transport=transport, stream_batch=16, stream_wait_ms=20
+        ) as client:
 
             async def rollout(n: int) -> ItemScores:
                 await asyncio.sleep(0.001 * (n % 5))
@@ -53,8 +54,10 @@ def test_items_from_many_coroutines_share_requests(server):
 def test_a_failed_item_fails_only_its_own_future(server):
     async def main():
         async with AsyncRewardClient(server.url, stream_wait_ms=10) as client:
-            futs = [client.submit({"id": str(n), "response": text}, ["double", "len"])
-                    for n, text in enumerate(["ok", "NAN", "fine"])]  # fmt: skip
+            futs = [
+                client.submit({"id": str(n), "response": text}, ["double", "len"])
+                for n, text in enumerate(["ok", "NAN", "fine"])
+            ]
             return await asyncio.gather(*futs, return_exceptions=True)
 
     ok, failed, fine = asyncio.run(main())
@@ -73,8 +76,9 @@ def test_a_failed_item_fails_only_its_own_future(server):
 def test_a_whole_request_error_reaches_every_future_of_it(server):
     async def main():
         async with AsyncRewardClient(server.url, scorers=["nope"]) as client:
-            return await asyncio.gather(*(client.submit({"id": str(n), "response": "r"}) for n in range(3)),
-                                        return_exceptions=True)  # fmt: skip
+            return await asyncio.gather(
+                *(client.submit({"id": str(n), "response": "r"}) for n in range(3)), return_exceptions=True
+            )
 
     errors = asyncio.run(main())
     assert all(isinstance(e, ServiceError) and e.code == "unknown_scorer" for e in errors)
@@ -96,8 +100,15 @@ def test_429_halves_the_window_and_pauses_sending():
         return httpx.Response(200, json={"results": results, "scorers": {}})
 
     async def main():
-        client = AsyncRewardClient("http://test", scorers=["len"], transport=httpx.MockTransport(handler),
-                                   stream_batch=4, stream_wait_ms=1, stream_in_flight=8, backoff_s=0.01)  # fmt: skip
+        client = AsyncRewardClient(
+            "http://test",
+            scorers=["len"],
+            transport=httpx.MockTransport(handler),
+            stream_batch=4,
+            stream_wait_ms=1,
+            stream_in_flight=8,
+            backoff_s=0.01,
+        )
         futs = [client.submit({"id": str(n), "response": "x" * n}) for n in range(12)]
         out = await asyncio.gather(*futs)
         window = client._stream.window

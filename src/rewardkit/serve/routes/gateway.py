@@ -91,9 +91,13 @@ def _item(index: int, req: GatewayRequestItem, modality: str) -> ScoreItem | Ite
             return ItemError("bad_input", "the last turn has no text to score")
         prompt = [{"role": "user", "content": t.text} for t in req.history[:-1] if t.text]
         return ScoreItem(
-            id=str(index), prompt=prompt or "", response=last.text, reference=reference, group_id=group,
+            id=str(index),
+            prompt=prompt or "",
+            response=last.text,
+            reference=reference,
+            group_id=group,
             metadata=req.metadata,
-        )  # fmt: skip
+        )
     if last.image_b64 is None:
         return ItemError("missing_image", "the last turn has no image_b64")
     try:
@@ -101,9 +105,14 @@ def _item(index: int, req: GatewayRequestItem, modality: str) -> ScoreItem | Ite
     except (binascii.Error, ValueError):
         return ItemError("bad_image", "image_b64 is not valid base64")
     return ScoreItem(
-        id=str(index), prompt=last.text, response="", image=image, reference=reference, group_id=group,
+        id=str(index),
+        prompt=last.text,
+        response="",
+        image=image,
+        reference=reference,
+        group_id=group,
         metadata=req.metadata,
-    )  # fmt: skip
+    )
 
 
 def gateway_router(ctx: RouteContext) -> APIRouter:
@@ -182,9 +191,10 @@ def gateway_router(ctx: RouteContext) -> APIRouter:
                     results[i] = {n: dict(v) for n, v in hit[1].items()}
             errors: list[dict[str, str]] = [{} for _ in reqs]
             todo = [
-                i for i, r in enumerate(reqs)
+                i
+                for i, r in enumerate(reqs)
                 if results[i] is None and not (r.idempotency_key and first_of_key[r.idempotency_key] != i)
-            ]  # fmt: skip
+            ]
             infos = ctx.backend.scorer_infos()
             for i in todo:
                 results[i] = {}
