@@ -59,7 +59,9 @@ def conversations(n: int = 24) -> list[list[dict]]:
 
 
 def _llama3_tokenizer():
-    tok = builtin_tokenizer()
+    import copy
+
+    tok = copy.deepcopy(builtin_tokenizer())  # builtin_tokenizer() is one shared, cached object
     tok.add_special_tokens(
         {"additional_special_tokens": ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]}
     )

@@ -44,6 +44,9 @@ def training_tokenizer(cfg: TrainConfig):
         vocab = tokenizer.get_vocab()
         if token not in vocab:
             raise ConfigError(f"data.pad_token {token!r} is not a token of the tokenizer's vocabulary")
+        import copy
+
+        tokenizer = copy.deepcopy(tokenizer)  # `builtin` is a shared, cached object
         tokenizer.pad_token = token
     return tokenizer
 
