@@ -52,11 +52,28 @@ def test_raw_mode_scores_the_query_as_given(server, direct_scores, tokenizer, sc
     out = run_executor(f"{server.url}/get_reward?scorer={scorer}", tokenizer, "Hello there, friend!")
     query = query_of(out, tokenizer)
     assert query.startswith(PROMPT) and query.endswith("<|im_end|>")
-    want = direct_scores(server.url, scorer, [{"id": "0", "prompt": "", "response": query}])[0]
+    if scorer == "rm":  # as OpenRLHF's own RM server: the query's tokens as given, no template
+        want = plain_forward_of_the_served_rm(query)
+    else:
+        want = direct_scores(server.url, scorer, [{"id": "0", "prompt": "", "response": query}])[0]
     assert (
         out["scores"] == [pytest.approx(want, abs=1e-5)] and out["reward"] == out["scores"]
     )  # one per query
     assert out["extra_logs"] == {scorer: [pytest.approx(want, abs=1e-5)]}
+
+
+def plain_forward_of_the_served_rm(text: str) -> float:
+    """The served `rm` (tiny-text-rm, seed 0) rebuilt in-process, scored by a plain transformers
+    forward of `text` tokenised as given (its last token is where the reward is read)."""
+    import torch
+
+    from rewardkit.serve.scorers.text import SeqClsScorer
+
+    twin = SeqClsScorer("rm", shape="tiny-text-rm")
+    twin.load()
+    ids = twin.tokenizer(text, add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+        return float(twin.model(input_ids=torch.tensor([ids])).logits[0, 0])
 
 
 def test_split_mode_rerenders_prompt_and_response_for_the_scorer(server, direct_scores, tokenizer):
@@ -81,8 +98,7 @@ def test_labels_are_the_reference(server, tokenizer):
 def test_default_scorer_is_the_first_configured(server, direct_scores, tokenizer):
     out = run_executor(f"{server.url}/get_reward", tokenizer, "Hello there, friend!")
     query = query_of(out, tokenizer)
-    want = direct_scores(server.url, "rm", [{"id": "0", "response": query}])[0]
-    assert out["scores"] == [pytest.approx(want, abs=1e-5)]
+    assert out["scores"] == [pytest.approx(plain_forward_of_the_served_rm(query), abs=1e-5)]
 
 
 def test_a_failed_item_fails_the_request_and_openrlhf_gets_no_number(server, tokenizer, monkeypatch):

@@ -9,10 +9,12 @@ request with `{"code", "message"}`, where `code` is the item's own error code (`
 `non_finite`, ...): never a made-up number.
 
 Modes (`?mode=`, default `raw`):
-- `raw`: each query is scored as the text it is. For rule scorers (`length`, `regex`,
-  `exact_match`) that is the response field (with `labels[i]` as `reference`). Model scorers
-  read the item's prompt and response through their chat template, so `raw` sends the query as
-  the response of an item with no prompt turn.
+- `raw`: each query is scored as the text it is, the way OpenRLHF's own reward-model server
+  does: text model scorers tokenise it with the reward model's tokenizer, no chat template and
+  no added special tokens (`serve.scorers.base.RAW_TEXT`), and read the reward at its last
+  token — so the end-of-sequence marker the policy emitted (`<|im_end|>`, `</s>`), kept in the
+  query, is where the score is read. Rule scorers (`length`, `regex`, `exact_match`) read the
+  response field (with `labels[i]` as `reference`).
 - `split`: the query is cut at `prompts[i]`; the prompt and the rest (the response, trailing
   end-of-sequence markers such as `<|im_end|>` or `</s>` removed) are rendered with the scorer's
   own chat template, for a policy whose chat format differs from the reward model's. A query
@@ -39,7 +41,7 @@ from rewardkit.serve.protocol import (
     parse_trainer_body,
 )
 from rewardkit.serve.routes.context import RouteContext, ready_names
-from rewardkit.serve.scorers.base import ItemError, ScoreItem
+from rewardkit.serve.scorers.base import RAW_TEXT, ItemError, ScoreItem
 
 # Item codes a caller can fix (its input); any other item failure is the service's (5xx).
 INPUT_ITEM_CODES = frozenset({"bad_input", "too_long", "missing_reference", "bad_image"})
@@ -68,7 +70,9 @@ def build_items(body: OpenRLHFRewardRequest, mode: str) -> list[ScoreItem | Item
     for i, query in enumerate(body.query):
         label = body.labels[i] if body.labels is not None else None
         if mode == "raw":
-            items.append(ScoreItem(id=str(i), prompt="", response=query, reference=label))
+            items.append(
+                ScoreItem(id=str(i), prompt="", response=query, reference=label, metadata={RAW_TEXT: True})
+            )
             continue
         prompt = body.prompts[i] if body.prompts is not None else None
         if prompt is None:

@@ -36,6 +36,13 @@ class ScoreItem:
     """A free-form JSON object from the request, passed through unchanged."""
 
 
+RAW_TEXT = "rewardkit.raw_text"
+"""An item `metadata` key set (to True) by routes whose callers send the whole decoded sequence
+as the response (OpenRLHF's `query`): text scorers then tokenise it as given, with no chat
+template and no added special tokens, and read the reward at its last token, as OpenRLHF's own
+reward-model server does. It is never read from the wire."""
+
+
 @dataclass(frozen=True)
 class ItemError:
     """A per-item failure. Scorers may return one in place of a float (e.g. an undecodable image),

@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 
 from rewardkit.core.errors import ConfigError, RewardkitError
 from rewardkit.models.packed_scoring import length_buckets, packed_scores, padded_scores, plan_packed
-from rewardkit.serve.scorers.base import ItemError, ScoreItem
+from rewardkit.serve.scorers.base import RAW_TEXT, ItemError, ScoreItem
 from rewardkit.serve.scorers.common import (
     ModelScorer,
     as_messages,
@@ -181,6 +181,8 @@ class SeqClsScorer(ModelScorer):
 
         if self.empty_response == "error" and not as_text(item.response).strip():
             return ItemError("bad_input", "empty response (the scorer's empty_response option is 'error')")
+        if (item.metadata or {}).get(RAW_TEXT) is True and isinstance(item.response, str):
+            return self._raw_ids(item.response)
         try:
             branch = tokenize_branch(
                 self.tokenizer, as_messages(item.prompt, "user"), as_messages(item.response, "assistant")
@@ -197,6 +199,17 @@ class SeqClsScorer(ModelScorer):
                 )
             ids = ids[len(ids) - self.max_length :]
         return ids
+
+    def _raw_ids(self, text: str) -> list[int] | ItemError:
+        """A whole decoded sequence (special tokens as text) tokenised as given, oldest tokens cut
+        past `max_length`: the reward is read at its last token."""
+        try:
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        except (ValueError, TypeError) as exc:
+            return ItemError("bad_input", f"cannot encode: {exc}"[:500])
+        if not ids:
+            return ItemError("bad_input", "the text has no tokens")
+        return list(ids[-self.max_length :])
 
     def prepare(self, item: ScoreItem) -> list[int] | float | ItemError:
         """Tokenise on admission: token ids, or the fixed reward an empty response is configured to get."""
