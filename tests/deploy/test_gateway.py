@@ -64,6 +64,10 @@ def test_kill_minus_9_under_load_loses_items_not_scores_and_restarts():
             in_flight = [asyncio.ensure_future(gw.score("slow", items(4, f"s{r}-"))) for r in range(6)]
             await asyncio.sleep(0.2)
             os.kill(slow_pid, signal.SIGKILL)
+            deadline = time.monotonic() + 10
+            while gw.ready()[0]:  # the kill is seen (connection EOF) before the loop below may end
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.01)
 
             fast_results = []
             while not gw.ready()[0] or not fast_results:  # keep the other scorer busy through the restart
