@@ -143,6 +143,23 @@ SCORE_REQUEST_BODY: dict[str, Any] = {
 }
 
 
+def _raw_bodies() -> dict[tuple[str, str], tuple[type, bool]]:
+    """(method, path) → (body model, required) for routes that read their JSON body raw, so
+    the OpenAPI document still declares it (protocol.py holds every model)."""
+    from rewardkit.serve import protocol as p
+
+    bodies: dict[tuple[str, str], tuple[type, bool]] = {
+        ("post", f"{p.LIFECYCLE_ROUTE}/{action}"): (p.LifecycleRequest, False)
+        for action in ("offload", "onload", "drain")
+    }
+    bodies[("post", p.OPENRLHF_ROUTE)] = (p.OpenRLHFRewardRequest, True)
+    bodies[("post", p.GATEWAY_SCORE_ROUTE)] = (p.GatewayScoreRequest, True)
+    return bodies
+
+
+RAW_BODIES = _raw_bodies()
+
+
 def create_app(
     backend: ScoringBackend, config: ServiceConfig, *, metrics: ServeMetrics | None = None
 ) -> FastAPI:
@@ -399,14 +416,23 @@ def create_app(
     default_openapi = app.openapi
 
     def openapi() -> dict[str, Any]:
-        """FastAPI's document plus `ScoreRequest` and the models it uses, which no handler
-        parameter declares (the score handler reads its body raw)."""
+        """FastAPI's document plus the request bodies that no handler parameter declares
+        (handlers that read their body raw: size limit, multipart, trainer wire formats)."""
         if app.openapi_schema is None:
             doc = default_openapi()
-            schema = ScoreRequest.model_json_schema(ref_template="#/components/schemas/{model}")
             components = doc.setdefault("components", {}).setdefault("schemas", {})
-            components.update(schema.pop("$defs", {}))
-            components["ScoreRequest"] = schema
+            for model in (ScoreRequest, *(m for m, _ in RAW_BODIES.values())):
+                schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                components.update(schema.pop("$defs", {}))
+                components[model.__name__] = schema
+            for (method, path), (model, required) in RAW_BODIES.items():
+                op = doc.get("paths", {}).get(path, {}).get(method)
+                if op is not None and "requestBody" not in op:
+                    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+                    op["requestBody"] = {
+                        "required": required,
+                        "content": {"application/json": {"schema": ref}},
+                    }
             app.openapi_schema = doc
         return app.openapi_schema
 
