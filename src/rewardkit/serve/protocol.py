@@ -485,7 +485,12 @@ def json_depth_exceeds(data: Any, limit: int = MAX_JSON_DEPTH) -> bool:
     stack = [(data, 1)]
     while stack:
         value, depth = stack.pop()
-        children: Iterable[Any] = value.values() if isinstance(value, dict) else value
+        if isinstance(value, dict):
+            children: Iterable[Any] = value.values()
+        elif isinstance(value, list):
+            children = value
+        else:  # a scalar (a whole body may be one): nothing nested
+            continue
         if depth > limit:
             return True
         kinds = set(map(type, children))
