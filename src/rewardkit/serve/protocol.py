@@ -150,6 +150,16 @@ class ItemErrorCode(StrEnum):
     )
     TOO_LONG = "too_long", "a text item whose response alone exceeds `max_length` tokens"
     WORKER_LOST = "worker_lost", "(deploy) the worker process holding the item died"
+    TIMEOUT = "timeout", "a verifier (math, code, judge) ran past its per-item wall-clock limit"
+    MEMORY_LIMIT = "memory_limit", "code under test went over the sandbox's memory limit"
+    OUTPUT_LIMIT = "output_limit", "code under test wrote more than the sandbox's output or file limit"
+    SANDBOX_ERROR = "sandbox_error", "the code sandbox (local or SandboxFusion) failed, not the code"
+    JUDGE_UNPARSEABLE = "judge_unparseable", "the judge's answer had no parseable score, or it refused"
+    JUDGE_ERROR = "judge_error", "the judge endpoint failed after its retries, or the deadline passed"
+    GROUP_INCOMPLETE = (
+        "group_incomplete",
+        "group normalisation needs the whole group_id group in one batch, every member scored",
+    )
 
 
 ITEM_ERROR_CODES: tuple[str, ...] = tuple(code.value for code in ItemErrorCode)
