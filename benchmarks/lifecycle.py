@@ -37,59 +37,6 @@ from rewardkit.models.offload import WeightOffloader, device_memory
 
 GiB = 1024**3
 
-# Shapes from the models' published config.json files (random init; only the bytes matter here).
-LLM_SHAPES: dict[str, dict[str, Any]] = {
-    "qwen2-0.5b": {
-        "model_type": "qwen2",
-        "hidden_size": 896,
-        "intermediate_size": 4864,
-        "num_hidden_layers": 24,
-        "num_attention_heads": 14,
-        "num_key_value_heads": 2,
-        "vocab_size": 151936,
-        "max_position_embeddings": 32768,
-        "rope_theta": 1000000.0,
-        "rms_norm_eps": 1e-6,
-        "tie_word_embeddings": True,
-    },
-    "llama-3.2-1b": {
-        "model_type": "llama",
-        "hidden_size": 2048,
-        "intermediate_size": 8192,
-        "num_hidden_layers": 16,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "head_dim": 64,
-        "vocab_size": 128256,
-        "max_position_embeddings": 131072,
-        "rope_theta": 500000.0,
-        "rms_norm_eps": 1e-5,
-        "tie_word_embeddings": True,
-    },
-    "llama-3.1-8b": {
-        "model_type": "llama",
-        "hidden_size": 4096,
-        "intermediate_size": 14336,
-        "num_hidden_layers": 32,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "vocab_size": 128256,
-        "max_position_embeddings": 131072,
-        "rope_theta": 500000.0,
-        "rms_norm_eps": 1e-5,
-        "tie_word_embeddings": False,
-    },
-    "tiny-llama": {  # --smoke
-        "model_type": "llama",
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "vocab_size": 512,
-        "max_position_embeddings": 1024,
-    },
-}
 CLIP_SHAPES = {"clip-vit-h-14", "clip-vit-l-14", "tiny-clip"}
 
 
@@ -175,10 +122,11 @@ class LlmCase:
     """A sequence-classification reward model of an LLM shape; ready = one scored batch."""
 
     def __init__(self, name: str, dtype: torch.dtype, device: str) -> None:
-        from transformers import AutoConfig, AutoModelForSequenceClassification
+        from transformers import AutoModelForSequenceClassification
 
-        spec = dict(LLM_SHAPES[name])
-        config = AutoConfig.for_model(spec.pop("model_type"), **spec, num_labels=1, pad_token_id=0)
+        from rewardkit.models.tiny import tiny_config  # the published shapes (random init)
+
+        config = tiny_config(name, num_labels=1, pad_token_id=0)
         torch.manual_seed(0)
         with torch.device(device):
             self.model = AutoModelForSequenceClassification.from_config(config, dtype=dtype).eval()
