@@ -112,6 +112,11 @@ class SharedDecoder:
             entries = {id(e): e for e in (self._entries[blob] for blob in held)}
         await asyncio.gather(*(asyncio.wrap_future(e.done) for e in entries.values()))
 
+    def holds(self, blob: bytes) -> bool:
+        """True while some request holds `blob` (its decode is, or will be, in an entry)."""
+        with self._lock:
+            return blob in self._entries
+
     def release(self, blobs: Iterable[bytes]) -> None:
         with self._lock:
             for blob in blobs:

@@ -42,6 +42,7 @@ from rewardkit.serve.images import (
     ImageDecoder,
     ImageRejected,
     Preprocess,
+    decode_rgb,
     inspect_image,
 )
 from rewardkit.serve.scorers.base import ItemError, ScoreItem
@@ -305,9 +306,18 @@ class ClipScorer(ModelScorer):
             inspect_image(item.image, max_pixels=self.max_image_pixels, max_aspect=self.max_image_aspect)
         except ImageRejected as exc:
             return ItemError("bad_input", str(exc)[:300])
-        (decoded,) = self.decoder.decode([item.image])
-        if isinstance(decoded, BaseException) or decoded is None:
-            return ItemError("bad_input", f"image does not decode: {decoded}"[:300])
+        holds = getattr(self.decoder, "holds", None)
+        if holds is not None and holds(item.image):  # prefetched on arrival: read, do not redo
+            (decoded,) = self.decoder.decode([item.image])
+            if isinstance(decoded, BaseException) or decoded is None:
+                return ItemError("bad_input", f"image does not decode: {decoded}"[:300])
+            return item
+        # Not held: check with a full Pillow decode here (CPU, this admission thread), never with
+        # nvJPEG, which the scorer thread and the prefetch drainer may be using at this moment.
+        try:
+            decode_rgb(item.image, max_pixels=self.max_image_pixels, max_aspect=self.max_image_aspect)
+        except ImageRejected as exc:
+            return ItemError("bad_input", str(exc)[:300])
         return item
 
     def score_batch(self, items: list[ScoreItem]) -> list[float | ItemError]:
