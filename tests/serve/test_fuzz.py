@@ -299,12 +299,127 @@ def test_real_server_structured_requests(real, body):
     real_check(r, body if isinstance(body.get("items"), list) else None)
 
 
+def _finite_numbers(node: object) -> bool:
+    if isinstance(node, float):
+        return math.isfinite(node)
+    if isinstance(node, dict):
+        return all(_finite_numbers(v) for v in node.values())
+    if isinstance(node, list):
+        return all(_finite_numbers(v) for v in node)
+    return True
+
+
+def trainer_check(r: httpx.Response, sent_texts: list[str] | None) -> None:
+    """The trainer routes: never a 5xx; a 200 carries only finite numbers, and `len` scores
+    (the only scorer these fuzz cases can reach with text) equal the scored text's length."""
+    STATS["requests"] += 1
+    STATS["by_status"][r.status_code] = STATS["by_status"].get(r.status_code, 0) + 1
+    if r.status_code >= 500:
+        STATS["5xx"] += 1
+    assert r.status_code < 500, r.text[:300]
+    body = r.json()
+    if r.status_code != 200:
+        code = body.get("code") if isinstance(body, dict) else None
+        STATS["by_code"][str(code)] = STATS["by_code"].get(str(code), 0) + 1
+        return
+    if not _finite_numbers(body):
+        STATS["fabricated"] += 1
+        raise AssertionError(f"non-finite number in a 200: {r.text[:300]}")
+    if sent_texts is not None and isinstance(body, dict) and "scores" in body:  # /get_reward ?scorer=len
+        STATS["scores"] += len(body["scores"])
+        if body["scores"] != [float(len(t)) for t in sent_texts]:
+            STATS["fabricated"] += 1
+            raise AssertionError(f"/get_reward scores {body['scores']} for {sent_texts}")
+
+
+text_list = st.lists(st.text(max_size=12), max_size=4)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    body=st.fixed_dictionaries(
+        {"query": text_list}, optional={"prompts": text_list, "labels": st.lists(json_values, max_size=4)}
+    )
+    | json_values,
+    scorer=st.sampled_from(["len", "em", "clip", "nope", None]),
+    mode=st.sampled_from(["raw", "split", "bogus"]),
+)
+def test_real_server_openrlhf_route(real, body, scorer, mode):
+    params = {"mode": mode, **({"scorer": scorer} if scorer else {})}
+    r = real.post(
+        "/get_reward", content=json.dumps(body), params=params, headers={"content-type": "application/json"}
+    )
+    texts = body.get("query") if scorer == "len" and mode == "raw" and isinstance(body, dict) else None
+    trainer_check(r, texts)
+
+
+gateway_turn = st.fixed_dictionaries(
+    {}, optional={"text": st.text(max_size=10) | json_values, "image_b64": st.sampled_from(
+        ["", "!!", base64.b64encode(IMAGES[0][1]).decode(), base64.b64encode(IMAGES[-1][1]).decode()]) | json_values}
+)  # fmt: skip
+gateway_request = st.fixed_dictionaries(
+    {
+        "history": st.lists(gateway_turn, max_size=3) | json_values,
+        "required_rewards": st.lists(st.sampled_from(["len", "em", "clip", "nope"]), max_size=3)
+        | json_values,
+    },
+    optional={
+        "metadata": st.dictionaries(st.sampled_from(["reference", "answer", "x"]), json_values, max_size=2),
+        "request_id": st.text(max_size=5) | st.integers(),
+        "scorer_version": st.text(max_size=5),
+        "idempotency_key": st.text(max_size=6),
+    },
+)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    body=st.fixed_dictionaries(
+        {"requests": st.lists(gateway_request, max_size=3) | json_values},
+        optional={
+            "protocol_version": st.sampled_from(["1", "2", 1]),
+            "grad_mode": st.booleans() | json_values,
+        },
+    )
+    | json_values
+)
+def test_real_server_reward_gateway_route(real, body):
+    r = real.post("/score", content=json.dumps(body), headers={"content-type": "application/json"})
+    trainer_check(r, None)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    action=st.sampled_from(["offload", "onload", "drain", "bogus"]),
+    body=st.fixed_dictionaries(
+        {},
+        optional={
+            "scorers": st.lists(st.sampled_from(["nope", "", "x" * 200]), min_size=1, max_size=2)
+            | json_values,
+            "timeout_s": json_values,
+        },  # fmt: skip
+    )
+    | json_values,
+)
+def test_real_server_lifecycle_routes_refuse_bad_bodies(real, action, body):
+    """Only bodies that cannot name a hosted scorer: the fuzz must not offload or drain the server
+    the other fuzz tests score on (docs/lifecycle.md tests the real transitions)."""
+    if isinstance(body, dict | list) and (body == {} or "scorers" not in body or body.get("scorers") is None):
+        body = {"scorers": ["nope"], **(body if isinstance(body, dict) else {})}
+        body["scorers"] = ["nope"]
+    r = real.post(
+        f"/v1/lifecycle/{action}", content=json.dumps(body), headers={"content-type": "application/json"}
+    )
+    trainer_check(r, None)
+    assert real.get("/health/ready").status_code == 200
+
+
 def test_real_server_fuzz_counts(real):
     """Runs after the fuzz tests above (file order): no 5xx, no fabricated score, metrics agree."""
     text = real.get("/metrics").text
     # (the start-up readiness polls answered 503 before the scorers loaded: not fuzz answers)
-    score_route = re.compile(r'rewardkit_requests_total\{.*route="/v1/score",status="5')
-    fives = [line for line in text.splitlines() if score_route.match(line)]
+    five = re.compile(r'rewardkit_requests_total\{.*status="5')
+    fives = [line for line in text.splitlines() if five.match(line) and 'route="/health/ready"' not in line]
     print(f"\nreal-server fuzz: {STATS}")
     assert STATS["requests"] >= 300 and STATS["5xx"] == 0 and STATS["fabricated"] == 0, STATS
     assert not fives, fives
