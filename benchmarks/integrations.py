@@ -1,0 +1,184 @@
+"""Per-call overhead of each trainer route against `POST /v1/score`, for the same items.
+
+One `rewardkit serve --config` process hosts a text reward model (`hf_seqcls`; `tiny-text-rm`
+on CPU, a real shape with `--shape` on a GPU). Every route scores the same items, 64 per call,
+from 16 concurrent callers (threads, closed loop, `--seconds` each after a warm-up):
+
+  v1_score   `POST /v1/score` through rewardkit's own client (the reference)
+  openrlhf   `POST /get_reward` with 64 queries, `mode=split` (prompt + response re-rendered)
+  gateway    `POST /score`, protocol "1", 64 requests of one text turn pair each
+  trl        `integrations.trl.RemoteReward(prompts, completions)` as GRPOTrainer calls it
+  verl       `integrations.verl.compute_score_batch(...)` as verl's batch manager calls it
+
+Routes are interleaved over `--rounds` rounds (rotated order) and the median kept, so drift on
+a shared machine hits every route alike. Reported per route: items/s and the ratio to `v1_score` (goal ≥ 0.95, docs/benchmarks/integrations.md).
+
+    python3 benchmarks/integrations.py --out integrations.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import yaml
+
+from rewardkit.bench.server import running_server
+
+PROMPTS = [f"Question {k}: explain step {k % 7} of the proof in plain words." for k in range(64)]
+RESPONSES = [("The step holds because each term is bounded. " * (1 + k % 5)).strip() for k in range(64)]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--shape", default="tiny-text-rm")
+    p.add_argument("--dtype", default="fp32")
+    p.add_argument("--callers", type=int, default=16)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--seconds", type=float, default=10.0, help="measured seconds per route")
+    p.add_argument("--warmup", type=float, default=2.0)
+    p.add_argument("--routes", default="v1_score,openrlhf,gateway,trl,verl")
+    p.add_argument("--rounds", type=int, default=3, help="routes interleaved this many times; median kept")
+    return p.parse_args(argv)
+
+
+def make_calls(url: str, batch: int) -> dict:
+    """route -> a function scoring `batch` items once and returning how many it scored."""
+    from rewardkit.integrations.trl import RemoteReward
+    from rewardkit.integrations.verl import compute_score_batch
+    from rewardkit.serve.client import RewardClient
+
+    prompts, responses = PROMPTS[:batch], RESPONSES[:batch]
+    items = [
+        {"id": str(k), "prompt": p, "response": r}
+        for k, (p, r) in enumerate(zip(prompts, responses, strict=True))
+    ]
+    local = threading.local()
+
+    def http() -> httpx.Client:
+        if not hasattr(local, "http"):
+            local.http = httpx.Client(base_url=url, timeout=120)
+        return local.http
+
+    def v1_score() -> int:
+        if not hasattr(local, "client"):
+            local.client = RewardClient(url)
+        return len(local.client.score(items, ["rm"]))
+
+    def openrlhf() -> int:
+        body = {
+            "query": [p + r for p, r in zip(prompts, responses, strict=True)],
+            "prompts": prompts,
+            "labels": None,
+        }
+        r = http().post("/get_reward?scorer=rm&mode=split", json=body)
+        r.raise_for_status()
+        return len(r.json()["scores"])
+
+    def gateway() -> int:
+        reqs = [
+            {"history": [{"text": p}, {"text": r}], "required_rewards": ["rm"], "request_id": str(k)}
+            for k, (p, r) in enumerate(zip(prompts, responses, strict=True))
+        ]
+        r = http().post("/score", json={"protocol_version": "1", "requests": reqs})
+        r.raise_for_status()
+        out = r.json()
+        assert not any(out["errors"]), out["errors"]
+        return len(out["results"])
+
+    def trl() -> int:
+        if not hasattr(local, "trl"):
+            local.trl = RemoteReward(url, scorer="rm")
+        return len(local.trl(prompts=prompts, completions=responses))
+
+    def verl() -> int:
+        infos = [{"prompt": p} for p in prompts]
+        return len(
+            compute_score_batch(["bench"] * batch, responses, [None] * batch, infos, url=url, scorer="rm")
+        )
+
+    return {"v1_score": v1_score, "openrlhf": openrlhf, "gateway": gateway, "trl": trl, "verl": verl}
+
+
+def closed_loop(call, callers: int, warmup: float, seconds: float) -> float:
+    """Items/s of `callers` threads calling `call` back to back; calls finishing in the window count."""
+    start = time.perf_counter() + warmup
+    stop = start + seconds
+    counted = [0] * callers
+
+    def worker(w: int) -> None:
+        while time.perf_counter() < stop:
+            n = call()
+            if start <= time.perf_counter() <= stop:
+                counted[w] += n
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(callers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(counted) / seconds
+
+
+def main(argv=None) -> int:
+    import torch
+
+    args = parse_args(argv)
+    spec = {
+        "name": "rm",
+        "kind": "hf_seqcls",
+        "shape": args.shape,
+        "dtype": args.dtype,
+        "max_batch_size": 1024,
+        "max_wait_ms": 2.0,
+    }
+    result = {
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "torch": torch.__version__,
+            "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+            "python": platform.python_version(),
+        },
+        "command": " ".join([sys.executable, *sys.argv]),
+        "settings": {
+            "shape": args.shape,
+            "dtype": args.dtype,
+            "callers": args.callers,
+            "batch": args.batch,
+            "seconds": args.seconds,
+        },
+        "routes": {},
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = Path(tmp) / "service.yaml"
+        cfg.write_text(yaml.safe_dump({"scorers": [spec]}))
+        with running_server(["--config", str(cfg)], Path(tmp), ready_timeout_s=600) as url:
+            calls = make_calls(url, args.batch)
+            routes = args.routes.split(",")
+            rates: dict[str, list[float]] = {r: [] for r in routes}
+            for k in range(args.rounds):  # interleaved and rotated, so drift hits every route alike
+                for route in routes[k % len(routes) :] + routes[: k % len(routes)]:
+                    rates[route].append(closed_loop(calls[route], args.callers, args.warmup, args.seconds))
+                    print(f"round {k} {route:10s} {rates[route][-1]:9.1f} items/s", flush=True)
+            for route, values in rates.items():
+                result["routes"][route] = {"items_per_s": statistics.median(values), "rounds": values}
+    base = result["routes"].get("v1_score", {}).get("items_per_s")
+    for row in result["routes"].values():
+        row["vs_v1_score"] = row["items_per_s"] / base if base else None
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=2))
+    print(json.dumps({k: round(v["vs_v1_score"] or 0, 3) for k, v in result["routes"].items()}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
