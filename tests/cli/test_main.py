@@ -18,7 +18,8 @@ def test_serve_has_no_per_request_access_log_unless_asked(tmp_path, monkeypatch)
     calls = []
     # the server is built but not run (rewardkit.cli.serve.run_until_loaded runs it)
     monkeypatch.setattr(
-        "rewardkit.cli.serve.run_until_loaded", lambda app, backend, config, server: calls.append(server.config)
+        "rewardkit.cli.serve.run_until_loaded",
+        lambda app, backend, config, server: calls.append(server.config),
     )
     cfg = tmp_path / "service.yaml"
     cfg.write_text("scorers: [{name: len, kind: length}]\n")

@@ -116,7 +116,9 @@ def _wait_ready(client):
 def test_timing_headers_and_batch_metrics_match_in_process_mode(tmp_path):
     """Batching runs inside the workers; the gateway must still fill the headers and /metrics."""
     path = tmp_path / "deploy.yaml"
-    path.write_text(yaml.safe_dump({"mode": "shared", "imports": ["support.deploy_fakes"], "scorers": TIMED_SCORERS}))
+    path.write_text(
+        yaml.safe_dump({"mode": "shared", "imports": ["support.deploy_fakes"], "scorers": TIMED_SCORERS})
+    )
     backend, config = deploy_backend(path, probe=CPU)
     with TestClient(create_app(backend, config)) as client:
         _wait_ready(client)
