@@ -242,7 +242,10 @@ def test_killing_the_supervisor_takes_workers_and_mps_down(fake_mps, tmp_path):
     sup.send_signal(signal.SIGKILL)
     sup.wait()
     deadline = time.monotonic() + 30
-    while any(os.path.exists(state[d]) for d in ("pipe", "run")) or any(pid_alive(p) for p in state["pids"]):
+    # the watchdog removes the pipe and run dirs, then the log dir: wait for all three
+    while any(os.path.exists(state[d]) for d in ("pipe", "run", "log")) or any(
+        pid_alive(p) for p in state["pids"]
+    ):
         assert time.monotonic() < deadline, "watchdog did not clean up"
         time.sleep(0.1)
     assert not Path(state["log"]).exists()
