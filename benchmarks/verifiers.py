@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import json
 import os
 import platform
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 
 import httpx
+
+from rewardkit.bench.server import running_server
 
 WORDS = [
     "we",
@@ -130,16 +132,17 @@ def bench_math_in_thread(data: list[tuple[str, str]]) -> dict:
     }
 
 
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+@contextlib.contextmanager
+def served(cfg: dict):
+    """`rewardkit serve --config` for `cfg`, through the project's one server lifecycle; yields its URL."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "service.yaml"
+        path.write_text(json.dumps(cfg))  # JSON is YAML
+        with running_server(["--config", str(path)], Path(tmp), ready_timeout_s=120) as url:
+            yield url
 
 
 def bench_math_http(data: list[tuple[str, str]], workers: int) -> dict:
-    port = free_port()
     cfg = {
         "scorers": [
             {
@@ -151,17 +154,7 @@ def bench_math_http(data: list[tuple[str, str]], workers: int) -> dict:
             }
         ]
     }
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-        json.dump(cfg, f)  # JSON is YAML
-    exe = Path(sys.executable).with_name("rewardkit")
-    proc = subprocess.Popen(
-        [str(exe), "serve", "--config", f.name, "--port", str(port), "--log-level", "warning"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_ready(url, proc)
+    with served(cfg) as url:
         items = [{"id": str(i), "response": r, "reference": ref} for i, (r, ref) in enumerate(data)]
         client = httpx.Client(timeout=60, limits=httpx.Limits(max_connections=16))
 
@@ -186,13 +179,6 @@ def bench_math_http(data: list[tuple[str, str]], workers: int) -> dict:
             "latency_batch1_p50_ms": statistics.median(lat),
             "latency_batch1_p99_ms": pct(lat, 99),
         }
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        os.unlink(f.name)
 
 
 def _fake_engine(latency_s: float) -> tuple[object, str]:
@@ -263,7 +249,6 @@ def bench_judge_fake(n: int, concurrency: int, latency_s: float) -> dict:
 
     direct_rate = asyncio.run(direct(concurrency, n))
     one_in_flight = asyncio.run(direct(1, max(20, n // 16)))
-    port = free_port()
     cfg = {
         "scorers": [
             {
@@ -275,39 +260,24 @@ def bench_judge_fake(n: int, concurrency: int, latency_s: float) -> dict:
             }
         ]
     }
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-        json.dump(cfg, f)
-    exe = Path(sys.executable).with_name("rewardkit")
-    proc = subprocess.Popen(
-        [str(exe), "serve", "--config", f.name, "--port", str(port), "--log-level", "warning"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
     try:
-        _wait_ready(url, proc)
-        items = [
-            {"id": str(i), "prompt": p, "response": "Because of Rayleigh scattering."}
-            for i, p in enumerate(prompts)
-        ]
-        client = httpx.Client(timeout=120, limits=httpx.Limits(max_connections=16))
+        with served(cfg) as url:
+            items = [
+                {"id": str(i), "prompt": p, "response": "Because of Rayleigh scattering."}
+                for i, p in enumerate(prompts)
+            ]
+            client = httpx.Client(timeout=120, limits=httpx.Limits(max_connections=16))
 
-        def post(batch):
-            r = client.post(url + "/v1/score", json={"scorers": ["judge"], "items": batch})
-            r.raise_for_status()
-            assert all("judge" in x["scores"] for x in r.json()["results"])
+            def post(batch):
+                r = client.post(url + "/v1/score", json={"scorers": ["judge"], "items": batch})
+                r.raise_for_status()
+                assert all("judge" in x["scores"] for x in r.json()["results"])
 
-        t0 = time.perf_counter()
-        with concurrent.futures.ThreadPoolExecutor(8) as pool:
-            list(pool.map(post, [items[i : i + 16] for i in range(0, n, 16)]))
-        through = n / (time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            with concurrent.futures.ThreadPoolExecutor(8) as pool:
+                list(pool.map(post, [items[i : i + 16] for i in range(0, n, 16)]))
+            through = n / (time.perf_counter() - t0)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        os.unlink(f.name)
         server.shutdown()
     return {
         "engine_latency_ms": latency_s * 1e3,
@@ -319,19 +289,6 @@ def bench_judge_fake(n: int, concurrency: int, latency_s: float) -> dict:
         "through_over_direct": through / direct_rate,
         "through_over_one_in_flight": through / one_in_flight,
     }
-
-
-def _wait_ready(url: str, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            if httpx.get(url + "/health/ready", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline or proc.poll() is not None:
-            raise RuntimeError("rewardkit serve did not become ready")
-        time.sleep(0.2)
 
 
 def bench_sandbox(isolation: str, n: int, concurrency: int) -> dict:
