@@ -89,8 +89,10 @@ def test_padded_buckets_equal_a_plain_forward():
         return model(input_ids=input_ids, attention_mask=attention_mask).logits[:, 0]
 
     with torch.no_grad():
-        scores = padded_scores(forward, seqs, pad_token_id=0, max_batch_tokens=200, device="cpu")
+        scores, slots = padded_scores(forward, seqs, pad_token_id=0, max_batch_tokens=200, device="cpu")
     torch.testing.assert_close(scores, reference(model, seqs), atol=1e-5, rtol=0)
+    buckets = length_buckets([len(s) for s in seqs], 200)
+    assert slots == sum(len(b) * max(len(seqs[i]) for i in b) for b in buckets)
 
 
 def test_prefix_groups_keep_a_token_of_their_own_and_need_the_minimum():

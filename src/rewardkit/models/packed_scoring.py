@@ -186,11 +186,14 @@ def padded_scores(
     pad_token_id: int,
     max_batch_tokens: int,
     device: torch.device | str,
-) -> torch.Tensor:
-    """Scores through `forward(input_ids, attention_mask, lengths)` on right-padded length buckets."""
+) -> tuple[torch.Tensor, int]:
+    """(scores, token slots computed) through `forward(input_ids, attention_mask, lengths)` on
+    right-padded length buckets; the slots minus the real tokens are the padding."""
     out = torch.empty(len(seqs), dtype=torch.float32)
+    slots = 0
     for bucket in length_buckets([len(s) for s in seqs], max_batch_tokens):
         width = max(len(seqs[i]) for i in bucket)
+        slots += width * len(bucket)
         input_ids = torch.full((len(bucket), width), pad_token_id, dtype=torch.long)
         mask = torch.zeros((len(bucket), width), dtype=torch.long)
         for row, i in enumerate(bucket):
@@ -199,4 +202,4 @@ def padded_scores(
         lengths = mask.sum(1)
         scores = forward(input_ids.to(device), mask.to(device), lengths.to(device))
         out[torch.tensor(bucket)] = scores.float().cpu()
-    return out
+    return out, slots

@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from rewardkit.core.errors import ConfigError, RewardkitError
-from rewardkit.models.packed_scoring import length_buckets, packed_scores, padded_scores, plan_packed
+from rewardkit.models.packed_scoring import packed_scores, padded_scores, plan_packed
 from rewardkit.serve.scorers.base import RAW_TEXT, ItemError, ScoreItem
 from rewardkit.serve.scorers.common import (
     ModelScorer,
@@ -253,16 +253,12 @@ class SeqClsScorer(ModelScorer):
                 scores, computed = self._packed(seqs)
                 self._stats = {"real": real, "computed": computed, "padding": 0, "shared": real - computed}
             else:
-                scores = padded_scores(
+                scores, computed = padded_scores(
                     self._forward,
                     seqs,
                     pad_token_id=self.tokenizer.pad_token_id,
                     max_batch_tokens=self.max_batch_tokens,
                     device=self.device,
-                )
-                computed = sum(
-                    len(b) * max(len(seqs[i]) for i in b)
-                    for b in length_buckets([len(s) for s in seqs], self.max_batch_tokens)
                 )
                 self._stats = {"real": real, "computed": computed, "padding": computed - real, "shared": 0}
         for k, v in zip(rows, scores.tolist(), strict=True):
