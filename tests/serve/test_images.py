@@ -43,6 +43,64 @@ def test_decode_rgb_refuses_or_decodes_each_case(name, data, want):
         assert pixels.dtype.__str__() == "torch.uint8" and pixels.shape[0] == 3
 
 
+@pytest.mark.parametrize(
+    ("mode", "kw"),
+    [
+        ("RGB", {"subsampling": 0}),
+        ("RGB", {"subsampling": 1}),
+        ("RGB", {"subsampling": 2}),
+        ("RGB", {"progressive": True}),
+        ("L", {}),
+        ("CMYK", {}),
+    ],
+)
+def test_strict_jpeg_decode_gives_pillows_pixels(mode, kw):
+    """The strict libjpeg-turbo decode replaced Pillow's for JPEGs: same pixels, bit for bit
+    (CMYK keeps Pillow's conversion after the strict check)."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    buf = io.BytesIO()
+    noise((67, 45), 21, mode).save(buf, format="JPEG", quality=88, **kw)
+    data = buf.getvalue()
+    with Image.open(io.BytesIO(data)) as img:
+        want = np.asarray(img.convert("RGB"))
+    got = decode_rgb(data).permute(1, 2, 0).numpy()
+    assert got.shape == want.shape and (got == want).all()
+
+
+def test_the_device_decode_path_checks_jpegs_strictly_before_nvjpeg():
+    """nvJPEG fills a cut stream with grey like libjpeg does: the strict CPU check runs first, so
+    a JPEG cut short with its end marker put back never reaches the GPU decoder."""
+    import torch
+
+    class FakeNvjpeg:  # stands in for torchvision.io on a GPU: decodes anything it is given
+        ImageReadMode = type("M", (), {"RGB": "RGB"})
+        seen: list[int] = []
+
+        def decode_jpeg(self, tensors, mode, device):
+            items = tensors if isinstance(tensors, list) else [tensors]
+            self.seen.extend(len(t) for t in items)
+            out = [torch.zeros(3, 8, 8, dtype=torch.uint8) for _ in items]
+            return out if isinstance(tensors, list) else out[0]
+
+    import io
+
+    buf = io.BytesIO()
+    noise((320, 240), 1).save(buf, format="JPEG", quality=90)
+    good = buf.getvalue()
+    cut = good[: len(good) // 2] + b"\xff\xd9"
+    inspect_image(cut)  # the header check passes it: only the strict decode can tell
+    decoder = ImageDecoder("cpu", threads=1)
+    decoder._tvio = FakeNvjpeg()
+    good_out, cut_out = decoder.decode([good, cut])
+    assert isinstance(good_out, torch.Tensor)
+    assert isinstance(cut_out, ImageRejected) and "corrupt JPEG" in str(cut_out)
+    assert decoder._tvio.seen == [len(good)]
+
+
 def test_bombs_are_refused_from_the_header_without_decoding(monkeypatch):
     from PIL import ImageFile
 

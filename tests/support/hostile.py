@@ -56,6 +56,11 @@ def jpeg_bomb(width: int = 65_000, height: int = 65_000) -> bytes:
     return bytes(data)
 
 
+def _progressive_half() -> bytes:
+    data = _save(noise((320, 240), 13), "JPEG", quality=90, progressive=True)
+    return data[: len(data) // 2] + b"\xff\xd9"
+
+
 def hostile_images() -> list[tuple[str, bytes, str]]:
     jpeg = _save(noise((320, 240), 1), "JPEG", quality=90)
     png = _save(noise((200, 150), 2), "PNG")
@@ -67,9 +72,19 @@ def hostile_images() -> list[tuple[str, bytes, str]]:
         ("jpeg without its last 2 bytes (EOI)", jpeg[:-2], "bad_input"),
         ("jpeg without its last byte", jpeg[:-1], "bad_input"),
         ("png without its IEND chunk", png[:-12], "bad_input"),
-        # well-formed but short: libjpeg fills the missing scan with grey and reports no error, so
-        # this one cannot be told from a real picture (documented in docs/reliability.md)
-        ("jpeg cut at 50% with its EOI marker re-appended", jpeg[: len(jpeg) // 2] + b"\xff\xd9", "score"),
+        # well-formed but short: libjpeg fills the missing scan with grey and only warns; the strict
+        # decode (serve.images.strict_jpeg) turns that warning into a refusal
+        (
+            "jpeg cut at 50% with its EOI marker re-appended",
+            jpeg[: len(jpeg) // 2] + b"\xff\xd9",
+            "bad_input",
+        ),
+        (
+            "jpeg cut at 90% with its EOI marker re-appended",
+            jpeg[: len(jpeg) * 9 // 10] + b"\xff\xd9",
+            "bad_input",
+        ),
+        ("progressive jpeg cut at 50% with its EOI marker re-appended", _progressive_half(), "bad_input"),
         (
             "png cut at 50% with an IEND chunk re-appended",
             png[: len(png) // 2] + _png_chunk(b"IEND", b""),

@@ -40,6 +40,29 @@ class ImageRejected(ValueError):
     """An image refused by its header or its decode; the item fails alone (`bad_input`)."""
 
 
+_STRICT_JPEG_SPACES = ("YCbCr", "Gray", "RGB")
+"""Colour spaces whose strict libjpeg-turbo decode gives Pillow's pixels exactly (tested); CMYK and
+YCCK keep Pillow's conversion (Adobe inversion) after a strict check."""
+
+
+def strict_jpeg(data: bytes, *, pixels: bool = True):
+    """Decode a JPEG with libjpeg-turbo in strict mode (`simplejpeg`): any libjpeg warning, such as
+    corrupt or missing entropy-coded data, is an `ImageRejected`. Returns HWC uint8 RGB pixels, or
+    None when `pixels` is False or the colour space is left to Pillow (CMYK/YCCK). With
+    `pixels=False` the stream is still Huffman-decoded in full but only at 1/8 scale (the cheap
+    check run before nvJPEG, which would fill the gap silently)."""
+    import simplejpeg
+
+    try:
+        colour = simplejpeg.decode_jpeg_header(data)[2]
+        if not pixels or colour not in _STRICT_JPEG_SPACES:
+            simplejpeg.decode_jpeg(data, colorspace="RGB", strict=True, min_height=1, min_width=1)
+            return None
+        return simplejpeg.decode_jpeg(data, colorspace="RGB", strict=True)
+    except ValueError as exc:
+        raise ImageRejected(f"corrupt JPEG: {exc}"[:300]) from None
+
+
 def inspect_image(
     data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, max_aspect: float = DEFAULT_MAX_ASPECT
 ) -> tuple[int, int, str]:
@@ -78,14 +101,19 @@ def inspect_image(
 def decode_rgb(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, max_aspect: float = DEFAULT_MAX_ASPECT):
     """Checked full decode with Pillow → uint8 CHW RGB tensor; `ImageRejected` if it cannot be.
 
-    The header is checked first (`inspect_image`), then every pixel is decoded (`load()`), so a
-    stream that stops or is corrupt raises here. 16-bit greyscale keeps its top 8 bits (Pillow's
+    The header is checked first (`inspect_image`), then every pixel is decoded (a JPEG strictly by
+    `strict_jpeg`, everything else by Pillow's `load()`), so a stream that stops or is corrupt
+    raises here. 16-bit greyscale keeps its top 8 bits (Pillow's
     own conversion would clip it to white); animated images give their first frame."""
     import numpy as np
     import torch
     from PIL import Image
 
-    inspect_image(data, max_pixels=max_pixels, max_aspect=max_aspect)
+    _, _, fmt = inspect_image(data, max_pixels=max_pixels, max_aspect=max_aspect)
+    if fmt == "JPEG":
+        arr = strict_jpeg(data)
+        if arr is not None:
+            return torch.from_numpy(arr.copy()).permute(2, 0, 1)
     try:
         with Image.open(io.BytesIO(data)) as img:
             img.load()
@@ -175,6 +203,14 @@ class Preprocess:
         return ((batch - mean) / std).to(dtype)
 
 
+def _strict_check(data: bytes) -> ImageRejected | None:
+    try:
+        strict_jpeg(data, pixels=False)
+    except ImageRejected as exc:
+        return exc
+    return None
+
+
 def _pil_decode(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, max_aspect: float = DEFAULT_MAX_ASPECT):
     return decode_rgb(data, max_pixels=max_pixels, max_aspect=max_aspect)
 
@@ -224,6 +260,12 @@ class ImageDecoder:
             import torch
 
             jpeg = [i for i in todo if blobs[i][:2] == _JPEG_SOI]
+            # nvJPEG, like Pillow, fills a stream cut short with grey: check strictly on the CPU
+            # first (1/8-scale libjpeg-turbo decode, every coefficient read) and refuse on a warning.
+            for i, checked in zip(jpeg, self._pool.map(_strict_check, [blobs[i] for i in jpeg]), strict=True):
+                if checked is not None:
+                    results[i] = checked
+            jpeg = [i for i in jpeg if results[i] is None]
             if jpeg:
                 tensors = [torch.frombuffer(bytearray(blobs[i]), dtype=torch.uint8) for i in jpeg]
                 mode = self._tvio.ImageReadMode.RGB
