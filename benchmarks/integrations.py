@@ -46,6 +46,12 @@ def parse_args(argv=None):
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--seconds", type=float, default=10.0, help="measured seconds per route")
     p.add_argument("--warmup", type=float, default=2.0)
+    p.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="client processes the callers are spread over (threads in each)",
+    )
     p.add_argument("--routes", default="v1_score,openrlhf,gateway,trl,verl")
     p.add_argument("--rounds", type=int, default=3, help="routes interleaved this many times; median kept")
     return p.parse_args(argv)
@@ -109,9 +115,11 @@ def make_calls(url: str, batch: int) -> dict:
     return {"v1_score": v1_score, "openrlhf": openrlhf, "gateway": gateway, "trl": trl, "verl": verl}
 
 
-def closed_loop(call, callers: int, warmup: float, seconds: float) -> float:
-    """Items/s of `callers` threads calling `call` back to back; calls finishing in the window count."""
-    start = time.perf_counter() + warmup
+def closed_loop(call, callers: int, warmup: float, seconds: float, start: float | None = None) -> float:
+    """Items/s of `callers` threads calling `call` back to back; calls finishing in the window count.
+    `start` (a `time.perf_counter()` instant, system-wide monotonic on Linux) lets several client
+    processes share one window."""
+    start = (time.perf_counter() + warmup) if start is None else start
     stop = start + seconds
     counted = [0] * callers
 
@@ -127,6 +135,31 @@ def closed_loop(call, callers: int, warmup: float, seconds: float) -> float:
     for t in threads:
         t.join()
     return sum(counted) / seconds
+
+
+_CALLS: dict = {}
+
+
+def _process_loop(job: tuple[str, int, float, float]) -> float:
+    route, callers, start, seconds = job
+    return closed_loop(_CALLS[route], callers, 0.0, seconds, start=start)
+
+
+def multi_process_loop(
+    calls: dict, route: str, callers: int, processes: int, warmup: float, seconds: float
+) -> float:
+    """`callers` spread over `processes` forked client processes (threads within each), so the
+    client's own GIL (JSON encoding, httpx) does not cap what a fast server can show."""
+    import multiprocessing as mp
+
+    if processes <= 1:
+        return closed_loop(calls[route], callers, warmup, seconds)
+    _CALLS.update(calls)
+    start = time.perf_counter() + warmup + 1.0  # 1 s for the forks to come up
+    share = [callers // processes + (1 if k < callers % processes else 0) for k in range(processes)]
+    with mp.get_context("fork").Pool(processes) as pool:
+        rates = pool.map(_process_loop, [(route, n, start, seconds) for n in share if n])
+    return sum(rates)
 
 
 def main(argv=None) -> int:
@@ -153,6 +186,7 @@ def main(argv=None) -> int:
             "shape": args.shape,
             "dtype": args.dtype,
             "callers": args.callers,
+            "processes": args.processes,
             "batch": args.batch,
             "seconds": args.seconds,
         },
@@ -167,7 +201,11 @@ def main(argv=None) -> int:
             rates: dict[str, list[float]] = {r: [] for r in routes}
             for k in range(args.rounds):  # interleaved and rotated, so drift hits every route alike
                 for route in routes[k % len(routes) :] + routes[: k % len(routes)]:
-                    rates[route].append(closed_loop(calls[route], args.callers, args.warmup, args.seconds))
+                    rates[route].append(
+                        multi_process_loop(
+                            calls, route, args.callers, args.processes, args.warmup, args.seconds
+                        )
+                    )
                     print(f"round {k} {route:10s} {rates[route][-1]:9.1f} items/s", flush=True)
             for route, values in rates.items():
                 result["routes"][route] = {"items_per_s": statistics.median(values), "rounds": values}

@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/run_h200.sh OUT SECTION...     SECTION: tests train_rm train_dpo clip_forward serve profile
 #                                                  clip_forward_towers serve_graphs serve_decode
-#                                                  serve_pipeline serve_http train_dpo_gc train_dpo_lora
+#                                                  serve_pipeline serve_http train_dpo_gc train_dpo_lora integrations
 #                                                  qualify_fp16 qualify_bf16 qualify_fp32 qualify_mps_bf16
 #
 # Run from the repository root on the GPU machine, with the carried wheels installed
@@ -94,6 +94,9 @@ for section in "$@"; do
         plan=${section#qualify_}
         step "qualify-$plan" 450 python3 -m rewardkit qualify --plan "benchmarks/qualify_h200_$plan.yaml" \
             --out "$OUT/qualify/$plan" ;;
+    integrations)  # each trainer route against /v1/score, Qwen2-0.5B-shaped RM in bf16 (issue 21)
+        step integrations 280 python3 benchmarks/integrations.py --shape qwen2-0.5b --dtype bf16 \
+            --seconds 8 --warmup 2 --rounds 3 --processes 4 --out "$OUT/integrations/h200_qwen2_0.5b_bf16.json" ;;
     *) echo "unknown section $section" >> "$OUT/times.log" ;;
     esac
 done
