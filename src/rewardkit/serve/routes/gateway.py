@@ -166,7 +166,9 @@ def gateway_router(ctx: RouteContext) -> APIRouter:
                             f"{dict(zip(r.required_rewards, pinned, strict=True))} is served "
                             "(a pin needs exactly one required reward)",
                         )
-            prints = [_fingerprint(r) for r in reqs]
+            # only keyed requests are fingerprinted: a dump + sort + sha256 per request doubled this
+            # route's per-item cost for the common, unkeyed case (docs/benchmarks/integrations.md)
+            prints = [_fingerprint(r) if r.idempotency_key else "" for r in reqs]
             results: list[dict[str, dict[str, float]] | None] = [None] * len(reqs)
             first_of_key: dict[str, int] = {}
             for i, r in enumerate(reqs):
