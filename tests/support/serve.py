@@ -104,11 +104,12 @@ register_scorer("recording", RecordingScorer)
 
 
 class LiveServer:
-    """The app under a real uvicorn on 127.0.0.1:<free port>, in a daemon thread, bounded waits."""
+    """The app under a real uvicorn on 127.0.0.1:<free port>, in a daemon thread, bounded waits.
+    `backend`: what `rewardkit serve --deploy` builds (the gateway, Ray); default in-process."""
 
-    def __init__(self, config: ServiceConfig, *, wait_ready: bool = True) -> None:
+    def __init__(self, config: ServiceConfig, *, backend: Any = None, wait_ready: bool = True) -> None:
         self.config = config
-        self.backend = InProcessBackend(config)
+        self.backend = backend if backend is not None else InProcessBackend(config)
         self.app = create_app(self.backend, config)
         self.wait_ready = wait_ready
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

@@ -446,6 +446,17 @@ class ScorerLifecycle:
 # --- every scorer of a process ------------------------------------------------------------------
 
 
+def select_names(names: list[str] | None, known: list[str]) -> list[str]:
+    """The scorers an action names, once each (None or empty: all `known`). An unknown name is
+    422 `unknown_scorer`: every backend (in-process, --deploy, Ray) refuses it the same way."""
+    if not names:
+        return list(known)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ServeError("unknown_scorer", f"unknown scorers {unknown}; known: {sorted(known)}")
+    return list(dict.fromkeys(names))
+
+
 class Lifecycle:
     """The lifecycle of every hosted scorer, by name."""
 
@@ -457,12 +468,7 @@ class Lifecycle:
 
     def select(self, names: list[str] | None) -> list[ScorerLifecycle]:
         """The named scorers (None or empty: all). An unknown name is 422 `unknown_scorer`."""
-        if not names:
-            return list(self.scorers.values())
-        unknown = [n for n in names if n not in self.scorers]
-        if unknown:
-            raise ServeError("unknown_scorer", f"unknown scorers {unknown}; known: {sorted(self.scorers)}")
-        return [self.scorers[n] for n in dict.fromkeys(names)]
+        return [self.scorers[n] for n in select_names(names, list(self.scorers))]
 
     def admit(self, name: str) -> contextlib.AbstractAsyncContextManager[None]:
         machine = self.scorers.get(name)
