@@ -112,7 +112,7 @@ class GatewayBackend:
             )
         self.run_dir = tempfile.mkdtemp(prefix="rkdeploy-", dir="/tmp")  # short: sun_path is 108 bytes
         service_extra = {k: v for k, v in config.service.items() if k == "limits"}
-        self.request_timeout_s = float((config.service.get("limits") or {}).get("request_timeout_s", 120.0))
+        self.request_timeout_s = config.request_timeout_s
         self.supervisor = Supervisor(
             config.worker_plans(),
             run_dir=self.run_dir,
