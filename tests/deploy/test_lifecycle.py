@@ -87,9 +87,9 @@ def _parked_readiness(server) -> list[dict]:
     assert refused.status_code == 503 and refused.json()["code"] == "offloaded"
     assert refused.headers["retry-after"] == "1"
     post("onload", "slow")
-    post("drain", "fast")
+    post("drain", "slow")
     bodies.append(ready())
-    post("onload", "fast")
+    post("onload", "slow")
     bodies.append(ready())
     return bodies
 
@@ -97,7 +97,6 @@ def _parked_readiness(server) -> list[dict]:
 ITEM = [{"id": "1", "prompt": "p", "response": "abc"}]
 PARKING_SCORERS = [
     {"name": "slow", "kind": "rk_test_sleep", "options": {"delay_s": 0.05}},
-    {"name": "fast", "kind": "rk_test_sleep"},
     {"name": "idle", "kind": "rk_test_sleep", "residency": "per_call", "idle_offload_s": 0.3},
 ]
 
@@ -117,8 +116,8 @@ def test_deploy_health_ready_lists_parked_scorers_like_config_mode(tmp_path):
         in_process = _parked_readiness(server)
     assert deployed == in_process  # the same bodies in both modes
     assert [b["scorers"] for b in deployed] == [
-        {"slow": "ready", "fast": "ready", "idle": "offloaded"},
-        {"slow": "offloaded", "fast": "ready", "idle": "offloaded"},
-        {"slow": "ready", "fast": "draining", "idle": "offloaded"},
-        {"slow": "ready", "fast": "ready", "idle": "offloaded"},
+        {"slow": "ready", "idle": "offloaded"},
+        {"slow": "offloaded", "idle": "offloaded"},
+        {"slow": "draining", "idle": "offloaded"},
+        {"slow": "ready", "idle": "offloaded"},
     ]
