@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -30,3 +32,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture
+def ray_env(monkeypatch):
+    """A private temp dir for a local Ray (tests/deploy): Ray puts Unix sockets under it, so it
+    is short; replicas get this process's sys.path (they import `support.deploy_fakes`)."""
+    temp = tempfile.mkdtemp(prefix="rkray-", dir="/tmp")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in sys.path if p))
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    yield temp
+    shutil.rmtree(temp, ignore_errors=True)

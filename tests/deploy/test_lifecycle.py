@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
+import httpx
 import pytest
+import yaml
 
 from rewardkit.deploy.config import parse_deploy_config
 from rewardkit.deploy.gateway import GatewayBackend
+from rewardkit.deploy.launch import deploy_backend
+from rewardkit.serve.config import config_from_dict
 from rewardkit.serve.errors import ServeError
 from support.deploy_fakes import CPU, FAST, items
+from support.serve import LiveServer
 
 
 def test_gateway_forwards_lifecycle_to_the_scorer_worker_and_workers_stay_healthy():
@@ -53,3 +59,65 @@ def test_gateway_forwards_lifecycle_to_the_scorer_worker_and_workers_stay_health
             await gw.stop()
 
     asyncio.run(go())
+
+
+def _parked_readiness(server) -> list[dict]:
+    """/health/ready once a per_call scorer has offloaded itself when idle, then after an
+    offload, a drain and onloads through HTTP: the bodies, in order."""
+    bodies = []
+
+    def post(action, scorer):
+        r = httpx.post(f"{server.url}/v1/lifecycle/{action}", params={"scorer": scorer}, timeout=60)
+        assert r.status_code == 200, r.text
+
+    def ready():
+        r = httpx.get(server.url + "/health/ready", timeout=10)
+        assert r.status_code == 200, r.text  # parked on purpose: healthy
+        return r.json()
+
+    # per_call offloads itself after idle_offload_s; under --deploy the gateway hears it on a heartbeat
+    deadline = time.monotonic() + 20
+    while ready()["scorers"]["idle"] != "offloaded":
+        assert time.monotonic() < deadline, ready()
+        time.sleep(0.1)
+    bodies.append(ready())
+    post("offload", "slow")
+    bodies.append(ready())
+    refused = httpx.post(server.url + "/v1/score", json={"scorers": ["slow"], "items": ITEM}, timeout=30)
+    assert refused.status_code == 503 and refused.json()["code"] == "offloaded"
+    assert refused.headers["retry-after"] == "1"
+    post("onload", "slow")
+    post("drain", "slow")
+    bodies.append(ready())
+    post("onload", "slow")
+    bodies.append(ready())
+    return bodies
+
+
+ITEM = [{"id": "1", "prompt": "p", "response": "abc"}]
+PARKING_SCORERS = [
+    {"name": "slow", "kind": "rk_test_sleep", "options": {"delay_s": 0.05}},
+    {"name": "idle", "kind": "rk_test_sleep", "residency": "per_call", "idle_offload_s": 0.3},
+]
+
+
+def test_deploy_health_ready_lists_parked_scorers_like_config_mode(tmp_path):
+    path = tmp_path / "deploy.yaml"
+    path.write_text(
+        yaml.safe_dump({"mode": "shared", "imports": ["support.deploy_fakes"], "scorers": PARKING_SCORERS})
+    )
+    backend, config = deploy_backend(path, probe=CPU)
+    backend.settings.health_interval_s = 0.2
+    with LiveServer(config, backend=backend) as server:
+        deployed = _parked_readiness(server)
+        assert all(w["state"] == "ready" for w in backend.deployment()["workers"])  # parked, not sick
+    service = config_from_dict({"scorers": PARKING_SCORERS})
+    with LiveServer(service) as server:
+        in_process = _parked_readiness(server)
+    assert deployed == in_process  # the same bodies in both modes
+    assert [b["scorers"] for b in deployed] == [
+        {"slow": "ready", "idle": "offloaded"},
+        {"slow": "offloaded", "idle": "offloaded"},
+        {"slow": "draining", "idle": "offloaded"},
+        {"slow": "ready", "idle": "offloaded"},
+    ]

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
-import sys
-import tempfile
 import time
 
 import pytest
@@ -21,18 +18,6 @@ from rewardkit.serve.scorers.base import ItemError, ScoreItem
 from rewardkit.serve.timing import RequestTiming, current_timing
 
 CPU = DeviceProbe(cuda_available=False, gpu_count=0, control_binary=None)
-
-
-@pytest.fixture
-def ray_env(monkeypatch):
-    # Ray puts Unix sockets under its temp dir: keep it short, and private to this test.
-    temp = tempfile.mkdtemp(prefix="rkray-", dir="/tmp")
-    monkeypatch.setenv(
-        "PYTHONPATH", os.pathsep.join(p for p in sys.path if p)
-    )  # replicas import deploy_fakes
-    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
-    yield temp
-    shutil.rmtree(temp, ignore_errors=True)
 
 
 def test_ray_backend_scores_batches_and_reports_lost_replicas(ray_env):

@@ -104,11 +104,20 @@ register_scorer("recording", RecordingScorer)
 
 
 class LiveServer:
-    """The app under a real uvicorn on 127.0.0.1:<free port>, in a daemon thread, bounded waits."""
+    """The app under a real uvicorn on 127.0.0.1:<free port>, in a daemon thread, bounded waits.
+    `backend`: what `rewardkit serve --deploy` builds (the gateway, Ray); default in-process."""
 
-    def __init__(self, config: ServiceConfig, *, wait_ready: bool = True) -> None:
+    def __init__(
+        self,
+        config: ServiceConfig,
+        *,
+        backend: Any = None,
+        wait_ready: bool = True,
+        ready_timeout_s: float = 60,
+    ) -> None:
         self.config = config
-        self.backend = InProcessBackend(config)
+        self.ready_timeout_s = ready_timeout_s
+        self.backend = backend if backend is not None else InProcessBackend(config)
         self.app = create_app(self.backend, config)
         self.wait_ready = wait_ready
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -120,7 +129,7 @@ class LiveServer:
 
     def __enter__(self) -> LiveServer:
         self._thread.start()
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + self.ready_timeout_s
         while not self.server.started:
             if time.monotonic() > deadline or not self._thread.is_alive():
                 raise RuntimeError("uvicorn did not start")

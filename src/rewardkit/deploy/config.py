@@ -183,6 +183,11 @@ class DeployConfig(ConfigModel):
             return len(self.scorers) > 1
         return False
 
+    @property
+    def request_timeout_s(self) -> float:
+        """The service's `limits.request_timeout_s` (checked by the serve config; 120 if unset)."""
+        return float((self.service.get("limits") or {}).get("request_timeout_s", 120.0))
+
     def service_dict(self) -> dict[str, Any]:
         """The plain service config (what `rewardkit serve --config` would read)."""
         return {**self.service, "scorers": [s.spec for s in self.scorers]}

@@ -29,6 +29,7 @@ from rewardkit.deploy.config import DeployConfig
 from rewardkit.deploy.mps import ManagedMps
 from rewardkit.deploy.supervisor import Supervisor, SupervisorSettings
 from rewardkit.deploy.transport import RemoteError, WorkerLost, decode_results, encode_items
+from rewardkit.serve.lifecycle import merge_ready, select_names
 from rewardkit.serve.metrics import TOKEN_KINDS, BatchStats, ServeMetrics
 from rewardkit.serve.protocol import STATUS_BY_CODE, ServeError
 from rewardkit.serve.scorers.base import ItemError, ScoreItem, ScorerInfo
@@ -111,7 +112,7 @@ class GatewayBackend:
             )
         self.run_dir = tempfile.mkdtemp(prefix="rkdeploy-", dir="/tmp")  # short: sun_path is 108 bytes
         service_extra = {k: v for k, v in config.service.items() if k == "limits"}
-        self.request_timeout_s = float((config.service.get("limits") or {}).get("request_timeout_s", 120.0))
+        self.request_timeout_s = config.request_timeout_s
         self.supervisor = Supervisor(
             config.worker_plans(),
             run_dir=self.run_dir,
@@ -218,13 +219,8 @@ class GatewayBackend:
 
     async def lifecycle_action(self, action: str, names: list[str] | None, timeout_s: float | None) -> dict:
         """`POST /v1/lifecycle/<action>`: each worker moves its own scorers; results by scorer."""
-        known = self.scorer_names()
-        wanted = list(dict.fromkeys(names)) if names else known
-        unknown = [n for n in wanted if n not in known]
-        if unknown:
-            raise ServeError("unknown_scorer", f"unknown scorers {unknown}; known: {sorted(known)}")
         by_worker: dict[str, tuple[Any, list[str]]] = {}
-        for name in wanted:
+        for name in select_names(names, self.scorer_names()):
             worker = self.supervisor.worker_for(name)
             by_worker.setdefault(worker.plan.name, (worker, []))[1].append(name)
         budget = (30.0 if timeout_s is None else timeout_s) + self.request_timeout_s  # drain + the move
@@ -237,10 +233,12 @@ class GatewayBackend:
             return_exceptions=True,
         )
         results: dict[str, Any] = {}
-        for out in outs:
+        for (worker, _), out in zip(by_worker.values(), outs, strict=True):
             if isinstance(out, BaseException):
                 raise out
-            results.update(out.get("results") or {})
+            answered = out.get("results") or {}
+            worker.note_lifecycle({n: r.get("state") for n, r in answered.items() if isinstance(r, dict)})
+            results.update(answered)
         return results
 
     async def lifecycle_state(self) -> dict[str, Any]:
@@ -252,7 +250,9 @@ class GatewayBackend:
                 processes[w.plan.name] = {"worker_state": w.state}
                 continue
             header = await self._worker_call(w, "lifecycle_state", {}, self.settings.health_timeout_s)
-            scorers.update(header.get("scorers") or {})
+            answered = header.get("scorers") or {}
+            w.note_lifecycle({n: s.get("state") for n, s in answered.items() if isinstance(s, dict)})
+            scorers.update(answered)
             for memory in (header.get("processes") or {}).values():
                 processes[w.plan.name] = memory
         return {"scorers": scorers, "processes": processes}
@@ -270,12 +270,18 @@ class GatewayBackend:
         return [s.name for s in self.config.scorers]
 
     def ready(self) -> tuple[bool, dict[str, Any]]:
+        """Per scorer: "ready", its worker's state, or (as in --config mode) the lifecycle state of
+        a scorer parked on purpose (`offloaded`, `draining`, ...), which stays healthy. The states
+        are the workers' own, as of the last heartbeat or lifecycle call through this gateway."""
         details: dict[str, Any] = {}
+        states: dict[str, str] = {}
         for w in self.supervisor.workers.values():
             for s in w.plan.scorers:
                 details[s.name] = "ready" if w.ready else f"worker {w.plan.name} {w.state}"
-        ok = self._admitting and all(v == "ready" for v in details.values())
-        return ok, details
+            if w.ready:
+                states.update(w.lifecycle)
+        ok, details = merge_ready(details, states)
+        return self._admitting and ok, details
 
     def load_failure(self, scorer: str) -> str | None:
         """Why `scorer`'s worker failed to load (None unless it did): `rewardkit serve` exits 2 with it."""

@@ -23,16 +23,25 @@ import asyncio
 import dataclasses
 import importlib
 import logging
-import math
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from rewardkit.deploy.config import MPS_MODES, DeployConfig, ScorerPlacement
 from rewardkit.deploy.gateway import decode_batches, decode_timing
 from rewardkit.deploy.mps import ManagedMps
+from rewardkit.deploy.ray_lifecycle import RayLifecycle, error_of, raise_error, replica_lost
 from rewardkit.deploy.transport import decode_items, decode_results, encode_items, encode_results
 from rewardkit.serve.errors import ServeError
+from rewardkit.serve.lifecycle import (
+    Lifecycle,
+    describe_process,
+    merge_ready,
+    run_action,
+    scorer_lifecycle,
+    warm_up,
+)
 from rewardkit.serve.metrics import BatchStats, ServeMetrics, outcome
 from rewardkit.serve.scorers.base import ItemError, ScoreItem, ScorerInfo
 from rewardkit.serve.timing import record_timing
@@ -40,12 +49,22 @@ from rewardkit.serve.timing import record_timing
 log = logging.getLogger(__name__)
 
 APP_PREFIX = "rewardkit-"
+LIFECYCLE_POLL_EVERY = 5
+"""Re-read the replicas' lifecycle states every this many status polls (5 s by default)."""
 
 
 class ScorerReplica:
-    """One Ray Serve replica hosting one scorer. Wrapped by `serve.deployment` at start."""
+    """One Ray Serve replica hosting one scorer. Wrapped by `serve.deployment` at start.
 
-    def __init__(self, spec: dict[str, Any], imports: list[str]) -> None:
+    Like a `--config` process it carries the scorer's lifecycle state machine
+    (`rewardkit.serve.lifecycle`): every score call is admitted through it (503 `offloaded` /
+    `draining`, or an `auto_onload`), and `lifecycle_action` / `lifecycle_state` are what the
+    driver broadcasts to every replica (`rewardkit.deploy.ray_lifecycle`). Batches and weight
+    moves run on one thread, so a move never overlaps a forward. Whole-request errors come
+    back as data (`error_of`): Ray would wrap a raised `ServeError` in its own exception type.
+    """
+
+    async def __init__(self, spec: dict[str, Any], imports: list[str]) -> None:
         for module in imports:
             importlib.import_module(module)
         from rewardkit.serve.batcher import check_value
@@ -53,14 +72,25 @@ class ScorerReplica:
 
         (self.spec,) = config_from_dict({"scorers": [spec]}).scorers
         self.scorer = build_scorer(self.spec)
-        self.scorer.load()
-        warm = check_value(self.scorer.score_batch([self.scorer.warmup_item()])[0])
-        if not isinstance(warm, float) or not math.isfinite(warm):
-            raise RuntimeError(f"scorer {self.spec.name}: warm-up did not produce a finite score: {warm}")
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"scorer-{self.spec.name}")
+        await self._run(self.scorer.load)
+        try:
+            await warm_up(self.scorer, self._run)
+        except RuntimeError as exc:
+            raise RuntimeError(f"scorer {self.spec.name}: {exc}") from None
         self._check_value = check_value
         self._unsent: list[dict[str, Any]] = []  # finished batches, relayed with the next answer
         self.score_item.set_max_batch_size(self.spec.max_batch_size)
         self.score_item.set_batch_wait_timeout_s(self.spec.max_wait_ms / 1000)
+        self.lifecycle = Lifecycle()
+        self.lifecycle.add(scorer_lifecycle(self.scorer, self._run, self.spec))
+        from ray import serve
+
+        self.replica = serve.get_replica_context().replica_id.unique_id
+        await self.lifecycle.scorers[self.spec.name].started()  # on_demand: offloaded now
+
+    async def _run(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
 
     def info(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self.scorer.info()), "pid": os.getpid()}
@@ -69,8 +99,12 @@ class ScorerReplica:
         """Results plus the timing and batch stats the worker transport carries (gateway.py reads
         both the same way), so x-queue-time / x-inference-time and /metrics work under Ray too."""
         items = decode_items(raw_items, body)
-        arrived = time.perf_counter()
-        answers = await asyncio.gather(*(self.score_item((item, arrived)) for item in items))
+        try:
+            async with self.lifecycle.admit(self.spec.name):  # 503 offloaded/draining, or an onload
+                arrived = time.perf_counter()
+                answers = await asyncio.gather(*(self.score_item((item, arrived)) for item in items))
+        except ServeError as err:
+            return {"pid": os.getpid(), "error": error_of(err)}
         batches, self._unsent = self._unsent, []
         return {
             "pid": os.getpid(),
@@ -87,7 +121,7 @@ class ScorerReplica:
         items = [item for item, _ in entries]
         started = time.perf_counter()
         try:
-            values = await asyncio.to_thread(self.scorer.score_batch, items)
+            values = await self._run(self.scorer.score_batch, items)
             if len(values) != len(items):
                 values = [ItemError("scorer_failed", f"scorer returned {len(values)} values")] * len(items)
             else:
@@ -101,6 +135,25 @@ class ScorerReplica:
         )
         return [(value, delay, took) for value, delay in zip(values, delays, strict=True)]
 
+    async def lifecycle_action(self, action: str, timeout_s: float | None) -> dict[str, Any]:
+        """This replica's part of `POST /v1/lifecycle/<action>`: its result, or its error."""
+        answer: dict[str, Any] = {"replica": self.replica, "pid": os.getpid()}
+        try:
+            results = await run_action(self.lifecycle, action, None, timeout_s)
+        except ServeError as err:
+            return {**answer, "state": self.lifecycle.states()[self.spec.name], "error": error_of(err)}
+        return {**answer, "result": results[self.spec.name]}
+
+    async def lifecycle_state(self) -> dict[str, Any]:
+        """This replica's part of `GET /v1/lifecycle`: its state machine and its GPU memory."""
+        out = await describe_process(self.lifecycle, self.replica)
+        return {
+            "replica": self.replica,
+            "pid": os.getpid(),
+            "scorer": out["scorers"][self.spec.name],
+            "memory": out["processes"][self.replica],
+        }
+
 
 def _batched_replica_class() -> type:
     """Apply `@serve.batch` lazily so importing this module does not import Ray."""
@@ -110,13 +163,6 @@ def _batched_replica_class() -> type:
         score_item = serve.batch(max_batch_size=32, batch_wait_timeout_s=0.005)(ScorerReplica.score_item)
 
     return BatchedScorerReplica
-
-
-def _lost(exc: BaseException) -> bool:
-    from ray import exceptions as rex
-
-    lost = (rex.RayActorError, rex.ActorUnavailableError, rex.WorkerCrashedError, rex.NodeDiedError)
-    return isinstance(exc, lost) or isinstance(getattr(exc, "cause", None), lost)
 
 
 class RayBackend:
@@ -136,6 +182,9 @@ class RayBackend:
         self._infos: dict[str, ScorerInfo] = {}
         self._status: dict[str, str] = {s.name: "pending" for s in config.scorers}
         self._pids: dict[str, set[int]] = {s.name: set() for s in config.scorers}
+        self.lifecycle = RayLifecycle(
+            self._handles, [s.name for s in config.scorers], request_timeout_s=config.request_timeout_s
+        )
         self._owns_ray = False
         self._admitting = False
         self._poller: asyncio.Task[None] | None = None
@@ -230,11 +279,21 @@ class RayBackend:
             )
 
     async def _poll_status(self) -> None:
+        polls = 0
         while True:
             try:
                 await asyncio.to_thread(self._refresh_status)
             except Exception as exc:
                 log.warning("Ray Serve status poll failed: %s", exc)
+            # the replicas' own moves (per_call idle offload, auto_onload, a restarted replica)
+            # reach /health/ready; every LIFECYCLE_POLL_EVERY polls, since each is a request
+            # (and an access-log line) per replica
+            if polls % LIFECYCLE_POLL_EVERY == 0:
+                try:
+                    await self.lifecycle.state(timeout_s=max(5.0, LIFECYCLE_POLL_EVERY * self.health_poll_s))
+                except Exception as exc:
+                    log.debug("lifecycle poll failed: %s", exc)
+            polls += 1
             await asyncio.sleep(self.health_poll_s)
 
     async def score(self, scorer: str, items: list[ScoreItem]) -> list[float | ItemError]:
@@ -249,7 +308,7 @@ class RayBackend:
         try:
             out = await handle.score.remote(raw, body)
         except Exception as exc:
-            if _lost(exc):
+            if replica_lost(exc):
                 self._status[scorer] = "restarting"
                 return [
                     ItemError("worker_lost", f"Ray replica of {scorer} died: {type(exc).__name__}")
@@ -260,6 +319,8 @@ class RayBackend:
                 raise ServeError("queue_full", str(exc), retry_after=1) from None
             raise
         self._pids[scorer].add(int(out["pid"]))
+        if "error" in out:  # the replica's lifecycle refused it (offloaded, draining, onload_failed)
+            raise_error(out["error"])
         queue_s, inference_s = decode_timing(out.get("timing"))
         record_timing(queue_s=queue_s, inference_s=inference_s)
         if self.metrics is not None:
@@ -273,9 +334,19 @@ class RayBackend:
     def scorer_names(self) -> list[str]:
         return list(self._status)
 
+    async def lifecycle_action(self, action: str, names: list[str] | None, timeout_s: float | None) -> dict:
+        """`POST /v1/lifecycle/<action>` on every replica of each scorer (docs/lifecycle.md)."""
+        return await self.lifecycle.action(action, names, timeout_s)
+
+    async def lifecycle_state(self) -> dict[str, Any]:
+        """`GET /v1/lifecycle`: each scorer merged over its replicas, each replica's GPU memory."""
+        return await self.lifecycle.state()
+
     def ready(self) -> tuple[bool, dict[str, Any]]:
-        details = dict(self._status)
-        return self._admitting and all(v == "ready" for v in details.values()), details
+        """As in --config mode: a scorer whose replicas are all parked on purpose (offloaded,
+        draining, ...) is healthy and says its state; as of the last action or poll."""
+        ok, details = merge_ready(dict(self._status), self.lifecycle.states)
+        return self._admitting and ok, details
 
     def deployment(self) -> dict[str, Any]:
         scorers = []

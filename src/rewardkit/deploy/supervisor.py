@@ -74,12 +74,20 @@ class WorkerHandle:
     detail: str = ""
     client: TransportClient | None = None
     infos: dict[str, dict[str, Any]] = field(default_factory=dict)
+    lifecycle: dict[str, str] = field(default_factory=dict)
+    """Its scorers' lifecycle states (resident, offloaded, ...) as of the last answer that said them."""
     proc: asyncio.subprocess.Process | None = None
     ready_event: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def ready(self) -> bool:
         return self.state == "ready" and self.client is not None and not self.client.closed
+
+    def note_lifecycle(self, states: Any) -> None:
+        """Keep the states a worker reported for its own scorers (anything else is ignored)."""
+        if isinstance(states, dict):
+            mine = {s.name for s in self.plan.scorers}
+            self.lifecycle.update({n: v for n, v in states.items() if n in mine and isinstance(v, str)})
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -178,6 +186,7 @@ class Supervisor:
                     continue
                 header, _ = await client.call("health", timeout=self.settings.health_timeout_s)
                 w.infos = header.get("scorers", {})
+                w.note_lifecycle(header.get("lifecycle"))
                 w.client = client
                 return bool(header.get("ready"))
             with contextlib.suppress(asyncio.TimeoutError):
@@ -250,6 +259,7 @@ class Supervisor:
                     )
                     answered = True
                     healthy = bool(header.get("ready"))
+                    w.note_lifecycle(header.get("lifecycle"))
                     w.detail = "" if healthy else json.dumps(header.get("details"))
                 except Exception as exc:
                     w.detail = f"health check failed: {type(exc).__name__}: {exc}"

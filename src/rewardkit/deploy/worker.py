@@ -104,7 +104,14 @@ class WorkerServer:
         if op == "health":
             ready, details = self.backend.ready()
             infos = {n: dataclasses.asdict(i) for n, i in self.backend.scorer_infos().items()}
-            return {"ready": ready, "details": details, "scorers": infos, "pid": os.getpid()}, b""
+            states = self.backend.lifecycle.states()  # the gateway's /health/ready lists parked scorers
+            return {
+                "ready": ready,
+                "details": details,
+                "scorers": infos,
+                "lifecycle": states,
+                "pid": os.getpid(),
+            }, b""
         if op == "lifecycle":  # offload / onload / drain (docs/lifecycle.md); ServeErrors keep their code
             scorers = header.get("scorers")
             names = [str(n) for n in scorers] if isinstance(scorers, list) else None

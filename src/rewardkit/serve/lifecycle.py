@@ -446,6 +446,42 @@ class ScorerLifecycle:
 # --- every scorer of a process ------------------------------------------------------------------
 
 
+def select_names(names: list[str] | None, known: list[str]) -> list[str]:
+    """The scorers an action names, once each (None or empty: all `known`). An unknown name is
+    422 `unknown_scorer`: every backend (in-process, --deploy, Ray) refuses it the same way."""
+    if not names:
+        return list(known)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ServeError("unknown_scorer", f"unknown scorers {unknown}; known: {sorted(known)}")
+    return list(dict.fromkeys(names))
+
+
+async def gather_by_scorer(
+    steps: dict[str, Awaitable[Any]], state_of: Callable[[str], Any]
+) -> dict[str, Any]:
+    """Run one action's steps (one per scorer) in parallel; their results by scorer. If any step
+    raised a `ServeError`, raise the first, its message saying what happened to the others too:
+    the scorers that moved stay moved (each transition is whole on its own)."""
+    names = list(steps)
+    outs = await asyncio.gather(*steps.values(), return_exceptions=True)
+    results: dict[str, Any] = {}
+    first_error: ServeError | None = None
+    for name, out in zip(names, outs, strict=True):
+        if isinstance(out, BaseException):
+            if not isinstance(out, ServeError):
+                raise out
+            first_error = first_error or out
+            results[name] = {"state": state_of(name), "error": {"code": out.code, "message": out.message}}
+        else:
+            results[name] = out
+    if first_error is not None:
+        if len(names) > 1:
+            first_error.message = f"{first_error.message} (all: {results})"[:2000]
+        raise first_error
+    return results
+
+
 class Lifecycle:
     """The lifecycle of every hosted scorer, by name."""
 
@@ -457,12 +493,7 @@ class Lifecycle:
 
     def select(self, names: list[str] | None) -> list[ScorerLifecycle]:
         """The named scorers (None or empty: all). An unknown name is 422 `unknown_scorer`."""
-        if not names:
-            return list(self.scorers.values())
-        unknown = [n for n in names if n not in self.scorers]
-        if unknown:
-            raise ServeError("unknown_scorer", f"unknown scorers {unknown}; known: {sorted(self.scorers)}")
-        return [self.scorers[n] for n in dict.fromkeys(names)]
+        return [self.scorers[n] for n in select_names(names, list(self.scorers))]
 
     def admit(self, name: str) -> contextlib.AbstractAsyncContextManager[None]:
         machine = self.scorers.get(name)
@@ -470,22 +501,7 @@ class Lifecycle:
 
     async def _each(self, names: list[str] | None, step: Callable[[ScorerLifecycle], Awaitable]) -> dict:
         machines = self.select(names)
-        outs = await asyncio.gather(*(step(m) for m in machines), return_exceptions=True)
-        results: dict[str, Any] = {}
-        first_error: BaseException | None = None
-        for m, out in zip(machines, outs, strict=True):
-            if isinstance(out, BaseException):
-                if not isinstance(out, ServeError):
-                    raise out
-                first_error = first_error or out
-                results[m.name] = {"state": m.state, "error": {"code": out.code, "message": out.message}}
-            else:
-                results[m.name] = out
-        if first_error is not None:
-            if len(machines) > 1:  # say what happened to the others too
-                first_error.message = f"{first_error.message} (all: {results})"[:2000]
-            raise first_error
-        return results
+        return await gather_by_scorer({m.name: step(m) for m in machines}, lambda n: self.scorers[n].state)
 
     async def offload(self, names: list[str] | None = None, timeout_s: float | None = None) -> dict[str, Any]:
         return await self._each(names, lambda m: m.offload(timeout_s))

@@ -340,10 +340,16 @@ class LifecycleResult(BaseModel):
     ready_seconds: float | None = Field(default=None, description="onload: weights back + warm-up")
     drained: bool | None = None
     in_flight: int | None = None
+    replicas: dict[str, LifecycleResult] | None = Field(
+        default=None, description="--backend ray: each replica's own result, by replica id"
+    )
 
 
 class ScorerLifecycleOut(BaseModel):
-    state: str = Field(description="resident | draining | offloading | offloaded | onloading")
+    state: str = Field(
+        description="resident | draining | offloading | offloaded | onloading"
+        " (--backend ray: mixed when its replicas differ)"
+    )
     residency: str
     auto_onload: bool
     idle_offload_s: float | None
@@ -356,6 +362,9 @@ class ScorerLifecycleOut(BaseModel):
     last_offload: dict[str, JsonValue] | None
     last_onload: dict[str, JsonValue] | None
     last_error: str | None
+    replicas: dict[str, ScorerLifecycleOut] | None = Field(
+        default=None, description="--backend ray: each replica's own state, by replica id"
+    )
 
 
 class LifecycleStateOut(BaseModel):
