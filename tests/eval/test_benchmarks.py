@@ -280,8 +280,8 @@ def test_compare_two_benchmark_outputs(tmp_path, capsys):
 
 
 def test_cli_with_a_real_model_scores_each_text_as_alone(tmp_path, capsys):
-    """End to end through the checkpoint's scorer: packing distinct texts two per pair, sorted by
-    length, gives each text the score it gets on its own (batch size 1)."""
+    """End to end through the checkpoint's scorer: the distinct texts scored on their own in
+    length-sorted buckets get the score each gets alone (batch size 1)."""
     import torch
     from transformers import AutoModelForSequenceClassification
 
@@ -306,6 +306,8 @@ def test_cli_with_a_real_model_scores_each_text_as_alone(tmp_path, capsys):
     assert code == 0 and "RM-Bench average" in out
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["throughput"]["distinct_texts"] == 24 and summary["throughput"]["pairs_per_s"] > 0
+    assert summary["throughput"]["attention"] == "padded" and summary["throughput"]["dtype"] == "fp32"
+    assert summary["throughput"]["real_tokens"] == summary["throughput"]["tokens"]
     row = json.loads((tmp_path / "out" / "examples.jsonl").read_text().splitlines()[0])
     item = json.loads((FIXTURES / "rmbench.json").read_text())[0]
     scorer = load_scorer(tmp_path / "model", device="cpu")

@@ -70,6 +70,10 @@ def test_eval_writes_artifacts_in_probe_order(setup, tmp_path, capsys):
     assert summary["n_pairs"] == N_PAIRS and summary["objective"] == "reward_model"
     assert set(summary["subsets"]) == {r["subset"] for r in rows} - {None}
     assert summary["model"]["head_type"] == "hf_seqcls"
+    assert summary["batch_plan"]["layout"] == "right" and summary["batch_plan"]["precision"] == "fp32"
+    throughput = json.loads((tmp_path / "out" / "throughput.json").read_text())
+    assert throughput["path"] == "padded, length-sorted buckets" and throughput["device"] == "cpu"
+    assert throughput["computed_tokens"] == throughput["real_tokens"] + throughput["padding_tokens"]
 
 
 def test_scores_do_not_depend_on_batch_size(setup):

@@ -6,33 +6,15 @@ import random
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForSequenceClassification
 
-from rewardkit.models.packed_scoring import length_buckets, packed_scores, padded_scores, plan_packed
-from rewardkit.models.tiny import tiny_config
-
-VOCAB = 97
-
-
-def seqcls(family: str, attn: str) -> torch.nn.Module:
-    if family == "llama":
-        config = tiny_config("tiny-llama", vocab_size=VOCAB, num_labels=1, pad_token_id=0)
-    else:
-        config = AutoConfig.for_model(
-            family,
-            vocab_size=VOCAB,
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=16,
-            num_labels=1,
-            pad_token_id=0,
-        )
-    torch.manual_seed(0)
-    model = AutoModelForSequenceClassification.from_config(config, attn_implementation=attn)
-    return model.eval()
+from rewardkit.models.packed_scoring import (
+    length_buckets,
+    packed_scores,
+    padded_scores,
+    plan_packed,
+    score_sequences,
+)
+from support.seqcls import VOCAB, plain_scores, seqcls
 
 
 def corpus(seed: int = 0) -> list[list[int]]:
@@ -47,16 +29,11 @@ def corpus(seed: int = 0) -> list[list[int]]:
     return seqs
 
 
-def reference(model, seqs) -> torch.Tensor:
-    with torch.no_grad():
-        return torch.tensor([float(model(input_ids=torch.tensor([s])).logits[0, 0]) for s in seqs])
-
-
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral"])
 @pytest.mark.parametrize("share", [False, True], ids=["varlen", "shared-prefix"])
 def test_packed_scores_equal_a_plain_forward(family, share):
     seqs = corpus()
-    plain = reference(seqcls(family, "sdpa"), seqs)
+    plain = plain_scores(seqcls(family, "sdpa"), seqs)
     model = seqcls(family, "rk_varlen")
     plan = plan_packed(seqs, share_prefixes=share, min_prefix=8)
     with torch.no_grad():
@@ -90,7 +67,7 @@ def test_padded_buckets_equal_a_plain_forward():
 
     with torch.no_grad():
         scores, slots = padded_scores(forward, seqs, pad_token_id=0, max_batch_tokens=200, device="cpu")
-    torch.testing.assert_close(scores, reference(model, seqs), atol=1e-5, rtol=0)
+    torch.testing.assert_close(scores, plain_scores(model, seqs), atol=1e-5, rtol=0)
     buckets = length_buckets([len(s) for s in seqs], 200)
     assert slots == sum(len(b) * max(len(seqs[i]) for i in b) for b in buckets)
 
@@ -107,6 +84,43 @@ def test_prefix_groups_keep_a_token_of_their_own_and_need_the_minimum():
     assert plan_packed(seqs, share_prefixes=True, min_prefix=11).shared_groups == 1  # prompt+[50], +[60,61]
     with pytest.raises(ValueError):
         plan_packed([[1], []])
+
+
+def test_prefix_groups_share_each_prompt_past_a_common_system_prompt():
+    """A system prompt common to all sequences must not swallow the groups: each prompt's four
+    responses share system prompt + prompt (3 × 3 × 50 tokens saved), not all twelve the system
+    prompt alone (11 × 20)."""
+    system = list(range(1, 21))
+    prompts = [[30 + g] * 30 for g in range(3)]
+    seqs = [system + p + [80 + r, 90] for p in prompts for r in range(4)]
+    random.Random(0).shuffle(seqs)
+    plan = plan_packed(seqs, share_prefixes=True, min_prefix=16)
+    assert plan.shared_groups == 3
+    assert plan.saved_tokens == 3 * 3 * 50
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_score_sequences_packed_and_padded_equal_a_plain_forward(family):
+    """The entry serve and eval share: input order kept (the shared path packs in token order),
+    several forwards under a small budget, and the token accounting of each path."""
+    seqs = corpus()
+    plain = plain_scores(seqcls(family, "sdpa"), seqs)
+    model = seqcls(family, "rk_varlen")
+    with torch.no_grad():
+        packed, packed_tokens = score_sequences(
+            seqs, varlen=True, max_batch_tokens=150, backbone=model.base_model, head=model.score,
+            share_prefixes=True, min_prefix=8,
+        )  # fmt: skip
+        padded, padded_tokens = score_sequences(
+            seqs, varlen=False, max_batch_tokens=150, backbone=model.base_model, head=model.score
+        )
+    torch.testing.assert_close(packed, plain, atol=1e-5, rtol=0)
+    torch.testing.assert_close(padded, plain, atol=1e-5, rtol=0)
+    real = sum(map(len, seqs))
+    assert packed_tokens["real"] == padded_tokens["real"] == real
+    assert packed_tokens["padding"] == 0 and packed_tokens["shared"] > 0
+    assert packed_tokens["computed"] == real - packed_tokens["shared"]
+    assert padded_tokens["computed"] == real + padded_tokens["padding"] and padded_tokens["shared"] == 0
 
 
 def test_length_buckets_respect_the_token_budget():

@@ -58,6 +58,8 @@ def _eval_benchmark(args: argparse.Namespace) -> int:
         truncation=args.truncation,
         seed=args.seed,
         replicates=args.replicates,
+        dtype=args.dtype,
+        max_batch_tokens=args.max_batch_tokens,
     )
     data = summary["data"]
     print(
@@ -101,6 +103,8 @@ def _eval(args: argparse.Namespace) -> int:
         device=args.device,
         seed=args.seed,
         replicates=args.replicates,
+        dtype=args.dtype,
+        max_batch_tokens=args.max_batch_tokens,
     )
     strict = summary["bootstrap"]["strict"]
     print(
@@ -138,7 +142,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     ev.add_argument("--out", required=True, help="output directory")
     ev.add_argument(
-        "--batch-size", type=_positive, default=16, help="pairs per forward batch (default %(default)s)"
+        "--batch-size",
+        type=_positive,
+        default=16,
+        help="DPO policies and encoder reward models: pairs per forward batch (default %(default)s)",
+    )
+    ev.add_argument(
+        "--max-batch-tokens",
+        type=_positive,
+        help="decoder reward models: tokens per forward, packed or padded (default 65536)",
+    )
+    ev.add_argument(
+        "--dtype",
+        choices=("fp32", "bf16", "fp16"),  # core.config.DTYPES (importing it would load pydantic)
+        default="fp32",
+        help="reward models: fp32 (default), bf16 or fp16; on CUDA bf16/fp16 score padding-free",
     )
     ev.add_argument(
         "--reference", help="DPO only: the reference model directory, checked against the sidecar"

@@ -24,7 +24,9 @@ from rewardkit.data.records import TokenizedPair
 from rewardkit.data.tokenize import TokenizeSettings
 from rewardkit.eval.artifacts import write_eval_artifacts
 from rewardkit.eval.bootstrap import DEFAULT_REPLICATES, DEFAULT_SEED
+from rewardkit.objectives.base import PairScorer
 from rewardkit.objectives.registry import load_pair_scorer
+from rewardkit.objectives.reward_model import DEFAULT_MAX_BATCH_TOKENS
 
 log = logging.getLogger(__name__)
 THROUGHPUT_FILE = "throughput.json"
@@ -75,6 +77,8 @@ def evaluate(
     device: str | None = None,
     seed: int = DEFAULT_SEED,
     replicates: int = DEFAULT_REPLICATES,
+    dtype: str = "fp32",
+    max_batch_tokens: int | None = None,
 ) -> dict[str, Any]:
     """Check the data against the probe, score every pair, write the artifacts; return the summary.
 
@@ -87,12 +91,7 @@ def evaluate(
     probe = load_probe(probe_path)
     settings = TokenizeSettings(**probe["settings"])
     device = _device(device)
-    try:
-        scorer = load_pair_scorer(model_path, device=device, reference_path=reference_path)
-    except UsageError:
-        raise
-    except RewardkitError as exc:  # a directory that is not a loadable model: bad input, one line
-        raise UsageError(exc.message, code=exc.code) from None
+    scorer = load_scorer(model_path, device, reference_path, dtype, max_batch_tokens)
     data = Summary()
     pairs = tokenize_eval_data(data_path, scorer.tokenizer, settings, data)
     check_probe(probe, pairs, tokenizer=scorer.tokenizer, settings=settings)
@@ -110,8 +109,8 @@ def evaluate(
             )
     plan = {
         "batch_size": batch_size,
-        "layout": "right",
-        "precision": "fp32",
+        "layout": "packed" if scorer.scoring.get("attention") == "varlen" else "right",
+        "precision": dtype,
         "device_type": device.split(":")[0],
     }
     summary = write_eval_artifacts(
@@ -151,9 +150,33 @@ def evaluate(
             "seconds": seconds,
             "pairs_per_s": len(pairs) / seconds if seconds > 0 else None,
             "tokens_per_s": tokens / seconds if seconds > 0 else None,
-            "device": device,
-            "dtype": "fp32",
-            "batch_size": batch_size,
+            **scoring_record(scorer, device, dtype, batch_size),
         },
     )
     return summary
+
+
+def load_scorer(
+    model_path: str | Path,
+    device: str,
+    reference_path: str | Path | None,
+    dtype: str,
+    max_batch_tokens: int | None,
+) -> PairScorer:
+    """The checkpoint's scorer (`max_batch_tokens` None: the reward models' default); a directory
+    that is not a loadable model is bad input, one line."""
+    try:
+        return load_pair_scorer(
+            model_path, device=device, reference_path=reference_path, dtype=dtype,
+            max_batch_tokens=max_batch_tokens or DEFAULT_MAX_BATCH_TOKENS,
+        )  # fmt: skip
+    except UsageError:
+        raise
+    except RewardkitError as exc:
+        raise UsageError(exc.message, code=exc.code) from None
+
+
+def scoring_record(scorer: PairScorer, device: str, dtype: str, batch_size: int) -> dict[str, Any]:
+    """The throughput record's account of how the scores were computed: the path (packed varlen
+    or padded), device, dtype, batching and the last call's token accounting."""
+    return {"device": device, "dtype": dtype, "batch_size": batch_size, **scorer.scoring}

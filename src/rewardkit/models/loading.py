@@ -26,6 +26,11 @@ WEIGHTS_FILE = "model.safetensors"
 OBJECTIVE = "reward_model"
 
 
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a name in the config vocabulary (`core.config.DTYPES`: fp32, fp16, bf16)."""
+    return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[name]
+
+
 class CheckpointError(RewardkitError):
     """A directory that is not a loadable reward model (wrong objective, head, or missing files)."""
 

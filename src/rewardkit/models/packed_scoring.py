@@ -19,16 +19,33 @@ The score is the head applied to the hidden state at each sequence's last token,
 `*ForSequenceClassification` and rewardkit's `RewardModel` read it. `padded_scores` is the
 fallback where no varlen kernel runs (CPU, fp32): length-sorted buckets padded to a token
 budget, so padding stays small without any special kernel.
+
+`score_sequences` is the one entry both consumers call — the text scorers of `rewardkit serve`
+and `rewardkit eval`'s reward-model scorer — so a checkpoint gets the same numbers from both:
+packed forwards of at most `max_batch_tokens` tokens where `varlen_supported`, the padded
+buckets otherwise.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
+from typing import Any
 
 import torch
 
 from rewardkit.models.attention import KV_INDEX, explicit_boundaries
+
+VARLEN_FAMILIES = frozenset({"llama", "qwen2", "qwen3", "mistral", "gemma"})
+"""Families whose attention rk_varlen serves and whose score is `head(last hidden state)`."""
+
+MAX_SHARING_DEPTH = 32
+"""Nesting levels of shared prefixes `prefix_groups` weighs (system prompt, prompt, ...) before
+it takes the group as it is: bounds the work on adversarial inputs."""
+
+ForwardPadded = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+"""forward(input_ids, attention_mask, lengths) → one score per right-padded row."""
 
 
 @dataclass(frozen=True)
@@ -70,29 +87,56 @@ class PackedPlan:
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
-    n = 0
-    while n < limit and a[n] == b[n]:
-        n += 1
-    return n
+    """Length of the common prefix of a and b, at most `limit` (binary search on slice equality,
+    so the comparisons run in C)."""
+    low, high = 0, max(0, min(limit, len(a), len(b)))
+    while low < high:
+        mid = (low + high + 1) // 2
+        if a[:mid] == b[:mid]:
+            low = mid
+        else:
+            high = mid - 1
+    return low
 
 
 def prefix_groups(seqs: Sequence[Sequence[int]], min_prefix: int) -> list[tuple[int, list[int]]]:
-    """(shared prefix length, member indices) for each group of ≥ 2 sequences sharing ≥ min_prefix
-    leading tokens. Each member keeps at least one token of its own (its score is read there)."""
-    buckets: dict[tuple[int, ...], list[int]] = {}
-    for i, seq in enumerate(seqs):
-        if len(seq) > min_prefix:
-            buckets.setdefault(tuple(seq[:min_prefix]), []).append(i)
-    groups = []
-    for members in buckets.values():
-        if len(members) < 2:
-            continue
-        first = seqs[members[0]]
-        shared = min(len(seqs[m]) for m in members) - 1
-        for m in members[1:]:
-            shared = _common_prefix(first, seqs[m], shared)
-        if shared >= min_prefix:
-            groups.append((shared, members))
+    """(shared prefix length, member indices) for groups of ≥ 2 sequences sharing ≥ min_prefix
+    leading tokens, chosen to save the most tokens. Each member keeps at least one token of its own
+    (its score is read there).
+
+    Sorted by their tokens, sequences sharing a prefix are adjacent and the prefix a run shares is
+    the smallest adjacent common prefix. A run is split where that minimum occurs whenever its
+    parts save more than the whole: with a system prompt common to everything, each prompt's
+    responses share system prompt + prompt rather than all sequences sharing the system prompt.
+    """
+    order = sorted((i for i, s in enumerate(seqs) if len(s) > min_prefix), key=lambda i: list(seqs[i]))
+    lcp = [_common_prefix(seqs[a], seqs[b], min(len(seqs[a]), len(seqs[b])) - 1) for a, b in pairwise(order)]
+    groups: list[tuple[int, list[int]]] = []
+
+    def runs(lo: int, hi: int, floor: int) -> list[tuple[int, int]]:
+        """Maximal runs [a, b) of ≥ 2 sorted positions within [lo, hi) whose adjacent prefixes exceed `floor`."""
+        out, start = [], lo
+        for k in range(lo, hi):
+            if k == hi - 1 or lcp[k] <= floor:
+                if k + 1 - start >= 2:
+                    out.append((start, k + 1))
+                start = k + 1
+        return out
+
+    def best(lo: int, hi: int, depth: int) -> tuple[int, list[tuple[int, list[int]]]]:
+        shared = min(lcp[lo : hi - 1])
+        whole = (hi - lo - 1) * shared, [(shared, [order[j] for j in range(lo, hi)])]
+        if depth >= MAX_SHARING_DEPTH:
+            return whole
+        saved, parts = 0, []
+        for a, b in runs(lo, hi, shared):
+            part_saved, part_groups = best(a, b, depth + 1)
+            saved += part_saved
+            parts += part_groups
+        return (saved, parts) if saved > whole[0] else whole
+
+    for a, b in runs(0, len(order), min_prefix - 1):
+        groups += best(a, b, 0)[1]
     return groups
 
 
@@ -163,17 +207,31 @@ def packed_scores(
     return head(last).reshape(-1)
 
 
+BUCKET_SPREAD = 1.25
+"""A padded bucket holding `max_batch_tokens / 16` tokens is cut before a sequence longer than this
+times its shortest: every row then pads at most 20% of its slots."""
+
+
 def length_buckets(lengths: Sequence[int], max_batch_tokens: int) -> list[list[int]]:
     """Indices sorted by length and cut so that rows × longest row ≤ max_batch_tokens (a sequence
-    longer than the budget gets a bucket of its own)."""
+    longer than the budget gets a bucket of its own), and so that a bucket past a sixteenth of the
+    budget spans at most `BUCKET_SPREAD` in length: a wide bucket would pad its short rows to its
+    longest (37% of the slots for the demo's probe with the budget alone)."""
     order = sorted(range(len(lengths)), key=lengths.__getitem__)
     buckets: list[list[int]] = []
     current: list[int] = []
+    real = 0
     for i in order:
-        if current and (len(current) + 1) * lengths[i] > max_batch_tokens:
+        n = lengths[i]
+        full = (len(current) + 1) * n > max_batch_tokens
+        wide = (
+            real >= max_batch_tokens // 16 and n > BUCKET_SPREAD * lengths[current[0]] if current else False
+        )
+        if current and (full or wide):
             buckets.append(current)
-            current = []
+            current, real = [], 0
         current.append(i)
+        real += n
     if current:
         buckets.append(current)
     return buckets
@@ -203,3 +261,98 @@ def padded_scores(
         scores = forward(input_ids.to(device), mask.to(device), lengths.to(device))
         out[torch.tensor(bucket)] = scores.float().cpu()
     return out, slots
+
+
+def varlen_supported(config: Any, device: torch.device | str, dtype: torch.dtype) -> bool:
+    """Whether a packed `rk_varlen` forward serves this backbone: a family in `VARLEN_FAMILIES`,
+    the flash varlen kernel present, CUDA, bf16/fp16 (elsewhere rk_varlen attends sequence by
+    sequence, slower than padded buckets)."""
+    from rewardkit.models.attention import _VARLEN_ATTN
+
+    return (
+        config is not None
+        and getattr(config, "model_type", None) in VARLEN_FAMILIES
+        and _VARLEN_ATTN is not None
+        and str(device).startswith("cuda")
+        and dtype in (torch.bfloat16, torch.float16)
+    )
+
+
+def budget_chunks(lengths: Sequence[int], max_batch_tokens: int) -> list[list[int]]:
+    """Indices in the given order, cut into runs of at most `max_batch_tokens` tokens (a longer
+    sequence gets a run of its own): one packed forward each."""
+    chunks: list[list[int]] = [[]]
+    used = 0
+    for i, n in enumerate(lengths):
+        if chunks[-1] and used + n > max_batch_tokens:
+            chunks.append([])
+            used = 0
+        chunks[-1].append(i)
+        used += n
+    return chunks if chunks[0] else []
+
+
+def last_token_forward(
+    backbone: torch.nn.Module, head: Callable[[torch.Tensor], torch.Tensor]
+) -> ForwardPadded:
+    """The padded counterpart of `packed_scores`: the head at each right-padded row's last real token."""
+
+    def forward(input_ids: torch.Tensor, attention_mask: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        hidden = backbone(
+            input_ids=input_ids, attention_mask=attention_mask, use_cache=False
+        ).last_hidden_state
+        last = hidden[torch.arange(hidden.shape[0], device=hidden.device), lengths - 1]
+        weight = getattr(head, "weight", None)
+        if weight is not None:
+            last = last.to(weight.dtype)
+        return head(last).reshape(-1)
+
+    return forward
+
+
+def score_sequences(
+    seqs: Sequence[Sequence[int]],
+    *,
+    varlen: bool,
+    max_batch_tokens: int,
+    backbone: torch.nn.Module | None = None,
+    head: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    forward: ForwardPadded | None = None,
+    pad_token_id: int = 0,
+    device: torch.device | str = "cpu",
+    share_prefixes: bool = False,
+    min_prefix: int = 16,
+) -> tuple[torch.Tensor, dict[str, int]]:
+    """fp32 scores (host, input order) read at each sequence's last token, and the token accounting
+    `{real, computed, padding, shared}`.
+
+    `varlen`: packed forwards of `backbone` (attn_implementation `rk_varlen`) + `head`, at most
+    `max_batch_tokens` tokens each; with `share_prefixes` the sequences are packed in token order,
+    so those sharing a prompt sit in one forward and the prompt is computed once. The scores stay
+    on the device until the last forward is queued, so the host plans the next forward while the
+    GPU runs this one. Otherwise: `padded_scores` through `forward` (default `last_token_forward`).
+    """
+    real = sum(map(len, seqs))
+    if not seqs:
+        return torch.empty(0), {"real": 0, "computed": 0, "padding": 0, "shared": 0}
+    if not varlen:
+        if forward is None:
+            if backbone is None or head is None:
+                raise ValueError("score_sequences needs a forward, or a backbone and a head")
+            forward = last_token_forward(backbone, head)
+        scores, slots = padded_scores(
+            forward, seqs, pad_token_id=pad_token_id, max_batch_tokens=max_batch_tokens, device=device
+        )
+        return scores, {"real": real, "computed": slots, "padding": slots - real, "shared": 0}
+    if backbone is None or head is None:
+        raise ValueError("the varlen path needs the backbone and the head")
+    order = sorted(range(len(seqs)), key=lambda i: list(seqs[i])) if share_prefixes else range(len(seqs))
+    ordered = [seqs[i] for i in order]
+    parts, computed = [], 0
+    for chunk in budget_chunks([len(s) for s in ordered], max_batch_tokens):
+        plan = plan_packed([ordered[i] for i in chunk], share_prefixes=share_prefixes, min_prefix=min_prefix)
+        parts.append(packed_scores(backbone, head, plan).float())
+        computed += plan.computed_tokens
+    scores = torch.empty(len(seqs), dtype=torch.float32)
+    scores[torch.as_tensor(list(order), dtype=torch.long)] = torch.cat(parts).cpu()
+    return scores, {"real": real, "computed": computed, "padding": 0, "shared": real - computed}

@@ -145,18 +145,38 @@ class RewardModel(nn.Module):
             kwargs["attention_mask"] = batch.attention_mask
         with boundaries as extra:
             hidden = self.backbone(**kwargs, **extra).last_hidden_state
-        cols = batch.score_cols
-        if self._trailing_ids is not None:
-            trailing = self._trailing_ids.to(batch.input_ids.device)
-            for _ in range(32):  # step back over trailing template whitespace, never past a sequence start
-                step = torch.isin(batch.input_ids[batch.score_rows, cols], trailing) & (cols > 0)
-                if not bool(step.any()):
-                    break
-                cols = cols - step.long()
+        cols = self.read_cols(batch.input_ids, batch.score_rows, batch.score_cols)
         last = hidden[batch.score_rows, cols]
         with torch.autocast(device_type=last.device.type, enabled=False):
             # sum over the size-1 output dim: a fresh tensor, not a view (FSDP2 hooks the output).
             return self.head(last.float()).sum(-1)
+
+    def read_cols(self, input_ids: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """Where the scores are read: `cols`, or for an end-of-turn checkpoint each stepped back over
+        trailing template whitespace (at most 32 tokens, never past a sequence start)."""
+        if self._trailing_ids is None:
+            return cols
+        trailing = self._trailing_ids.to(input_ids.device)
+        for _ in range(32):
+            step = torch.isin(input_ids[rows, cols], trailing) & (cols > 0)
+            if not bool(step.any()):
+                break
+            cols = cols - step.long()
+        return cols
+
+
+def last_token_parts(model: nn.Module) -> tuple[nn.Module, nn.Module] | tuple[None, None]:
+    """(backbone, head) of a decoder scored as head(hidden state at the read token) — a rewardkit
+    `RewardModel`, or an HF `*ForSequenceClassification` with a `score` head (bare, or behind
+    `loading.HFSequenceClassifier`) — else (None, None): encoders see the tokens after the read
+    position, and pooled heads (BERT's) read elsewhere, so neither can be cut or packed."""
+    if isinstance(model, RewardModel):
+        return (model.backbone, model.head) if model.causal else (None, None)
+    hf = model.model if getattr(model, "head_type", None) == "hf_seqcls" else model
+    head, base = getattr(hf, "score", None), getattr(hf, "base_model", None)
+    if head is None or base is None or base is hf or is_encoder(base.config):
+        return None, None
+    return base, head
 
 
 def model_spec(m: Any) -> dict[str, Any]:

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from rewardkit.data.collate import Batch, Layout, collate
-from rewardkit.data.records import TokenizedPair
+from rewardkit.data.records import TokenizedBranch, TokenizedPair
 
 PairScores = tuple[np.ndarray, np.ndarray, np.ndarray | None]
 """float64 (chosen, rejected, per-pair loss or None for Bradley–Terry on the margin), input order."""
@@ -96,12 +96,20 @@ def check_objective(metadata: dict[str, Any], name: str, role: str, run_kind: st
 
 @dataclass
 class PairScorer:
-    """A loaded checkpoint behind one call: pairs → scores (what `rewardkit eval` measures)."""
+    """A loaded checkpoint behind one call: pairs → scores (what `rewardkit eval` measures).
+
+    `score_branches`, where the objective scores a branch on its own (reward models), takes the
+    distinct texts of a benchmark directly, so no text is scored twice or paired with a stranger.
+    `scoring` says how it scores (path, device, dtype, token budget) and, after each call, the
+    token accounting of that call; both end up in the evaluation's throughput record.
+    """
 
     objective: str
     tokenizer: Any
     metadata: dict[str, Any]
     score: Callable[[list[TokenizedPair], int], PairScores]
+    score_branches: Callable[[list[TokenizedBranch]], np.ndarray] | None = None
+    scoring: dict[str, Any] = field(default_factory=dict)
 
 
 @torch.no_grad()

@@ -264,13 +264,24 @@ def settings_from_metadata(meta: dict[str, Any]) -> DPOSettings:
     return DPOSettings(**{**raw, "reference": ReferenceSettings(**(raw.get("reference") or {}))})
 
 
-def load_scorer(path: str | Path, *, device: str, reference_path: str | Path | None = None) -> PairScorer:
+def load_scorer(
+    path: str | Path,
+    *,
+    device: str,
+    reference_path: str | Path | None = None,
+    dtype: str = "fp32",
+    max_batch_tokens: int | None = None,
+) -> PairScorer:
     """A DPO checkpoint as a preference scorer: the implicit reward β·(log π(y|x) − log π_ref(y|x)).
 
     The reference comes from `reference_path` or, for `source: snapshot`, the pinned snapshot
     the checkpoint names, and must match the checkpoint's sidecar (`load_eval_reference`): a
     policy scored against another reference would report a different, meaningless reward.
+    Log-probabilities are summed over every completion token in fp32, in right-padded batches of
+    pairs (`batch_size`); `max_batch_tokens` is the reward models' knob and not read here.
     """
+    if dtype != "fp32":
+        raise UsageError(f"--dtype {dtype}: DPO policies are scored in fp32 (log-probability sums); {path}")
     from transformers import AutoTokenizer
 
     from rewardkit.models.loading import read_verified_metadata
@@ -289,7 +300,8 @@ def load_scorer(path: str | Path, *, device: str, reference_path: str | Path | N
         return score_in_batches(policy, pairs, batch_size, score, pad_token_id=pad)
 
     identity = {**meta, "reference_path": str(reference_path) if reference_path is not None else None}
-    return PairScorer(OBJECTIVE, tokenizer, identity, score_pairs)
+    scoring = {"path": "padded pairs (policy and reference log-probs)", "attention": "padded"}
+    return PairScorer(OBJECTIVE, tokenizer, identity, score_pairs, None, scoring)
 
 
 # ---- training -----------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Which objective scores a saved checkpoint: the checkpoint's recorded `objective` → its module.
 
-Every objective module exposes `load_scorer(path, *, device, reference_path) -> PairScorer`,
-the evaluation half of the objective protocol (`rewardkit.objectives.base`). `rewardkit eval`
+Every objective module exposes `load_scorer(path, *, device, reference_path, dtype,
+max_batch_tokens) -> PairScorer`, the evaluation half of the objective protocol
+(`rewardkit.objectives.base`). `rewardkit eval`
 dispatches here and nowhere else, so adding an objective means adding one entry.
 """
 
@@ -33,7 +34,12 @@ def checkpoint_objective(path: str | Path) -> str:
 
 
 def load_pair_scorer(
-    path: str | Path, *, device: str, reference_path: str | Path | None = None
+    path: str | Path,
+    *,
+    device: str,
+    reference_path: str | Path | None = None,
+    dtype: str = "fp32",
+    max_batch_tokens: int = reward_model.DEFAULT_MAX_BATCH_TOKENS,
 ) -> PairScorer:
     """The scorer of whatever objective trained `path` (pairs → chosen, rejected, losses)."""
     objective = checkpoint_objective(path)
@@ -43,4 +49,6 @@ def load_pair_scorer(
             f"{path}: objective {objective!r} has no scorer; known: {', '.join(sorted(SCORERS))}",
             code="wrong_objective",
         )
-    return loader(path, device=device, reference_path=reference_path)
+    return loader(
+        path, device=device, reference_path=reference_path, dtype=dtype, max_batch_tokens=max_batch_tokens
+    )

@@ -22,17 +22,19 @@ from torch import nn
 from rewardkit.core.errors import ConfigError, UsageError
 from rewardkit.core.hashing import sha256_file, sha256_json
 from rewardkit.data.collate import Batch, Layout, collate
-from rewardkit.data.records import TokenizedPair
+from rewardkit.data.records import TokenizedBranch, TokenizedPair
 from rewardkit.data.tokenize import pad_token_id
-from rewardkit.models.attention import packed_row_length
+from rewardkit.models.attention import VARLEN, packed_row_length
 from rewardkit.models.loading import (
     OBJECTIVE,
     CheckpointError,
     load_model_weights,
     load_reward_model,
+    torch_dtype,
     write_model_files,
 )
-from rewardkit.models.reward_model import RewardModel, build_backbone, model_spec
+from rewardkit.models.packed_scoring import score_sequences, varlen_supported
+from rewardkit.models.reward_model import RewardModel, build_backbone, last_token_parts, model_spec
 from rewardkit.objectives.base import (
     MicroBatchOutput,
     PairScorer,
@@ -66,17 +68,92 @@ def score_pairs(
     return chosen, rejected
 
 
-def load_scorer(path: str | Path, *, device: str, reference_path: str | Path | None = None) -> PairScorer:
-    """A rewardkit reward-model checkpoint or an HF `*ForSequenceClassification` dir (num_labels 1)."""
+DEFAULT_MAX_BATCH_TOKENS = 65536
+"""Tokens per evaluation forward: the packed stream, or rows × longest row of a padded bucket."""
+
+
+def load_scorer(
+    path: str | Path,
+    *,
+    device: str,
+    reference_path: str | Path | None = None,
+    dtype: str = "fp32",
+    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+) -> PairScorer:
+    """A rewardkit reward-model checkpoint or an HF `*ForSequenceClassification` dir (num_labels 1).
+
+    Decoders are scored branch by branch through `models/packed_scoring.score_sequences`, the
+    path `rewardkit serve` scores text on: each branch cut after the token its score is read at
+    (nothing after it can change a causal model's score there), then packed `rk_varlen` forwards
+    with shared prompts computed once on CUDA in bf16/fp16, length-sorted padded buckets
+    elsewhere. Encoders, which see the tokens after the read position, keep `score_in_batches`.
+    `dtype` casts the backbone (a rewardkit head stays fp32).
+    """
     if reference_path is not None:
         raise UsageError(f"--reference applies to DPO policies only; {path} is not a DPO checkpoint")
-    model, tokenizer, metadata = load_reward_model(path, device=device)
+    model, tokenizer, metadata = load_reward_model(path, device=device, dtype=torch_dtype(dtype))
     pad = pad_token_id(tokenizer)
+    backbone, head = last_token_parts(model)
 
     def score(pairs: list[TokenizedPair], batch_size: int) -> PairScores:
-        return score_in_batches(model, pairs, batch_size, _score_batch, pad_token_id=pad)
+        if backbone is None:
+            return score_in_batches(model, pairs, batch_size, _score_batch, pad_token_id=pad)
+        values = score_branches([p.chosen for p in pairs] + [p.rejected for p in pairs])
+        return values[: len(pairs)], values[len(pairs) :], None
 
-    return PairScorer(metadata.get("objective", OBJECTIVE), tokenizer, metadata, score)
+    if backbone is None:
+        scoring = {"path": "padded pairs (model forward)", "attention": "padded", "batching": "--batch-size"}
+        return PairScorer(metadata.get("objective", OBJECTIVE), tokenizer, metadata, score, None, scoring)
+    varlen = varlen_supported(backbone.config, device, torch_dtype(dtype))
+    if varlen:
+        backbone.set_attn_implementation(VARLEN)
+    scoring = {
+        "path": "packed varlen, shared prompts" if varlen else "padded, length-sorted buckets",
+        "attention": "varlen" if varlen else "padded",
+        "prefix_sharing": varlen,
+        "max_batch_tokens": max_batch_tokens,
+    }
+    read_at = _read_position(model, tokenizer)
+
+    @torch.inference_mode()
+    def score_branches(branches: list[TokenizedBranch]) -> np.ndarray:
+        seqs = [b.input_ids[: read_at(b) + 1] for b in branches]
+        values, tokens = score_sequences(
+            seqs, varlen=varlen, max_batch_tokens=max_batch_tokens, backbone=backbone, head=head,
+            pad_token_id=pad, device=device, share_prefixes=varlen,
+        )  # fmt: skip
+        scoring.update({f"{k}_tokens": v for k, v in tokens.items()})
+        return values.numpy().astype(np.float64)
+
+    return PairScorer(
+        metadata.get("objective", OBJECTIVE), tokenizer, metadata, score, score_branches, scoring
+    )
+
+
+def _read_position(model: nn.Module, tokenizer: Any):
+    """branch → the token its score is read at, as the model's own forward reads it: a rewardkit
+    head at `score_index` (stepped back over trailing template whitespace for end-of-turn
+    checkpoints), an HF classifier at the last token that is not its pad token."""
+    if isinstance(model, RewardModel):
+        if model._trailing_ids is None:
+            return lambda branch: branch.score_index
+
+        def stepped(branch: TokenizedBranch) -> int:
+            ids = torch.tensor([branch.input_ids])
+            zero, index = torch.zeros(1, dtype=torch.long), torch.tensor([branch.score_index])
+            return int(model.read_cols(ids, zero, index)[0])
+
+        return stepped
+    pad = model.config.pad_token_id
+
+    def last_not_pad(branch: TokenizedBranch) -> int:
+        ids = branch.input_ids
+        k = len(ids) - 1
+        while k > 0 and ids[k] == pad:
+            k -= 1
+        return k
+
+    return last_not_pad
 
 
 def _base_identity(cfg: Any, backbone_config: Any) -> dict[str, Any]:

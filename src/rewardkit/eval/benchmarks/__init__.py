@@ -5,9 +5,10 @@ One path for the three benchmarks:
 1. read the local copy in its published schema (`loader`); a file in another schema is one
    line naming the missing columns; bad rows are rejected with reason codes and counted;
 2. score every distinct (prompt, response) once, through the checkpoint's objective scorer
-   (`rewardkit.objectives.registry.load_pair_scorer`, the same pairs → scores path as
-   `rewardkit eval --probe`): the distinct texts are sorted by length and scored two per
-   `TokenizedPair`, so nothing is scored twice and batches carry little padding;
+   (`rewardkit.objectives.registry.load_pair_scorer`, as `rewardkit eval --probe`): a reward
+   model scores the texts on their own (`PairScorer.score_branches`: packed forwards on CUDA
+   in bf16/fp16, where the responses to one prompt share its tokens; length-sorted padded
+   buckets elsewhere); other objectives get them sorted by length, two per `TokenizedPair`;
 3. apply the benchmark's released scoring rules (`rewardbench`, `rewardbench2`, `rmbench`);
 4. bootstrap every number (`common.statistics_block`) and write `examples.jsonl`,
    `worst.json` and `summary.json` (last, with the examples' SHA-256).
@@ -26,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from rewardkit.core import atomic
-from rewardkit.core.errors import RewardkitError, UsageError
+from rewardkit.core.errors import UsageError
 from rewardkit.core.hashing import sha256_bytes
 from rewardkit.data import reasons as R
 from rewardkit.data.reasons import Rejection
@@ -147,7 +148,10 @@ def tokenize_texts(
 
 
 def score_branches(scorer: Any, branches: list[TokenizedBranch], batch_size: int) -> tuple[np.ndarray, int]:
-    """One float64 score per branch (input order) and the token count, two branches per pair, by length."""
+    """One float64 score per branch (input order) and the token count: through the scorer's own
+    `score_branches` where it has one, else two branches per pair, by length."""
+    if scorer.score_branches is not None:
+        return scorer.score_branches(branches), sum(len(b) for b in branches)
     order = sorted(range(len(branches)), key=lambda i: (-len(branches[i]), i))
     pairs = []
     for k in range(0, len(order), 2):
@@ -161,12 +165,6 @@ def score_branches(scorer: Any, branches: list[TokenizedBranch], batch_size: int
         if 2 * k + 1 < len(order):
             scores[order[2 * k + 1]] = second[k]
     return scores, sum(len(b) for b in branches)
-
-
-def _device(requested: str | None) -> str:
-    from rewardkit.eval.runner import _device as pick
-
-    return pick(requested)
 
 
 def evaluate_benchmark(
@@ -183,9 +181,11 @@ def evaluate_benchmark(
     seed: int = bootstrap.DEFAULT_SEED,
     replicates: int = bootstrap.DEFAULT_REPLICATES,
     scorer: Any = None,
+    dtype: str = "fp32",
+    max_batch_tokens: int | None = None,
 ) -> dict[str, Any]:
     """Read, score, apply the released rules, bootstrap, write the artifacts; return the summary."""
-    from rewardkit.objectives.registry import load_pair_scorer
+    from rewardkit.eval.runner import _device, load_scorer, scoring_record
 
     module = get(benchmark)
     if truncation not in TRUNCATION:
@@ -193,12 +193,7 @@ def evaluate_benchmark(
     items, data = read_items(module, data_path)
     device = _device(device)
     if scorer is None:
-        try:
-            scorer = load_pair_scorer(model_path, device=device, reference_path=reference_path)
-        except UsageError:
-            raise
-        except RewardkitError as exc:
-            raise UsageError(exc.message, code=exc.code) from None
+        scorer = load_scorer(model_path, device, reference_path, dtype, max_batch_tokens)
 
     index: dict[tuple[str, str], int] = {}
     for item in items:
@@ -304,10 +299,7 @@ def evaluate_benchmark(
             "texts_per_s": len(used) / seconds if seconds > 0 else None,
             "pairs_per_s": len(used) / 2 / seconds if seconds > 0 else None,
             "tokens_per_s": tokens / seconds if seconds > 0 else None,
-            "device": device,
-            "dtype": "fp32",
-            "batch_size": batch_size,
-            "layout": "right-padded, distinct texts sorted by length",
+            **scoring_record(scorer, device, dtype, batch_size),
         },
         "bootstrap": {"seed": seed, "replicates": replicates, "generator": bootstrap.GENERATOR},
         "examples_file": common.EXAMPLES_FILE,

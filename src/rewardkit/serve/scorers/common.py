@@ -14,9 +14,10 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
 
 def torch_dtype(name: str):
-    import torch
+    """`models.loading.torch_dtype`, imported on first use: the serve frontend never loads torch."""
+    from rewardkit.models.loading import torch_dtype as resolve
 
-    return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[name]
+    return resolve(name)
 
 
 def weights_digest(path: str | Path) -> str:

@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from rewardkit.core.errors import ConfigError, RewardkitError
-from rewardkit.models.packed_scoring import packed_scores, padded_scores, plan_packed
+from rewardkit.models.packed_scoring import VARLEN_FAMILIES, score_sequences, varlen_supported
 from rewardkit.serve.scorers.base import RAW_TEXT, ItemError, ScoreItem
 from rewardkit.serve.scorers.common import (
     ModelScorer,
@@ -42,25 +42,12 @@ from rewardkit.serve.scorers.common import (
 TEXT_SHAPES = ("tiny-text-rm", "qwen2-0.5b", "llama-3.2-1b", "llama-3.1-8b")
 """`tiny-text-rm` for tests; the others are real model shapes, random-initialised on the device."""
 
-VARLEN_FAMILIES = frozenset({"llama", "qwen2", "qwen3", "mistral", "gemma"})
-"""Families whose attention rk_varlen serves and whose score is `head(last hidden state)`."""
-
 _CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
     "Say hello. Hello! How can I help you today?",
     "A reward model scores a response to a prompt; higher is better.",
     "user assistant system: answer the question politely and correctly.",
 ] * 8
-
-
-def seqcls_parts(model: Any) -> tuple[Any, Any]:
-    """An HF `*ForSequenceClassification`'s (base model, `score` head), or (None, None) for models
-    whose score is not `score(last hidden state)` (encoders pooling through a pooler)."""
-    head = getattr(model, "score", None)
-    base = getattr(model, "base_model", None)
-    if head is None or base is None or base is model:
-        return None, None
-    return base, head
 
 
 class SeqClsScorer(ModelScorer):
@@ -153,21 +140,13 @@ class SeqClsScorer(ModelScorer):
 
     def _backbone_and_head(self):
         """(backbone, last-token head) when the model scores as head(last hidden), else (None, None)."""
-        return seqcls_parts(self.model)
+        from rewardkit.models.reward_model import last_token_parts
+
+        return last_token_parts(self.model)
 
     def _choose_attention(self) -> str:
-        import torch
-
-        from rewardkit.models.attention import _VARLEN_ATTN
-
         config = self.backbone.config if self.backbone is not None else None
-        able = (
-            config is not None
-            and getattr(config, "model_type", None) in VARLEN_FAMILIES
-            and _VARLEN_ATTN is not None
-            and str(self.device).startswith("cuda")
-            and torch_dtype(self.dtype) in (torch.bfloat16, torch.float16)
-        )
+        able = varlen_supported(config, self.device, torch_dtype(self.dtype))
         if self.attention_option == "varlen" and not able:
             raise ConfigError(
                 f"scorer {self.name!r}: attention varlen needs CUDA, bf16/fp16 and a model family in"
@@ -247,42 +226,22 @@ class SeqClsScorer(ModelScorer):
         if not rows:
             return results
         seqs = [results[k] for k in rows]
-        real = sum(map(len, seqs))
         with torch.inference_mode():
-            if self.attention == "varlen":
-                scores, computed = self._packed(seqs)
-                self._stats = {"real": real, "computed": computed, "padding": 0, "shared": real - computed}
-            else:
-                scores, computed = padded_scores(
-                    self._forward,
-                    seqs,
-                    pad_token_id=self.tokenizer.pad_token_id,
-                    max_batch_tokens=self.max_batch_tokens,
-                    device=self.device,
-                )
-                self._stats = {"real": real, "computed": computed, "padding": computed - real, "shared": 0}
+            scores, self._stats = score_sequences(
+                seqs,
+                varlen=self.attention == "varlen",
+                max_batch_tokens=self.max_batch_tokens,
+                backbone=self.backbone,
+                head=self.head,
+                forward=self._forward,
+                pad_token_id=self.tokenizer.pad_token_id,
+                device=self.device,
+                share_prefixes=self.prefix_sharing,
+                min_prefix=self.min_prefix,
+            )
         for k, v in zip(rows, scores.tolist(), strict=True):
             results[k] = v
         return results
-
-    def _packed(self, seqs: list[list[int]]):
-        """Scores of `seqs` in arrival order (groups stay together), in token-budget chunks."""
-        import torch
-
-        chunks: list[list[list[int]]] = [[]]
-        used = 0
-        for seq in seqs:
-            if chunks[-1] and used + len(seq) > self.max_batch_tokens:
-                chunks.append([])
-                used = 0
-            chunks[-1].append(seq)
-            used += len(seq)
-        scores, computed = [], 0
-        for chunk in chunks:
-            plan = plan_packed(chunk, share_prefixes=self.prefix_sharing, min_prefix=self.min_prefix)
-            scores.append(packed_scores(self.backbone, self.head, plan).float().cpu())
-            computed += plan.computed_tokens
-        return torch.cat(scores), computed
 
     def info_extra(self) -> dict[str, Any]:
         return {
@@ -308,11 +267,6 @@ class RewardModelScorer(SeqClsScorer):
 
         model, tokenizer, _metadata = load_reward_model(self.path, "cpu", torch_dtype(self.dtype))
         return model, tokenizer, weights_digest(self.path)
-
-    def _backbone_and_head(self):
-        if hasattr(self.model, "backbone"):  # a rewardkit RewardModel: its fp32 head
-            return self.model.backbone, self.model.head
-        return seqcls_parts(getattr(self.model, "model", self.model))  # an HF seqcls directory
 
     def _forward(self, input_ids, attention_mask, lengths):
         if self.shape is not None:
