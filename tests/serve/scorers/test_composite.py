@@ -162,3 +162,28 @@ def test_through_http_with_groups():
         )
         assert [c["name"] for c in info["extra"]["components"]] == ["exact", "short"]
         assert info["extra"]["group_normalize"]["group_size"] == 2
+
+
+def test_left_out_reaches_the_http_response_and_the_python_client():
+    """`details[<composite>].left_out` through a real server: present only for the items that
+    were renormalised, absent from every other item (old clients see the bodies they knew)."""
+    from rewardkit.serve.client import RewardClient
+
+    comp = {
+        "name": "reward",
+        "kind": "composite",
+        "options": {"components": [LEN, {**DOUBLE, "weight": 3.0}], "on_failure": "renormalize"},
+    }
+    with LiveServer(make_config([comp, {"name": "len", "kind": "length"}])) as server:
+        items = [{"id": "ok", "response": "abcd"}, {"id": "left", "response": "ERR"}]
+        r = httpx.post(
+            server.url + "/v1/score", json={"scorers": ["reward", "len"], "items": items}, timeout=30
+        )
+        assert r.status_code == 200, r.text
+        ok, left = r.json()["results"]
+        assert "details" not in ok and ok["scores"]["reward"] == 16.0
+        assert left["scores"]["reward"] == 12.0 and left["details"] == {"reward": {"left_out": ["dbl"]}}
+        with RewardClient(server.url) as client:
+            got = client.score(items, ["reward"])
+        assert got[0].details == {} and got[1].details == {"reward": {"left_out": ["dbl"]}}
+        assert got[1].scores == {"reward": 12.0}

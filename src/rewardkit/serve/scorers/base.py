@@ -52,6 +52,20 @@ class ItemError:
     message: str
 
 
+class DetailedScore(float):
+    """A score (a float, usable as one everywhere) with per-item detail that travels to the
+    client next to it: `results[i].details[scorer]` on the wire (docs/serve.md). A scorer returns
+    one where a bare number would hide something the caller should see, such as the components a
+    composite left out of this item's reward. `detail` is a JSON object; empty means none."""
+
+    detail: dict[str, Any]
+
+    def __new__(cls, value: float, detail: dict[str, Any] | None = None) -> DetailedScore:
+        obj = super().__new__(cls, value)
+        obj.detail = dict(detail or {})
+        return obj
+
+
 @dataclass(frozen=True)
 class ScorerInfo:
     """What `GET /v1/scorers` reports and what clients pin (`identity`)."""

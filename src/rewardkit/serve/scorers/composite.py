@@ -26,9 +26,9 @@ component's error code and a message naming the component. With `on_failure: ren
 failed components are left out and the weights of the rest are rescaled (`weighted_sum`:
 Σ_ok w_i s_i · Σ_all w / Σ_ok w; `mean`: Σ_ok w_i s_i / Σ_ok w_i; `min`/`max` over the rest),
 unless a left-out component is `required: true` or every component failed. The returned value is
-then a `CompositeScore` (a float) whose `left_out` names the components left out; `info().extra`
-counts them per component. The HTTP response carries only the number (the wire has no per-item
-detail field yet).
+then a `CompositeScore` (a float) whose `left_out` names the components left out; the response
+carries them next to the score, as `results[i].details[<composite>] = {"left_out": [...]}`, and
+`info().extra` counts them per component.
 
 **Group normalisation** (`group_normalize: true`): after aggregation, items with the same
 `group_id` are normalised together: a_i = (r_i - mean) / std (or only - mean with
@@ -49,7 +49,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
 from rewardkit.core.errors import ConfigError
-from rewardkit.serve.scorers.base import ItemError, ScoreItem, Scorer, ScorerInfo
+from rewardkit.serve.scorers.base import DetailedScore, ItemError, ScoreItem, Scorer, ScorerInfo
 from rewardkit.serve.scorers.common import VERSION, OptionsScorer, identity
 
 AGGREGATIONS = ("weighted_sum", "mean", "min", "max")
@@ -58,15 +58,16 @@ COMPONENT_KEYS = frozenset(
 )
 
 
-class CompositeScore(float):
-    """A float that remembers which components were left out (renormalised) for this item."""
-
-    left_out: tuple[str, ...]
+class CompositeScore(DetailedScore):
+    """A float that remembers which components were left out (renormalised) for this item; the
+    response carries them as `details[<composite>] = {"left_out": [...]}`."""
 
     def __new__(cls, value: float, left_out: tuple[str, ...] = ()) -> CompositeScore:
-        obj = super().__new__(cls, value)
-        obj.left_out = left_out
-        return obj
+        return super().__new__(cls, value, {"left_out": list(left_out)} if left_out else None)
+
+    @property
+    def left_out(self) -> tuple[str, ...]:
+        return tuple(self.detail.get("left_out", ()))
 
 
 def _checked(value: object) -> float | ItemError:
