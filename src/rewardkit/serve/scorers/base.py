@@ -143,6 +143,18 @@ class Scorer(abc.ABC):
         """Token accounting of the last batch (real, computed, padding, shared), for /metrics."""
         return {}
 
+    def hosted_references(self) -> tuple[str, ...]:
+        """Other scorers of the same server this one scores through (a composite's `scorer:`
+        components), so a model hosted once serves both. The backend loads them first, hands
+        over one handle each with `bind_hosted`, and admits a request to this scorer through
+        their lifecycles too (503 `offloaded`, or their auto onload, as a direct request)."""
+        return ()
+
+    def bind_hosted(self, hosted: dict[str, Any]) -> None:
+        """Before `load()`: name → a handle on that hosted scorer whose `score_batch(items)`
+        goes through its own queue and batches, with `warmup_item()` and `info()`."""
+        raise NotImplementedError(f"{type(self).__name__} references no hosted scorers")
+
     def warmup_item(self) -> ScoreItem:
         """An input that a healthy scorer must score to a finite value before readiness."""
         return ScoreItem(id="warmup", prompt="Say hello.", response="Hello!", image=None)
