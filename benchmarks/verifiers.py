@@ -645,7 +645,9 @@ def main() -> None:
     ap.add_argument("--only", choices=["math", "sandbox", "judge", "judge_engine"], default=None)
     ap.add_argument("--out", default=None)
     ap.add_argument("--judge-engine-items", type=int, default=512)
-    ap.add_argument("--judge-max-tokens", type=int, default=96, help="max_tokens (answers are 52 tokens)")
+    ap.add_argument(
+        "--judge-max-tokens", type=int, default=96, help="max_tokens (scripted answers are 53 tokens)"
+    )
     ap.add_argument("--judge-local-batch", type=int, default=64, help="in-process backend's max_batch_size")
     ap.add_argument(
         "--judge-phase-s", type=float, default=40.0, help="judge_engine: seconds per phase, about"
