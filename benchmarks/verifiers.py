@@ -235,6 +235,47 @@ def _fake_engine(latency_s: float) -> tuple[object, str]:
     return server, f"http://127.0.0.1:{server.server_address[1]}"
 
 
+def judge_service(engine: str, model: str, concurrency: int, max_tokens: int) -> dict:
+    """A service with one `judge` scorer in front of the OpenAI-compatible `engine`."""
+    options = {"url": engine, "model": model, "concurrency": concurrency, "max_tokens": max_tokens}
+    return {
+        "scorers": [
+            {"name": "judge", "kind": "judge", "max_batch_size": 256, "max_wait_ms": 5, "options": options}
+        ]
+    }
+
+
+def _post_all(url: str, items: list[dict], scorer: str, batch: int = 16, clients: int = 8) -> dict:
+    """Score `items` through `POST /v1/score` from `clients` threads, `batch` items a request."""
+    client = httpx.Client(timeout=600, limits=httpx.Limits(max_connections=clients))
+    codes: dict[str, int] = {}
+    scored = 0
+
+    def post(chunk):
+        r = client.post(url + "/v1/score", json={"scorers": [scorer], "items": chunk})
+        r.raise_for_status()
+        return r.json()["results"]
+
+    t0 = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+        for results in pool.map(post, [items[i : i + batch] for i in range(0, len(items), batch)]):
+            for x in results:
+                if scorer in x["scores"]:
+                    scored += 1
+                else:
+                    code = x["errors"][scorer]["code"]
+                    codes[code] = codes.get(code, 0) + 1
+    wall = time.perf_counter() - t0
+    client.close()
+    return {
+        "items": len(items),
+        "seconds": wall,
+        "items_per_s": len(items) / wall,
+        "parsed": scored,
+        "errors": codes,
+    }
+
+
 def bench_judge_fake(n: int, concurrency: int, latency_s: float) -> dict:
     import asyncio
 
@@ -260,34 +301,15 @@ def bench_judge_fake(n: int, concurrency: int, latency_s: float) -> dict:
 
     direct_rate = asyncio.run(direct(concurrency, n))
     one_in_flight = asyncio.run(direct(1, max(20, n // 16)))
-    cfg = {
-        "scorers": [
-            {
-                "name": "judge",
-                "kind": "judge",
-                "max_batch_size": 256,
-                "max_wait_ms": 5,
-                "options": {"url": engine, "model": "m", "concurrency": concurrency, "max_tokens": 64},
-            }
-        ]
-    }
     try:
-        with served(cfg) as url:
+        with served(judge_service(engine, "m", concurrency, 64)) as url:
             items = [
                 {"id": str(i), "prompt": p, "response": "Because of Rayleigh scattering."}
                 for i, p in enumerate(prompts)
             ]
-            client = httpx.Client(timeout=120, limits=httpx.Limits(max_connections=16))
-
-            def post(batch):
-                r = client.post(url + "/v1/score", json={"scorers": ["judge"], "items": batch})
-                r.raise_for_status()
-                assert all("judge" in x["scores"] for x in r.json()["results"])
-
-            t0 = time.perf_counter()
-            with concurrent.futures.ThreadPoolExecutor(8) as pool:
-                list(pool.map(post, [items[i : i + 16] for i in range(0, n, 16)]))
-            through = n / (time.perf_counter() - t0)
+            res = _post_all(url, items, "judge")
+            assert res["parsed"] == n, res["errors"]
+            through = res["items_per_s"]
     finally:
         server.shutdown()
     return {
@@ -387,37 +409,6 @@ def judge_items(n: int) -> list[dict]:
     ]
 
 
-def _post_all(url: str, items: list[dict], scorer: str, batch: int = 16, clients: int = 8) -> dict:
-    """Score `items` through `POST /v1/score` from `clients` threads, `batch` items a request."""
-    client = httpx.Client(timeout=600, limits=httpx.Limits(max_connections=clients))
-    codes: dict[str, int] = {}
-    scored = 0
-
-    def post(chunk):
-        r = client.post(url + "/v1/score", json={"scorers": [scorer], "items": chunk})
-        r.raise_for_status()
-        return r.json()["results"]
-
-    t0 = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
-        for results in pool.map(post, [items[i : i + batch] for i in range(0, len(items), batch)]):
-            for x in results:
-                if scorer in x["scores"]:
-                    scored += 1
-                else:
-                    code = x["errors"][scorer]["code"]
-                    codes[code] = codes.get(code, 0) + 1
-    wall = time.perf_counter() - t0
-    client.close()
-    return {
-        "items": len(items),
-        "seconds": wall,
-        "items_per_s": len(items) / wall,
-        "parsed": scored,
-        "errors": codes,
-    }
-
-
 def bench_judge_engine(args: argparse.Namespace) -> dict:
     """Section 5: `transformers serve` straight, through /v1/score, and the in-process backend."""
     import asyncio
@@ -514,24 +505,7 @@ def bench_judge_engine(args: argparse.Namespace) -> dict:
             print("judge engine, direct:", out["direct"], flush=True)
             out["one_in_flight"] = asyncio.run(direct(engine, 4 if smoke else 16, 1))
             print("judge engine, 1 in flight:", out["one_in_flight"], flush=True)
-            judge_opts = {
-                "url": engine,
-                "model": str(model_dir),
-                "concurrency": conc,
-                "max_tokens": max_tokens,
-            }
-            cfg = {
-                "scorers": [
-                    {
-                        "name": "judge",
-                        "kind": "judge",
-                        "max_batch_size": 256,
-                        "max_wait_ms": 5,
-                        "options": judge_opts,
-                    }
-                ]
-            }
-            with served(cfg) as url:
+            with served(judge_service(engine, str(model_dir), conc, max_tokens)) as url:
                 out["through_v1_score"] = _post_all(url, items, "judge")
             print("judge engine, through /v1/score:", out["through_v1_score"], flush=True)
         d, one, thr = out["direct"], out["one_in_flight"], out["through_v1_score"]

@@ -183,9 +183,7 @@ class JudgeScorer(OptionsScorer):
         {
             "backend",
             "trust_remote_code",
-            "url",
             "model",
-            "api_key_env",
             "mode",
             "template",
             "system",
@@ -195,16 +193,10 @@ class JudgeScorer(OptionsScorer):
             "both_orders",
             "max_tokens",
             "temperature",
-            "concurrency",
-            "rate_limit_rps",
-            "max_retries",
-            "backoff_s",
-            "max_backoff_s",
-            "deadline_s",
-            "request_timeout_s",
             "score_from",
             "top_logprobs",
         }
+        | HTTP_OPTIONS
     )
 
     def __init__(
