@@ -174,3 +174,27 @@ def test_through_a_real_server_with_offload_and_onload(seven):
             == 200
         )
         assert post() == [pytest.approx(6 / 9)] * 3
+
+
+@pytest.mark.gpu
+def test_gpu_bf16_generates_the_same_answer_and_offloads(tmp_path, tokenizer):
+    """On CUDA in bf16: the scripted answer parses to the same score, the logprob expectation
+    matches the fp32 CPU one within bf16's precision, and the weights leave the GPU on offload."""
+    from rewardkit.serve.lifecycle import weights_of
+
+    ids = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    alternatives = {len(ids("Score:")): [(ids("8")[0], 1.0)]}
+    path = save_judge(tmp_path, tokenizer, "Score:7", alternatives=alternatives)
+    options = {"backend": "transformers", "max_tokens": 16, "scale": [1, 9], "score_from": "logprobs"}
+    gpu = JudgeScorer("g", options=options, path=path, dtype="bf16", device="cuda", max_batch_size=4)
+    gpu.load()
+    cpu = local(path, max_tokens=16, scale=[1, 9], score_from="logprobs")
+    items = [item("4", "a"), item("It is four. " * 6, "b"), item("x", "c")]
+    got, want = gpu.score_batch(items), cpu.score_batch(items)
+    assert got == [pytest.approx(w, abs=2e-2) for w in want]
+    assert want[0] == pytest.approx((7 + 8 * math.e**-1) / (1 + math.e**-1) / 8 - 1 / 8, abs=1e-4)
+    weights = weights_of(gpu)
+    weights.offload()
+    assert weights.bytes_on_device() == 0
+    weights.onload()
+    assert gpu.score_batch(items) == got
