@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import struct
 import tempfile
@@ -20,13 +21,14 @@ from rewardkit.deploy.transport import (
     decode_results,
     encode_frame,
     encode_items,
+    encode_results,
     read_frame,
     serve_unix,
 )
 from rewardkit.deploy.worker import RelayMetrics, WorkerServer
 from rewardkit.serve.backend import InProcessBackend
 from rewardkit.serve.metrics import BatchStats
-from rewardkit.serve.scorers.base import ScoreItem
+from rewardkit.serve.scorers.base import DetailedScore, ItemError, ScoreItem
 from support.serve import RecordingScorer, make_config
 
 RICH = ScoreItem(
@@ -185,3 +187,17 @@ def test_reference_group_id_and_metadata_reach_a_worker_scorer(sock_path):
     results, items = asyncio.run(go())
     assert results == [1.0, 1.0]
     assert RecordingScorer.seen == items
+
+
+def test_a_score_detail_crosses_the_worker_transport():
+    """A composite's `left_out` (a `DetailedScore`) survives encode → JSON → decode; a bare float
+    carries no detail key, so workers and gateways of the previous release still agree."""
+    detailed = DetailedScore(2.5, {"left_out": ["rm"]})
+    wire = json.loads(json.dumps(encode_results([detailed, 1.0, ItemError("timeout", "slow")])))
+    assert wire[1] == {"score": 1.0}
+    back = decode_results(wire, 3)
+    assert back[0] == 2.5 and isinstance(back[0], DetailedScore) and back[0].detail == {"left_out": ["rm"]}
+    assert back[1] == 1.0 and not isinstance(back[1], DetailedScore)
+    assert back[2] == ItemError("timeout", "slow")
+    (nan,) = decode_results([{"score": None, "detail": {"left_out": ["x"]}}], 1)
+    assert isinstance(nan, ItemError)  # a detail never turns a non-number into a score

@@ -605,3 +605,19 @@ def test_gpu_http_clip_graphs_memory_released_and_scores_bit_exact():
             assert r.status_code == 200, r.text
             assert r.json()["results"]["clip"]["transfer"]["gbps"] > 1
             assert score(s, ["clip"], items).json()["results"] == first["results"]
+
+
+def test_many_weights_move_all_or_nothing():
+    """A composite's inline models: one onload that fails puts the ones already moved back."""
+    from rewardkit.serve.lifecycle import ManyWeights
+
+    a, b = FakeWeights(100), FakeWeights(20)
+    both = ManyWeights([a, b])
+    assert both.offload() == {"bytes": 120} and not a.on_device and not b.on_device
+    b.fail_onloads = 1
+    with pytest.raises(RuntimeError, match="onload needs"):
+        both.onload()
+    assert not a.on_device and not b.on_device  # a moved, then went back: still all offloaded
+    assert a.moves == ["offload", "onload", "offload"]
+    assert both.onload() == {"bytes": 120} and a.on_device and b.on_device
+    assert ManyWeights([]).offload() == {"bytes": 0}

@@ -75,15 +75,15 @@ def _terminate_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
 
 
-def _ready(url: str) -> bool:
+def _ready(url: str, path: str = READY_ROUTE) -> bool:
     try:
-        return httpx.get(url + READY_ROUTE, timeout=2.0).status_code == 200
+        return httpx.get(url + path, timeout=2.0).status_code == 200
     except httpx.HTTPError:
         return False
 
 
 def _wait_ready(
-    proc: subprocess.Popen[bytes], url: str, log_path: Path, label: str, timeout_s: float
+    proc: subprocess.Popen[bytes], url: str, log_path: Path, label: str, timeout_s: float, path: str
 ) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
@@ -91,7 +91,7 @@ def _wait_ready(
             raise ServerStartError(
                 f"{label}: server exited with code {proc.returncode} before ready; log tail: {log_tail(log_path)}"
             )
-        if _ready(url):
+        if _ready(url, path):
             return
         if time.monotonic() > deadline:
             raise ServerStartError(
@@ -125,6 +125,7 @@ def running_server(
     stop_timeout_s: float = 30.0,
     label: str = "server",
     log_name: str = "server.log",
+    ready_path: str = READY_ROUTE,
 ) -> Iterator[str]:
     """Start the server, yield its base URL once `/health/ready` says 200, stop it on exit.
 
@@ -132,7 +133,8 @@ def running_server(
     with `{python}` (this interpreter), `{port}` (a free loopback port) and `fields` (e.g.
     qualify's `{deploy}`). `env` is added to this process's environment. The server's stdout
     and stderr go to `workdir/log_name`. Callers that need the start-up time measure the
-    `with` entry themselves.
+    `with` entry themselves. `ready_path` is the route that answers 200 once ready (another
+    server, such as an inference engine benchmarked next to ours: its own health route).
     """
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
@@ -153,7 +155,7 @@ def running_server(
             preexec_fn=_terminate_with_parent,
         )
     try:
-        _wait_ready(proc, url, log_path, label, ready_timeout_s)
+        _wait_ready(proc, url, log_path, label, ready_timeout_s, ready_path)
         yield url
     finally:
         _stop(proc, label, stop_timeout_s)

@@ -60,6 +60,12 @@ class OwnStream(Scorer):
         with torch.cuda.stream(self.stream):
             return self.inner.score_prepared(batch)
 
+    def hosted_references(self) -> tuple[str, ...]:
+        return self.inner.hosted_references()
+
+    def bind_hosted(self, hosted: dict[str, Any]) -> None:
+        self.inner.bind_hosted(hosted)
+
     @property
     def packs_tokens(self) -> bool:  # type: ignore[override]
         return self.inner.packs_tokens

@@ -27,7 +27,7 @@ from typing import Any
 from rewardkit.core.errors import RewardkitError
 from rewardkit.serve.batcher import ItemResult, check_value
 from rewardkit.serve.protocol import error_body, item_fields, item_from_fields
-from rewardkit.serve.scorers.base import ItemError, ScoreItem
+from rewardkit.serve.scorers.base import DetailedScore, ItemError, ScoreItem
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,9 @@ def encode_results(results: list[Any]) -> list[dict[str, Any]]:
     """`ItemResult`s as wire dicts. A non-finite float never leaves the worker as a score."""
     out: list[dict[str, Any]] = []
     for r in map(check_value, results):
-        if isinstance(r, float):
+        if isinstance(r, DetailedScore):
+            out.append({"score": float(r), "detail": r.detail})
+        elif isinstance(r, float):
             out.append({"score": r})
         else:
             out.append({"error": error_body(r.code, r.message)})
@@ -140,7 +142,11 @@ def decode_results(raw: Any, n: int) -> list[ItemResult]:
     out: list[ItemResult] = []
     for r in raw:
         if isinstance(r, dict) and "score" in r:
-            out.append(check_value(r["score"]))
+            detail = r.get("detail")
+            value = r["score"]
+            if isinstance(detail, dict) and detail and isinstance(value, int | float):
+                value = DetailedScore(value, detail)
+            out.append(check_value(value))
         elif isinstance(r, dict) and isinstance(r.get("error"), dict):
             err = r["error"]
             out.append(ItemError(str(err.get("code", "scorer_failed")), str(err.get("message", ""))))

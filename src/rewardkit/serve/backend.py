@@ -9,8 +9,10 @@ a finite float or an `ItemError`; whole-request problems are raised as `ServeErr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
+from collections.abc import AsyncIterator
 from typing import Any, Protocol, runtime_checkable
 
 from rewardkit.serve.batcher import DynamicBatcher, ItemResult, check_value
@@ -64,6 +66,8 @@ class InProcessBackend:
         self._batchers: dict[str, DynamicBatcher] = {}
         self._infos: dict[str, ScorerInfo] = {}
         self._status: dict[str, str] = {s.name: "pending" for s in config.scorers}
+        self._scorers: dict[str, Scorer] = {}
+        self._refs: dict[str, tuple[str, ...]] = {}  # scorer → the hosted scorers it scores through
         self.lifecycle = Lifecycle()  # offload / onload / drain per scorer (docs/lifecycle.md)
 
     def attach_metrics(self, metrics: ServeMetrics) -> None:
@@ -72,10 +76,23 @@ class InProcessBackend:
             b.metrics = metrics
 
     async def start(self) -> None:
-        scorers = self._prebuilt or [build_scorer(spec) for spec in self.config.scorers]
+        scorers = _referenced_first(self._prebuilt or [build_scorer(spec) for spec in self.config.scorers])
         specs = {s.name: s for s in self.config.scorers}
+        loop = asyncio.get_running_loop()
         for scorer in scorers:
             spec = specs.get(scorer.name)
+            refs = scorer.hosted_references()
+            if refs:
+                unusable = [r for r in refs if r not in self._batchers or self._refs.get(r)]
+                if unusable:
+                    cause = (
+                        f"names hosted scorers {unusable}, which this process does not host, which "
+                        "failed to load, or which name hosted scorers themselves"
+                    )
+                    log.error("scorer %s failed to load: %s", scorer.name, cause)
+                    self._status[scorer.name] = f"failed: {cause}"[:300]
+                    continue
+                scorer.bind_hosted({r: HostedScorer(self, r, loop) for r in refs})
             # image scorers refuse oversized images per item at admission (docs/reliability.md)
             limit_pixels = getattr(getattr(scorer, "inner", scorer), "limit_image_pixels", None)
             if limit_pixels is not None:
@@ -110,9 +127,14 @@ class InProcessBackend:
                 continue
             batcher.start()
             self._batchers[scorer.name] = batcher
+            self._scorers[scorer.name] = scorer
+            self._refs[scorer.name] = refs
             self._infos[scorer.name] = scorer.info()
             self._status[scorer.name] = "ready"
-            self.lifecycle.add(scorer_lifecycle(scorer, batcher.run_in_thread, spec))
+            machine = scorer_lifecycle(scorer, batcher.run_in_thread, spec)
+            if refs:  # its warm-up after an onload scores through them: admitted like a request
+                machine.warmup = self._admitted_warmup(refs, machine.warmup)
+            self.lifecycle.add(machine)
             log.info("scorer %s ready (%s)", scorer.name, self._infos[scorer.name].identity[:12])
         if self.config.prefetch_images:
             self.images = share_image_decoding([s for s in scorers if s.name in self._batchers])
@@ -130,21 +152,48 @@ class InProcessBackend:
         self.images = {}
 
     async def score(self, scorer: str, items: list[ScoreItem]) -> list[ItemResult]:
+        self._batcher(scorer)
+        # 503 draining/offloaded, or an auto onload: the hosted scorers it names first, so an
+        # auto onload of a composite finds them resident
+        async with self._admitted((*self._refs.get(scorer, ()), scorer)):
+            return await self.submit(scorer, items)
+
+    def _batcher(self, scorer: str) -> DynamicBatcher:
         batcher = self._batchers.get(scorer)
         if batcher is None:
             raise ServeError(
                 "not_ready", f"scorer {scorer!r} is {self._status.get(scorer, 'unknown')}", retry_after=5
             )
-        async with self.lifecycle.admit(scorer):  # 503 draining/offloaded, or an auto onload
-            shared = self.images.get(scorer)
-            if shared is None:
-                return await batcher.submit(items)
-            held = shared.hold([i.image for i in items if i.image])
-            try:
-                await shared.ready(held)  # decoded before the items queue: overlaps earlier forwards
-                return await batcher.submit(items)
-            finally:
-                shared.release(held)
+        return batcher
+
+    @contextlib.asynccontextmanager
+    async def _admitted(self, names: tuple[str, ...]) -> AsyncIterator[None]:
+        """Through each named scorer's lifecycle, in order (released in reverse)."""
+        async with contextlib.AsyncExitStack() as stack:
+            for name in names:
+                await stack.enter_async_context(self.lifecycle.admit(name))
+            yield
+
+    def _admitted_warmup(self, refs: tuple[str, ...], warmup: Any) -> Any:
+        async def run() -> None:
+            async with self._admitted(refs):
+                await warmup()
+
+        return run
+
+    async def submit(self, scorer: str, items: list[ScoreItem]) -> list[ItemResult]:
+        """Queue `items` on the scorer's batcher, without admission: `score` admits, and a
+        hosted scorer's handle scores under the admission of the request that called it."""
+        batcher = self._batcher(scorer)
+        shared = self.images.get(scorer)
+        if shared is None:
+            return await batcher.submit(items)
+        held = shared.hold([i.image for i in items if i.image])
+        try:
+            await shared.ready(held)  # decoded before the items queue: overlaps earlier forwards
+            return await batcher.submit(items)
+        finally:
+            shared.release(held)
 
     async def lifecycle_action(self, action: str, names: list[str] | None, timeout_s: float | None) -> dict:
         """`POST /v1/lifecycle/<action>`: results by scorer (docs/lifecycle.md)."""
@@ -171,3 +220,30 @@ class InProcessBackend:
                 status = f"broken: {batcher.consecutive_failures} consecutive failed batches"
             details[name] = status
         return merge_ready(details, self.lifecycle.states())  # offloaded/draining: healthy, says so
+
+
+class HostedScorer:
+    """A handle on a scorer this backend hosts, for a scorer that scores through it (a
+    composite's `scorer:` component). `score_batch` runs on the caller's scoring thread and
+    waits for the hosted scorer's own batcher on the event loop, so the items share its batches
+    with direct requests; admission (its lifecycle) is the calling request's, taken in `score`."""
+
+    def __init__(self, backend: InProcessBackend, name: str, loop: asyncio.AbstractEventLoop) -> None:
+        self.backend = backend
+        self.name = name
+        self.loop = loop
+
+    def score_batch(self, items: list[ScoreItem]) -> list[ItemResult]:
+        return asyncio.run_coroutine_threadsafe(self.backend.submit(self.name, items), self.loop).result()
+
+    def warmup_item(self) -> ScoreItem:
+        return self.backend._scorers[self.name].warmup_item()
+
+    def info(self) -> ScorerInfo:
+        return self.backend._infos[self.name]
+
+
+def _referenced_first(scorers: list[Scorer]) -> list[Scorer]:
+    """Scorers named by others load (and warm up) before those that score through them."""
+    named = {r for s in scorers for r in s.hosted_references()}
+    return sorted(scorers, key=lambda s: (s.name not in named, bool(s.hosted_references())))

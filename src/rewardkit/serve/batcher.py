@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from rewardkit.serve.metrics import BatchStats, ServeMetrics, outcome
 from rewardkit.serve.protocol import ServeError
-from rewardkit.serve.scorers.base import ItemError, ScoreItem, Scorer
+from rewardkit.serve.scorers.base import DetailedScore, ItemError, ScoreItem, Scorer
 from rewardkit.serve.timing import record_timing
 
 log = logging.getLogger(__name__)
@@ -73,10 +73,12 @@ def check_value(value: object) -> ItemResult:
                 raise TypeError
         except (ImportError, TypeError):
             return ItemError("scorer_failed", f"scorer returned {type(value).__name__}, not a number")
-    value = float(value)
-    if not math.isfinite(value):
-        return ItemError("non_finite", f"scorer produced {value}")
-    return value
+    number = float(value)
+    if not math.isfinite(number):
+        return ItemError("non_finite", f"scorer produced {number}")
+    if isinstance(value, DetailedScore) and value.detail:  # keeps its detail for the response
+        return value
+    return number
 
 
 class DynamicBatcher:

@@ -63,6 +63,9 @@ class ItemScores:
     id: str
     scores: dict[str, float]
     errors: dict[str, dict[str, str]] = field(default_factory=dict)
+    details: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Scorer → what its score leaves unsaid for this item, e.g. `{"reward": {"left_out": ["rm"]}}`
+    when a renormalising composite scored without a component; empty for most items."""
 
 
 class ServiceError(RewardkitError):
@@ -108,7 +111,10 @@ def _parse(response: httpx.Response, allow_partial: bool) -> list[ItemScores]:
         except (ValueError, AttributeError):
             code, message = HTTP_ERROR_CODE, response.text[:200]
         raise ServiceError(response.status_code, code, message)
-    results = [ItemScores(r["id"], r["scores"], r.get("errors") or {}) for r in response.json()["results"]]
+    results = [
+        ItemScores(r["id"], r["scores"], r.get("errors") or {}, r.get("details") or {})
+        for r in response.json()["results"]
+    ]
     failures = [ItemFailure(r.id, s, e["code"], e["message"]) for r in results for s, e in r.errors.items()]
     if failures and not allow_partial:
         raise ScoreError(failures, results)
@@ -495,7 +501,7 @@ class _Stream:
                     fut.set_exception(exc)
             return
         for (_, fut), item_id, wire in zip(live, ids, results, strict=True):
-            result = ItemScores(item_id, wire.scores, wire.errors)
+            result = ItemScores(item_id, wire.scores, wire.errors, wire.details)
             if fut.done():
                 continue
             failures = [ItemFailure(result.id, s, e["code"], e["message"]) for s, e in result.errors.items()]

@@ -167,6 +167,54 @@ class ModelWeights:
         return self._weights().bytes_on_device
 
 
+def _merged(transfers: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several transfers reported as one: byte, copy and time counts summed, rate recomputed."""
+    out: dict[str, Any] = {}
+    for t in transfers:
+        for key, value in t.items():
+            if isinstance(value, int | float) and not isinstance(value, bool) and key != "gbps":
+                out[key] = out.get(key, 0) + value
+            else:
+                out.setdefault(key, value)
+    if out.get("copy_seconds"):
+        out["gbps"] = round(out.get("bytes", 0) / out["copy_seconds"] / 1e9, 3)
+    return out
+
+
+class ManyWeights:
+    """The device state of several scorers moving as one: a composite's inline components (a
+    reward model configured inside it) offload and onload with the composite. All or nothing:
+    a move that fails part-way puts the parts it already moved back, then raises, so the state
+    the lifecycle reports stays true."""
+
+    def __init__(self, parts: list[Any]) -> None:
+        self.parts = parts
+
+    def _all(self, forward: str, back: str) -> dict[str, Any]:
+        done: list[dict[str, Any]] = []
+        for part in self.parts:
+            try:
+                done.append(getattr(part, forward)())
+            except BaseException:
+                for moved in reversed(self.parts[: len(done)]):
+                    with contextlib.suppress(Exception):
+                        getattr(moved, back)()
+                raise
+        return _merged(done) if done else {"bytes": 0}
+
+    def offload(self) -> dict[str, Any]:
+        return self._all("offload", "onload")
+
+    def onload(self) -> dict[str, Any]:
+        return self._all("onload", "offload")
+
+    def bytes_total(self) -> int:
+        return sum(p.bytes_total() for p in self.parts)
+
+    def bytes_on_device(self) -> int:
+        return sum(p.bytes_on_device() for p in self.parts)
+
+
 def weights_of(scorer: Any) -> NoWeights | ModelWeights:
     """The device state a scorer carries. Wrappers (deploy's `OwnStream`) expose `inner`."""
     custom = getattr(scorer, "lifecycle_weights", None)

@@ -30,7 +30,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, TypeAdapter, ValidationError
 
 from rewardkit.core.errors import RewardkitError
-from rewardkit.serve.scorers.base import ItemError, ScoreItem
+from rewardkit.serve.scorers.base import DetailedScore, ItemError, ScoreItem
 
 # ------------------------------------------------------------------------- 1. routes and headers
 
@@ -270,6 +270,11 @@ class ItemOut(BaseModel):
     id: str
     scores: dict[str, float]
     errors: dict[str, ErrorOut]
+    details: dict[str, dict[str, JsonValue]] | None = Field(
+        default=None,
+        description="scorer -> what its score leaves unsaid for this item (a composite's `left_out`); "
+        "absent when no scorer has any",
+    )
 
 
 class ScorerRef(BaseModel):
@@ -628,18 +633,26 @@ def score_response(
     refs: Mapping[str, tuple[str, str]],
 ) -> dict[str, Any]:
     """The `ScoreResponse` JSON: per item, each scorer in `scores` (a float) or `errors`, never
-    both. `by_scorer` holds one checked result per item; `refs` is name → (version, identity)."""
+    both, and a scorer's `DetailedScore.detail` under `details` (the key only when some scorer
+    has one, so clients that predate it see the same bodies). `by_scorer` holds one checked
+    result per item; `refs` is name → (version, identity)."""
     results = []
     for i, item in enumerate(items):
         scores: dict[str, float] = {}
         errors: dict[str, dict[str, str]] = {}
+        details: dict[str, dict[str, Any]] = {}
         for name, values in by_scorer.items():
             r = values[i]
             if isinstance(r, ItemError):
                 errors[name] = error_body(r.code, r.message)
             else:
-                scores[name] = r
-        results.append({"id": item.id, "scores": scores, "errors": errors})
+                scores[name] = float(r)
+                if isinstance(r, DetailedScore) and r.detail:
+                    details[name] = r.detail
+        result: dict[str, Any] = {"id": item.id, "scores": scores, "errors": errors}
+        if details:
+            result["details"] = details
+        results.append(result)
     scorers = {n: {"version": version, "identity": identity} for n, (version, identity) in refs.items()}
     return {"results": results, "scorers": scorers}
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 
 import httpx
 import pytest
@@ -162,3 +163,140 @@ def test_through_http_with_groups():
         )
         assert [c["name"] for c in info["extra"]["components"]] == ["exact", "short"]
         assert info["extra"]["group_normalize"]["group_size"] == 2
+
+
+def test_left_out_reaches_the_http_response_and_the_python_client():
+    """`details[<composite>].left_out` through a real server: present only for the items that
+    were renormalised, absent from every other item (old clients see the bodies they knew)."""
+    from rewardkit.serve.client import RewardClient
+
+    comp = {
+        "name": "reward",
+        "kind": "composite",
+        "options": {"components": [LEN, {**DOUBLE, "weight": 3.0}], "on_failure": "renormalize"},
+    }
+    with LiveServer(make_config([comp, {"name": "len", "kind": "length"}])) as server:
+        items = [{"id": "ok", "response": "abcd"}, {"id": "left", "response": "ERR"}]
+        r = httpx.post(
+            server.url + "/v1/score", json={"scorers": ["reward", "len"], "items": items}, timeout=30
+        )
+        assert r.status_code == 200, r.text
+        ok, left = r.json()["results"]
+        assert "details" not in ok and ok["scores"]["reward"] == 16.0
+        assert left["scores"]["reward"] == 12.0 and left["details"] == {"reward": {"left_out": ["dbl"]}}
+        with RewardClient(server.url) as client:
+            got = client.score(items, ["reward"])
+        assert got[0].details == {} and got[1].details == {"reward": {"left_out": ["dbl"]}}
+        assert got[1].scores == {"reward": 12.0}
+
+
+HOSTED = [
+    {"name": "rm", "kind": "hf_seqcls", "shape": "tiny-text-rm", "device": "cpu", "max_wait_ms": 1},
+    {"name": "len", "kind": "length"},
+    {  # listed before the scorer it names: the backend loads that one first
+        "name": "reward",
+        "kind": "composite",
+        "options": {
+            "components": [
+                {"name": "model", "scorer": "rm", "weight": 0.5},
+                {"name": "short", "kind": "length", "weight": 1.0},
+            ]
+        },
+    },
+    {
+        "name": "inline",
+        "kind": "composite",
+        "options": {
+            "components": [{"name": "m", "kind": "hf_seqcls", "shape": "tiny-text-rm", "device": "cpu"}]
+        },
+    },
+]
+ITEMS = [{"id": str(i), "prompt": "Say hi.", "response": "hi " * (i + 1)} for i in range(4)]
+
+
+def post(server, scorers):
+    return httpx.post(server.url + "/v1/score", json={"scorers": scorers, "items": ITEMS}, timeout=60)
+
+
+def lifecycle(server, action=None, scorer=None):
+    if action is None:
+        r = httpx.get(server.url + "/v1/lifecycle", timeout=30)
+    else:
+        r = httpx.post(server.url + f"/v1/lifecycle/{action}", params={"scorer": scorer}, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+@pytest.fixture(scope="module")
+def hosted():
+    with LiveServer(make_config(HOSTED)) as server:
+        yield server
+
+
+def test_a_hosted_component_is_the_hosted_scorer_loaded_once(hosted):
+    from rewardkit.serve.backend import HostedScorer
+
+    r = post(hosted, ["reward", "rm", "len"])
+    assert r.status_code == 200, r.text
+    for x in r.json()["results"]:
+        assert x["scores"]["reward"] == pytest.approx(0.5 * x["scores"]["rm"] + x["scores"]["len"], abs=1e-6)
+    composite = hosted.backend._scorers["reward"]
+    assert isinstance(composite.scorers[0], HostedScorer)  # the server's `rm`, not a second copy
+    state = lifecycle(hosted)["scorers"]
+    assert state["reward"]["bytes_total"] == 0 and state["rm"]["bytes_total"] > 0
+    info = next(s for s in httpx.get(hosted.url + "/v1/scorers").json()["scorers"] if s["name"] == "reward")
+    model = info["extra"]["components"][0]
+    assert model["scorer"] == "rm" and model["identity"] == hosted.backend.scorer_infos()["rm"].identity
+
+
+def test_an_offloaded_hosted_component_refuses_the_composite_like_a_direct_request(hosted):
+    before = post(hosted, ["reward"]).json()
+    lifecycle(hosted, "offload", "rm")
+    for names in (["rm"], ["reward"]):
+        refused = post(hosted, names)
+        assert refused.status_code == 503 and refused.json()["code"] == "offloaded", refused.text
+        assert "'rm'" in refused.json()["message"] and refused.headers["retry-after"] == "1"
+    assert post(hosted, ["len"]).status_code == 200
+    lifecycle(hosted, "onload", "rm")
+    assert post(hosted, ["reward"]).json() == before
+
+
+def test_offloading_the_composite_moves_its_inline_models_only(hosted):
+    first = post(hosted, ["inline"]).json()
+    body = lifecycle(hosted, "offload", "inline")
+    assert body["results"]["inline"]["transfer"]["bytes"] > 0
+    state = body["lifecycle"]["scorers"]
+    assert state["inline"]["bytes_on_device"] == 0 and state["inline"]["bytes_total"] > 0
+    assert state["rm"]["state"] == "resident" and state["rm"]["bytes_on_device"] > 0
+    assert post(hosted, ["inline"]).json()["code"] == "offloaded"
+    assert lifecycle(hosted, "onload", "inline")["lifecycle"]["scorers"]["inline"]["bytes_on_device"] > 0
+    assert post(hosted, ["inline"]).json() == first  # bit for bit after the round trip
+
+
+def test_a_hosted_component_with_auto_onload_is_onloaded_by_the_composites_request():
+    cfg = [{**HOSTED[0], "auto_onload": True}, HOSTED[2]]
+    with LiveServer(make_config(cfg)) as server:
+        first = post(server, ["reward"]).json()
+        lifecycle(server, "offload", "rm")
+        again = post(server, ["reward"])
+        assert again.status_code == 200 and again.json() == first
+        assert lifecycle(server)["scorers"]["rm"]["state"] == "resident"
+
+
+def test_hosted_references_are_checked():
+    with pytest.raises(ConfigError, match="drop \\['kind'\\]"):
+        CompositeScorer("c", options={"components": [{"name": "a", "scorer": "rm", "kind": "length"}]})
+    with pytest.raises(ConfigError, match="another scorer"):
+        CompositeScorer("c", options={"components": [{"name": "a", "scorer": "c"}]})
+    with pytest.raises(ConfigError, match="does not host"):
+        build(components=[{"name": "a", "scorer": "rm"}])  # no server to resolve it
+    missing = {"name": "c", "kind": "composite", "options": {"components": [{"name": "a", "scorer": "nope"}]}}
+    with LiveServer(make_config([missing, {"name": "len", "kind": "length"}]), wait_ready=False) as server:
+        deadline = time.monotonic() + 30
+        while (status := httpx.get(server.url + "/health/ready").json()["scorers"]["c"]) in (
+            "pending",
+            "loading",
+        ):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert status.startswith("failed") and "nope" in status

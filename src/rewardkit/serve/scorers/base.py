@@ -52,6 +52,20 @@ class ItemError:
     message: str
 
 
+class DetailedScore(float):
+    """A score (a float, usable as one everywhere) with per-item detail that travels to the
+    client next to it: `results[i].details[scorer]` on the wire (docs/serve.md). A scorer returns
+    one where a bare number would hide something the caller should see, such as the components a
+    composite left out of this item's reward. `detail` is a JSON object; empty means none."""
+
+    detail: dict[str, Any]
+
+    def __new__(cls, value: float, detail: dict[str, Any] | None = None) -> DetailedScore:
+        obj = super().__new__(cls, value)
+        obj.detail = dict(detail or {})
+        return obj
+
+
 @dataclass(frozen=True)
 class ScorerInfo:
     """What `GET /v1/scorers` reports and what clients pin (`identity`)."""
@@ -128,6 +142,18 @@ class Scorer(abc.ABC):
     def take_batch_stats(self) -> dict[str, int]:
         """Token accounting of the last batch (real, computed, padding, shared), for /metrics."""
         return {}
+
+    def hosted_references(self) -> tuple[str, ...]:
+        """Other scorers of the same server this one scores through (a composite's `scorer:`
+        components), so a model hosted once serves both. The backend loads them first, hands
+        over one handle each with `bind_hosted`, and admits a request to this scorer through
+        their lifecycles too (503 `offloaded`, or their auto onload, as a direct request)."""
+        return ()
+
+    def bind_hosted(self, hosted: dict[str, Any]) -> None:
+        """Before `load()`: name → a handle on that hosted scorer whose `score_batch(items)`
+        goes through its own queue and batches, with `warmup_item()` and `info()`."""
+        raise NotImplementedError(f"{type(self).__name__} references no hosted scorers")
 
     def warmup_item(self) -> ScoreItem:
         """An input that a healthy scorer must score to a finite value before readiness."""

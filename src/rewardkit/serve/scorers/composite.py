@@ -15,8 +15,14 @@
     std_ddof: 1                    # 1: sample std (torch.std, as TRL/verl); 0: population
 ```
 
-Each component is configured inline (`kind` + `options`, like a top-level scorer) and scored on
-the whole batch; components run concurrently. Aggregation over component scores s_i with weights
+Each component is configured inline (`kind` + `options`, like a top-level scorer) or names
+another scorer of the same server (`{name: rm, scorer: my_rm, weight: 0.5}`), and is scored on
+the whole batch; components run concurrently. A named scorer is loaded once and scored through
+its own path: its queue (its batches mix the composite's items with direct requests), and its
+lifecycle: a request to the composite is admitted through the named scorer's lifecycle as well,
+so while it is offloaded the request gets its 503 `offloaded` (or triggers its `auto_onload`),
+exactly as a direct request, and offloading it waits for the composite's requests in flight.
+Inline components that hold a model move with the composite's own offload/onload. Aggregation over component scores s_i with weights
 w_i (default 1): `weighted_sum` = Σ w_i s_i; `mean` = Σ w_i s_i / Σ w_i; `min`/`max` over s_i
 (weights must be left at 1).
 
@@ -26,9 +32,9 @@ component's error code and a message naming the component. With `on_failure: ren
 failed components are left out and the weights of the rest are rescaled (`weighted_sum`:
 Σ_ok w_i s_i · Σ_all w / Σ_ok w; `mean`: Σ_ok w_i s_i / Σ_ok w_i; `min`/`max` over the rest),
 unless a left-out component is `required: true` or every component failed. The returned value is
-then a `CompositeScore` (a float) whose `left_out` names the components left out; `info().extra`
-counts them per component. The HTTP response carries only the number (the wire has no per-item
-detail field yet).
+then a `CompositeScore` (a float) whose `left_out` names the components left out; the response
+carries them next to the score, as `results[i].details[<composite>] = {"left_out": [...]}`, and
+`info().extra` counts them per component.
 
 **Group normalisation** (`group_normalize: true`): after aggregation, items with the same
 `group_id` are normalised together: a_i = (r_i - mean) / std (or only - mean with
@@ -49,24 +55,24 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
 from rewardkit.core.errors import ConfigError
-from rewardkit.serve.scorers.base import ItemError, ScoreItem, Scorer, ScorerInfo
+from rewardkit.serve.scorers.base import DetailedScore, ItemError, ScoreItem, Scorer, ScorerInfo
 from rewardkit.serve.scorers.common import VERSION, OptionsScorer, identity
 
 AGGREGATIONS = ("weighted_sum", "mean", "min", "max")
-COMPONENT_KEYS = frozenset(
-    {"name", "kind", "weight", "options", "required", "path", "shape", "dtype", "device"}
-)
+INLINE_KEYS = frozenset({"kind", "options", "path", "shape", "dtype", "device"})
+COMPONENT_KEYS = frozenset({"name", "weight", "required", "scorer", *INLINE_KEYS})
 
 
-class CompositeScore(float):
-    """A float that remembers which components were left out (renormalised) for this item."""
-
-    left_out: tuple[str, ...]
+class CompositeScore(DetailedScore):
+    """A float that remembers which components were left out (renormalised) for this item; the
+    response carries them as `details[<composite>] = {"left_out": [...]}`."""
 
     def __new__(cls, value: float, left_out: tuple[str, ...] = ()) -> CompositeScore:
-        obj = super().__new__(cls, value)
-        obj.left_out = left_out
-        return obj
+        return super().__new__(cls, value, {"left_out": list(left_out)} if left_out else None)
+
+    @property
+    def left_out(self) -> tuple[str, ...]:
+        return tuple(self.detail.get("left_out", ()))
 
 
 def _checked(value: object) -> float | ItemError:
@@ -153,11 +159,20 @@ class CompositeScorer(OptionsScorer):
             unknown = sorted(set(c) - COMPONENT_KEYS)
             if unknown:
                 raise ConfigError(f"{cw}: unknown keys {unknown}; known: {sorted(COMPONENT_KEYS)}")
-            cname, ckind = c.get("name"), c.get("kind")
+            cname, ckind, ref = c.get("name"), c.get("kind"), c.get("scorer")
             if not isinstance(cname, str) or not cname or cname in seen:
                 raise ConfigError(f"{cw}: a unique non-empty name is required")
-            if not isinstance(ckind, str) or ckind == "composite":
-                raise ConfigError(f"{cw}: kind must name a non-composite scorer kind")
+            if ref is not None:
+                if not isinstance(ref, str) or not ref or ref == name:
+                    raise ConfigError(f"{cw}: scorer must name another scorer of this server")
+                inline = sorted(set(c) & INLINE_KEYS)
+                if inline:
+                    raise ConfigError(
+                        f"{cw}: names hosted scorer {ref!r}, which is scored as it is configured; "
+                        f"drop {inline}"
+                    )
+            elif not isinstance(ckind, str) or ckind == "composite":
+                raise ConfigError(f"{cw}: kind must name a non-composite scorer kind (or give scorer: NAME)")
             weight = c.get("weight", 1.0)
             if not isinstance(weight, int | float) or isinstance(weight, bool) or not math.isfinite(weight):
                 raise ConfigError(f"{cw}: weight must be a finite number")
@@ -169,19 +184,34 @@ class CompositeScorer(OptionsScorer):
             self.components.append({**c, "weight": float(weight), "required": bool(c.get("required", False))})
         if self.aggregation == "mean" and sum(c["weight"] for c in self.components) <= 0:
             raise ConfigError(f"{where}: mean needs a positive total weight")
-        self.scorers: list[Scorer] = []
+        self.scorers: list[Any] = []  # per component: its own Scorer, or a hosted scorer's handle
+        self._hosted: dict[str, Any] = {}
         self.left_out_counts: dict[str, int] = {c["name"]: 0 for c in self.components}
         self._pool = ThreadPoolExecutor(
             max_workers=len(self.components), thread_name_prefix=f"composite-{name}"
         )
         self._warmup = ScoreItem(id="warmup", prompt="", response="")
 
+    def hosted_references(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(c["scorer"] for c in self.components if c.get("scorer")))
+
+    def bind_hosted(self, hosted: dict[str, Any]) -> None:
+        self._hosted = dict(hosted)
+
     def load(self) -> None:
         from rewardkit.serve.config import ScorerSpec, build_scorer, scorer_registry
 
         registry = scorer_registry()
-        scorers = []
+        scorers: list[Any] = []
         for c in self.components:
+            if c.get("scorer"):
+                if c["scorer"] not in self._hosted:
+                    raise ConfigError(
+                        f"scorer {self.name!r} (composite): component {c['name']!r} names scorer "
+                        f"{c['scorer']!r}, which this process does not host"
+                    )
+                scorers.append(self._hosted[c["scorer"]])
+                continue
             if c["kind"] not in registry:
                 raise ConfigError(f"scorer {self.name!r} (composite): unknown component kind {c['kind']!r}")
             spec_kw = {k: c[k] for k in ("path", "shape", "dtype", "device") if k in c}
@@ -193,12 +223,24 @@ class CompositeScorer(OptionsScorer):
                 **spec_kw,
             )
             scorers.append(build_scorer(spec))
-        for s in scorers:
-            s.load()
+        for c, s in zip(self.components, scorers, strict=True):
+            if not c.get("scorer"):
+                s.load()
         self.scorers = scorers
 
+    def _inline(self) -> list[Scorer]:
+        """The components this composite built and owns (not the hosted scorers it names)."""
+        return [s for c, s in zip(self.components, self.scorers, strict=True) if not c.get("scorer")]
+
+    def lifecycle_weights(self) -> Any:
+        """The inline components' device state (a reward model configured inside the composite)
+        moves with the composite's own offload/onload; hosted scorers keep their own lifecycle."""
+        from rewardkit.serve.lifecycle import ManyWeights, weights_of
+
+        return ManyWeights([weights_of(s) for s in self._inline()])
+
     def close(self) -> None:
-        for s in self.scorers:
+        for s in self._inline():
             close = getattr(s, "close", None)
             if close is not None:
                 close()
@@ -285,7 +327,8 @@ class CompositeScorer(OptionsScorer):
     def info(self) -> ScorerInfo:
         comps = []
         for c, s in zip(self.components, self.scorers or [None] * len(self.components), strict=True):
-            entry: dict[str, Any] = {"name": c["name"], "kind": c["kind"], "weight": c["weight"]}
+            entry: dict[str, Any] = {"name": c["name"], "weight": c["weight"]}
+            entry.update({"scorer": c["scorer"]} if c.get("scorer") else {"kind": c["kind"]})
             if c["required"]:
                 entry["required"] = True
             if s is not None:

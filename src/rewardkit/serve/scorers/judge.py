@@ -1,5 +1,6 @@
 """`judge` scorer: an LLM judge behind any OpenAI-compatible `/v1/chat/completions` endpoint
-(vLLM, SGLang, TGI, `transformers serve`, a hosted API).
+(vLLM, SGLang, TGI, `transformers serve`, a hosted API), or (`backend: transformers`) a local
+causal LM generating in this process (`judge_transformers.py`), for small judges.
 
 Pointwise: the judge rates the response on `scale` (default 1–10); the rating r maps to
 (r - lo) / (hi - lo) in [0, 1]. Pairwise: the judge compares the response (A) with the item's
@@ -18,6 +19,11 @@ score. Requests run on one asyncio loop: at most `concurrency` in flight, a toke
 `score_from: logprobs` (pointwise, a single-token integer scale such as [1, 5] or [1, 9]) scores
 the expectation of the rating over the top log-probabilities at the rating's token instead of the
 sampled rating; an endpoint without logprobs gives `judge_unparseable`, never a fallback.
+
+Both backends share everything but the answering: the messages (`_conversations`), the parsers
+(`parse_answer`, `expected_score`, over the text and the endpoint-shaped logprobs) and the
+pairwise combination (`_combine`). The local backend generates greedily, so its HTTP options
+(url, retries, limits, deadline) are refused there rather than silently ignored.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from typing import Any, ClassVar
 
 from rewardkit.core.errors import ConfigError
 from rewardkit.serve.scorers.base import ItemError, ScoreItem, ScorerInfo
-from rewardkit.serve.scorers.common import VERSION, OptionsScorer, as_text, identity
+from rewardkit.serve.scorers.common import VERSION, OptionsScorer, as_text, identity, json_config
 
 POINTWISE_TEMPLATE = """You are a strict grader. Rate the quality of the assistant's response to the user's \
 prompt on a scale of {lo} to {hi}.
@@ -67,6 +73,21 @@ DEFAULT_PATTERNS = {
     "pairwise": r"\[\[\s*(A|B|TIE)\s*\]\]",
 }
 _JSON_OBJECT = re.compile(r"\{[^{}]*\}")
+BACKENDS = ("openai", "transformers")
+HTTP_OPTIONS = frozenset(
+    {
+        "url",
+        "api_key_env",
+        "concurrency",
+        "rate_limit_rps",
+        "max_retries",
+        "backoff_s",
+        "max_backoff_s",
+        "deadline_s",
+        "request_timeout_s",
+    }
+)
+"""Options of the OpenAI-compatible backend only: refused with `backend: transformers`."""
 
 
 class Unparseable(Exception):
@@ -160,9 +181,9 @@ class JudgeScorer(OptionsScorer):
     modality: ClassVar = "text"
     allowed_options: ClassVar[frozenset[str]] = frozenset(
         {
-            "url",
+            "backend",
+            "trust_remote_code",
             "model",
-            "api_key_env",
             "mode",
             "template",
             "system",
@@ -172,16 +193,10 @@ class JudgeScorer(OptionsScorer):
             "both_orders",
             "max_tokens",
             "temperature",
-            "concurrency",
-            "rate_limit_rps",
-            "max_retries",
-            "backoff_s",
-            "max_backoff_s",
-            "deadline_s",
-            "request_timeout_s",
             "score_from",
             "top_logprobs",
         }
+        | HTTP_OPTIONS
     )
 
     def __init__(
@@ -191,16 +206,43 @@ class JudgeScorer(OptionsScorer):
         options: dict[str, Any] | None = None,
         max_batch_size: int = 256,
         max_wait_ms: float = 10.0,
+        path: str | None = None,
+        dtype: str = "fp32",
+        device: str = "cpu",
     ) -> None:
         super().__init__(name, options=options, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms)
         o = self.options
         where = f"scorer {name!r} (judge)"
-        for key in ("url", "model"):
-            if not isinstance(o.get(key), str) or not o[key]:
-                raise ConfigError(f"{where}: options.{key} (a string) is required")
-        self.url = o["url"].rstrip("/")
-        if not self.url.endswith("/chat/completions"):
-            self.url += "/chat/completions" if self.url.endswith("/v1") else "/v1/chat/completions"
+        self.backend = o.get("backend", "openai")
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"{where}: options.backend must be one of {BACKENDS}")
+        self.path, self.dtype, self.device = path, dtype, device
+        self.engine: Any = None
+        self.model: Any = None  # backend transformers: the loaded LM, which the lifecycle moves
+        self._weights = ""
+        if self.backend == "transformers":
+            if not path:
+                raise ConfigError(
+                    f"{where}: backend transformers needs the scorer's path (a local model directory)"
+                )
+            http_only = sorted(set(o) & HTTP_OPTIONS)
+            if http_only:
+                raise ConfigError(f"{where}: options {http_only} apply to backend openai only")
+            if o.get("temperature", 0.0) != 0.0:
+                raise ConfigError(f"{where}: backend transformers generates greedily: temperature must be 0")
+            o.setdefault("model", os.path.basename(os.path.normpath(path)))
+            self.url = ""
+        else:
+            if path is not None:
+                raise ConfigError(
+                    f"{where}: path is for backend transformers; the openai backend takes options.url"
+                )
+            for key in ("url", "model"):
+                if not isinstance(o.get(key), str) or not o[key]:
+                    raise ConfigError(f"{where}: options.{key} (a string) is required")
+            self.url = o["url"].rstrip("/")
+            if not self.url.endswith("/chat/completions"):
+                self.url += "/chat/completions" if self.url.endswith("/v1") else "/v1/chat/completions"
         self.mode = o.get("mode", "pointwise")
         if self.mode not in ("pointwise", "pairwise"):
             raise ConfigError(f"{where}: options.mode must be pointwise or pairwise")
@@ -267,10 +309,38 @@ class JudgeScorer(OptionsScorer):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self.counters = {"requests": 0, "retries": 0, "unparseable": 0, "errors": 0, "timeouts": 0}
+        if self.backend == "transformers":
+            self.counters = {"prompts": 0, "generated_tokens": 0, "unparseable": 0}
+
+    @classmethod
+    def from_spec(cls, spec: Any) -> JudgeScorer:
+        backend = (spec.options or {}).get("backend", "openai")
+        local = {"dtype": spec.dtype, "device": spec.resolved_device()} if backend == "transformers" else {}
+        return cls(
+            spec.name,
+            options=spec.options,
+            max_batch_size=spec.max_batch_size,
+            max_wait_ms=spec.max_wait_ms,
+            path=spec.path,
+            **local,
+        )
 
     # ------------------------------------------------------------------ lifecycle
 
     def load(self) -> None:
+        if self.backend == "transformers":
+            from rewardkit.serve.scorers.common import weights_digest
+            from rewardkit.serve.scorers.judge_transformers import LocalJudgeModel
+
+            self.engine = LocalJudgeModel(
+                self.path,
+                dtype=self.dtype,
+                device=self.device,
+                trust_remote_code=bool(self.options.get("trust_remote_code", False)),
+            )
+            self.model = self.engine.model  # what the lifecycle offloads and onloads
+            self._weights = weights_digest(self.path)
+            return
         try:
             import aiolimiter
             import httpx
@@ -299,12 +369,38 @@ class JudgeScorer(OptionsScorer):
         asyncio.run_coroutine_threadsafe(setup(), self._loop).result()
 
     def close(self) -> None:
+        self.engine = self.model = None
         if self._loop is not None:
             asyncio.run_coroutine_threadsafe(self._http.aclose(), self._loop).result(timeout=5)
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._loop = None
 
     # ------------------------------------------------------------------ requests
+
+    def _conversations(self, item: ScoreItem) -> list[list[dict[str, str]]] | ItemError:
+        """The messages to ask for one item: one conversation, or (pairwise with `both_orders`)
+        the original and the swapped one, in that order."""
+        prompt, response = as_text(item.prompt), as_text(item.response)
+        ref = item.reference
+        ref_text = ref if isinstance(ref, str) or ref is None else json.dumps(ref)
+        if self.mode == "pairwise" and not ref_text:
+            return ItemError(
+                "bad_input", "pairwise judging needs the item's 'reference' (the answer to beat)"
+            )
+        first = self._messages(prompt, response, ref_text)
+        if self.mode == "pairwise" and self.both_orders:
+            return [first, self._messages(prompt, ref_text, response)]
+        return [first]
+
+    def _combine(self, values: list[float]) -> float:
+        """Pairwise with both orders: the average of A's view and the swapped answer's B view."""
+        return values[0] if len(values) == 1 else (values[0] + (1.0 - values[1])) / 2
+
+    def _parsed(self, text: str, logprobs: Any) -> float:
+        """An answer → its score, by the configured parser; raises `Unparseable`."""
+        if self.score_from == "logprobs":
+            return expected_score(text, logprobs, pattern=self.pattern, scale=self.scale)
+        return parse_answer(text, mode=self.mode, parse=self.parse, pattern=self.pattern, scale=self.scale)
 
     def _messages(self, prompt: str, a: str, b: str | None) -> list[dict[str, str]]:
         lo, hi = (f"{x:g}" for x in self.scale)
@@ -380,27 +476,15 @@ class JudgeScorer(OptionsScorer):
                     if self._limiter is not None:
                         await self._limiter.acquire()
                     text, logprobs = await self._post_once(body)
-        if self.score_from == "logprobs":
-            return expected_score(text, logprobs, pattern=self.pattern, scale=self.scale)
-        return parse_answer(text, mode=self.mode, parse=self.parse, pattern=self.pattern, scale=self.scale)
+        return self._parsed(text, logprobs)
 
     async def _score_item(self, item: ScoreItem) -> float | ItemError:
-        prompt, response = as_text(item.prompt), as_text(item.response)
-        ref = item.reference
-        ref_text = ref if isinstance(ref, str) or ref is None else json.dumps(ref)
-        if self.mode == "pairwise" and not ref_text:
-            return ItemError(
-                "bad_input", "pairwise judging needs the item's 'reference' (the answer to beat)"
-            )
+        conversations = self._conversations(item)
+        if isinstance(conversations, ItemError):
+            return conversations
         try:
             async with asyncio.timeout(self.deadline_s):
-                if self.mode == "pointwise":
-                    return await self._ask(self._messages(prompt, response, ref_text))
-                first = await self._ask(self._messages(prompt, response, ref_text))
-                if not self.both_orders:
-                    return first
-                swapped = await self._ask(self._messages(prompt, ref_text, response))
-                return (first + (1.0 - swapped)) / 2
+                return self._combine([await self._ask(messages) for messages in conversations])
         except TimeoutError:
             self.counters["timeouts"] += 1
             return ItemError("timeout", f"no parsed judge answer within deadline_s={self.deadline_s:g}")
@@ -415,41 +499,82 @@ class JudgeScorer(OptionsScorer):
         return list(await asyncio.gather(*(self._score_item(i) for i in items)))
 
     def score_batch(self, items: list[ScoreItem]) -> list[float | ItemError]:
+        if self.backend == "transformers":
+            return self._score_local(items)
         assert self._loop is not None, "load() first"
         return asyncio.run_coroutine_threadsafe(self._score_all(items), self._loop).result()
+
+    def _score_local(self, items: list[ScoreItem]) -> list[float | ItemError]:
+        """Every conversation of the batch generated together, then parsed as the endpoint's."""
+        assert self.engine is not None, "load() first"
+        asked = [self._conversations(item) for item in items]
+        prompts = [
+            self.engine.render(m) for convs in asked if not isinstance(convs, ItemError) for m in convs
+        ]
+        answers = iter(
+            self.engine.generate(
+                prompts,
+                max_new_tokens=self.max_tokens,
+                batch_size=self.max_batch_size,
+                top_logprobs=self.top_logprobs if self.score_from == "logprobs" else None,
+            )
+            if prompts
+            else []
+        )
+        self.counters["prompts"] += len(prompts)
+        out: list[float | ItemError] = []
+        for convs in asked:
+            if isinstance(convs, ItemError):
+                out.append(convs)
+                continue
+            mine = [next(answers) for _ in convs]
+            self.counters["generated_tokens"] += sum(a.tokens for a in mine)
+            try:
+                out.append(self._combine([self._parsed(a.text, a.logprobs) for a in mine]))
+            except Unparseable as exc:
+                self.counters["unparseable"] += 1
+                out.append(ItemError("judge_unparseable", str(exc)[:300]))
+        return out
 
     def warmup_item(self) -> ScoreItem:
         return ScoreItem(id="warmup", prompt="What is 2 + 2?", response="2 + 2 = 4.", reference="4")
 
     def info(self) -> ScorerInfo:
         o = self.options
-        public = {k: v for k, v in o.items() if k != "api_key_env"}
+        public = {k: v for k, v in o.items() if k not in ("api_key_env", "trust_remote_code")}
+        extra: dict[str, Any] = {
+            "model": o["model"],
+            "mode": self.mode,
+            "parse": self.parse,
+            "score_from": self.score_from,
+            "scale": list(self.scale),
+            "counters": dict(self.counters),
+        }
+        if self.backend == "transformers":
+            model = self.engine.model if self.engine is not None else None
+            weights, config = self._weights, json_config(model.config) if model is not None else {}
+            dtype, device = self.dtype, self.device
+            extra = {"backend": "transformers (in-process, greedy)", "path": self.path, **extra}
+            extra["limits"] = {"max_new_tokens": self.max_tokens, "batch_size": self.max_batch_size}
+        else:
+            weights, config, dtype, device = "", {"model": o["model"]}, "none", "remote"
+            extra = {"backend": f"openai-compatible {self.url}", **extra}
+            extra["limits"] = {
+                "concurrency": self.concurrency,
+                "rate_limit_rps": self.rate_limit_rps,
+                "max_retries": self.max_retries,
+                "deadline_s": self.deadline_s,
+                "request_timeout_s": self.request_timeout_s,
+            }
         return ScorerInfo(
             name=self.name,
             kind=self.kind,
             modality=self.modality,
-            dtype="none",
-            device="remote",
+            dtype=dtype,
+            device=device,
             version=VERSION,
-            identity=identity(
-                kind=self.kind, weights="", config={"model": o["model"]}, dtype="none", options=public
-            ),
+            identity=identity(kind=self.kind, weights=weights, config=config, dtype=dtype, options=public),
             max_batch_size=self.max_batch_size,
             max_wait_ms=self.max_wait_ms,
-            extra={
-                "backend": f"openai-compatible {self.url}",
-                "model": o["model"],
-                "mode": self.mode,
-                "parse": self.parse,
-                "score_from": self.score_from,
-                "scale": list(self.scale),
-                "limits": {
-                    "concurrency": self.concurrency,
-                    "rate_limit_rps": self.rate_limit_rps,
-                    "max_retries": self.max_retries,
-                    "deadline_s": self.deadline_s,
-                    "request_timeout_s": self.request_timeout_s,
-                },
-                "counters": dict(self.counters),
-            },
+            extra=extra,
         )
