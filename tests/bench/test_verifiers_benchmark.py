@@ -43,6 +43,7 @@ def test_judge_engine_smoke_generates_and_parses_every_answer(tmp_path):
     model = res["model"]
     assert model["shape"] == "tiny-llama" and model["answer"].endswith("Score: 7")
     assert res["direct"]["parsed"] == res["direct"]["prompts"] == 8
+    assert res["direct_after"]["parsed"] == res["direct_after"]["prompts"] == 8
     # the engine counted exactly the scripted tokens: the answers ran to their end, not max_tokens
     assert res["direct"]["generated_tokens"] == 8 * model["answer_tokens"]
     assert res["one_in_flight"]["parsed"] == res["one_in_flight"]["prompts"]
