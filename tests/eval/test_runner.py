@@ -177,3 +177,38 @@ def test_not_a_model_and_non_finite_scores_are_one_line_errors(setup, tmp_path, 
     last = capsys.readouterr().err.strip().splitlines()[-1]  # above it: transformers' loading bar
     assert last.startswith("rewardkit: error: model gave 1 non-finite chosen value(s)")
     assert not (tmp_path / "pairs.jsonl").exists()
+
+
+def _one_line_error(capsys) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.startswith("rewardkit: error:")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def test_plain_text_tokenised_otherwise_than_the_model_was_trained_is_refused(setup, tmp_path, capsys):
+    """The HF model reads plain-text rows as TRL does (`text_eos`). A probe frozen before the
+    setting existed (no `plain_text`: `chat_template`) would feed it template-rendered plain rows:
+    refused in one line naming the fix. On conversations alone the setting changes no token, so
+    the same old probe evaluates."""
+    root, rows, _ = setup
+    legacy = TokenizeSettings(plain_text="chat_template")
+    tokenizer = builtin_tokenizer()
+
+    def old_probe(name, data_rows):
+        data = tmp_path / f"{name}.jsonl"
+        data.write_text("".join(json.dumps(row) + "\n" for row in data_rows))
+        probe = freeze_probe(tokenize_eval_data(data, tokenizer, legacy), tokenizer, legacy)
+        del probe["settings"]["plain_text"]  # as written before the key existed
+        (tmp_path / f"{name}.probe.json").write_text(json.dumps(probe))
+        args = ["eval", "--model", str(root / "model"), "--probe", str(tmp_path / f"{name}.probe.json")]
+        return [*args, "--data", str(data), "--out", str(tmp_path / name), "--replicates", "50"]
+
+    assert any(isinstance(row["chosen"], str) for row in rows)
+    assert main(old_probe("mixed", rows)) == 2
+    line = _one_line_error(capsys)
+    assert "trained with plain-text rows tokenised as 'text_eos' but the probe tokenises them as" in line
+    assert "freeze-probe --plain-text text_eos" in line
+    conversations = [row for row in rows if not isinstance(row["chosen"], str)]
+    assert main(old_probe("conversations", conversations)) == 0

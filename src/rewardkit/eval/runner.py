@@ -21,7 +21,7 @@ from rewardkit.core import atomic
 from rewardkit.core.errors import RewardkitError, UsageError
 from rewardkit.data.pipeline import Summary, tokenize_source
 from rewardkit.data.records import TokenizedPair
-from rewardkit.data.tokenize import TokenizeSettings
+from rewardkit.data.tokenize import LEGACY_SETTINGS, TokenizeSettings
 from rewardkit.eval.artifacts import write_eval_artifacts
 from rewardkit.eval.bootstrap import DEFAULT_REPLICATES, DEFAULT_SEED
 from rewardkit.objectives.registry import load_pair_scorer
@@ -52,6 +52,37 @@ def tokenize_eval_data(
     if not pairs:
         raise UsageError(f"{data_path}: no evaluation pairs left after validation", code="empty_eval_data")
     return pairs
+
+
+def check_plain_text(
+    meta: dict[str, Any],
+    settings: TokenizeSettings,
+    data_path: str | Path,
+    tokenizer: Any,
+    pairs: list[TokenizedPair],
+    model_path: str | Path,
+) -> None:
+    """Refuse a probe whose plain-text pairs are tokenised otherwise than the checkpoint was trained.
+
+    The probe's settings decide the tokens; a checkpoint records how its plain-text rows were
+    tokenised (`plain_text`; none recorded: `chat_template`, rewardkit before issue 24). Where the
+    two differ the data is tokenised the checkpoint's way too: if no pair changes (no plain-text
+    rows) the score is the same measurement, otherwise the model would be scored on inputs it
+    was not trained on, and that is a usage error naming the fix.
+    """
+    import dataclasses
+
+    trained = meta.get("plain_text", LEGACY_SETTINGS["plain_text"])
+    if trained == settings.plain_text:
+        return
+    own = tokenize_source(data_path, tokenizer, dataclasses.replace(settings, plain_text=trained))
+    if own != pairs:
+        raise UsageError(
+            f"{model_path} was trained with plain-text rows tokenised as {trained!r} but the probe "
+            f"tokenises them as {settings.plain_text!r}: freeze the probe with "
+            f"`rewardkit data freeze-probe --plain-text {trained}`",
+            code="plain_text_mismatch",
+        )
 
 
 def _device(requested: str | None) -> str:
@@ -85,7 +116,7 @@ def evaluate(
     from rewardkit.data.probe import check_probe
 
     probe = load_probe(probe_path)
-    settings = TokenizeSettings(**probe["settings"])
+    settings = TokenizeSettings.from_json(probe["settings"])
     device = _device(device)
     try:
         scorer = load_pair_scorer(model_path, device=device, reference_path=reference_path)
@@ -96,6 +127,7 @@ def evaluate(
     data = Summary()
     pairs = tokenize_eval_data(data_path, scorer.tokenizer, settings, data)
     check_probe(probe, pairs, tokenizer=scorer.tokenizer, settings=settings)
+    check_plain_text(scorer.metadata, settings, data_path, scorer.tokenizer, pairs, model_path)
     started = time.perf_counter()
     chosen, rejected, losses = scorer.score(pairs, batch_size)
     seconds = time.perf_counter() - started

@@ -17,7 +17,7 @@ from torch import nn
 from rewardkit.core.errors import RewardkitError
 from rewardkit.core.hashing import sha256_file
 from rewardkit.data.collate import Batch
-from rewardkit.data.tokenize import END_OF_TURN, TEMPLATE_END
+from rewardkit.data.tokenize import END_OF_TURN, TEMPLATE_END, TEXT_EOS
 from rewardkit.models.attention import resolve_attn_implementation
 
 FORMAT_VERSION = 1
@@ -355,6 +355,7 @@ def load_reward_model(
             "architecture": config["architectures"][0],
             "model_sha256": sha256_file(weights[0]) if len(weights) == 1 else None,
             "score_position": TEMPLATE_END,  # HF reads the last non-pad token
+            "plain_text": TEXT_EOS,  # as TRL's RewardTrainer tokenises plain-text rows
         }
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     model.to(device).eval()
