@@ -187,6 +187,38 @@ def _one_line_error(capsys) -> str:
     return lines[0]
 
 
+def test_missing_and_corrupt_models_are_one_line_errors(setup, tmp_path, capsys):
+    """A model path that does not exist, a corrupt rewardkit.json, a corrupt config.json and
+    truncated weights: each is one `rewardkit: error:` line and exit 2, never a traceback."""
+    import shutil
+
+    root, _, _ = setup
+    args = ["eval", "--probe", str(root / "probe.json"), "--data", str(root / "eval.jsonl")]
+    args += ["--out", str(tmp_path / "out")]
+    assert main([*args, "--model", str(tmp_path / "no-such-model")]) == 2
+    assert "no-such-model: not a directory" in _one_line_error(capsys)
+
+    bad_meta = tmp_path / "bad-meta"
+    bad_meta.mkdir()
+    (bad_meta / "rewardkit.json").write_text("{not json")
+    assert main([*args, "--model", str(bad_meta)]) == 2
+    assert "rewardkit.json: not valid JSON" in _one_line_error(capsys)
+
+    bad_config = tmp_path / "bad-config"
+    shutil.copytree(root / "model", bad_config)
+    (bad_config / "config.json").write_text('{"architectures": ')
+    assert main([*args, "--model", str(bad_config)]) == 2
+    assert "config.json: not valid JSON" in _one_line_error(capsys)
+
+    truncated = tmp_path / "truncated"
+    shutil.copytree(root / "model", truncated)
+    weights = truncated / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    assert main([*args, "--model", str(truncated)]) == 2
+    assert "cannot load the model" in _one_line_error(capsys)
+    assert not (tmp_path / "out").exists()
+
+
 def test_plain_text_tokenised_otherwise_than_the_model_was_trained_is_refused(setup, tmp_path, capsys):
     """The HF model reads plain-text rows as TRL does (`text_eos`). A probe frozen before the
     setting existed (no `plain_text`: `chat_template`) would feed it template-rendered plain rows:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -124,6 +125,15 @@ def evaluate(
         raise
     except RewardkitError as exc:  # a directory that is not a loadable model: bad input, one line
         raise UsageError(exc.message, code=exc.code) from None
+    except Exception as exc:  # a file transformers / safetensors cannot read (corrupt, truncated)
+        if os.environ.get("REWARDKIT_DEBUG"):
+            raise
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise UsageError(
+            f"{model_path}: cannot load the model ({type(exc).__name__}: {first}); "
+            "REWARDKIT_DEBUG=1 shows the traceback",
+            code="bad_checkpoint",
+        ) from None
     data = Summary()
     pairs = tokenize_eval_data(data_path, scorer.tokenizer, settings, data)
     check_probe(probe, pairs, tokenizer=scorer.tokenizer, settings=settings)

@@ -141,7 +141,12 @@ def _is_seqcls_dir(path: Path) -> dict[str, Any] | None:
     config_path = path / "config.json"
     if not config_path.is_file():
         return None
-    config = json.loads(config_path.read_text())
+    try:
+        config = json.loads(config_path.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{config_path}: not valid JSON ({exc})", code="bad_checkpoint") from None
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{config_path}: not a JSON object", code="bad_checkpoint")
     archs = config.get("architectures") or []
     return config if any(a.endswith("ForSequenceClassification") for a in archs) else None
 
