@@ -25,6 +25,7 @@ from rewardkit.data.records import TokenizedPair
 from rewardkit.data.tokenize import LEGACY_SETTINGS, TokenizeSettings
 from rewardkit.eval.artifacts import write_eval_artifacts
 from rewardkit.eval.bootstrap import DEFAULT_REPLICATES, DEFAULT_SEED
+from rewardkit.objectives.base import PairScorer
 from rewardkit.objectives.registry import load_pair_scorer
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,29 @@ def check_plain_text(
         )
 
 
+def load_model(
+    model_path: str | Path, *, device: str, reference_path: str | Path | None = None
+) -> PairScorer:
+    """The checkpoint's scorer, or a one-line `UsageError`: a `--model` that does not exist, is
+    corrupt or is not a model is bad input (exit 2), never a traceback (REWARDKIT_DEBUG=1 re-raises
+    what transformers / safetensors failed on)."""
+    try:
+        return load_pair_scorer(model_path, device=device, reference_path=reference_path)
+    except UsageError:
+        raise
+    except RewardkitError as exc:  # a directory that is not a loadable model: bad input, one line
+        raise UsageError(exc.message, code=exc.code) from None
+    except Exception as exc:  # a file transformers / safetensors cannot read (corrupt, truncated)
+        if os.environ.get("REWARDKIT_DEBUG"):
+            raise
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise UsageError(
+            f"{model_path}: cannot load the model ({type(exc).__name__}: {first}); "
+            "REWARDKIT_DEBUG=1 shows the traceback",
+            code="bad_checkpoint",
+        ) from None
+
+
 def _device(requested: str | None) -> str:
     import torch
 
@@ -119,21 +143,7 @@ def evaluate(
     probe = load_probe(probe_path)
     settings = TokenizeSettings.from_json(probe["settings"])
     device = _device(device)
-    try:
-        scorer = load_pair_scorer(model_path, device=device, reference_path=reference_path)
-    except UsageError:
-        raise
-    except RewardkitError as exc:  # a directory that is not a loadable model: bad input, one line
-        raise UsageError(exc.message, code=exc.code) from None
-    except Exception as exc:  # a file transformers / safetensors cannot read (corrupt, truncated)
-        if os.environ.get("REWARDKIT_DEBUG"):
-            raise
-        first = (str(exc).strip().splitlines() or [""])[0]
-        raise UsageError(
-            f"{model_path}: cannot load the model ({type(exc).__name__}: {first}); "
-            "REWARDKIT_DEBUG=1 shows the traceback",
-            code="bad_checkpoint",
-        ) from None
+    scorer = load_model(model_path, device=device, reference_path=reference_path)
     data = Summary()
     pairs = tokenize_eval_data(data_path, scorer.tokenizer, settings, data)
     check_probe(probe, pairs, tokenizer=scorer.tokenizer, settings=settings)

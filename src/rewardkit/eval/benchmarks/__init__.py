@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from rewardkit.core import atomic
-from rewardkit.core.errors import RewardkitError, UsageError
+from rewardkit.core.errors import UsageError
 from rewardkit.core.hashing import sha256_bytes
 from rewardkit.data import reasons as R
 from rewardkit.data.reasons import Rejection
@@ -185,7 +185,7 @@ def evaluate_benchmark(
     scorer: Any = None,
 ) -> dict[str, Any]:
     """Read, score, apply the released rules, bootstrap, write the artifacts; return the summary."""
-    from rewardkit.objectives.registry import load_pair_scorer
+    from rewardkit.eval.runner import load_model
 
     module = get(benchmark)
     if truncation not in TRUNCATION:
@@ -193,12 +193,7 @@ def evaluate_benchmark(
     items, data = read_items(module, data_path)
     device = _device(device)
     if scorer is None:
-        try:
-            scorer = load_pair_scorer(model_path, device=device, reference_path=reference_path)
-        except UsageError:
-            raise
-        except RewardkitError as exc:
-            raise UsageError(exc.message, code=exc.code) from None
+        scorer = load_model(model_path, device=device, reference_path=reference_path)
 
     index: dict[tuple[str, str], int] = {}
     for item in items:
