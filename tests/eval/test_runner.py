@@ -165,8 +165,8 @@ def test_not_a_model_and_non_finite_scores_are_one_line_errors(setup, tmp_path, 
         scorer = real(path, **kwargs)
         scores = scorer.score
 
-        def score(pairs, batch_size):
-            chosen, rejected, losses = scores(pairs, batch_size)
+        def score(pairs, batch_size, progress=None):
+            chosen, rejected, losses = scores(pairs, batch_size, progress)
             chosen[3] = np.nan
             return chosen, rejected, losses
 
@@ -244,3 +244,21 @@ def test_plain_text_tokenised_otherwise_than_the_model_was_trained_is_refused(se
     assert "freeze-probe --plain-text text_eos" in line
     conversations = [row for row in rows if not isinstance(row["chosen"], str)]
     assert main(old_probe("conversations", conversations)) == 0
+
+
+def test_progress_without_a_terminal_is_a_bounded_number_of_lines(setup, tmp_path, capsys):
+    """On a pipe or a log file, scoring progress is one line per interval plus one at the end
+    (never one per batch refresh); `--no-progress` prints none."""
+    root, _, _ = setup
+
+    def progress_lines(*extra):
+        assert _eval(root, tmp_path / f"out{len(extra)}", "--batch-size", "4", *extra) == 0
+        return [line for line in capsys.readouterr().err.splitlines() if line.startswith("eval:")]
+
+    lines = progress_lines()  # default interval, 30 s: far longer than this evaluation
+    assert len(lines) == 1 and lines[0].startswith(f"eval: {N_PAIRS}/{N_PAIRS} pair (100%)")
+    assert "done in" in lines[0]
+    # an interval shorter than a batch: at most one line per batch (12 of 4 pairs) and the last
+    lines = progress_lines("--progress-every", "1e-9")
+    assert 2 <= len(lines) <= N_PAIRS // 4 + 1 and lines[-1].startswith(f"eval: {N_PAIRS}/{N_PAIRS}")
+    assert progress_lines("--no-progress") == []

@@ -20,6 +20,7 @@ import numpy as np
 
 from rewardkit.core import atomic
 from rewardkit.core.errors import RewardkitError, UsageError
+from rewardkit.core.progress import DEFAULT_EVERY_S, Progress
 from rewardkit.data.pipeline import Summary, tokenize_source
 from rewardkit.data.records import TokenizedPair
 from rewardkit.data.tokenize import LEGACY_SETTINGS, TokenizeSettings
@@ -87,6 +88,12 @@ def check_plain_text(
         )
 
 
+def scoring_progress(total: int, enabled: bool, every_s: float) -> Progress:
+    """Scoring's progress on stderr, as training's: a live bar on a terminal, otherwise one line
+    every `every_s` seconds and one at the end (a log file gets a bounded number of lines)."""
+    return Progress(total, "eval", unit="pair", every_s=every_s, enabled=enabled)
+
+
 def load_model(
     model_path: str | Path, *, device: str, reference_path: str | Path | None = None
 ) -> PairScorer:
@@ -131,6 +138,8 @@ def evaluate(
     device: str | None = None,
     seed: int = DEFAULT_SEED,
     replicates: int = DEFAULT_REPLICATES,
+    progress: bool = True,
+    progress_every_s: float = DEFAULT_EVERY_S,
 ) -> dict[str, Any]:
     """Check the data against the probe, score every pair, write the artifacts; return the summary.
 
@@ -149,7 +158,8 @@ def evaluate(
     check_probe(probe, pairs, tokenizer=scorer.tokenizer, settings=settings)
     check_plain_text(scorer.metadata, settings, data_path, scorer.tokenizer, pairs, model_path)
     started = time.perf_counter()
-    chosen, rejected, losses = scorer.score(pairs, batch_size)
+    with scoring_progress(len(pairs), progress, progress_every_s) as bar:
+        chosen, rejected, losses = scorer.score(pairs, batch_size, bar)
     seconds = time.perf_counter() - started
     for name, values in (("chosen", chosen), ("rejected", rejected), ("loss", losses)):
         bad = [] if values is None else np.flatnonzero(~np.isfinite(values))

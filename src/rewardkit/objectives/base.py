@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from rewardkit.core.progress import Progress
 from rewardkit.data.collate import Batch, Layout, collate
 from rewardkit.data.records import TokenizedPair
 
@@ -101,7 +102,8 @@ class PairScorer:
     objective: str
     tokenizer: Any
     metadata: dict[str, Any]
-    score: Callable[[list[TokenizedPair], int], PairScores]
+    score: Callable[..., PairScores]
+    """`score(pairs, batch_size, progress=None)`: `score_in_batches` with the objective's batch score."""
 
 
 @torch.no_grad()
@@ -113,8 +115,11 @@ def score_in_batches(
     *,
     layout: Layout = "right",
     pad_token_id: int = 0,
+    progress: Progress | None = None,
 ) -> PairScores:
     """The one pairs → scores path: eval mode, no grad, `batch_size` pairs per collated batch.
+
+    `progress` is advanced by the pairs of each scored batch (`rewardkit eval`'s bar or lines).
 
     Every objective's evaluation, in training and from a checkpoint, runs through here, so
     scores cannot depend on which of the two asked. Models that only accept one layout (HF
@@ -141,6 +146,8 @@ def score_in_batches(
             rejected.append(_float64(r))
             if loss is not None:
                 losses.append(_float64(loss))
+            if progress is not None:
+                progress.update(len(chunk))
     finally:
         model.train(was_training)
     if not chosen:

@@ -21,6 +21,7 @@ from torch import nn
 
 from rewardkit.core.errors import ConfigError, UsageError
 from rewardkit.core.hashing import sha256_file, sha256_json
+from rewardkit.core.progress import Progress
 from rewardkit.data.collate import Batch, Layout, collate
 from rewardkit.data.records import TokenizedPair
 from rewardkit.data.tokenize import pad_token_id
@@ -73,8 +74,8 @@ def load_scorer(path: str | Path, *, device: str, reference_path: str | Path | N
     model, tokenizer, metadata = load_reward_model(path, device=device)
     pad = pad_token_id(tokenizer)
 
-    def score(pairs: list[TokenizedPair], batch_size: int) -> PairScores:
-        return score_in_batches(model, pairs, batch_size, _score_batch, pad_token_id=pad)
+    def score(pairs: list[TokenizedPair], batch_size: int, progress: Progress | None = None) -> PairScores:
+        return score_in_batches(model, pairs, batch_size, _score_batch, pad_token_id=pad, progress=progress)
 
     return PairScorer(metadata.get("objective", OBJECTIVE), tokenizer, metadata, score)
 

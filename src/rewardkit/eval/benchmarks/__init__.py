@@ -28,6 +28,7 @@ import numpy as np
 from rewardkit.core import atomic
 from rewardkit.core.errors import UsageError
 from rewardkit.core.hashing import sha256_bytes
+from rewardkit.core.progress import DEFAULT_EVERY_S
 from rewardkit.data import reasons as R
 from rewardkit.data.reasons import Rejection
 from rewardkit.data.records import TokenizedBranch, TokenizedPair
@@ -146,7 +147,9 @@ def tokenize_texts(
     return branches, lengths, cut
 
 
-def score_branches(scorer: Any, branches: list[TokenizedBranch], batch_size: int) -> tuple[np.ndarray, int]:
+def score_branches(
+    scorer: Any, branches: list[TokenizedBranch], batch_size: int, progress: Any = None
+) -> tuple[np.ndarray, int]:
     """One float64 score per branch (input order) and the token count, two branches per pair, by length."""
     order = sorted(range(len(branches)), key=lambda i: (-len(branches[i]), i))
     pairs = []
@@ -154,7 +157,7 @@ def score_branches(scorer: Any, branches: list[TokenizedBranch], batch_size: int
         a = order[k]
         b = order[k + 1] if k + 1 < len(order) else order[k]
         pairs.append(TokenizedPair(pair_id=f"text-{k // 2}", chosen=branches[a], rejected=branches[b]))
-    first, second, _ = scorer.score(pairs, batch_size)
+    first, second, _ = scorer.score(pairs, batch_size, progress)
     scores = np.empty(len(branches), dtype=np.float64)
     for k in range(len(pairs)):
         scores[order[2 * k]] = first[k]
@@ -183,9 +186,11 @@ def evaluate_benchmark(
     seed: int = bootstrap.DEFAULT_SEED,
     replicates: int = bootstrap.DEFAULT_REPLICATES,
     scorer: Any = None,
+    progress: bool = True,
+    progress_every_s: float = DEFAULT_EVERY_S,
 ) -> dict[str, Any]:
     """Read, score, apply the released rules, bootstrap, write the artifacts; return the summary."""
-    from rewardkit.eval.runner import load_model
+    from rewardkit.eval.runner import load_model, scoring_progress
 
     module = get(benchmark)
     if truncation not in TRUNCATION:
@@ -220,7 +225,8 @@ def evaluate_benchmark(
     items = kept
     used = sorted({index[(it.prompt, t)] for it in items for t in (*it.chosen, *it.rejected)})
     started = time.perf_counter()
-    used_scores, tokens = score_branches(scorer, [branches[i] for i in used], batch_size)
+    with scoring_progress((len(used) + 1) // 2, progress, progress_every_s) as bar:
+        used_scores, tokens = score_branches(scorer, [branches[i] for i in used], batch_size, bar)
     seconds = time.perf_counter() - started
     bad = np.flatnonzero(~np.isfinite(used_scores))
     if bad.size:
