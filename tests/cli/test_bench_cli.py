@@ -36,3 +36,34 @@ def test_bench_exits_1_on_failed_requests_and_2_on_bad_input(tmp_path, capsys):
         assert "larger than the corpus" in capsys.readouterr().err
     assert main(["bench", "--url", "http://127.0.0.1:9", "--scorers", "a", "--out", "x.json", *FAST]) == 2
     assert "cannot reach" in capsys.readouterr().err
+
+
+def test_bench_takes_the_token_from_a_file_or_the_environment_never_argv(tmp_path, capsys, monkeypatch):
+    """`--token` on argv (visible in `ps`) is refused in one line before anything is sent, as by
+    `rewardkit serve`; `--token-file` and REWARDKIT_TOKEN authenticate; the secret is never
+    written to the run file."""
+    monkeypatch.delenv("REWARDKIT_TOKEN", raising=False)
+    argv = ["bench", "--scorers", "a", "--batch", "1", "--concurrency", "1", *FAST]
+    assert main([*argv, "--url", "http://127.0.0.1:9", "--token", "s3cret", "--out", "x.json"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "s3cret" not in err
+    assert "REWARDKIT_TOKEN" in err and "--token-file" in err and "cannot reach" not in err
+    secret = tmp_path / "token"
+    secret.write_text("s3cret\n")
+    with serve_in_thread(make_app(["a"], token="s3cret")) as url:
+        # without the token every request is refused (exit 1) ...
+        assert main([*argv, "--url", url, "--out", str(tmp_path / "none.json")]) == 1
+        capsys.readouterr()
+        # ... with it, from the file or the environment, every request succeeds
+        assert (
+            main([*argv, "--url", url, "--token-file", str(secret), "--out", str(tmp_path / "f.json")]) == 0
+        )
+        monkeypatch.setenv("REWARDKIT_TOKEN", "s3cret")
+        assert main([*argv, "--url", url, "--out", str(tmp_path / "env.json")]) == 0
+    for name in ("f.json", "env.json"):
+        assert "s3cret" not in (tmp_path / name).read_text()
+    assert (
+        main([*argv, "--url", "http://127.0.0.1:9", "--token-file", str(tmp_path / "missing"), "--out", "x"])
+        == 2
+    )
+    assert "--token-file" in capsys.readouterr().err

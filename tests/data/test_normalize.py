@@ -30,8 +30,30 @@ def reason_of(row) -> str:
 
 
 def test_explicit_plain_strings():
-    pair = normalize_row({"id": "a", "prompt": "Hi?", "chosen": "Yes.", "rejected": "No."})
-    assert pair == PreferencePair("a", [user("Hi?")], [bot("Yes.")], [bot("No.")])
+    row = {"id": "a", "prompt": "Hi?", "chosen": "Yes.", "rejected": "No."}
+    pair = normalize_row(row)
+    assert pair == PreferencePair("a", [user("Hi?")], [bot("Yes.")], [bot("No.")], plain_text=True)
+    # a normalised plain-text record is written back as TRL's standard row and re-reads the same
+    written = {"pair_id": "a", "prompt": "Hi?", "chosen": "Yes.", "rejected": "No.", "margin": None}
+    assert pair.to_json() == {**written, "metadata": {}}
+    assert normalize_row(pair.to_json()) == pair
+
+
+def test_only_all_string_rows_are_plain_text():
+    """TRL's standard rows (every field a string) are plain text; conversations, HH-RLHF
+    transcripts (parsed into turns) and rows mixing strings with messages are not."""
+    implicit = normalize_row({"chosen": "abc", "rejected": "xyz"})
+    assert implicit.plain_text and implicit.prompt == [] and implicit.texts() == ("", "abc", "xyz")
+    assert normalize_row(implicit.to_json()) == implicit
+    assert normalize_row({"chosen": "The sky is blue.", "rejected": "The sky is green."}).plain_text
+    hh = {"chosen": "\n\nHuman: q\n\nAssistant: a", "rejected": "\n\nHuman: q\n\nAssistant: b"}
+    assert not normalize_row(hh).plain_text
+    assert not normalize_row({"prompt": "q", "chosen": [bot("a")], "rejected": "b"}).plain_text
+    assert not normalize_row({"prompt": [user("q")], "chosen": "a", "rejected": "b"}).plain_text
+    conversation = normalize_row({"prompt": [user("q")], "chosen": [bot("a")], "rejected": [bot("b")]})
+    assert not conversation.plain_text
+    with pytest.raises(ValueError, match="not plain text"):
+        conversation.texts()
 
 
 def test_empty_prompt_string_means_no_prompt():
@@ -226,9 +248,25 @@ pairs = st.builds(
     st.none() | st.text(max_size=5),
 )
 
+plain_pairs = st.builds(
+    lambda pid, prompt, chosen, rejected, margin: PreferencePair(
+        pid,
+        [user(prompt)] if prompt else [],
+        [bot(chosen)],
+        [bot(rejected + "!")] if rejected == chosen else [bot(rejected)],
+        margin,
+        plain_text=True,
+    ),
+    st.text(min_size=1, max_size=10),
+    st.text(max_size=20),
+    text,
+    text,
+    st.none() | st.floats(allow_nan=False, allow_infinity=False),
+)
+
 
 @settings(max_examples=60, deadline=None)
-@given(pairs)
+@given(pairs | plain_pairs)
 def test_round_trip_of_normalised_records(pair):
     """A normalised record, written as JSON, reads back as exactly the same record."""
     assert normalize_row(pair.to_json()) == pair

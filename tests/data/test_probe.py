@@ -38,6 +38,7 @@ def test_freeze_records_the_contract(tok, tokenized):
         "max_completion_length": 512,
         "truncation": "drop",
         "score_position": "template_end",
+        "plain_text": "text_eos",
     }
     assert freeze_probe(iter(tokenized), tok) == probe  # any iterable, same result
     check_probe(probe, tokenized, tokenizer=tok, settings=TokenizeSettings())
@@ -65,3 +66,20 @@ def test_tokenizer_template_and_settings_drift(tok, tokenized):
     tampered = {**probe, "tokens_sha256": "0" * 64}
     assert "token hash differs" in mismatch(tampered, tokenized)
     assert "not a rewardkit.probe/v1" in mismatch({"format": "x"}, tokenized)
+
+
+def test_a_probe_frozen_before_plain_text_was_recorded_keeps_its_tokens(tok):
+    """A probe without `plain_text` was frozen when plain-string rows went through the chat
+    template: read back, its settings say so, its pairs re-tokenise to its hashes, and checked
+    against today's default it refuses in one line naming the setting."""
+    rows = generate_rows(20, seed=5)
+    assert any(normalize_row(row).plain_text for row in rows)
+    legacy = TokenizeSettings(plain_text="chat_template")
+    old_pairs = [tokenize_pair(normalize_row(row), tok, legacy) for row in rows]
+    probe = freeze_probe(old_pairs, tok, legacy)
+    del probe["settings"]["plain_text"]  # as written before the key existed
+    settings = TokenizeSettings.from_json(probe["settings"])
+    assert settings == legacy
+    check_probe(probe, [tokenize_pair(normalize_row(row), tok, settings) for row in rows], settings=settings)
+    message = mismatch(probe, old_pairs, settings=TokenizeSettings())
+    assert message == "tokenisation settings differ: plain_text probe 'chat_template', data 'text_eos'"

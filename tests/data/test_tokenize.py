@@ -47,7 +47,16 @@ def bert_like():
 
 
 def pair(prompt="Name a fruit.", chosen="kiwi and plum.", rejected="red.", **extra):
-    return normalize_row({"id": "p", "prompt": prompt, "chosen": chosen, "rejected": rejected, **extra})
+    """A one-turn conversation (plain-string rows skip the chat template: test_tokenize_plain_text)."""
+    return normalize_row(
+        {
+            "id": "p",
+            "prompt": [{"role": "user", "content": prompt}],
+            "chosen": [{"role": "assistant", "content": chosen}],
+            "rejected": [{"role": "assistant", "content": rejected}],
+            **extra,
+        }
+    )
 
 
 def completion_tokens(tokenizer, branch):
@@ -181,9 +190,11 @@ def test_truncate_post_truncation_and_oversize(tok):
 
 
 def test_settings_validation():
-    assert TokenizeSettings() == TokenizeSettings(1024, 512, "drop")
+    assert TokenizeSettings() == TokenizeSettings(1024, 512, "drop", "template_end", "text_eos")
     with pytest.raises(ConfigError):
         TokenizeSettings(truncation="left")
+    with pytest.raises(ConfigError, match="plain_text must be one of text_eos, chat_template"):
+        TokenizeSettings(plain_text="eos")
     with pytest.raises(ConfigError):
         TokenizeSettings(max_length=1)
 

@@ -42,7 +42,7 @@ def fake_scorer(offset: dict[str, float] | None = None) -> PairScorer:
         value = float(_SCORE.findall(text)[-1].rstrip("."))
         return value + sum(v for k, v in offset.items() if k in text)
 
-    def score(pairs, batch_size):
+    def score(pairs, batch_size, progress=None):
         calls.append(len(pairs))
         return (
             np.array([read(p.chosen) for p in pairs]),

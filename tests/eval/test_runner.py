@@ -169,8 +169,8 @@ def test_not_a_model_and_non_finite_scores_are_one_line_errors(setup, tmp_path, 
         scorer = real(path, **kwargs)
         scores = scorer.score
 
-        def score(pairs, batch_size):
-            chosen, rejected, losses = scores(pairs, batch_size)
+        def score(pairs, batch_size, progress=None):
+            chosen, rejected, losses = scores(pairs, batch_size, progress)
             chosen[3] = np.nan
             return chosen, rejected, losses
 
@@ -181,3 +181,88 @@ def test_not_a_model_and_non_finite_scores_are_one_line_errors(setup, tmp_path, 
     last = capsys.readouterr().err.strip().splitlines()[-1]  # above it: transformers' loading bar
     assert last.startswith("rewardkit: error: model gave 1 non-finite chosen value(s)")
     assert not (tmp_path / "pairs.jsonl").exists()
+
+
+def _one_line_error(capsys) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.startswith("rewardkit: error:")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def test_missing_and_corrupt_models_are_one_line_errors(setup, tmp_path, capsys):
+    """A model path that does not exist, a corrupt rewardkit.json, a corrupt config.json and
+    truncated weights: each is one `rewardkit: error:` line and exit 2, never a traceback."""
+    import shutil
+
+    root, _, _ = setup
+    args = ["eval", "--probe", str(root / "probe.json"), "--data", str(root / "eval.jsonl")]
+    args += ["--out", str(tmp_path / "out")]
+    assert main([*args, "--model", str(tmp_path / "no-such-model")]) == 2
+    assert "no-such-model: not a directory" in _one_line_error(capsys)
+
+    bad_meta = tmp_path / "bad-meta"
+    bad_meta.mkdir()
+    (bad_meta / "rewardkit.json").write_text("{not json")
+    assert main([*args, "--model", str(bad_meta)]) == 2
+    assert "rewardkit.json: not valid JSON" in _one_line_error(capsys)
+
+    bad_config = tmp_path / "bad-config"
+    shutil.copytree(root / "model", bad_config)
+    (bad_config / "config.json").write_text('{"architectures": ')
+    assert main([*args, "--model", str(bad_config)]) == 2
+    assert "config.json: not valid JSON" in _one_line_error(capsys)
+
+    truncated = tmp_path / "truncated"
+    shutil.copytree(root / "model", truncated)
+    weights = truncated / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    assert main([*args, "--model", str(truncated)]) == 2
+    assert "cannot load the model" in _one_line_error(capsys)
+    assert not (tmp_path / "out").exists()
+
+
+def test_plain_text_tokenised_otherwise_than_the_model_was_trained_is_refused(setup, tmp_path, capsys):
+    """The HF model reads plain-text rows as TRL does (`text_eos`). A probe frozen before the
+    setting existed (no `plain_text`: `chat_template`) would feed it template-rendered plain rows:
+    refused in one line naming the fix. On conversations alone the setting changes no token, so
+    the same old probe evaluates."""
+    root, rows, _ = setup
+    legacy = TokenizeSettings(plain_text="chat_template")
+    tokenizer = builtin_tokenizer()
+
+    def old_probe(name, data_rows):
+        data = tmp_path / f"{name}.jsonl"
+        data.write_text("".join(json.dumps(row) + "\n" for row in data_rows))
+        probe = freeze_probe(tokenize_eval_data(data, tokenizer, legacy), tokenizer, legacy)
+        del probe["settings"]["plain_text"]  # as written before the key existed
+        (tmp_path / f"{name}.probe.json").write_text(json.dumps(probe))
+        args = ["eval", "--model", str(root / "model"), "--probe", str(tmp_path / f"{name}.probe.json")]
+        return [*args, "--data", str(data), "--out", str(tmp_path / name), "--replicates", "50"]
+
+    assert any(isinstance(row["chosen"], str) for row in rows)
+    assert main(old_probe("mixed", rows)) == 2
+    line = _one_line_error(capsys)
+    assert "trained with plain-text rows tokenised as 'text_eos' but the probe tokenises them as" in line
+    assert "freeze-probe --plain-text text_eos" in line
+    conversations = [row for row in rows if not isinstance(row["chosen"], str)]
+    assert main(old_probe("conversations", conversations)) == 0
+
+
+def test_progress_without_a_terminal_is_a_bounded_number_of_lines(setup, tmp_path, capsys):
+    """On a pipe or a log file, scoring progress is one line per interval plus one at the end
+    (never one per batch refresh); `--no-progress` prints none."""
+    root, _, _ = setup
+
+    def progress_lines(*extra):
+        assert _eval(root, tmp_path / f"out{len(extra)}", "--batch-size", "4", *extra) == 0
+        return [line for line in capsys.readouterr().err.splitlines() if line.startswith("eval:")]
+
+    lines = progress_lines()  # default interval, 30 s: far longer than this evaluation
+    assert len(lines) == 1 and lines[0].startswith(f"eval: {N_PAIRS}/{N_PAIRS} pair (100%)")
+    assert "done in" in lines[0]
+    # an interval shorter than a batch: at most one line per batch (12 of 4 pairs) and the last
+    lines = progress_lines("--progress-every", "1e-9")
+    assert 2 <= len(lines) <= N_PAIRS // 4 + 1 and lines[-1].startswith(f"eval: {N_PAIRS}/{N_PAIRS}")
+    assert progress_lines("--no-progress") == []

@@ -134,6 +134,32 @@ def test_standard_hf_recipe_gives_rewardkit_scores(exported):
     assert abs(chosen - rejected).max() > 1e-4  # a trained, non-constant model
 
 
+def test_plain_text_rows_score_on_trl_ids_as_plain_transformers(exported):
+    """Plain-string rows (TRL's standard format, a third of the synthetic training data) are the
+    ids TRL's RewardTrainer builds (text + EOS, no chat template), and the checkpoint's score on
+    them, through evaluation's path, is a plain transformers forward of the export on those ids."""
+    from support.trl_data import trl_reward_ids
+
+    checkpoint, out = exported
+    ours, tokenizer, meta = load_reward_model(checkpoint)
+    assert meta["plain_text"] == "text_eos"
+    rows = [
+        {"prompt": question, "chosen": " " + ANSWERS[i % 6], "rejected": " " + ANSWERS[(i + 1) % 6]}
+        for i, question in enumerate(QUESTIONS)
+    ]
+    pairs = [tokenize_pair(normalize_row(row), tokenizer, TokenizeSettings()) for row in rows]
+    chosen, rejected = score_pairs(ours, pairs, batch_size=3, layout="packed")
+    hf = AutoModelForSequenceClassification.from_pretrained(out, dtype=torch.float32).eval()
+    worst = 0.0
+    with torch.no_grad():
+        for i, ids in enumerate(trl_reward_ids(rows, AutoTokenizer.from_pretrained(out))):
+            assert [pairs[i].chosen.input_ids, pairs[i].rejected.input_ids] == list(ids)
+            for branch_ids, score in zip(ids, (chosen[i], rejected[i]), strict=True):
+                plain = hf(input_ids=torch.tensor([branch_ids])).logits[0, 0].item()
+                worst = max(worst, abs(plain - score))
+    assert worst < 1e-3
+
+
 def test_export_config_and_card(exported):
     checkpoint, out = exported
     config = json.loads((out / "config.json").read_text())
@@ -144,6 +170,7 @@ def test_export_config_and_card(exported):
     meta = json.loads((checkpoint / "rewardkit.json").read_text())
     assert "template_end" in card and meta["data_manifest_sha256"] in card
     assert "apply_chat_template" in card and "probe accuracy" in card
+    assert "tok(prompt + response + tok.eos_token)" in card and "text += tok.eos_token" in card
     summary = json.loads((checkpoint.parent.parent / "eval" / checkpoint.name / "summary.json").read_text())
     assert f"{summary['accuracy']:.4f}" in card and summary["probe_sha256"] in card
 

@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from rewardkit.cli.serve import add_token_options, token_from_args
 from rewardkit.core.errors import UsageError
 
 
@@ -61,7 +62,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bench.add_argument("--max-windows", type=int, default=10, help="give up (flag unstable) after this many")
     bench.add_argument("--slo-ms", type=float, help="latency target for goodput")
     bench.add_argument("--timeout-s", type=float, default=60.0, help="per-request timeout (default 60)")
-    bench.add_argument("--token", help="bearer token (default: $REWARDKIT_TOKEN)")
+    add_token_options(bench, "file holding the bearer token (default: $REWARDKIT_TOKEN)")
     bench.add_argument(
         "--inputs", type=Path, help="JSON lines of {id, prompt, response, image_path|image_b64}"
     )
@@ -106,6 +107,7 @@ def run_bench_cli(args: argparse.Namespace) -> int:
     from rewardkit.bench.windows import WindowPolicy
     from rewardkit.core.atomic import write_json
 
+    token = token_from_args(args) or os.environ.get("REWARDKIT_TOKEN")  # never argv: `ps` shows it
     for name in ("requests", "repetitions", "corpus_size", "stable_windows", "max_windows"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1")
@@ -132,7 +134,7 @@ def run_bench_cli(args: argparse.Namespace) -> int:
         repetitions=args.repetitions,
         policy=policy,
         slo_ms=args.slo_ms,
-        token=args.token or os.environ.get("REWARDKIT_TOKEN"),
+        token=token,
         timeout_s=args.timeout_s,
         seed=args.seed,
         gpu_indices=args.gpus,

@@ -61,6 +61,12 @@ def _tokenizer_args(parser: argparse.ArgumentParser, *, required: bool = False) 
     parser.add_argument("--max-length", type=int, metavar="N", help="default 1024")
     parser.add_argument("--max-completion-length", type=int, metavar="N", help="default 512")
     parser.add_argument("--truncation", choices=("drop", "truncate"), help="default drop")
+    parser.add_argument(
+        "--plain-text",
+        choices=("text_eos", "chat_template"),
+        help="plain-string rows: the text + EOS as TRL (default text_eos), or through the chat"
+        " template (checkpoints trained before rewardkit followed TRL here)",
+    )
 
 
 def _tokenizer_and_settings(args: argparse.Namespace):
@@ -72,12 +78,15 @@ def _tokenizer_and_settings(args: argparse.Namespace):
             ("max_length", args.max_length),
             ("max_completion_length", args.max_completion_length),
             ("truncation", args.truncation),
+            ("plain_text", args.plain_text),
         )
         if value is not None
     }
     if args.tokenizer is None:
         if given:
-            raise UsageError("--max-length/--max-completion-length/--truncation need --tokenizer")
+            raise UsageError(
+                "--max-length/--max-completion-length/--truncation/--plain-text need --tokenizer"
+            )
         return None, TokenizeSettings()
     return load_tokenizer(args.tokenizer), TokenizeSettings(**given)
 

@@ -7,7 +7,15 @@ from pathlib import Path
 
 from rewardkit.core import atomic
 from rewardkit.core.errors import UsageError
+from rewardkit.core.progress import DEFAULT_EVERY_S
 from rewardkit.eval.bootstrap import DEFAULT_REPLICATES, DEFAULT_SEED
+
+
+def _positive_seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
 
 
 def _positive(text: str) -> int:
@@ -60,6 +68,8 @@ def _eval_benchmark(args: argparse.Namespace) -> int:
         replicates=args.replicates,
         dtype=args.dtype,
         max_batch_tokens=args.max_batch_tokens,
+        progress=not args.no_progress,
+        progress_every_s=args.progress_every,
     )
     data = summary["data"]
     print(
@@ -105,6 +115,8 @@ def _eval(args: argparse.Namespace) -> int:
         replicates=args.replicates,
         dtype=args.dtype,
         max_batch_tokens=args.max_batch_tokens,
+        progress=not args.no_progress,
+        progress_every_s=args.progress_every,
     )
     strict = summary["bootstrap"]["strict"]
     print(
@@ -174,6 +186,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="truncate",
         help="--benchmark: cut over-long texts from the left, or reject their examples as oversize",
     )
+    ev.add_argument(
+        "--progress-every",
+        type=_positive_seconds,
+        default=DEFAULT_EVERY_S,
+        metavar="SECONDS",
+        help="scoring progress on stderr: a live bar on a terminal, otherwise one line this often"
+        " (default %(default)s)",
+    )
+    ev.add_argument("--no-progress", action="store_true", help="no scoring progress on stderr")
     _bootstrap_options(ev)
     ev.set_defaults(func=_eval)
 

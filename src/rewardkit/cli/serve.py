@@ -27,12 +27,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument(
-        "--token-file",
-        type=Path,
-        help="require the bearer token in this file (default: $REWARDKIT_TOKEN, else the config's, else none)",
+    add_token_options(
+        serve,
+        "require the bearer token in this file (default: $REWARDKIT_TOKEN, else the config's, else none)",
     )
-    serve.add_argument("--token", help=argparse.SUPPRESS)  # refused: argv is visible in `ps`
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.add_argument(
         "--debug", action="store_true", help="debug logging, with tracebacks for scorers that fail to load"
@@ -55,10 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     score.add_argument("--out", type=Path, help="write results as JSONL here (default: stdout)")
     score.add_argument("--batch-size", type=int, default=64, help="items per request")
-    score.add_argument(
-        "--token-file", type=Path, help="file holding the bearer token (default: $REWARDKIT_TOKEN)"
-    )
-    score.add_argument("--token", help=argparse.SUPPRESS)  # refused: argv is visible in `ps`
+    add_token_options(score, "file holding the bearer token (default: $REWARDKIT_TOKEN)")
     score.add_argument("--allow-partial", action="store_true", help="exit 0 even when some items failed")
     score.set_defaults(func=cmd_score)
 
@@ -79,7 +74,16 @@ def read_token_file(path: Path) -> str:
     return token
 
 
-def _token(args: argparse.Namespace) -> str | None:
+def add_token_options(parser: argparse.ArgumentParser, help_text: str) -> None:
+    """`--token-file PATH`, and a hidden `--token` that `token_from_args` refuses: every command
+    that talks to a service takes its secret the same way, never on argv (visible in `ps`)."""
+    parser.add_argument("--token-file", type=Path, help=help_text)
+    parser.add_argument("--token", help=argparse.SUPPRESS)
+
+
+def token_from_args(args: argparse.Namespace) -> str | None:
+    """The `--token-file` token, else None (the caller falls back to $REWARDKIT_TOKEN); a
+    `--token` on argv is a one-line usage error naming the alternatives."""
     if args.token is not None:
         raise UsageError(TOKEN_ARGV_HINT)
     return read_token_file(args.token_file) if args.token_file else None
@@ -178,7 +182,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     else:
         config = load_config(args.config) if args.config else _demo_config()
         backend = InProcessBackend(config)
-    if (token := _token(args)) is not None:
+    if (token := token_from_args(args)) is not None:
         config = config.model_copy(update={"token": token})
     if args.host not in ("127.0.0.1", "localhost", "::1") and config.resolved_token() is None:
         logging.getLogger(__name__).warning(
@@ -227,7 +231,7 @@ def cmd_score(args: argparse.Namespace) -> int:
 
     if args.batch_size < 1:
         raise UsageError("--batch-size must be >= 1")
-    token = _token(args)
+    token = token_from_args(args)
     items = _read_items(args.file)
     out = args.out.open("w", encoding="utf-8") if args.out else sys.stdout
     failed = 0

@@ -11,6 +11,9 @@ import sys
 import time
 from typing import Any, TextIO
 
+DEFAULT_EVERY_S = 30.0
+"""Without a terminal, one line this often: a few lines per hour-long job, not one per refresh."""
+
 
 class Progress:
     def __init__(
@@ -20,7 +23,7 @@ class Progress:
         *,
         unit: str = "it",
         initial: int = 0,
-        every_s: float = 30.0,
+        every_s: float = DEFAULT_EVERY_S,
         stream: TextIO | None = None,
         enabled: bool = True,
     ) -> None:

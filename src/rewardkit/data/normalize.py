@@ -10,6 +10,9 @@ Accepted shapes (see docs/data.md for examples):
   HH-RLHF transcripts (`\\n\\nHuman:` / `\\n\\nAssistant:` strings) are parsed into messages
   first; two plain strings with no prompt are TRL's "standard implicit" rows, split into prompt
   and completions at their longest common prefix exactly as TRL's `maybe_extract_prompt` does;
+- rows whose prompt (if any), chosen and rejected are all plain strings, HH transcripts aside,
+  are TRL's "standard" rows and marked `plain_text`: tokenisation gives them TRL's text + EOS
+  instead of the chat template (`rewardkit.data.tokenize`);
 - optional `pair_id` / `id` / `prompt_id`, `margin` (finite number) and `metadata` (object);
   UltraFeedback's `score_chosen` / `score_rejected` are kept in metadata.
 
@@ -76,8 +79,10 @@ def _normalize(row: dict[str, Any], pair_id: str | None) -> PreferencePair:
         prompt = _read_prompt(row["prompt"])
         chosen = _explicit_completion(row["chosen"], prompt, "chosen")
         rejected = _explicit_completion(row["rejected"], prompt, "rejected")
+        plain_text = all(isinstance(row[key], str) for key in ("prompt", "chosen", "rejected"))
     else:
         prompt, chosen, rejected = _implicit(row["chosen"], row["rejected"])
+        plain_text = isinstance(row["chosen"], str) and not _is_hh(row["chosen"])
     for side, messages in (("chosen", chosen), ("rejected", rejected)):
         if not any(m["content"].strip() for m in messages):
             raise Rejection(R.EMPTY_COMPLETION, f"{side} completion is empty")
@@ -85,7 +90,9 @@ def _normalize(row: dict[str, Any], pair_id: str | None) -> PreferencePair:
         raise Rejection(R.IDENTICAL, "chosen and rejected are identical")
     if pair_id is None:
         pair_id = derive_pair_id(prompt, chosen, rejected, margin, metadata)
-    return PreferencePair(pair_id, prompt, chosen, rejected, margin, metadata)
+    # the id does not depend on `plain_text`: ids (hence splits and probes) stay those of
+    # rewardkit before plain-text rows were tokenised as TRL does
+    return PreferencePair(pair_id, prompt, chosen, rejected, margin, metadata, plain_text)
 
 
 def _read_id(row: dict[str, Any]) -> str | None:

@@ -18,7 +18,12 @@ from rewardkit.core.hashing import canonical_json
 from rewardkit.data.pipeline import tokenize_source
 from rewardkit.data.reasons import Rejection
 from rewardkit.data.records import TokenizedBranch, TokenizedPair
-from rewardkit.data.tokenize import TokenizeSettings, template_sha256, tokenizer_sha256
+from rewardkit.data.tokenize import (
+    TokenizeSettings,
+    recorded_settings,
+    template_sha256,
+    tokenizer_sha256,
+)
 
 PROBE_FORMAT = "rewardkit.probe/v1"
 _PAIR_HASH_CHARS = 16
@@ -101,10 +106,15 @@ def check_probe(
         ):
             if probe[key] != actual:
                 raise ProbeMismatch(f"{key} differs: probe {probe[key][:12]}, data {actual[:12]}")
-    if settings is not None and probe["settings"] != settings.to_json():
-        raise ProbeMismatch(
-            f"tokenisation settings differ: probe {probe['settings']}, data {settings.to_json()}"
-        )
+    if settings is not None:
+        # a probe older than a settings key was frozen with that key's legacy value
+        frozen, given = recorded_settings(probe["settings"]), settings.to_json()
+        differ = sorted(key for key in frozen.keys() | given.keys() if frozen.get(key) != given.get(key))
+        if differ:
+            raise ProbeMismatch(
+                "tokenisation settings differ: "
+                + ", ".join(f"{key} probe {frozen.get(key)!r}, data {given.get(key)!r}" for key in differ)
+            )
     ids, pair_hashes, tokens_sha256 = _digest(tokenized_pairs)
     if len(ids) != probe["count"]:
         raise ProbeMismatch(f"count differs: probe has {probe['count']} pairs, data has {len(ids)}")

@@ -20,6 +20,12 @@ class PreferencePair:
 
     `prompt` is the shared conversation prefix (possibly empty for plain-text rows);
     `chosen` and `rejected` are the assistant turn(s) that follow it.
+
+    `plain_text` marks a row whose prompt and completions were all plain strings (TRL's
+    "standard" format): TRL tokenises those as text plus EOS, not through the chat template,
+    so tokenisation must know. Its messages hold the strings (a user turn, unless the prompt is
+    empty, and one assistant turn per side), and `to_json` writes the strings back, so a
+    normalised record re-reads as the same pair.
     """
 
     pair_id: str
@@ -28,32 +34,32 @@ class PreferencePair:
     rejected: list[Message]
     margin: float | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    plain_text: bool = False
 
     @property
     def subset(self) -> str | None:
         subset = self.metadata.get("subset")
         return subset if isinstance(subset, str) else None
 
+    def texts(self) -> tuple[str, str, str]:
+        """(prompt, chosen, rejected) strings of a `plain_text` pair."""
+        if not self.plain_text:
+            raise ValueError(f"pair {self.pair_id!r} is a conversation, not plain text")
+        prompt = self.prompt[0]["content"] if self.prompt else ""
+        return prompt, self.chosen[0]["content"], self.rejected[0]["content"]
+
     def to_json(self) -> dict[str, Any]:
+        prompt, chosen, rejected = (
+            self.texts() if self.plain_text else (self.prompt, self.chosen, self.rejected)
+        )
         return {
             "pair_id": self.pair_id,
-            "prompt": self.prompt,
-            "chosen": self.chosen,
-            "rejected": self.rejected,
+            "prompt": prompt,
+            "chosen": chosen,
+            "rejected": rejected,
             "margin": self.margin,
             "metadata": self.metadata,
         }
-
-    @classmethod
-    def from_json(cls, obj: dict[str, Any]) -> PreferencePair:
-        return cls(
-            pair_id=obj["pair_id"],
-            prompt=list(obj["prompt"]),
-            chosen=list(obj["chosen"]),
-            rejected=list(obj["rejected"]),
-            margin=obj.get("margin"),
-            metadata=dict(obj.get("metadata") or {}),
-        )
 
 
 @dataclass(frozen=True)

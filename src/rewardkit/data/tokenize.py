@@ -1,4 +1,4 @@
-"""Tokenise normalised pairs with the model's chat template, with an explicit truncation policy.
+"""Tokenise normalised pairs as TRL does (the chat template, or text + EOS), with an explicit truncation policy.
 
 How a branch is built (one branch = prompt + one completion):
 
@@ -15,6 +15,14 @@ How a branch is built (one branch = prompt + one completion):
 3. Tokenizers without a chat template (BERT and other encoders) use `PLAIN_TEMPLATE`; the
    sequence starts with BOS (or CLS) and the completion ends with EOS (or SEP) when the
    tokenizer has one.
+
+4. Plain-text pairs (TRL's "standard" rows: prompt, chosen and rejected all strings) follow
+   TRL's RewardTrainer and DPOTrainer (`plain_text: text_eos`): no chat template; EOS is
+   appended to each completion unless it already ends with it, and prompt + completion is
+   encoded as one text by the tokenizer with its own special tokens (`tokenizer(text)`: BOS
+   where the tokenizer adds one, CLS/SEP for encoders, which also have no EOS to append). The
+   score is read at the last token, the EOS. `plain_text: chat_template` renders them as a
+   user/assistant conversation instead, as rewardkit did before issue 24.
 
 Positions are explicit, never found by searching for padding, so tokenizers whose pad token
 equals EOS are handled correctly.
@@ -62,6 +70,21 @@ completion is cut after the end-of-turn marker. Checkpoints record theirs (`scor
 a checkpoint without the key was trained with `end_of_turn`.
 """
 
+TEXT_EOS = "text_eos"
+CHAT_TEMPLATE = "chat_template"
+PLAIN_TEXT_MODES = (TEXT_EOS, CHAT_TEMPLATE)
+"""How plain-text pairs are tokenised: `text_eos` (the default; TRL) or `chat_template` (rewardkit
+before issue 24). Checkpoints and probes record theirs; one without the key used `chat_template`."""
+
+LEGACY_SETTINGS = {"plain_text": CHAT_TEMPLATE}
+"""Settings keys added after probes and checkpoints were first written, with the value that applied
+before the key existed: what a recorded settings object without the key means."""
+
+
+def recorded_settings(recorded: dict[str, Any]) -> dict[str, Any]:
+    """A probe's or checkpoint's recorded settings, with the legacy value of every key it predates."""
+    return {**LEGACY_SETTINGS, **recorded}
+
 
 @dataclass(frozen=True)
 class TokenizeSettings:
@@ -78,6 +101,7 @@ class TokenizeSettings:
     max_completion_length: int = DEFAULT_MAX_COMPLETION_LENGTH
     truncation: Literal["drop", "truncate"] = "drop"
     score_position: Literal["template_end", "end_of_turn"] = "template_end"
+    plain_text: Literal["text_eos", "chat_template"] = "text_eos"
 
     def __post_init__(self) -> None:
         if self.truncation not in ("drop", "truncate"):
@@ -86,11 +110,20 @@ class TokenizeSettings:
             raise ConfigError(
                 f"score_position must be one of {', '.join(SCORE_POSITIONS)}, got {self.score_position!r}"
             )
+        if self.plain_text not in PLAIN_TEXT_MODES:
+            raise ConfigError(
+                f"plain_text must be one of {', '.join(PLAIN_TEXT_MODES)}, got {self.plain_text!r}"
+            )
         if self.max_length < 2 or self.max_completion_length < 1:
             raise ConfigError("max_length must be >= 2 and max_completion_length >= 1")
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_json(cls, recorded: dict[str, Any]) -> TokenizeSettings:
+        """The settings a probe recorded (`recorded_settings`: older probes predate some keys)."""
+        return cls(**recorded_settings(recorded))
 
 
 def load_tokenizer(spec: str):
@@ -185,23 +218,31 @@ def completion_text(
 
 
 def encode_texts(
-    tokenizer, prompt_text: str, completions: list[str], *, joint: bool = False
+    tokenizer,
+    prompt_text: str,
+    completions: list[str],
+    *,
+    joint: bool = False,
+    add_special_tokens: bool = False,
 ) -> tuple[list[int], list[list[int]]]:
     """Token ids of the prompt and of each completion, in one tokenizer call.
 
-    With the plain template the prompt starts with BOS (or CLS) and each completion ends with
-    EOS (or SEP), when the tokenizer has them; chat templates write their own markers.
+    `add_special_tokens` lets the tokenizer add its own (TRL's `tokenizer(text)` for plain-text
+    pairs). Otherwise chat templates write their own markers, and with the plain template the
+    prompt starts with BOS (or CLS) and each completion ends with EOS (or SEP), when the
+    tokenizer has them.
     `joint` encodes prompt + completion as one text (what `apply_chat_template(tokenize=True)`
     does), so a branch's ids are exactly the ecosystem's. The prompt part is the longest prefix
     of the prompt's own ids that every joint encoding starts with: where a template's boundary
     merges ("\\n\\n" + text in Llama-3 templates can tokenise differently together), the merged
     token counts as completion. Such a token is shared by both branches, so it cancels in a
-    reward margin and in DPO's chosen-minus-rejected log-ratios.
+    reward margin and in DPO's chosen-minus-rejected log-ratios. (TRL's DPOTrainer splits at the
+    same shared prefix.)
     """
     texts = [prompt_text, *completions]
     if joint:
         texts += [prompt_text + c for c in completions]
-    encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    encoded = tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"]
     prompt_ids = list(encoded[0])
     completion_ids = [list(ids) for ids in encoded[1 : 1 + len(completions)]]
     if joint:
@@ -209,7 +250,7 @@ def encode_texts(
         shared = min(_common_prefix(prompt_ids, whole) for whole in wholes)
         prompt_ids = prompt_ids[:shared]
         completion_ids = [whole[shared:] for whole in wholes]
-    if getattr(tokenizer, "chat_template", None) is None:
+    if not add_special_tokens and getattr(tokenizer, "chat_template", None) is None:
         start = _first_id(tokenizer, "bos_token_id", "cls_token_id")
         end = _first_id(tokenizer, "eos_token_id", "sep_token_id")
         if start is not None:
@@ -243,15 +284,25 @@ def tokenize_branch(
 def tokenize_pair(pair: PreferencePair, tokenizer, settings: TokenizeSettings | None = None) -> TokenizedPair:
     """Tokenise both branches under `settings`; raise `Rejection` (oversize, post_truncation, ...)."""
     settings = settings or TokenizeSettings()
-    prompt_text = render(tokenizer, pair.prompt, add_generation_prompt=True)
-    position = settings.score_position
-    texts = [
-        completion_text(tokenizer, pair.prompt, prompt_text, side, position)
-        for side in (pair.chosen, pair.rejected)
-    ]
-    prompt_ids, (chosen, rejected) = encode_texts(
-        tokenizer, prompt_text, texts, joint=position == TEMPLATE_END
-    )
+    if pair.plain_text and settings.plain_text == TEXT_EOS:
+        prompt_text, *completions = pair.texts()
+        prompt_ids, (chosen, rejected) = encode_texts(
+            tokenizer,
+            prompt_text,
+            [_with_eos(tokenizer, text) for text in completions],
+            joint=True,
+            add_special_tokens=True,
+        )
+    else:
+        prompt_text = render(tokenizer, pair.prompt, add_generation_prompt=True)
+        position = settings.score_position
+        texts = [
+            completion_text(tokenizer, pair.prompt, prompt_text, side, position)
+            for side in (pair.chosen, pair.rejected)
+        ]
+        prompt_ids, (chosen, rejected) = encode_texts(
+            tokenizer, prompt_text, texts, joint=position == TEMPLATE_END
+        )
     if not chosen or not rejected:
         raise Rejection(R.EMPTY_COMPLETION, "a completion has no tokens", pair_id=pair.pair_id)
     limit, completion_limit = settings.max_length, settings.max_completion_length
@@ -294,6 +345,13 @@ def tokenize_pair(pair: PreferencePair, tokenizer, settings: TokenizeSettings | 
         margin=pair.margin,
         subset=pair.subset,
     )
+
+
+def _with_eos(tokenizer, text: str) -> str:
+    """TRL's `add_eos`: the EOS token's text appended unless the text already ends with it (a
+    tokenizer without EOS, an encoder, ends the text with its own SEP instead)."""
+    eos = tokenizer.eos_token
+    return text if eos is None or text.endswith(eos) else text + eos
 
 
 def _branch(prompt_ids: list[int], completion_ids: list[int]) -> TokenizedBranch:

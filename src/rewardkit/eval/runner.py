@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -19,9 +20,10 @@ import numpy as np
 
 from rewardkit.core import atomic
 from rewardkit.core.errors import RewardkitError, UsageError
+from rewardkit.core.progress import DEFAULT_EVERY_S, Progress
 from rewardkit.data.pipeline import Summary, tokenize_source
 from rewardkit.data.records import TokenizedPair
-from rewardkit.data.tokenize import TokenizeSettings
+from rewardkit.data.tokenize import LEGACY_SETTINGS, TokenizeSettings
 from rewardkit.eval.artifacts import write_eval_artifacts
 from rewardkit.eval.bootstrap import DEFAULT_REPLICATES, DEFAULT_SEED
 from rewardkit.objectives.base import PairScorer
@@ -56,6 +58,75 @@ def tokenize_eval_data(
     return pairs
 
 
+def check_plain_text(
+    meta: dict[str, Any],
+    settings: TokenizeSettings,
+    data_path: str | Path,
+    tokenizer: Any,
+    pairs: list[TokenizedPair],
+    model_path: str | Path,
+) -> None:
+    """Refuse a probe whose plain-text pairs are tokenised otherwise than the checkpoint was trained.
+
+    The probe's settings decide the tokens; a checkpoint records how its plain-text rows were
+    tokenised (`plain_text`; none recorded: `chat_template`, rewardkit before issue 24). Where the
+    two differ the data is tokenised the checkpoint's way too: if no pair changes (no plain-text
+    rows) the score is the same measurement, otherwise the model would be scored on inputs it
+    was not trained on, and that is a usage error naming the fix.
+    """
+    import dataclasses
+
+    trained = meta.get("plain_text", LEGACY_SETTINGS["plain_text"])
+    if trained == settings.plain_text:
+        return
+    own = tokenize_source(data_path, tokenizer, dataclasses.replace(settings, plain_text=trained))
+    if own != pairs:
+        raise UsageError(
+            f"{model_path} was trained with plain-text rows tokenised as {trained!r} but the probe "
+            f"tokenises them as {settings.plain_text!r}: freeze the probe with "
+            f"`rewardkit data freeze-probe --plain-text {trained}`",
+            code="plain_text_mismatch",
+        )
+
+
+def scoring_progress(total: int, enabled: bool, every_s: float) -> Progress:
+    """Scoring's progress on stderr, as training's: a live bar on a terminal, otherwise one line
+    every `every_s` seconds and one at the end (a log file gets a bounded number of lines)."""
+    return Progress(total, "eval", unit="pair", every_s=every_s, enabled=enabled)
+
+
+def load_model(
+    model_path: str | Path,
+    *,
+    device: str,
+    reference_path: str | Path | None = None,
+    dtype: str = "fp32",
+    max_batch_tokens: int | None = None,
+) -> PairScorer:
+    """The checkpoint's scorer (`max_batch_tokens` None: the reward models' default), or a
+    one-line `UsageError`: a `--model` that does not exist, is corrupt or is not a model is bad
+    input (exit 2), never a traceback (REWARDKIT_DEBUG=1 re-raises what transformers /
+    safetensors failed on)."""
+    try:
+        return load_pair_scorer(
+            model_path, device=device, reference_path=reference_path, dtype=dtype,
+            max_batch_tokens=max_batch_tokens or DEFAULT_MAX_BATCH_TOKENS,
+        )  # fmt: skip
+    except UsageError:
+        raise
+    except RewardkitError as exc:  # a directory that is not a loadable model: bad input, one line
+        raise UsageError(exc.message, code=exc.code) from None
+    except Exception as exc:  # a file transformers / safetensors cannot read (corrupt, truncated)
+        if os.environ.get("REWARDKIT_DEBUG"):
+            raise
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise UsageError(
+            f"{model_path}: cannot load the model ({type(exc).__name__}: {first}); "
+            "REWARDKIT_DEBUG=1 shows the traceback",
+            code="bad_checkpoint",
+        ) from None
+
+
 def _device(requested: str | None) -> str:
     import torch
 
@@ -79,6 +150,8 @@ def evaluate(
     replicates: int = DEFAULT_REPLICATES,
     dtype: str = "fp32",
     max_batch_tokens: int | None = None,
+    progress: bool = True,
+    progress_every_s: float = DEFAULT_EVERY_S,
 ) -> dict[str, Any]:
     """Check the data against the probe, score every pair, write the artifacts; return the summary.
 
@@ -89,14 +162,22 @@ def evaluate(
     from rewardkit.data.probe import check_probe
 
     probe = load_probe(probe_path)
-    settings = TokenizeSettings(**probe["settings"])
+    settings = TokenizeSettings.from_json(probe["settings"])
     device = _device(device)
-    scorer = load_scorer(model_path, device, reference_path, dtype, max_batch_tokens)
+    scorer = load_model(
+        model_path,
+        device=device,
+        reference_path=reference_path,
+        dtype=dtype,
+        max_batch_tokens=max_batch_tokens,
+    )
     data = Summary()
     pairs = tokenize_eval_data(data_path, scorer.tokenizer, settings, data)
     check_probe(probe, pairs, tokenizer=scorer.tokenizer, settings=settings)
+    check_plain_text(scorer.metadata, settings, data_path, scorer.tokenizer, pairs, model_path)
     started = time.perf_counter()
-    chosen, rejected, losses = scorer.score(pairs, batch_size)
+    with scoring_progress(len(pairs), progress, progress_every_s) as bar:
+        chosen, rejected, losses = scorer.score(pairs, batch_size, bar)
     seconds = time.perf_counter() - started
     for name, values in (("chosen", chosen), ("rejected", rejected), ("loss", losses)):
         bad = [] if values is None else np.flatnonzero(~np.isfinite(values))
@@ -154,26 +235,6 @@ def evaluate(
         },
     )
     return summary
-
-
-def load_scorer(
-    model_path: str | Path,
-    device: str,
-    reference_path: str | Path | None,
-    dtype: str,
-    max_batch_tokens: int | None,
-) -> PairScorer:
-    """The checkpoint's scorer (`max_batch_tokens` None: the reward models' default); a directory
-    that is not a loadable model is bad input, one line."""
-    try:
-        return load_pair_scorer(
-            model_path, device=device, reference_path=reference_path, dtype=dtype,
-            max_batch_tokens=max_batch_tokens or DEFAULT_MAX_BATCH_TOKENS,
-        )  # fmt: skip
-    except UsageError:
-        raise
-    except RewardkitError as exc:
-        raise UsageError(exc.message, code=exc.code) from None
 
 
 def scoring_record(scorer: PairScorer, device: str, dtype: str, batch_size: int) -> dict[str, Any]:

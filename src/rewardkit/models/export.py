@@ -201,7 +201,7 @@ def _run_summary(checkpoint: Path, step: Any) -> dict[str, Any] | None:
 
 def model_card(checkpoint: Path, meta: dict[str, Any], report: dict[str, Any], tokenizer: Any) -> str:
     """README.md of an exported reward model: provenance, hashes, probe accuracy, usage, convention."""
-    from rewardkit.data.tokenize import END_OF_TURN
+    from rewardkit.data.tokenize import CHAT_TEMPLATE, END_OF_TURN, TEXT_EOS
 
     base = meta.get("base_model") or {}
     base_name = base.get("path") or base.get("init_from") or base.get("random_init") or "unknown"
@@ -226,10 +226,44 @@ def model_card(checkpoint: Path, meta: dict[str, Any], report: dict[str, Any], t
         convention = (
             "`template_end`: the reward is read at the last token of `apply_chat_template(messages)`"
             " without a generation prompt (for ChatML the newline after `<|im_end|>`), as TRL's"
-            " RewardTrainer and RewardBench read it. Plain text without a chat template: the text plus"
-            " the EOS token."
+            " RewardTrainer and RewardBench read it."
+        )
+    if meta.get("plain_text", CHAT_TEMPLATE) == TEXT_EOS:
+        convention += (
+            "\n\nPlain-text (non-conversational) inputs are scored as TRL's RewardTrainer tokenises"
+            " them (`plain_text: text_eos`): `tok(prompt + response + tok.eos_token)`, no chat"
+            " template, EOS appended only if the response does not already end with it; the reward is"
+            " read at that EOS."
+        )
+    else:
+        convention += (
+            "\n\nThis checkpoint was trained before rewardkit tokenised plain-text rows as TRL does"
+            " (`plain_text: chat_template`): score a plain-text prompt and response as the conversation"
+            " `[{role: user, content: prompt}, {role: assistant, content: response}]`."
         )
     ids = report["special_token_ids"]
+    plain_usage = (
+        """
+Plain text (TRL's standard format), without a chat template:
+
+```python
+text = "Name a fruit." + " kiwi."
+if not text.endswith(tok.eos_token):
+    text += tok.eos_token
+with torch.no_grad():
+    score = model(**tok(text, return_tensors="pt")).logits[0, 0].item()
+```
+"""
+        if meta.get("plain_text", CHAT_TEMPLATE) == TEXT_EOS and ids["pad_token_id"] != ids["eos_token_id"]
+        else ""
+    )
+    if meta.get("plain_text", CHAT_TEMPLATE) == TEXT_EOS and not plain_usage:
+        # *ForSequenceClassification reads the last non-pad token: a final EOS equal to pad is skipped
+        plain_usage = (
+            "\nThis export pads with EOS, so `*ForSequenceClassification` would skip the EOS that plain"
+            " text is scored at: score plain text with rewardkit (`rewardkit eval`, `rewardkit serve`),"
+            " or retrain with `data.pad_token` set to another token.\n"
+        )
     return f"""---
 library_name: transformers
 tags: [reward-model, rewardkit]
@@ -268,7 +302,7 @@ ids = tok.apply_chat_template(messages, tokenize=True, return_dict=True, return_
 with torch.no_grad():
     score = model(**ids).logits[0, 0].item()
 ```
-"""
+{plain_usage}"""
 
 
 def _truncate(branch):

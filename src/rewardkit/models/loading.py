@@ -17,7 +17,7 @@ from torch import nn
 from rewardkit.core.errors import RewardkitError
 from rewardkit.core.hashing import sha256_file
 from rewardkit.data.collate import Batch
-from rewardkit.data.tokenize import END_OF_TURN, TEMPLATE_END
+from rewardkit.data.tokenize import END_OF_TURN, TEMPLATE_END, TEXT_EOS
 from rewardkit.models.attention import resolve_attn_implementation
 
 FORMAT_VERSION = 1
@@ -146,7 +146,12 @@ def _is_seqcls_dir(path: Path) -> dict[str, Any] | None:
     config_path = path / "config.json"
     if not config_path.is_file():
         return None
-    config = json.loads(config_path.read_text())
+    try:
+        config = json.loads(config_path.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{config_path}: not valid JSON ({exc})", code="bad_checkpoint") from None
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{config_path}: not a JSON object", code="bad_checkpoint")
     archs = config.get("architectures") or []
     return config if any(a.endswith("ForSequenceClassification") for a in archs) else None
 
@@ -360,6 +365,7 @@ def load_reward_model(
             "architecture": config["architectures"][0],
             "model_sha256": sha256_file(weights[0]) if len(weights) == 1 else None,
             "score_position": TEMPLATE_END,  # HF reads the last non-pad token
+            "plain_text": TEXT_EOS,  # as TRL's RewardTrainer tokenises plain-text rows
         }
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     model.to(device).eval()

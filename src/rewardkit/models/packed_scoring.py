@@ -244,9 +244,11 @@ def padded_scores(
     pad_token_id: int,
     max_batch_tokens: int,
     device: torch.device | str,
+    on_scored: Callable[[int], None] | None = None,
 ) -> tuple[torch.Tensor, int]:
     """(scores, token slots computed) through `forward(input_ids, attention_mask, lengths)` on
-    right-padded length buckets; the slots minus the real tokens are the padding."""
+    right-padded length buckets; the slots minus the real tokens are the padding. `on_scored(n)`
+    is called after each bucket with its number of sequences (a progress bar's hook)."""
     out = torch.empty(len(seqs), dtype=torch.float32)
     slots = 0
     for bucket in length_buckets([len(s) for s in seqs], max_batch_tokens):
@@ -260,6 +262,8 @@ def padded_scores(
         lengths = mask.sum(1)
         scores = forward(input_ids.to(device), mask.to(device), lengths.to(device))
         out[torch.tensor(bucket)] = scores.float().cpu()
+        if on_scored is not None:
+            on_scored(len(bucket))
     return out, slots
 
 
@@ -322,6 +326,7 @@ def score_sequences(
     device: torch.device | str = "cpu",
     share_prefixes: bool = False,
     min_prefix: int = 16,
+    on_scored: Callable[[int], None] | None = None,
 ) -> tuple[torch.Tensor, dict[str, int]]:
     """fp32 scores (host, input order) read at each sequence's last token, and the token accounting
     `{real, computed, padding, shared}`.
@@ -331,6 +336,7 @@ def score_sequences(
     so those sharing a prompt sit in one forward and the prompt is computed once. The scores stay
     on the device until the last forward is queued, so the host plans the next forward while the
     GPU runs this one. Otherwise: `padded_scores` through `forward` (default `last_token_forward`).
+    `on_scored(n)` is called as each forward's n sequences are queued (a progress bar's hook).
     """
     real = sum(map(len, seqs))
     if not seqs:
@@ -341,8 +347,9 @@ def score_sequences(
                 raise ValueError("score_sequences needs a forward, or a backbone and a head")
             forward = last_token_forward(backbone, head)
         scores, slots = padded_scores(
-            forward, seqs, pad_token_id=pad_token_id, max_batch_tokens=max_batch_tokens, device=device
-        )
+            forward, seqs, pad_token_id=pad_token_id, max_batch_tokens=max_batch_tokens, device=device,
+            on_scored=on_scored,
+        )  # fmt: skip
         return scores, {"real": real, "computed": slots, "padding": slots - real, "shared": 0}
     if backbone is None or head is None:
         raise ValueError("the varlen path needs the backbone and the head")
@@ -353,6 +360,8 @@ def score_sequences(
         plan = plan_packed([ordered[i] for i in chunk], share_prefixes=share_prefixes, min_prefix=min_prefix)
         parts.append(packed_scores(backbone, head, plan).float())
         computed += plan.computed_tokens
+        if on_scored is not None:
+            on_scored(len(chunk))
     scores = torch.empty(len(seqs), dtype=torch.float32)
     scores[torch.as_tensor(list(order), dtype=torch.long)] = torch.cat(parts).cpu()
     return scores, {"real": real, "computed": computed, "padding": 0, "shared": real - computed}

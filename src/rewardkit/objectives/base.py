@@ -22,8 +22,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from rewardkit.core.progress import Progress
 from rewardkit.data.collate import Batch, Layout, collate
-from rewardkit.data.records import TokenizedBranch, TokenizedPair
+from rewardkit.data.records import TokenizedPair
 
 PairScores = tuple[np.ndarray, np.ndarray, np.ndarray | None]
 """float64 (chosen, rejected, per-pair loss or None for Bradley–Terry on the margin), input order."""
@@ -107,8 +108,11 @@ class PairScorer:
     objective: str
     tokenizer: Any
     metadata: dict[str, Any]
-    score: Callable[[list[TokenizedPair], int], PairScores]
-    score_branches: Callable[[list[TokenizedBranch]], np.ndarray] | None = None
+    score: Callable[..., PairScores]
+    """`score(pairs, batch_size, progress=None)`: the objective's pair scores (`rewardkit eval`'s
+    progress advanced per batch)."""
+    score_branches: Callable[..., np.ndarray] | None = None
+    """`score_branches(branches, progress=None)`: one score per branch through the packed path."""
     scoring: dict[str, Any] = field(default_factory=dict)
 
 
@@ -121,8 +125,11 @@ def score_in_batches(
     *,
     layout: Layout = "right",
     pad_token_id: int = 0,
+    progress: Progress | None = None,
 ) -> PairScores:
     """The one pairs → scores path: eval mode, no grad, `batch_size` pairs per collated batch.
+
+    `progress` is advanced by the pairs of each scored batch (`rewardkit eval`'s bar or lines).
 
     Every objective's evaluation, in training and from a checkpoint, runs through here, so
     scores cannot depend on which of the two asked. Models that only accept one layout (HF
@@ -149,6 +156,8 @@ def score_in_batches(
             rejected.append(_float64(r))
             if loss is not None:
                 losses.append(_float64(loss))
+            if progress is not None:
+                progress.update(len(chunk))
     finally:
         model.train(was_training)
     if not chosen:

@@ -29,6 +29,7 @@ from pydantic import ConfigDict, Field, model_validator
 
 from rewardkit.core.config import ConfigModel, Dtype
 from rewardkit.core.errors import ConfigError, UsageError
+from rewardkit.core.progress import Progress
 from rewardkit.data.collate import collate
 from rewardkit.data.records import TokenizedPair
 from rewardkit.data.tokenize import pad_token_id
@@ -296,8 +297,10 @@ def load_scorer(
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     pad = pad_token_id(tokenizer)
 
-    def score_pairs(pairs: list[TokenizedPair], batch_size: int) -> PairScores:
-        return score_in_batches(policy, pairs, batch_size, score, pad_token_id=pad)
+    def score_pairs(
+        pairs: list[TokenizedPair], batch_size: int, progress: Progress | None = None
+    ) -> PairScores:
+        return score_in_batches(policy, pairs, batch_size, score, pad_token_id=pad, progress=progress)
 
     identity = {**meta, "reference_path": str(reference_path) if reference_path is not None else None}
     scoring = {"path": "padded pairs (policy and reference log-probs)", "attention": "padded"}

@@ -8,11 +8,10 @@ dispatches here and nowhere else, so adding an objective means adding one entry.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
-from rewardkit.models.loading import METADATA_FILE, OBJECTIVE, CheckpointError
+from rewardkit.models.loading import METADATA_FILE, OBJECTIVE, CheckpointError, read_metadata
 from rewardkit.objectives import dpo, reward_model
 from rewardkit.objectives.base import PairScorer
 
@@ -27,10 +26,10 @@ SCORERS: dict[str, ScorerLoader] = {
 def checkpoint_objective(path: str | Path) -> str:
     """The `objective` a rewardkit checkpoint records; a directory without `rewardkit.json`
     (an HF `*ForSequenceClassification` model) is a reward model."""
-    meta_path = Path(path) / METADATA_FILE
-    if not meta_path.is_file():
+    if not (Path(path) / METADATA_FILE).is_file():
         return OBJECTIVE
-    return json.loads(meta_path.read_text()).get("objective")
+    # read_metadata: a corrupt rewardkit.json is a coded CheckpointError (one line), not a traceback
+    return read_metadata(path).get("objective")
 
 
 def load_pair_scorer(

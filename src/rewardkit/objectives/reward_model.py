@@ -11,7 +11,7 @@ training loop's probe evaluation uses, through `rewardkit.objectives.base.score_
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from torch import nn
 
 from rewardkit.core.errors import ConfigError, UsageError
 from rewardkit.core.hashing import sha256_file, sha256_json
+from rewardkit.core.progress import Progress
 from rewardkit.data.collate import Batch, Layout, collate
 from rewardkit.data.records import TokenizedBranch, TokenizedPair
 from rewardkit.data.tokenize import pad_token_id
@@ -95,10 +96,12 @@ def load_scorer(
     pad = pad_token_id(tokenizer)
     backbone, head = last_token_parts(model)
 
-    def score(pairs: list[TokenizedPair], batch_size: int) -> PairScores:
+    def score(pairs: list[TokenizedPair], batch_size: int, progress: Progress | None = None) -> PairScores:
         if backbone is None:
-            return score_in_batches(model, pairs, batch_size, _score_batch, pad_token_id=pad)
-        values = score_branches([p.chosen for p in pairs] + [p.rejected for p in pairs])
+            return score_in_batches(
+                model, pairs, batch_size, _score_batch, pad_token_id=pad, progress=progress
+            )
+        values = score_branches([p.chosen for p in pairs] + [p.rejected for p in pairs], progress, per_unit=2)
         return values[: len(pairs)], values[len(pairs) :], None
 
     if backbone is None:
@@ -116,11 +119,15 @@ def load_scorer(
     read_at = _read_position(model, tokenizer)
 
     @torch.inference_mode()
-    def score_branches(branches: list[TokenizedBranch]) -> np.ndarray:
+    def score_branches(
+        branches: list[TokenizedBranch], progress: Progress | None = None, per_unit: int = 1
+    ) -> np.ndarray:
+        """Scores per branch; `progress` advances by one per `per_unit` branches scored."""
         seqs = [b.input_ids[: read_at(b) + 1] for b in branches]
         values, tokens = score_sequences(
             seqs, varlen=varlen, max_batch_tokens=max_batch_tokens, backbone=backbone, head=head,
             pad_token_id=pad, device=device, share_prefixes=varlen,
+            on_scored=None if progress is None else _units(progress, per_unit),
         )  # fmt: skip
         scoring.update({f"{k}_tokens": v for k, v in tokens.items()})
         return values.numpy().astype(np.float64)
@@ -128,6 +135,19 @@ def load_scorer(
     return PairScorer(
         metadata.get("objective", OBJECTIVE), tokenizer, metadata, score, score_branches, scoring
     )
+
+
+def _units(progress: Progress, per_unit: int) -> Callable[[int], None]:
+    """A `score_sequences` callback (sequences scored) advancing `progress` in whole units."""
+    done = [0, 0]  # sequences scored, units reported
+
+    def advance(n: int) -> None:
+        done[0] += n
+        units = done[0] // per_unit
+        progress.update(units - done[1])
+        done[1] = units
+
+    return advance
 
 
 def _read_position(model: nn.Module, tokenizer: Any):

@@ -124,6 +124,9 @@ class DataConfig(ConfigModel):
     # template_end: the last token of apply_chat_template(conversation), as TRL / RewardBench read
     # it; end_of_turn: rewardkit's reading before issue 24 (to continue such a run)
     score_position: Literal["template_end", "end_of_turn"] = "template_end"
+    # plain-string rows (TRL "standard"): text_eos, the text + EOS without a chat template, as TRL
+    # tokenises them; chat_template: as user/assistant turns, rewardkit before issue 24
+    plain_text: Literal["text_eos", "chat_template"] = "text_eos"
     # TRL's RewardConfig.pad_token: a vocabulary token to pad with (saved with the tokenizer, hence
     # in checkpoints and exports); needed where pad == EOS is the token scores are read at
     pad_token: str | None = None

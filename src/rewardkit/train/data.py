@@ -104,6 +104,7 @@ def prepare_data(cfg: TrainConfig) -> PreparedData:
         max_completion_length=data.max_completion_length,
         truncation=data.truncation,
         score_position=data.score_position,
+        plain_text=data.plain_text,
     )
     train_source, eval_source = _sources(cfg)
     summary = Summary()

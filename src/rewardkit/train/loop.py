@@ -389,6 +389,9 @@ class Trainer:
             "data_manifest_sha256": self.data_sha256,
             # where scores are read (rewardkit.data.tokenize.SCORE_POSITIONS); loads honour it
             "score_position": self.cfg.data.score_position,
+            # how plain-text rows were tokenised (rewardkit.data.tokenize.PLAIN_TEXT_MODES); eval
+            # refuses a probe that tokenises them otherwise
+            "plain_text": self.cfg.data.plain_text,
         }
         state = {
             "step": self.step,

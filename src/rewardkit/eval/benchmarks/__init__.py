@@ -29,6 +29,7 @@ import numpy as np
 from rewardkit.core import atomic
 from rewardkit.core.errors import UsageError
 from rewardkit.core.hashing import sha256_bytes
+from rewardkit.core.progress import DEFAULT_EVERY_S
 from rewardkit.data import reasons as R
 from rewardkit.data.reasons import Rejection
 from rewardkit.data.records import TokenizedBranch, TokenizedPair
@@ -147,18 +148,21 @@ def tokenize_texts(
     return branches, lengths, cut
 
 
-def score_branches(scorer: Any, branches: list[TokenizedBranch], batch_size: int) -> tuple[np.ndarray, int]:
+def score_branches(
+    scorer: Any, branches: list[TokenizedBranch], batch_size: int, progress: Any = None
+) -> tuple[np.ndarray, int]:
     """One float64 score per branch (input order) and the token count: through the scorer's own
-    `score_branches` where it has one, else two branches per pair, by length."""
+    `score_branches` where it has one (progress in pairs: two branches a unit), else two
+    branches per pair, by length."""
     if scorer.score_branches is not None:
-        return scorer.score_branches(branches), sum(len(b) for b in branches)
+        return scorer.score_branches(branches, progress, per_unit=2), sum(len(b) for b in branches)
     order = sorted(range(len(branches)), key=lambda i: (-len(branches[i]), i))
     pairs = []
     for k in range(0, len(order), 2):
         a = order[k]
         b = order[k + 1] if k + 1 < len(order) else order[k]
         pairs.append(TokenizedPair(pair_id=f"text-{k // 2}", chosen=branches[a], rejected=branches[b]))
-    first, second, _ = scorer.score(pairs, batch_size)
+    first, second, _ = scorer.score(pairs, batch_size, progress)
     scores = np.empty(len(branches), dtype=np.float64)
     for k in range(len(pairs)):
         scores[order[2 * k]] = first[k]
@@ -183,9 +187,11 @@ def evaluate_benchmark(
     scorer: Any = None,
     dtype: str = "fp32",
     max_batch_tokens: int | None = None,
+    progress: bool = True,
+    progress_every_s: float = DEFAULT_EVERY_S,
 ) -> dict[str, Any]:
     """Read, score, apply the released rules, bootstrap, write the artifacts; return the summary."""
-    from rewardkit.eval.runner import _device, load_scorer, scoring_record
+    from rewardkit.eval.runner import _device, load_model, scoring_progress, scoring_record
 
     module = get(benchmark)
     if truncation not in TRUNCATION:
@@ -193,7 +199,10 @@ def evaluate_benchmark(
     items, data = read_items(module, data_path)
     device = _device(device)
     if scorer is None:
-        scorer = load_scorer(model_path, device, reference_path, dtype, max_batch_tokens)
+        scorer = load_model(
+            model_path, device=device, reference_path=reference_path, dtype=dtype,
+            max_batch_tokens=max_batch_tokens,
+        )  # fmt: skip
 
     index: dict[tuple[str, str], int] = {}
     for item in items:
@@ -220,7 +229,8 @@ def evaluate_benchmark(
     items = kept
     used = sorted({index[(it.prompt, t)] for it in items for t in (*it.chosen, *it.rejected)})
     started = time.perf_counter()
-    used_scores, tokens = score_branches(scorer, [branches[i] for i in used], batch_size)
+    with scoring_progress((len(used) + 1) // 2, progress, progress_every_s) as bar:
+        used_scores, tokens = score_branches(scorer, [branches[i] for i in used], batch_size, bar)
     seconds = time.perf_counter() - started
     bad = np.flatnonzero(~np.isfinite(used_scores))
     if bad.size:
