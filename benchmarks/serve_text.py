@@ -12,26 +12,34 @@ Variants, per model shape (random init at the real shapes, bf16):
   c+ (c) with each group's prompt packed once (prefix sharing)
   d  rewardkit serve over HTTP (`--config`), 16 concurrent clients sending groups of 8
   e  (d) with prefix sharing on
+  h  host capacity: (d) with the model forward replaced by a near-zero-cost stand-in
+     (benchmarks/serve_text_standin.py); everything else is the real server path
+  h+ (h) with prefix sharing on
 
 MFU = 2 x non-embedding params x real tokens/s / 790e12 (real tokens: the corpus's, not padding).
 
     python3 benchmarks/serve_text.py --out serve_text.json                 # CUDA: all variants
     python3 benchmarks/serve_text.py --models tiny --variants a,b,c,c+ --n-groups 8   # CPU smoke
+    python3 benchmarks/serve_text.py --models qwen2-0.5b --variants h --serve-modes config  # host only
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
 import platform
 import random
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 PEAK_FLOPS = 790e12
@@ -217,6 +225,8 @@ def parse_args(argv=None):
     p.add_argument("--serve-modes", default="config,deploy", help="d/e through --config and/or --deploy")
     p.add_argument("--repeats", type=int, default=2, help="timed passes per in-process variant (best kept)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--profile", type=Path, default=None, help="py-spy the timed HTTP runs into this folder")
+    p.add_argument("--profile-gil", action="store_true", help="with --profile: only the GIL holder")
     return p.parse_args(argv)
 
 
@@ -352,11 +362,38 @@ def request_body(group: list[dict]) -> dict:
     return encode_score_request(items, ["rm"])[0]
 
 
+def standin_env(tmp: Path) -> dict[str, str]:
+    """PYTHONPATH for a server that can build the `host_standin` scorer kind: benchmarks/ (the
+    class) and a dist-info directory whose entry point registers it (serve/config.py reads the
+    `rewardkit.scorers` group)."""
+    from serve_text_standin import KIND
+
+    dist = tmp / "plugins" / "rewardkit_bench_standin-0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: rewardkit-bench-standin\nVersion: 0\n")
+    (dist / "entry_points.txt").write_text(
+        f"[rewardkit.scorers]\n{KIND} = serve_text_standin:StandInScorer\n"
+    )
+    here = str(Path(__file__).resolve().parent)
+    path = [str(tmp / "plugins"), here, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {"PYTHONPATH": os.pathsep.join(path)}
+
+
 def http_variant(
-    model_shape: str, tok_dir: Path, rows: list[dict], args, share: bool, device: str, mode: str
+    model_shape: str,
+    tok_dir: Path,
+    rows: list[dict],
+    args,
+    share: bool,
+    device: str,
+    mode: str,
+    *,
+    standin: bool = False,
+    label: str = "d",
 ) -> dict:
     """rewardkit serve over HTTP (`--config`, or `--deploy` with one dedicated worker): 16 clients,
-    each request one group of 8 (closed loop)."""
+    each request one group of 8 (closed loop). `standin`: the scorer's model forward is replaced
+    by benchmarks/serve_text_standin.py's, so the figure is the host side's capacity."""
     import httpx
     import yaml
 
@@ -364,7 +401,7 @@ def http_variant(
 
     spec = {
         "name": "rm",
-        "kind": "hf_seqcls",
+        "kind": "host_standin" if standin else "hf_seqcls",
         "shape": model_shape,
         "dtype": "bf16" if device == "cuda" else "fp32",
         "max_batch_size": 4096,
@@ -387,38 +424,42 @@ def http_variant(
         if mode == "deploy":
             doc.update(mode="dedicated", gpus=[0] if device == "cuda" else [])
         cfg.write_text(yaml.safe_dump(doc))
-        with running_server([f"--{mode}", str(cfg)], Path(tmp), ready_timeout_s=600) as url:
+        serve_args = [f"--{mode}", str(cfg)]
+        with running_server(
+            serve_args,
+            Path(tmp),
+            env=standin_env(Path(tmp)) if standin else None,
+            ready_timeout_s=600,
+        ) as url:
 
-            async def main() -> tuple[float, list[float]]:
-                pending = list(groups.values())
+            async def main() -> tuple[float, list[float], float | None]:
+                # bodies encoded before the clock starts: the clients' own JSON work is not the server's
+                pending = [json.dumps(request_body(g)).encode() for g in groups.values()]
                 latencies: list[float] = []
-                async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+                headers = {"content-type": "application/json"}
+                async with httpx.AsyncClient(base_url=url, timeout=600, headers=headers) as client:
 
                     async def worker():
                         while pending:
-                            group = pending.pop()
-                            body = request_body(group)
+                            body = pending.pop()
                             t = time.perf_counter()
-                            resp = await client.post("/v1/score", json=body)
+                            resp = await client.post("/v1/score", content=body)
                             resp.raise_for_status()
                             latencies.append(time.perf_counter() - t)
 
                     warm = pending[: args.clients]
                     del pending[: args.clients]
-                    await asyncio.gather(
-                        *(
-                            client.post(
-                                "/v1/score",
-                                json=request_body(g),
-                            )
-                            for g in warm
-                        )
-                    )
-                    t0 = time.perf_counter()
-                    await asyncio.gather(*(worker() for _ in range(args.clients)))
-                    return time.perf_counter() - t0, latencies
+                    await asyncio.gather(*(client.post("/v1/score", content=b) for b in warm))
+                    before = server_processes(str(cfg))
+                    with profiled(args, f"{model_shape}-{label}", before):
+                        t0 = time.perf_counter()
+                        await asyncio.gather(*(worker() for _ in range(args.clients)))
+                        seconds = time.perf_counter() - t0
+                    after = server_processes(str(cfg))
+                    cpu = sum(after.get(p, 0.0) - c for p, c in before.items()) if before else None
+                    return seconds, latencies, cpu
 
-            seconds, latencies = asyncio.run(main())
+            seconds, latencies, cpu_s = asyncio.run(main())
     measured = len(latencies) * args.group_size
     tokens = sum(len(r["ids"]) for r in rows) * measured / len(rows)
     return {
@@ -427,7 +468,57 @@ def http_variant(
         "tokens_per_s": tokens / seconds,
         "p50_ms": 1e3 * statistics.median(latencies),
         "p99_ms": 1e3 * sorted(latencies)[int(0.99 * (len(latencies) - 1))],
+        # CPU time of the server's processes (gateway and workers) per sequence: what the host
+        # spends, independent of how many other processes share its cores
+        **({"server_cpu_ms_per_seq": 1e3 * cpu_s / measured} if cpu_s is not None else {}),
     }
+
+
+def server_processes(marker: str) -> dict[int, float]:
+    """{pid: user + system CPU seconds} of the server whose command line contains `marker` and
+    of all its descendants (the deploy gateway's workers); empty where /proc cannot tell."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    parent: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    tree: set[int] = set()
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()  # after "pid (comm)"
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        pid = int(entry.name)
+        parent[pid], cpu[pid] = int(fields[1]), (int(fields[11]) + int(fields[12])) / tick
+        if marker.encode() in cmdline:
+            tree.add(pid)
+    grew = bool(tree)
+    while grew:
+        grew = False
+        for pid, ppid in parent.items():
+            if ppid in tree and pid not in tree:
+                tree.add(pid)
+                grew = True
+    return {pid: cpu[pid] for pid in tree}
+
+
+@contextlib.contextmanager
+def profiled(args, label: str, pids: Iterable[int]) -> Iterator[None]:
+    """With --profile: `py-spy record` attached to the server (and its workers) for the block,
+    raw collapsed stacks into `--profile/<label>.txt`."""
+    if args.profile is None:
+        yield
+        return
+    args.profile.mkdir(parents=True, exist_ok=True)
+    out = args.profile / f"{label.replace(':', '-').replace('+', 'plus')}.txt"
+    root = min(pids)
+    cmd = ["py-spy", "record", "--pid", str(root), "--subprocesses", "--format", "raw", "--rate", "200"]
+    spy = subprocess.Popen([*cmd, *(["--gil"] if args.profile_gil else []), "-o", str(out)])
+    time.sleep(2.0)  # attached before the clock starts
+    try:
+        yield
+    finally:
+        spy.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
+        spy.wait(timeout=120)
 
 
 def main(argv=None) -> int:
@@ -465,7 +556,10 @@ def main(argv=None) -> int:
         tokenizer.save_pretrained(tok_dir)
         for shape in args.models.split(","):
             per: dict[str, dict] = {}
-            model = build_model(shape, len(tokenizer), tokenizer.pad_token_id, device, "sdpa")
+            in_process = bool({"a", "b", "c", "c+"} & set(variants))
+            # without an in-process variant the model only counts parameters: no weights (meta)
+            at = device if in_process else "meta"
+            model = build_model(shape, len(tokenizer), tokenizer.pad_token_id, at, "sdpa")
             params = non_embedding_params(model)
             pad, warm = tokenizer.pad_token_id, seqs[:96]
             if "a" in variants:
@@ -478,9 +572,9 @@ def main(argv=None) -> int:
                 per["b"] = {
                     "seconds": timed(run, padded_pass(model, warm, pad, device), device, args.repeats)
                 }
-            model.set_attn_implementation("rk_varlen")
             for name, share in (("c", False), ("c+", True)):
                 if name in variants:
+                    model.set_attn_implementation("rk_varlen")
                     run, saved = packed_pass(model, seqs, args.max_batch_tokens, share)
                     warm_run, _ = packed_pass(model, warm, args.max_batch_tokens, share)
                     per[name] = {"seconds": timed(run, warm_run, device, args.repeats), "saved_tokens": saved}
@@ -488,11 +582,18 @@ def main(argv=None) -> int:
             if device == "cuda":
                 torch.cuda.empty_cache()
             served = "tiny-text-rm" if shape == "tiny" else shape
-            for name, share in (("d", False), ("e", True)):
+            for name, share, standin in (
+                ("d", False, False),
+                ("e", True, False),
+                ("h", False, True),
+                ("h+", True, True),
+            ):
                 for mode in args.serve_modes.split(","):
                     label = name if mode == "config" else f"{name}:{mode}"
                     if name in variants:
-                        per[label] = http_variant(served, tok_dir, rows, args, share, device, mode)
+                        per[label] = http_variant(
+                            served, tok_dir, rows, args, share, device, mode, standin=standin, label=label
+                        )
             for name, row in per.items():
                 seconds = row["seconds"]
                 row.setdefault("seq_per_s", len(seqs) / seconds)
@@ -509,6 +610,12 @@ def main(argv=None) -> int:
                 summary["deploy_http_over_varlen_ceiling"] = (
                     per["d:deploy"]["seq_per_s"] / per["c"]["seq_per_s"]
                 )
+            for mode in args.serve_modes.split(","):
+                label = "h" if mode == "config" else "h:deploy"
+                if "c" in per and label in per:  # how far the host alone is from the GPU ceiling
+                    summary[f"host_{mode}_over_varlen_ceiling"] = (
+                        per[label]["seq_per_s"] / per["c"]["seq_per_s"]
+                    )
             if "c" in per and "c+" in per:
                 summary["inprocess_prefix_sharing_speedup"] = per["c+"]["seq_per_s"] / per["c"]["seq_per_s"]
             result["summary"].append(summary)

@@ -12,12 +12,18 @@ from rewardkit.data.reasons import Rejection
 from rewardkit.data.synth import builtin_tokenizer, corpus
 from rewardkit.data.tokenize import (
     TokenizeSettings,
+    branch_text,
+    completion_text,
+    encode_branches,
+    encode_texts,
     load_tokenizer,
+    render_prompt,
     template_sha256,
     tokenize_branch,
     tokenize_pair,
     tokenizer_sha256,
 )
+from support.tokenizers import llama3_like, mistral_like
 
 
 @pytest.fixture(scope="module")
@@ -209,6 +215,73 @@ def test_template_that_rewrites_the_prompt_is_refused():
 def test_tokenize_branch_matches_pair_branches(tok):
     p = pair()
     assert tokenize_branch(tok, p.prompt, p.chosen) == tokenize_pair(p, tok).chosen
+
+
+PROMPTS = [
+    [{"role": "user", "content": "Name a fruit."}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there!\n\nHow are you?"}],
+    [{"role": "user", "content": "naïve café — 漢字 🎉 <|im_start|> [INST] 123456"}],
+]
+COMPLETIONS = [
+    "kiwi and plum.",
+    " leading space",
+    "\n\nnewlines first",
+    "ends with a newline\n",
+    "  two spaces, then <|im_end|> or [/INST] as text",
+    "漢字 🎉 123",
+]
+
+
+@pytest.mark.parametrize("name", ["chatml", "llama3", "mistral", "plain", "bert"])
+def test_rendered_prompt_branches_equal_encoding_prompt_and_completion_together(name, tok, bert_like):
+    """A prompt rendered and tokenised once (what a scorer caches for a GRPO group) gives every
+    completion exactly the ids of the unshared joint encoding, and with a chat template exactly
+    `apply_chat_template(conversation, tokenize=True)`'s, at the boundary too."""
+    tokenizer = {
+        "chatml": lambda: tok,
+        "llama3": llama3_like,
+        "mistral": mistral_like,
+        "plain": lambda: build_tokenizer(corpus(), vocab_size=400, chat_template=False),
+        "bert": lambda: bert_like,
+    }[name]()
+    for prompt in PROMPTS:
+        if name == "mistral":
+            prompt = prompt[-1:]  # its template alternates user/assistant from the first turn
+        rendered = render_prompt(tokenizer, prompt)
+        if name in ("chatml", "llama3", "mistral"):
+            assert rendered.cut > 0 and len(rendered.head) > 0  # the split is taken
+            assert tokenizer(rendered.tail, add_special_tokens=False)["input_ids"][0] in set(
+                tokenizer.added_tokens_decoder
+            )
+        completions = [[{"role": "assistant", "content": c}] for c in COMPLETIONS]
+        texts = [branch_text(tokenizer, prompt, rendered, c) for c in completions]
+        shared = encode_branches(tokenizer, [rendered] * len(texts), texts)
+        for completion, branch in zip(completions, shared, strict=True):
+            text = completion_text(tokenizer, prompt, rendered.text, completion, "template_end")
+            prompt_ids, (completion_ids,) = encode_texts(tokenizer, rendered.text, [text], joint=True)
+            assert branch.input_ids == prompt_ids + completion_ids
+            assert branch.loss_mask == [0] * len(prompt_ids) + [1] * len(completion_ids)
+            if tokenizer.chat_template is not None:
+                whole = tokenizer.apply_chat_template(
+                    [*prompt, *completion], tokenize=True, return_dict=True
+                )["input_ids"]
+                assert branch.input_ids == list(whole)
+
+
+def test_a_split_that_would_change_the_prompt_ids_is_not_taken(tok, monkeypatch):
+    prompt = [{"role": "user", "content": "Name a fruit."}]
+    assert render_prompt(tok, prompt).cut > 0
+    real = type(tok).__call__
+
+    def tail_differs(self, text, *args, **kwargs):
+        out = real(self, text, *args, **kwargs)
+        if isinstance(text, str) and text.startswith("<|im_start|>assistant"):
+            out["input_ids"] = [*out["input_ids"], 0]
+        return out
+
+    monkeypatch.setattr(type(tok), "__call__", tail_differs)
+    rendered = render_prompt(tok, prompt)
+    assert (rendered.cut, rendered.head, rendered.tail) == (0, (), rendered.text)
 
 
 def test_hashes_survive_save_and_load_and_ignore_runtime_state(tok, tmp_path):

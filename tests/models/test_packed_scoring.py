@@ -123,6 +123,32 @@ def test_score_sequences_packed_and_padded_equal_a_plain_forward(family):
     assert padded_tokens["computed"] == real + padded_tokens["padding"] and padded_tokens["shared"] == 0
 
 
+@pytest.mark.parametrize("share", [False, True])
+def test_each_sequence_reads_back_from_its_span_keys_with_positions_from_zero(share):
+    """The plan's layout, checked token by token: a sequence's last span gathers (through
+    `kv_index`, or its own span without sharing) exactly the sequence's ids at positions
+    0..n-1, and its score is read at its last token. Lists and numpy arrays plan alike."""
+    import numpy as np
+
+    seqs = corpus(3)
+    plan = plan_packed(seqs, share_prefixes=share, min_prefix=8)
+    as_arrays = plan_packed([np.asarray(s) for s in seqs], share_prefixes=share, min_prefix=8)
+    for field in ("input_ids", "position_ids", "cu_q", "cu_k", "score_at"):
+        assert torch.equal(getattr(plan, field), getattr(as_arrays, field))
+    ids, pos = plan.input_ids[0], plan.position_ids[0]
+    assert plan.shared_groups == (3 if share else 0)
+    for i, seq in enumerate(seqs):
+        end = int(plan.score_at[i])
+        span = int(torch.searchsorted(plan.cu_q[1:].long(), end, right=True))
+        keys = (
+            plan.kv_index[plan.cu_k[span] : plan.cu_k[span + 1]]
+            if plan.kv_index is not None
+            else torch.arange(int(plan.cu_q[span]), int(plan.cu_q[span + 1]))
+        )
+        assert ids[keys].tolist() == seq and pos[keys].tolist() == list(range(len(seq)))
+        assert int(keys[-1]) == end == int(plan.cu_q[span + 1]) - 1
+
+
 def test_length_buckets_respect_the_token_budget():
     lengths = [5, 50, 7, 300, 6, 49]
     buckets = length_buckets(lengths, 100)

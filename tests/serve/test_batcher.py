@@ -85,6 +85,26 @@ def test_items_that_cannot_be_prepared_fail_alone_at_admission_off_the_loop():
     assert all(name.startswith("prepare-") for name in scorer.prepared_on)
 
 
+def test_a_requests_items_are_prepared_together_and_fall_back_to_one_by_one():
+    class Together(LengthScorer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls: list[list[str]] = []
+
+        def prepare_many(self, items: list[ScoreItem]) -> list[Any]:
+            self.calls.append([i.response for i in items])
+            return super().prepare_many(items)
+
+    scorer = Together()
+    batcher = DynamicBatcher(scorer, max_batch_size=64, max_wait_ms=5, max_queue=100)
+    assert run(_submit(batcher, ["ab", "abc", "abcd"])) == [2.0, 3.0, 4.0]
+    assert scorer.calls == [["ab", "abc", "abcd"]]  # one call for the request
+    scorer = Together()
+    batcher = DynamicBatcher(scorer, max_batch_size=64, max_wait_ms=5, max_queue=100)
+    results = run(_submit(batcher, ["ab", "crash", "abcd"]))  # the shared call raises
+    assert results[0] == 2.0 and results[2] == 4.0 and results[1].code == "bad_input"
+
+
 def test_a_scorer_exception_fails_only_the_guilty_item():
     scorer = LengthScorer()
     metrics = ServeMetrics()

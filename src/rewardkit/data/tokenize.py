@@ -31,6 +31,7 @@ equals EOS are handled correctly.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -239,18 +240,27 @@ def encode_texts(
     reward margin and in DPO's chosen-minus-rejected log-ratios. (TRL's DPOTrainer splits at the
     same shared prefix.)
     """
-    texts = [prompt_text, *completions]
-    if joint:
-        texts += [prompt_text + c for c in completions]
+    # joint: the completions alone are never encoded (only prompt + completion counts)
+    texts = [prompt_text, *((prompt_text + c) if joint else c for c in completions)]
     encoded = tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"]
     prompt_ids = list(encoded[0])
-    completion_ids = [list(ids) for ids in encoded[1 : 1 + len(completions)]]
+    completion_ids = [list(ids) for ids in encoded[1:]]
     if joint:
-        wholes = [list(ids) for ids in encoded[1 + len(completions) :]]
+        wholes = completion_ids
         shared = min(_common_prefix(prompt_ids, whole) for whole in wholes)
         prompt_ids = prompt_ids[:shared]
         completion_ids = [whole[shared:] for whole in wholes]
-    if not add_special_tokens and getattr(tokenizer, "chat_template", None) is None:
+    if add_special_tokens:  # the tokenizer placed its own special tokens (TRL's plain text)
+        return prompt_ids, completion_ids
+    return _plain_markers(tokenizer, prompt_ids, completion_ids)
+
+
+def _plain_markers(
+    tokenizer, prompt_ids: list[int], completion_ids: list[list[int]]
+) -> tuple[list[int], list[list[int]]]:
+    """With the plain template (no chat template) the prompt starts with BOS (or CLS) and each
+    completion ends with EOS (or SEP), when the tokenizer has them; in place."""
+    if getattr(tokenizer, "chat_template", None) is None:
         start = _first_id(tokenizer, "bos_token_id", "cls_token_id")
         end = _first_id(tokenizer, "eos_token_id", "sep_token_id")
         if start is not None:
@@ -261,6 +271,81 @@ def encode_texts(
     return prompt_ids, completion_ids
 
 
+@dataclass(frozen=True)
+class RenderedPrompt:
+    """A prompt rendered (with the generation prompt) and tokenised once, for every completion
+    scored after it: a GRPO group sends one prompt with G responses, and a scorer caches this.
+
+    `cut` splits `text` where a suffix can be encoded on its own and still give the ids the
+    whole text gives: just before the last added token (`<|im_start|>`, `<|eot_id|>`, ...).
+    Fast tokenizers split the input at added tokens before normalising and pre-tokenising, so
+    no token spans that point; `head` holds the ids of `text[:cut]`. A branch is then `head` +
+    the ids of `text[cut:] + completion`: the boundary between prompt and completion (where a
+    template's "\n\n" can merge with the completion's first word) is always encoded with both
+    sides, exactly as `apply_chat_template(tokenize=True)` encodes it. Without an added token
+    (the plain template) `cut` is 0 and the whole text is encoded with each completion.
+    """
+
+    text: str
+    ids: tuple[int, ...]  # text's own ids
+    cut: int
+    head: tuple[int, ...]
+
+    @property
+    def tail(self) -> str:
+        return self.text[self.cut :]
+
+
+def render_prompt(tokenizer, prompt: list[Message]) -> RenderedPrompt:
+    """Render and tokenise `prompt` once (see RenderedPrompt); the split is checked on the
+    prompt's own ids, and not made where it would change them."""
+    if not prompt:
+        raise ValueError("Cannot apply chat template to an empty conversation (empty prompt)")
+    text = render(tokenizer, prompt, add_generation_prompt=True)
+    if not getattr(tokenizer, "is_fast", False):
+        return RenderedPrompt(text, tuple(tokenizer(text, add_special_tokens=False)["input_ids"]), 0, ())
+    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids, offsets = tuple(encoded["input_ids"]), encoded["offset_mapping"]
+    added = set(tokenizer.added_tokens_decoder)
+    at = next((j for j in range(len(ids) - 1, 0, -1) if ids[j] in added), 0)
+    cut = offsets[at][0] if at else 0
+    if cut and tuple(tokenizer(text[cut:], add_special_tokens=False)["input_ids"]) != ids[at:]:
+        cut = at = 0  # a tokenizer this split does not hold for: encode the whole text each time
+    return RenderedPrompt(text, ids, cut, ids[:at])
+
+
+def branch_text(
+    tokenizer,
+    prompt: list[Message],
+    rendered: RenderedPrompt,
+    completion: list[Message],
+    score_position: str = TEMPLATE_END,
+) -> str:
+    """What `encode_branches` encodes for one completion: the prompt's tail and the completion's
+    text (`completion_text`), so the prompt/completion boundary is encoded as one text."""
+    return rendered.tail + completion_text(tokenizer, prompt, rendered.text, completion, score_position)
+
+
+def encode_branches(
+    tokenizer, prompts: Sequence[RenderedPrompt], texts: Sequence[str]
+) -> list[TokenizedBranch | None]:
+    """One branch per (rendered prompt, `branch_text`), in ONE tokenizer call (a fast tokenizer
+    encodes a batch with the GIL released); None where the completion has no tokens.
+
+    The ids equal `apply_chat_template(prompt + completion, tokenize=True)`'s (the joint
+    encoding of `encode_texts`); the prompt part, which the loss mask leaves out, is the longest
+    prefix of the prompt's own ids that the branch starts with.
+    """
+    tails = tokenizer(list(texts), add_special_tokens=False)["input_ids"] if texts else []
+    branches: list[TokenizedBranch | None] = []
+    for rendered, tail in zip(prompts, tails, strict=True):
+        whole = [*rendered.head, *tail]
+        shared = len(rendered.head) + _common_prefix(rendered.ids[len(rendered.head) :], tail)
+        prompt_ids, (completion_ids,) = _plain_markers(tokenizer, whole[:shared], [whole[shared:]])
+        branches.append(_branch(prompt_ids, completion_ids) if completion_ids else None)
+    return branches
+
+
 def tokenize_branch(
     tokenizer, prompt: list[Message], completion: list[Message], *, score_position: str = TEMPLATE_END
 ) -> TokenizedBranch:
@@ -269,16 +354,18 @@ def tokenize_branch(
     An empty prompt is refused (ValueError, as transformers refuses an empty conversation): a
     served item always has one; prompt-less data rows go through `tokenize_pair`.
     """
-    if not prompt:
-        raise ValueError("Cannot apply chat template to an empty conversation (empty prompt)")
-    prompt_text = render(tokenizer, prompt, add_generation_prompt=True)
-    text = completion_text(tokenizer, prompt, prompt_text, completion, score_position)
-    prompt_ids, (completion_ids,) = encode_texts(
-        tokenizer, prompt_text, [text], joint=score_position == TEMPLATE_END
-    )
-    if not completion_ids:
+    if score_position != TEMPLATE_END:  # the completion is encoded apart from the prompt
+        prompt_text = render(tokenizer, prompt, add_generation_prompt=True)
+        text = completion_text(tokenizer, prompt, prompt_text, completion, score_position)
+        prompt_ids, (completion_ids,) = encode_texts(tokenizer, prompt_text, [text])
+        if not completion_ids:
+            raise Rejection(R.EMPTY_COMPLETION, "completion has no tokens")
+        return _branch(prompt_ids, completion_ids)
+    rendered = render_prompt(tokenizer, prompt)
+    (branch,) = encode_branches(tokenizer, [rendered], [branch_text(tokenizer, prompt, rendered, completion)])
+    if branch is None:
         raise Rejection(R.EMPTY_COMPLETION, "completion has no tokens")
-    return _branch(prompt_ids, completion_ids)
+    return branch
 
 
 def tokenize_pair(pair: PreferencePair, tokenizer, settings: TokenizeSettings | None = None) -> TokenizedPair:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
+import numpy as np
 import torch
 
 from rewardkit.models.attention import KV_INDEX, explicit_boundaries
@@ -86,17 +87,15 @@ class PackedPlan:
         return kwargs
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
-    """Length of the common prefix of a and b, at most `limit` (binary search on slice equality,
-    so the comparisons run in C)."""
-    low, high = 0, max(0, min(limit, len(a), len(b)))
-    while low < high:
-        mid = (low + high + 1) // 2
-        if a[:mid] == b[:mid]:
-            low = mid
-        else:
-            high = mid - 1
-    return low
+def _common_prefix(a: np.ndarray, b: np.ndarray, limit: int) -> int:
+    """Length of the common prefix of a and b, at most `limit` (one vectorised comparison)."""
+    limit = max(0, min(limit, len(a), len(b)))
+    differs = np.flatnonzero(a[:limit] != b[:limit])
+    return int(differs[0]) if differs.size else limit
+
+
+def _arrays(seqs: Sequence[Sequence[int]]) -> list[np.ndarray]:
+    return [np.asarray(s, dtype=np.int64) for s in seqs]
 
 
 def prefix_groups(seqs: Sequence[Sequence[int]], min_prefix: int) -> list[tuple[int, list[int]]]:
@@ -109,7 +108,8 @@ def prefix_groups(seqs: Sequence[Sequence[int]], min_prefix: int) -> list[tuple[
     parts save more than the whole: with a system prompt common to everything, each prompt's
     responses share system prompt + prompt rather than all sequences sharing the system prompt.
     """
-    order = sorted((i for i, s in enumerate(seqs) if len(s) > min_prefix), key=lambda i: list(seqs[i]))
+    seqs = _arrays(seqs)
+    order = sorted((i for i, s in enumerate(seqs) if len(s) > min_prefix), key=lambda i: seqs[i].tolist())
     lcp = [_common_prefix(seqs[a], seqs[b], min(len(seqs[a]), len(seqs[b])) - 1) for a, b in pairwise(order)]
     groups: list[tuple[int, list[int]]] = []
 
@@ -143,50 +143,68 @@ def prefix_groups(seqs: Sequence[Sequence[int]], min_prefix: int) -> list[tuple[
 def plan_packed(
     seqs: Sequence[Sequence[int]], *, share_prefixes: bool = False, min_prefix: int = 16
 ) -> PackedPlan:
-    """Lay `seqs` out as one packed stream (see the module docstring)."""
+    """Lay `seqs` out as one packed stream (see the module docstring).
+
+    The layout is decided per sequence and built per token with numpy (a batch is tens of
+    thousands of tokens, planned on the scoring thread between two forwards)."""
     if not seqs or any(len(s) == 0 for s in seqs):
         raise ValueError("plan_packed needs non-empty sequences")
-    groups = prefix_groups(seqs, min_prefix) if share_prefixes else []
+    arrays = _arrays(seqs)
+    groups = prefix_groups(arrays, min_prefix) if share_prefixes else []
     grouped = {m: (g, shared) for g, (shared, members) in enumerate(groups) for m in members}
-    ids: list[int] = []
-    positions: list[int] = []
+    # one span per row: (sequence, first token, tokens, first position, prefix span or -1)
+    pieces: list[np.ndarray] = []
     q_lens: list[int] = []
-    keys: list[torch.Tensor] = []
-    score_at = [0] * len(seqs)
-    prefix_span: dict[int, tuple[int, int]] = {}
-
-    def add_span(tokens: Sequence[int], start_pos: int, prefix: tuple[int, int] | None) -> int:
-        begin = len(ids)
-        ids.extend(tokens)
-        positions.extend(range(start_pos, start_pos + len(tokens)))
-        q_lens.append(len(tokens))
-        own = torch.arange(begin, len(ids))
-        keys.append(own if prefix is None else torch.cat([torch.arange(*prefix), own]))
-        return len(ids) - 1
-
-    for i, seq in enumerate(seqs):
+    first_pos: list[int] = []
+    prefix_of: list[int] = []  # the span index of the prefix the span attends to, or -1
+    score_span = [0] * len(arrays)
+    prefix_span: dict[int, int] = {}
+    for i, seq in enumerate(arrays):
         if i not in grouped:
-            score_at[i] = add_span(seq, 0, None)
-            continue
-        g, shared = grouped[i]
-        if g not in prefix_span:
-            begin = len(ids)
-            add_span(seq[:shared], 0, None)
-            prefix_span[g] = (begin, len(ids))
-        score_at[i] = add_span(seq[shared:], shared, prefix_span[g])
-    key_lens = [len(k) for k in keys]
-    cu_q = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
-    cu_k = torch.tensor([0, *torch.tensor(key_lens).cumsum(0).tolist()], dtype=torch.int32)
+            pieces.append(seq)
+            q_lens.append(len(seq))
+            first_pos.append(0)
+            prefix_of.append(-1)
+        else:
+            g, shared = grouped[i]
+            if g not in prefix_span:
+                prefix_span[g] = len(q_lens)
+                pieces.append(seq[:shared])
+                q_lens.append(shared)
+                first_pos.append(0)
+                prefix_of.append(-1)
+            pieces.append(seq[shared:])
+            q_lens.append(len(seq) - shared)
+            first_pos.append(shared)
+            prefix_of.append(prefix_span[g])
+        score_span[i] = len(q_lens) - 1
+    lens = np.asarray(q_lens, dtype=np.int64)
+    ends = np.cumsum(lens)
+    begins = ends - lens
+    total = int(ends[-1])
+    # a token's position: its offset in its span plus the span's first position
+    positions = np.arange(total, dtype=np.int64) - np.repeat(begins - np.asarray(first_pos), lens)
+    key_lens = lens.copy()
+    kv_index = None
+    if groups:
+        prefixes = np.asarray(prefix_of)
+        has = prefixes >= 0
+        key_lens[has] += lens[prefixes[has]]
+        own = [np.arange(begins[k], ends[k]) for k in range(len(q_lens))]
+        # each span's keys: its prefix span's stream positions (if it has one), then its own
+        keys = [(own[p], own[k]) if p >= 0 else (own[k],) for k, p in enumerate(prefix_of)]
+        kv_index = np.concatenate([part for parts in keys for part in parts])
+    zero = np.zeros(1, dtype=np.int64)
     return PackedPlan(
-        input_ids=torch.tensor(ids, dtype=torch.long)[None],
-        position_ids=torch.tensor(positions, dtype=torch.long)[None],
-        cu_q=cu_q,
-        cu_k=cu_k,
-        kv_index=torch.cat(keys) if groups else None,
-        max_q=max(q_lens),
-        max_k=max(key_lens),
-        score_at=torch.tensor(score_at, dtype=torch.long),
-        input_tokens=sum(len(s) for s in seqs),
+        input_ids=torch.from_numpy(np.concatenate(pieces))[None],
+        position_ids=torch.from_numpy(positions)[None],
+        cu_q=torch.from_numpy(np.concatenate([zero, ends]).astype(np.int32)),
+        cu_k=torch.from_numpy(np.concatenate([zero, np.cumsum(key_lens)]).astype(np.int32)),
+        kv_index=None if kv_index is None else torch.from_numpy(kv_index),
+        max_q=int(lens.max()),
+        max_k=int(key_lens.max()),
+        score_at=torch.from_numpy(ends[score_span] - 1),
+        input_tokens=sum(len(s) for s in arrays),
         shared_groups=len(groups),
     )
 

@@ -6,9 +6,10 @@ budget) is reached or `max_wait_ms` has passed since that first item was queued,
 scorer in a dedicated thread so the event loop keeps accepting requests meanwhile. While one
 batch runs, the next one accumulates, so under load batches fill without waiting.
 
-Items are prepared on admission (`Scorer.prepare`: tokenisation, decoding) in a small thread
-pool, off the event loop and off the scoring thread; an item that cannot be prepared fails alone
-there and never reaches a batch. A batch then holds up to `max_batch_size` items and, with a
+Items are prepared on admission (`Scorer.prepare_many`: tokenisation, decoding; a request's
+items together, so a scorer can share work across them) in a small thread pool, off the event
+loop and off the scoring thread; an item that cannot be prepared fails alone there and never
+reaches a batch. A batch then holds up to `max_batch_size` items and, with a
 token budget, up to that many tokens: the sum of its items' tokens for a padding-free scorer
 (`packs_tokens`), rows x longest row for a padded one. Batches are taken in arrival order, so a
 long item is never passed over by shorter ones behind it.
@@ -108,7 +109,8 @@ class DynamicBatcher:
         # One thread per scorer: models are not assumed thread-safe, and one forward at a time
         # per device is what saturates it anyway.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"scorer-{self.name}")
-        self._prepares = type(scorer).prepare is not Scorer.prepare
+        kind = type(scorer)
+        self._prepares = kind.prepare is not Scorer.prepare or kind.prepare_many is not Scorer.prepare_many
         self._prepare_pool = (
             ThreadPoolExecutor(max_workers=PREPARE_WORKERS, thread_name_prefix=f"prepare-{self.name}")
             if self._prepares
@@ -206,7 +208,13 @@ class DynamicBatcher:
         return [p for chunk in done for p in chunk]
 
     def _prepare_chunk(self, items: list[ScoreItem]) -> list[object]:
-        out: list[object] = []
+        try:
+            out = self.scorer.prepare_many(items)
+            if isinstance(out, list) and len(out) == len(items):
+                return out
+        except Exception:  # one item spoiled the shared call: one by one, so only it fails
+            pass
+        out = []
         for item in items:
             try:
                 out.append(self.scorer.prepare(item))

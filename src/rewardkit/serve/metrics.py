@@ -6,6 +6,7 @@ The batch-size and queue-delay histograms are what let a load test split queuein
 
 from __future__ import annotations
 
+import collections
 import json
 import time
 from contextvars import ContextVar
@@ -107,12 +108,13 @@ class ServeMetrics:
         name = stats.scorer
         self.batch_size.labels(name).observe(len(stats.queue_delays))
         self.inference.labels(name).observe(stats.inference_s)
+        delays = self.queue_delay.labels(name)  # one label lookup per batch, not per item
         for delay in stats.queue_delays:
-            self.queue_delay.labels(name).observe(delay)
-        for outcome in stats.outcomes:
-            self.items.labels(name, outcome).inc()
+            delays.observe(delay)
+        for outcome, count in collections.Counter(stats.outcomes).items():
+            self.items.labels(name, outcome).inc(count)
             if outcome == "non_finite":
-                self.non_finite.labels(name).inc()
+                self.non_finite.labels(name).inc(count)
         for kind, count in stats.tokens.items():
             self.tokens.labels(name, kind).inc(count)
         if stats.tokens.get("computed"):

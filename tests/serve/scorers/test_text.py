@@ -58,3 +58,86 @@ def test_prepare_is_what_admission_runs_and_an_unencodable_item_fails_there():
 def test_varlen_attention_is_refused_where_it_cannot_run():
     with pytest.raises(ConfigError, match="varlen needs CUDA"):
         scorer(attention="varlen")
+
+
+GROUP_PROMPTS = [
+    "Say hello.",
+    [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "Hi!"}],
+]
+GROUP_RESPONSES = ["Hello there!", "\n\nHello.", " Hi", "Good day to you, friend.", "Yes.", "Hello! " * 9]
+
+
+@pytest.mark.parametrize("tokenizer", ["builtin", "llama3"])
+def test_a_group_sharing_a_prompt_gets_the_unshared_ids_and_renders_the_prompt_once(tokenizer, tmp_path):
+    """prepare_many renders and tokenises each distinct prompt once (the prompt cache), and every
+    item's ids are exactly tokenize_branch's, the template's own tokens at the boundary."""
+    from rewardkit.data.tokenize import tokenize_branch
+    from rewardkit.serve.scorers.common import as_messages
+    from support.tokenizers import llama3_like
+
+    options = {}
+    if tokenizer == "llama3":
+        llama3_like().save_pretrained(tmp_path / "tok")
+        options["tokenizer"] = str(tmp_path / "tok")
+    s = scorer(**options)
+    group = [ScoreItem(id=f"{p}-{r}", prompt=prompt, response=response)
+             for p, prompt in enumerate(GROUP_PROMPTS) for r, response in enumerate(GROUP_RESPONSES)]  # fmt: skip
+    got = s.prepare_many(group)
+    for item, ids in zip(group, got, strict=True):
+        unshared = tokenize_branch(
+            s.tokenizer, as_messages(item.prompt, "user"), as_messages(item.response, "assistant")
+        ).input_ids
+        assert ids == unshared
+        assert ids == list(
+            s.tokenizer.apply_chat_template(
+                [*as_messages(item.prompt, "user"), *as_messages(item.response, "assistant")],
+                tokenize=True,
+                return_dict=True,
+            )["input_ids"]
+        )
+    assert (s.prompts.misses, s.prompts.hits, len(s.prompts)) == (2, 2 * len(GROUP_RESPONSES) - 2, 2)
+    assert s.prepare_many(group) == got and s.prompts.misses == 2  # a later request: all hits
+    uncached = scorer(prompt_cache=0, **options)
+    assert uncached.prepare_many(group) == got and len(uncached.prompts) == 0
+    assert uncached.info().identity == s.info().identity  # the cache never changes a score
+
+
+def test_a_group_scores_like_its_items_one_by_one_and_bad_items_fail_alone():
+    s = scorer(max_length=40)
+    batch = [*items("Hello there!", "", "Hello! " * 30), ScoreItem(id="x", prompt=[], response="Hi")]
+    prepared = s.prepare_many(batch)
+    assert prepared == [s.prepare(i) for i in batch]
+    assert isinstance(prepared[0], list)
+    assert [p.code for p in prepared[1:]] == ["bad_input", "too_long", "bad_input"]
+    with pytest.raises(TypeError):  # a lone surrogate spoils a shared tokenizer call...
+        s.prepare_many(items("Hello!", "bad \ud800"))
+    alone = s.prepare(items("bad \ud800")[0])  # ...and alone it is that item's bad_input
+    assert isinstance(alone, ItemError) and alone.code == "bad_input"
+
+
+def test_the_prompt_cache_is_bounded_by_entries_and_characters_least_recently_used_out():
+    from rewardkit.serve.scorers.text import PromptCache
+
+    s = scorer()
+
+    def rendered(text: str):
+        from rewardkit.data.tokenize import render_prompt
+
+        return render_prompt(s.tokenizer, [{"role": "user", "content": text}])
+
+    cache = PromptCache(2, max_chars=10_000)
+    a, b, c = (PromptCache.key(t) for t in ("a", "b", "c"))
+    cache.put(a, rendered("a"))
+    cache.put(b, rendered("b"))
+    assert cache.get(a) is not None  # a is now the most recently used
+    cache.put(c, rendered("c"))
+    assert len(cache) == 2 and cache.get(b) is None and cache.get(a) is not None and cache.get(c) is not None
+    assert PromptCache.key("x") != PromptCache.key([{"role": "user", "content": "x"}])
+    small = PromptCache(100, max_chars=200)
+    small.put(PromptCache.key("y" * 500), rendered("y" * 500))  # larger than the whole cache
+    assert len(small) == 0
+    for k in range(10):
+        small.put(PromptCache.key(f"p{k}"), rendered(f"p{k}"))
+    size = sum(len(key[1]) + len(v.text) for key, v in small._entries.items())
+    assert 0 < size <= 200 and small.get(PromptCache.key("p9")) is not None
+    assert small.get(PromptCache.key("p0")) is None

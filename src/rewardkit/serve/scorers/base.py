@@ -130,6 +130,13 @@ class Scorer(abc.ABC):
         a batch. The default keeps the item as it is."""
         return item
 
+    def prepare_many(self, items: list[ScoreItem]) -> list[Any]:
+        """`prepare` for several items admitted together (one request's, or a chunk of it), so
+        a scorer can share work across them: one tokenizer call, a GRPO group's prompt rendered
+        once. If it raises, the batcher prepares the items one by one, so only a bad item fails.
+        The default is `prepare` per item."""
+        return [self.prepare(item) for item in items]
+
     def prepared_tokens(self, prepared: Any) -> int | None:
         """Exact token count of a prepared item, for the token budget (None: fall back to
         `item_tokens`)."""

@@ -20,12 +20,16 @@ truncation does; a response alone longer than that is a `too_long` item error),
 `max_batch_tokens` (default 65536 tokens per forward), `attention` (`auto` | `varlen` |
 `padded`), `prefix_sharing` (default false) and `min_prefix` (default 16 tokens shared before a
 group forms), `empty_response` (`error`, the default: an empty or whitespace-only response is a
-`bad_input`; `score`: score it as given; a number: that fixed reward), `seed` and `tokenizer`
-(a local tokenizer directory) for named shapes.
+`bad_input`; `score`: score it as given; a number: that fixed reward), `prompt_cache` (default
+1024 rendered prompts kept, 0 for none; scores do not depend on it), `seed` and `tokenizer` (a
+local tokenizer directory) for named shapes.
 """
 
 from __future__ import annotations
 
+import collections
+import json
+import threading
 from typing import Any, ClassVar
 
 from rewardkit.core.errors import ConfigError, RewardkitError
@@ -50,6 +54,64 @@ _CORPUS = [
 ] * 8
 
 
+PROMPT_CACHE_ENTRIES = 1024
+"""Rendered prompts kept per scorer (option `prompt_cache`; 0 turns the cache off)."""
+
+PROMPT_CACHE_CHARS = 32 * 1024 * 1024
+"""...and at most this many characters of prompt text in all, whatever the entry count."""
+
+
+class PromptCache:
+    """Rendered, tokenised prompts by prompt (data/tokenize.RenderedPrompt), least recently used
+    out first: a GRPO group's G responses share one prompt, whether they arrive in one request
+    or several. Bounded by entries and by characters; shared by the admission threads."""
+
+    def __init__(self, max_entries: int, max_chars: int = PROMPT_CACHE_CHARS) -> None:
+        self.max_entries, self.max_chars = max_entries, max_chars
+        self._entries: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+        self._chars = 0
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    @staticmethod
+    def key(prompt: str | list[dict[str, str]]) -> tuple[bool, str]:
+        """A text prompt is its own key; a message list, its canonical JSON."""
+        if isinstance(prompt, str):
+            return (False, prompt)
+        return (True, json.dumps(prompt, sort_keys=True, ensure_ascii=False, default=str))
+
+    @staticmethod
+    def _size(key: tuple[bool, str], rendered: Any) -> int:
+        return len(key[1]) + len(rendered.text)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: tuple[bool, str]) -> Any:
+        with self._lock:
+            rendered = self._entries.get(key)
+            if rendered is None:
+                self.misses += 1
+                return None
+            self._entries.move_to_end(key)
+            self.hits += 1
+            return rendered
+
+    def put(self, key: tuple[bool, str], rendered: Any) -> None:
+        size = self._size(key, rendered)
+        if self.max_entries <= 0 or size > self.max_chars:
+            return
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self._chars -= self._size(key, old)
+            self._entries[key] = rendered
+            self._chars += size
+            while len(self._entries) > self.max_entries or self._chars > self.max_chars:
+                evicted, value = self._entries.popitem(last=False)
+                self._chars -= self._size(evicted, value)
+
+
 class SeqClsScorer(ModelScorer):
     kind: ClassVar[str] = "hf_seqcls"
     modality: ClassVar = "text"
@@ -65,6 +127,7 @@ class SeqClsScorer(ModelScorer):
             "prefix_sharing",
             "min_prefix",
             "empty_response",
+            "prompt_cache",
         }
     )
     shapes: ClassVar[tuple[str, ...]] = TEXT_SHAPES
@@ -84,6 +147,7 @@ class SeqClsScorer(ModelScorer):
         ):
             raise ConfigError(f"scorer {name!r}: empty_response must be error, score or a number")
         self.empty_response = empty
+        self.prompts = PromptCache(int(self.options.get("prompt_cache", PROMPT_CACHE_ENTRIES)))
         self.attention = "padded"
         self.backbone = self.head = None
         self._stats: dict[str, int] = {}
@@ -156,20 +220,67 @@ class SeqClsScorer(ModelScorer):
 
     def encode(self, item: ScoreItem) -> list[int] | ItemError:
         """Token ids of prompt + response, or the per-item reason they cannot be scored."""
-        from rewardkit.data.tokenize import tokenize_branch
+        return self.encode_many([item])[0]
 
-        if self.empty_response == "error" and not as_text(item.response).strip():
-            return ItemError("bad_input", "empty response (the scorer's empty_response option is 'error')")
-        if (item.metadata or {}).get(RAW_TEXT) is True and isinstance(item.response, str):
-            return self._raw_ids(item.response)
+    def encode_many(self, items: list[ScoreItem]) -> list[list[int] | ItemError]:
+        """`encode` for several items in one tokenizer call, each distinct prompt rendered and
+        tokenised once (and kept in the prompt cache for the rest of its group): the ids are
+        exactly `tokenize_branch`'s (data/tokenize.py, RenderedPrompt)."""
+        from rewardkit.data.tokenize import encode_branches
+
+        out: list[Any] = [None] * len(items)
+        todo: list[tuple[int, Any, str]] = []  # (position, rendered prompt, text to encode)
+        for k, item in enumerate(items):
+            if self.empty_response == "error" and not as_text(item.response).strip():
+                out[k] = ItemError(
+                    "bad_input", "empty response (the scorer's empty_response option is 'error')"
+                )
+            elif (item.metadata or {}).get(RAW_TEXT) is True and isinstance(item.response, str):
+                out[k] = self._raw_ids(item.response)
+            else:
+                try:
+                    todo.append((k, *self._branch_text(item)))
+                except RewardkitError as exc:
+                    out[k] = ItemError("bad_input", f"{exc.code}: {exc.message}")
+                except (ValueError, TypeError) as exc:  # empty message lists, odd types
+                    out[k] = ItemError("bad_input", f"cannot encode: {exc}"[:500])
         try:
-            branch = tokenize_branch(
-                self.tokenizer, as_messages(item.prompt, "user"), as_messages(item.response, "assistant")
-            )
-        except RewardkitError as exc:
-            return ItemError("bad_input", f"{exc.code}: {exc.message}")
-        except (ValueError, TypeError) as exc:  # empty message lists, lone surrogates, odd types
-            return ItemError("bad_input", f"cannot encode: {exc}"[:500])
+            branches: list[Any] = encode_branches(self.tokenizer, [t[1] for t in todo], [t[2] for t in todo])
+        except (ValueError, TypeError) as exc:  # lone surrogates: the one item, or each alone
+            if len(todo) > 1:
+                raise
+            branches = [ItemError("bad_input", f"cannot encode: {exc}"[:500])] * len(todo)
+        for (k, _, _), branch in zip(todo, branches, strict=True):
+            out[k] = self._fit(branch)
+        return out
+
+    def _branch_text(self, item: ScoreItem) -> tuple[Any, str]:
+        """(the item's rendered prompt, from the cache when its group was seen, and the text
+        `encode_branches` encodes for it)."""
+        from rewardkit.core.errors import UsageError
+        from rewardkit.data.tokenize import branch_text, render_prompt
+
+        prompt = as_messages(item.prompt, "user")
+        response = as_messages(item.response, "assistant")
+        key = PromptCache.key(item.prompt)
+        rendered = self.prompts.get(key)
+        if rendered is not None:
+            try:
+                return rendered, branch_text(self.tokenizer, prompt, rendered, response)
+            except UsageError:  # a template that renders differently over time (today's date)
+                pass
+        rendered = render_prompt(self.tokenizer, prompt)
+        text = branch_text(self.tokenizer, prompt, rendered, response)
+        self.prompts.put(key, rendered)
+        return rendered, text
+
+    def _fit(self, branch: Any) -> list[int] | ItemError:
+        """A branch's ids within `max_length` (oldest prompt tokens cut, as training's truncation
+        does), or why it cannot be scored."""
+        if isinstance(branch, ItemError):
+            return branch
+        if branch is None:
+            return ItemError("bad_input", "empty_completion: completion has no tokens")
         ids = branch.input_ids
         if len(ids) > self.max_length:
             if sum(branch.loss_mask) > self.max_length:
@@ -192,10 +303,15 @@ class SeqClsScorer(ModelScorer):
 
     def prepare(self, item: ScoreItem) -> list[int] | float | ItemError:
         """Tokenise on admission: token ids, or the fixed reward an empty response is configured to get."""
+        return self.prepare_many([item])[0]
+
+    def prepare_many(self, items: list[ScoreItem]) -> list[list[int] | float | ItemError]:
+        """`prepare` for a request's items together: one tokenizer call (fast tokenizers encode a
+        batch with the GIL released), a GRPO group's prompt rendered and tokenised once."""
         empty = self.empty_response
-        if not isinstance(empty, str) and not as_text(item.response).strip():
-            return float(empty)
-        return self.encode(item)
+        fixed = [not isinstance(empty, str) and not as_text(i.response).strip() for i in items]
+        encoded = iter(self.encode_many([i for i, f in zip(items, fixed, strict=True) if not f]))
+        return [float(empty) if f else next(encoded) for f in fixed]  # type: ignore[arg-type]
 
     def prepared_tokens(self, prepared: Any) -> int:
         return len(prepared) if isinstance(prepared, list) else 0
@@ -242,6 +358,10 @@ class SeqClsScorer(ModelScorer):
         for k, v in zip(rows, scores.tolist(), strict=True):
             results[k] = v
         return results
+
+    def identity_options(self) -> dict[str, Any]:
+        """The prompt cache saves work, never changes a score: not part of the identity."""
+        return {k: v for k, v in super().identity_options().items() if k != "prompt_cache"}
 
     def info_extra(self) -> dict[str, Any]:
         return {
