@@ -4,6 +4,7 @@
 #   bash benchmarks/run_h200.sh OUT SECTION...     SECTION: tests train_rm train_dpo clip_forward serve profile
 #                                                  clip_forward_towers serve_graphs serve_decode
 #                                                  serve_pipeline serve_http train_dpo_gc train_dpo_lora integrations
+#                                                  serve_text serve_text_host eval_throughput judge_engine
 #                                                  qualify_fp16 qualify_bf16 qualify_fp32 qualify_mps_bf16
 #
 # Run from the repository root on the GPU machine, with the carried wheels installed
@@ -96,7 +97,18 @@ for section in "$@"; do
             --out "$OUT/qualify/$plan" ;;
     integrations)  # each trainer route against /v1/score, Qwen2-0.5B-shaped RM in bf16 (issue 21)
         step integrations 280 python3 benchmarks/integrations.py --shape qwen2-0.5b --dtype bf16 \
-            --seconds 8 --warmup 2 --rounds 3 --processes 4 --out "$OUT/integrations/h200_qwen2_0.5b_bf16.json" ;;
+            --seconds 6 --warmup 2 --rounds 3 --processes 4 --out "$OUT/integrations/h200_qwen2_0.5b_bf16.json" ;;
+    serve_text)  # issue 22: varlen ceiling (c) and HTTP --config/--deploy (d), prefix sharing (e), 0.5B and 1B
+        step serve_text 420 python3 benchmarks/serve_text.py --models qwen2-0.5b,llama-3.2-1b --variants c,d,e \
+            --repeats 1 --out "$OUT/serve_text/run3.json" ;;
+    serve_text_host)  # the host side alone (model forward stood in) next to the ceiling
+        step serve_text_host 200 python3 benchmarks/serve_text.py --models qwen2-0.5b --variants c,h,h+ \
+            --repeats 1 --out "$OUT/serve_text/host.json" ;;
+    eval_throughput)  # issue 26: the shipped eval --benchmark rewardbench2 path against serve_text's ceiling
+        step eval_throughput 240 python3 benchmarks/eval_throughput.py --out "$OUT/eval_throughput/h200.json" ;;
+    judge_engine)  # issue 25: transformers serve (direct, 1 in flight, through /v1/score) and the in-process judge
+        step judge_engine 330 python3 benchmarks/verifiers.py --only judge_engine \
+            --judge-tokenizer .devcarry/smollm2-tokenizer --out "$OUT/judge_engine/h200.json" ;;
     *) echo "unknown section $section" >> "$OUT/times.log" ;;
     esac
 done
