@@ -337,3 +337,30 @@ def test_benchmark_report(tmp_path, benchmark, data):
     assert (benchmark == "rewardbench2") == ("## Ties terms" in text)
     assert "Explain Schrödinger" in page or "Describe a cat" in page  # worst pairs carry their text
     assert (tmp_path / "out" / "forest.png").is_file()
+
+
+@pytest.mark.parametrize("make", ["builtin", "llama3_like", "mistral_like"])
+def test_batched_tokenisation_equals_one_tokenize_branch_per_text(make, monkeypatch):
+    """tokenize_texts renders each prompt once and encodes in large batches: the ids, loss masks
+    and read positions equal one `tokenize_branch` call per text (a rejected one is None in both),
+    and a batch boundary inside one prompt's responses changes nothing."""
+    from rewardkit.data import tokenize as tk
+    from support import tokenizers
+
+    tok = builtin_tokenizer() if make == "builtin" else getattr(tokenizers, make)()
+    keys = [
+        (p, r)
+        for p in ("What is 2+2?", "Explain\n\nrecursion.", "naïve café 漢字")
+        for r in ("Four.", "\n\nIt calls itself.", " leading space", "", "x" * 40)
+    ]
+    monkeypatch.setattr(benchmarks, "ENCODE_CHUNK", 4)
+    branches, _, _ = benchmarks.tokenize_texts(tok, keys, max_length=10_000, truncation="truncate")
+    for (prompt, response), got in zip(keys, branches, strict=True):
+        try:
+            want = tk.tokenize_branch(
+                tok, [{"role": "user", "content": prompt}], [{"role": "assistant", "content": response}]
+            )
+        except tk.Rejection:
+            want = None
+        assert got == want, (prompt, response)
+    assert sum(b is not None for b in branches) >= 12

@@ -96,6 +96,52 @@ def data_sha256(items: list[Item]) -> str:
     return digest.hexdigest()
 
 
+ENCODE_CHUNK = 2048
+"""Texts per tokenizer call: a fast tokenizer encodes a batch on several threads, GIL released."""
+
+
+def _untruncated_branches(
+    tokenizer: Any, keys: list[tuple[str, str]], score_position: str | None
+) -> list[TokenizedBranch | None]:
+    """`tokenize_branch` of each (prompt, response), None where it is rejected. At the default
+    score position each distinct prompt is rendered and tokenised once (a best-of-4 item has one
+    prompt for four responses) and the branches are encoded in large batched calls, with the
+    same ids as one `tokenize_branch` call per text (`data/tokenize.encode_branches`)."""
+    from rewardkit.data.tokenize import (
+        TEMPLATE_END,
+        branch_text,
+        encode_branches,
+        render_prompt,
+        tokenize_branch,
+    )
+
+    def messages(prompt: str, response: str) -> tuple[list, list]:
+        return [{"role": "user", "content": prompt}], [{"role": "assistant", "content": response}]
+
+    if score_position is not None and score_position != TEMPLATE_END:
+        out: list[TokenizedBranch | None] = []
+        for prompt, response in keys:
+            try:
+                out.append(
+                    tokenize_branch(tokenizer, *messages(prompt, response), score_position=score_position)
+                )
+            except Rejection:
+                out.append(None)
+        return out
+    rendered: dict[str, Any] = {}
+    prompts, texts = [], []
+    for prompt, response in keys:
+        user, assistant = messages(prompt, response)
+        if prompt not in rendered:
+            rendered[prompt] = render_prompt(tokenizer, user)
+        prompts.append(rendered[prompt])
+        texts.append(branch_text(tokenizer, user, rendered[prompt], assistant))
+    out = []
+    for k in range(0, len(texts), ENCODE_CHUNK):
+        out += encode_branches(tokenizer, prompts[k : k + ENCODE_CHUNK], texts[k : k + ENCODE_CHUNK])
+    return out
+
+
 def tokenize_texts(
     tokenizer: Any,
     keys: list[tuple[str, str]],
@@ -111,21 +157,11 @@ def tokenize_texts(
     out and their examples rejected as `oversize`. `score_position` is the checkpoint's recorded
     one (where its score is read), so the texts are tokenised the way the model was trained.
     """
-    from rewardkit.data.tokenize import tokenize_branch
-
-    position = {"score_position": score_position} if score_position is not None else {}
     branches: list[TokenizedBranch | None] = []
     lengths: list[int] = []
     cut: list[bool] = []
-    for prompt, response in keys:
-        try:
-            branch = tokenize_branch(
-                tokenizer,
-                [{"role": "user", "content": prompt}],
-                [{"role": "assistant", "content": response}],
-                **position,
-            )
-        except Rejection:
+    for branch in _untruncated_branches(tokenizer, keys, score_position):
+        if branch is None:
             branches.append(None)
             lengths.append(0)
             cut.append(False)
