@@ -4,7 +4,10 @@ Requests put items on the scorer's queue and await one future per item. A single
 takes the first waiting item, then keeps adding items until `max_batch_size` (or the token
 budget) is reached or `max_wait_ms` has passed since that first item was queued, and runs the
 scorer in a dedicated thread so the event loop keeps accepting requests meanwhile. While one
-batch runs, the next one accumulates, so under load batches fill without waiting.
+batch runs, the next one accumulates, so under load batches fill without waiting. A scorer that
+fans a batch out to a thread-safe pool of its own (`Scorer.concurrent_batches` > 1: the `math`
+scorer's processes) gets up to that many batches at once, each from its own thread, so its pool
+is not left idle behind one batch's slowest item.
 
 Items are prepared on admission (`Scorer.prepare`: tokenisation, decoding) in a small thread
 pool, off the event loop and off the scoring thread; an item that cannot be prepared fails alone
@@ -104,8 +107,12 @@ class DynamicBatcher:
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         # One thread per scorer: models are not assumed thread-safe, and one forward at a time
-        # per device is what saturates it anyway.
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"scorer-{self.name}")
+        # per device is what saturates it anyway; a scorer that says otherwise gets more.
+        self._concurrency = max(1, int(scorer.concurrent_batches))
+        self._in_flight: set[asyncio.Task] = set()
+        self._executor = ThreadPoolExecutor(
+            max_workers=self._concurrency, thread_name_prefix=f"scorer-{self.name}"
+        )
         self._prepares = type(scorer).prepare is not Scorer.prepare
         self._prepare_pool = (
             ThreadPoolExecutor(max_workers=PREPARE_WORKERS, thread_name_prefix=f"prepare-{self.name}")
@@ -131,6 +138,8 @@ class DynamicBatcher:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        for task in list(self._in_flight):
+            task.cancel()
         for entry in self._queue:
             if not entry.future.done():
                 entry.future.set_exception(ServeError("not_ready", "service is shutting down"))
@@ -279,8 +288,16 @@ class DynamicBatcher:
             self._expire()
             batch = self._take()
             self._set_depth()
-            if batch:
+            if not batch:
+                continue
+            if self._concurrency == 1:
                 await self._score(batch)
+                continue
+            task = asyncio.get_running_loop().create_task(self._score(batch))
+            self._in_flight.add(task)
+            task.add_done_callback(self._in_flight.discard)
+            if len(self._in_flight) >= self._concurrency:
+                await asyncio.wait(self._in_flight, return_when=asyncio.FIRST_COMPLETED)
 
     async def _score(self, batch: list[_Entry]) -> None:
         started = time.perf_counter()
