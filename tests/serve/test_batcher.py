@@ -161,3 +161,19 @@ def test_a_scorer_with_concurrent_batches_gets_the_next_batch_while_one_runs():
 
 def test_a_model_scorer_gets_one_batch_at_a_time():
     assert not run(_fast_done_while_slow_runs(GateScorer(concurrent_batches=1)))
+
+
+def test_a_scorer_with_a_free_concurrent_slot_does_not_wait_for_the_batch_window():
+    async def one(concurrent_batches: int) -> float:
+        scorer = GateScorer(concurrent_batches)
+        batcher = DynamicBatcher(scorer, max_batch_size=64, max_wait_ms=300, max_queue=100)
+        batcher.start()
+        try:
+            t0 = asyncio.get_running_loop().time()
+            assert await batcher.submit([ScoreItem(id="a", prompt="", response="fast")]) == [1.0]
+            return asyncio.get_running_loop().time() - t0
+        finally:
+            await batcher.stop()
+
+    assert run(one(2)) < 0.2  # at once
+    assert run(one(1)) >= 0.29  # a model scorer still waits to fill its batch

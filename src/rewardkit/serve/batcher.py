@@ -7,7 +7,8 @@ scorer in a dedicated thread so the event loop keeps accepting requests meanwhil
 batch runs, the next one accumulates, so under load batches fill without waiting. A scorer that
 fans a batch out to a thread-safe pool of its own (`Scorer.concurrent_batches` > 1: the `math`
 scorer's processes) gets up to that many batches at once, each from its own thread, so its pool
-is not left idle behind one batch's slowest item.
+is not left idle behind one batch's slowest item, and skips the batch window while it has a
+free slot (a fuller batch buys it nothing; the window would only add to every item's latency).
 
 Items are prepared on admission (`Scorer.prepare`: tokenisation, decoding) in a small thread
 pool, off the event loop and off the scoring thread; an item that cannot be prepared fails alone
@@ -276,7 +277,10 @@ class DynamicBatcher:
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
-            deadline = self._queue[0].enqueued + self.max_wait_s
+            # A scorer with a free concurrent slot gains nothing from a fuller batch (its pool runs
+            # items one by one): it gets what is queued now, not after the batch window.
+            free_slot = self._concurrency > 1 and len(self._in_flight) < self._concurrency
+            deadline = self._queue[0].enqueued + (0.0 if free_slot else self.max_wait_s)
             while (
                 len(self._queue) < self.max_batch_size and (remaining := deadline - time.perf_counter()) > 0
             ):
