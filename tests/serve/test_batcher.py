@@ -133,3 +133,67 @@ def test_token_accounting_reaches_the_metrics():
     run(_submit(batcher, ["abc", "de"]))
     assert metrics.tokens.labels("len", "real")._value.get() == 5
     assert metrics.tokens.labels("len", "computed")._value.get() == 5
+
+
+class GateScorer(Scorer):
+    """Scores 1.0; a batch holding 'slow' waits until `gate` opens (a batch's slowest item)."""
+
+    kind: ClassVar[str] = "test_gate"
+    modality: ClassVar = "rule"
+
+    def __init__(self, concurrent_batches: int) -> None:
+        import threading
+
+        super().__init__("gate", max_batch_size=1, max_wait_ms=1)
+        self.concurrent_batches = concurrent_batches  # type: ignore[misc]
+        self.gate = threading.Event()
+
+    def load(self) -> None:
+        pass
+
+    def info(self) -> ScorerInfo:
+        return ScorerInfo("gate", self.kind, "rule", "none", "cpu", "1", "x", 1, 1.0)
+
+    def score_batch(self, items: list[ScoreItem]) -> list[float]:
+        if any(i.response == "slow" for i in items):
+            assert self.gate.wait(10), "the gate was never opened"
+        return [1.0] * len(items)
+
+
+async def _fast_done_while_slow_runs(scorer: GateScorer) -> bool:
+    batcher = DynamicBatcher(scorer, max_batch_size=1, max_wait_ms=1, max_queue=100)
+    batcher.start()
+    try:
+        slow = asyncio.ensure_future(batcher.submit([ScoreItem(id="s", prompt="", response="slow")]))
+        await asyncio.sleep(0.05)  # the slow batch is in the scorer
+        fast = asyncio.ensure_future(batcher.submit([ScoreItem(id="f", prompt="", response="fast")]))
+        done, _ = await asyncio.wait([fast], timeout=1.0)
+        scorer.gate.set()
+        assert await slow == [1.0] and await fast == [1.0]
+        return bool(done)
+    finally:
+        await batcher.stop()
+
+
+def test_a_scorer_with_concurrent_batches_gets_the_next_batch_while_one_runs():
+    assert run(_fast_done_while_slow_runs(GateScorer(concurrent_batches=2)))
+
+
+def test_a_model_scorer_gets_one_batch_at_a_time():
+    assert not run(_fast_done_while_slow_runs(GateScorer(concurrent_batches=1)))
+
+
+def test_a_scorer_with_a_free_concurrent_slot_does_not_wait_for_the_batch_window():
+    async def one(concurrent_batches: int) -> float:
+        scorer = GateScorer(concurrent_batches)
+        batcher = DynamicBatcher(scorer, max_batch_size=64, max_wait_ms=300, max_queue=100)
+        batcher.start()
+        try:
+            t0 = asyncio.get_running_loop().time()
+            assert await batcher.submit([ScoreItem(id="a", prompt="", response="fast")]) == [1.0]
+            return asyncio.get_running_loop().time() - t0
+        finally:
+            await batcher.stop()
+
+    assert run(one(2)) < 0.2  # at once
+    assert run(one(1)) >= 0.29  # a model scorer still waits to fill its batch

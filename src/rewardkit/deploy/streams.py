@@ -70,6 +70,10 @@ class OwnStream(Scorer):
     def packs_tokens(self) -> bool:  # type: ignore[override]
         return self.inner.packs_tokens
 
+    @property
+    def concurrent_batches(self) -> int:  # type: ignore[override]
+        return self.inner.concurrent_batches
+
     def take_batch_stats(self) -> dict[str, int]:
         return self.inner.take_batch_stats()
 

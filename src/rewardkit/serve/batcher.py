@@ -4,7 +4,11 @@ Requests put items on the scorer's queue and await one future per item. A single
 takes the first waiting item, then keeps adding items until `max_batch_size` (or the token
 budget) is reached or `max_wait_ms` has passed since that first item was queued, and runs the
 scorer in a dedicated thread so the event loop keeps accepting requests meanwhile. While one
-batch runs, the next one accumulates, so under load batches fill without waiting.
+batch runs, the next one accumulates, so under load batches fill without waiting. A scorer that
+fans a batch out to a thread-safe pool of its own (`Scorer.concurrent_batches` > 1: the `math`
+scorer's processes) gets up to that many batches at once, each from its own thread, so its pool
+is not left idle behind one batch's slowest item, and skips the batch window while it has a
+free slot (a fuller batch buys it nothing; the window would only add to every item's latency).
 
 Items are prepared on admission (`Scorer.prepare_many`: tokenisation, decoding; a request's
 items together, so a scorer can share work across them) in a small thread pool, off the event
@@ -107,8 +111,12 @@ class DynamicBatcher:
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         # One thread per scorer: models are not assumed thread-safe, and one forward at a time
-        # per device is what saturates it anyway.
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"scorer-{self.name}")
+        # per device is what saturates it anyway; a scorer that says otherwise gets more.
+        self._concurrency = max(1, int(scorer.concurrent_batches))
+        self._in_flight: set[asyncio.Task] = set()
+        self._executor = ThreadPoolExecutor(
+            max_workers=self._concurrency, thread_name_prefix=f"scorer-{self.name}"
+        )
         kind = type(scorer)
         self._prepares = kind.prepare is not Scorer.prepare or kind.prepare_many is not Scorer.prepare_many
         self._prepare_pool = (
@@ -135,6 +143,8 @@ class DynamicBatcher:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        for task in list(self._in_flight):
+            task.cancel()
         for entry in self._queue:
             if not entry.future.done():
                 entry.future.set_exception(ServeError("not_ready", "service is shutting down"))
@@ -277,7 +287,10 @@ class DynamicBatcher:
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
-            deadline = self._queue[0].enqueued + self.max_wait_s
+            # A scorer with a free concurrent slot gains nothing from a fuller batch (its pool runs
+            # items one by one): it gets what is queued now, not after the batch window.
+            free_slot = self._concurrency > 1 and len(self._in_flight) < self._concurrency
+            deadline = self._queue[0].enqueued + (0.0 if free_slot else self.max_wait_s)
             while (
                 len(self._queue) < self.max_batch_size and (remaining := deadline - time.perf_counter()) > 0
             ):
@@ -289,8 +302,16 @@ class DynamicBatcher:
             self._expire()
             batch = self._take()
             self._set_depth()
-            if batch:
+            if not batch:
+                continue
+            if self._concurrency == 1:
                 await self._score(batch)
+                continue
+            task = asyncio.get_running_loop().create_task(self._score(batch))
+            self._in_flight.add(task)
+            task.add_done_callback(self._in_flight.discard)
+            if len(self._in_flight) >= self._concurrency:
+                await asyncio.wait(self._in_flight, return_when=asyncio.FIRST_COMPLETED)
 
     async def _score(self, batch: list[_Entry]) -> None:
         started = time.perf_counter()

@@ -63,6 +63,15 @@ def test_unparseable_reference_is_bad_input(scorer):
     assert isinstance(got, ItemError) and got.code == "bad_input"
 
 
+def wait_whole(pool, workers: int, within_s: float = 60.0) -> None:
+    """Wait until `workers` live workers are active again (a killed one is replaced in the
+    background: a warm spare at once, a fresh process within its start-up time)."""
+    deadline = time.monotonic() + within_s
+    while pool.alive() != workers:
+        assert time.monotonic() < deadline, f"{pool.alive()} of {workers} workers after {within_s} s"
+        time.sleep(0.05)
+
+
 PATHOLOGICAL = [
     "\\boxed{10^{10^{10^{10^{10}}}}}",  # sympy tries to evaluate the tower
     "$" + "\\frac{" * 400 + "1" + "}{2}" * 400 + "$",  # deeply nested LaTeX
@@ -81,12 +90,13 @@ def test_pathological_inputs_are_errors_within_the_limit_and_the_pool_recovers(s
         assert isinstance(err, ItemError) and err.code in ("timeout", "scorer_failed"), err
     # each bad item ends within its limit (+ a spare's start when several die back to back)
     assert elapsed < len(bad) * TIMEOUT_S + 20
-    # the pool is whole again: every worker answers an ordinary batch quickly
+    # the pool is whole again (replacements start in the background, a warm spare first) ...
+    wait_whole(scorer.pool, 2)
+    # ... and every worker answers an ordinary batch quickly
     t0 = time.monotonic()
     again = scorer.score_batch([item("\\boxed{\\frac{1}{2}}", "0.5", str(i)) for i in range(20)])
     assert again == [1.0] * 20
     assert time.monotonic() - t0 < TIMEOUT_S
-    assert scorer.pool.alive() == 2
     assert scorer.info().extra["workers_killed"] >= 1
 
 
@@ -95,6 +105,76 @@ def test_timeout_is_enforced_from_outside(scorer):
     (got,) = scorer.score_batch([item(PATHOLOGICAL[0], "5")])
     assert isinstance(got, ItemError) and got.code == "timeout"
     assert TIMEOUT_S <= time.monotonic() - t0 < TIMEOUT_S + 1.0
+
+
+@pytest.fixture(scope="module")
+def one_deep():
+    """One worker holding four items at a time: a batch goes to it in chunks."""
+    s = MathScorer("math", options={"workers": 1, "spares": 1, "timeout_s": TIMEOUT_S, "depth": 4})
+    s.load()
+    yield s
+    s.close()
+
+
+def test_a_timeout_in_the_middle_of_a_chunk_fails_only_that_item(one_deep):
+    pool = one_deep.pool
+    killed, requeued = pool.killed, pool.requeued
+    batch = [
+        item("\\boxed{3}", "3", "a"),
+        item(PATHOLOGICAL[0], "5", "hang"),  # sent with a, c and d in one message
+        item("\\boxed{\\frac{2}{4}}", "0.5", "c"),
+        item("\\boxed{4}", "3", "d"),
+        item("\\boxed{x^2+2x+1}", "(x+1)^2", "e"),
+    ]
+    t0 = time.monotonic()
+    got = one_deep.score_batch(batch)
+    assert TIMEOUT_S <= time.monotonic() - t0 < TIMEOUT_S + 10
+    assert got[0] == 1.0 and got[2:] == [1.0, 0.0, 1.0]  # the items behind it got their real scores
+    assert isinstance(got[1], ItemError) and got[1].code == "timeout", got[1]
+    assert pool.killed == killed + 1
+    assert pool.requeued >= requeued + 2  # c and d waited in the killed worker and were re-sent
+    wait_whole(pool, 1)
+
+
+def test_a_worker_that_dies_mid_chunk_fails_only_its_running_item(one_deep):
+    import os
+    import signal
+    import threading
+
+    pool = one_deep.pool
+    wait_whole(pool, 1)
+    worker = pool._active[0]
+    batch = [
+        item("\\boxed{3}", "3", "a"),
+        item(PATHOLOGICAL[0], "5", "victim"),
+        item("\\boxed{7}", "7", "c"),
+        item("\\boxed{1}", "7", "d"),
+    ]
+
+    def kill_when_the_victim_runs():
+        deadline = time.monotonic() + 5
+        while len(worker.outstanding) != 3 and time.monotonic() < deadline:  # a's result is in
+            time.sleep(0.005)
+        time.sleep(0.1)
+        os.kill(worker.proc.pid, signal.SIGKILL)  # as the OOM killer or a segfault would
+
+    killer = threading.Thread(target=kill_when_the_victim_runs)
+    killer.start()
+    got = one_deep.score_batch(batch)
+    killer.join()
+    assert got[0] == 1.0 and got[2:] == [1.0, 0.0]  # c and d were re-sent to the spare
+    # ended by the death (a deadline would have said `timeout`)
+    assert isinstance(got[1], ItemError) and got[1].code == "scorer_failed" and "died" in got[1].message
+    wait_whole(pool, 1)
+
+
+def test_concurrent_batches_share_the_pool(scorer):
+    from concurrent.futures import ThreadPoolExecutor
+
+    batches = [[item(r, ref, f"{b}-{i}") for i, (r, ref, _) in enumerate(TABLE)] for b in range(6)]
+    with ThreadPoolExecutor(6) as threads:
+        results = list(threads.map(scorer.score_batch, batches))
+    assert results == [[want for _, _, want in TABLE]] * 6
 
 
 def test_options_are_checked():

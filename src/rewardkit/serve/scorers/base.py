@@ -123,6 +123,13 @@ class Scorer(abc.ABC):
     """How a batch's token budget is spent: True, the sum of its items' tokens (a padding-free
     scorer); False, rows x the longest row (a padded forward)."""
 
+    concurrent_batches: ClassVar[int] = 1
+    """How many batches the batcher may hand `score_prepared` at once, each from its own thread.
+    1 for a model (not assumed thread-safe; one forward at a time saturates its device); more for
+    a scorer whose batch fans out to a shared, thread-safe pool of its own (the `math` scorer's
+    processes), where one batch at a time would leave the pool idle behind each batch's slowest
+    item."""
+
     def prepare(self, item: ScoreItem) -> Any:
         """Admission-time work on one item (tokenisation, decoding), run by the batcher off the
         event loop and off the scoring thread, so a queued item is ready to batch. Return what

@@ -8,9 +8,9 @@ Parsing and sympy comparison can take unbounded time or crash on adversarial tex
 exponents, thousands of nested `\\frac`). Peers run math-verify in threads with signal-based
 timeouts that do not fire off the main thread, and turn a crash or timeout into a reward of 0 —
 a broken checker then looks like a wrong answer. Here every item is verified in one of a pool of
-pre-started worker *processes*; the per-item wall-clock limit is enforced from the outside: the
-parent waits on the worker's pipe with a deadline, and on expiry SIGKILLs the worker, swaps in a
-warm spare and starts a new spare in the background. No signal is ever used inside a thread.
+pre-started worker *processes* (`procpool.DeadlinePool`); the per-item wall-clock limit is
+enforced from the outside: when it passes, the worker is SIGKILLed, a warm spare takes its place
+and a new spare starts in the background. No signal is ever used inside a thread.
 
 Per-item errors (never numbers): `bad_input` (no reference, or a reference that does not parse),
 `timeout` (parse + verify exceeded `timeout_s`), `scorer_failed` (math-verify raised, the worker
@@ -19,25 +19,18 @@ died, or ran out of `max_memory_mb`).
 
 from __future__ import annotations
 
-import logging
 import os
-import queue
 import re
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
 from rewardkit.core.errors import ConfigError
 from rewardkit.serve.scorers.base import ItemError, ScoreItem, ScorerInfo
 from rewardkit.serve.scorers.common import VERSION, OptionsScorer, as_text, identity
-
-log = logging.getLogger(__name__)
+from rewardkit.serve.scorers.procpool import DeadlinePool
 
 EXTRACTION_MODES = ("auto", "boxed", "latex", "last_number")
 _NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?")
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
-
-
-# ----------------------------------------------------------------------------- worker side
 
 
 def _extraction(mode: str) -> tuple[list[Any], list[Any]]:
@@ -74,6 +67,34 @@ def _numeric_close(gold: list[Any], pred: list[Any], rel_tol: float) -> bool:
                 if abs(a - b) <= rel_tol * max(1.0, abs(a)):
                     return True
     return False
+
+
+WARMUP: list[tuple[str, str]] = [
+    ("\\boxed{\\frac{1}{2}}", "0.5"),  # fraction vs decimal
+    ("The answer is \\boxed{\\frac{2}{4}}.", "\\frac{1}{2}"),
+    ("Thus $x = \\frac{3}{4}$", "3/4"),  # inline LaTeX
+    ("After simplifying we get 42.", "42"),  # a plain number
+    ("\\boxed{2\\sqrt{2}}", "\\sqrt{8}"),  # surds
+    ("\\boxed{[1, 2)}", "[1,2)"),  # intervals
+    ("\\boxed{(1, 2)}", "[1,2)"),
+    ("\\boxed{x^2 + 2x + 1}", "(x+1)^2"),  # polynomial identities
+    ("\\boxed{(x+3)^2}", "x^2 + 4x + 4"),
+    ("\\boxed{5\\text{ cm}}", "5"),  # units
+    ("\\boxed{\\{1, 2, 3\\}}", "\\{3, 2, 1\\}"),  # sets
+    ("\\boxed{3.14159}", "\\pi"),  # a constant
+]
+"""Run by every worker before it says ready, one of each kind of answer: sympy builds itself
+lazily, and a fresh worker that met its first polynomial identity on a real item took 1.4 s
+(the next took 40 ms), a spurious `timeout` for a right answer (procpool's docstring)."""
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask: a container's or `taskset`'s), not
+    the machine's: one worker per usable core."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
 
 
 def check_answer(response: str, reference: str, options: dict[str, Any]) -> tuple[str, Any]:
@@ -116,202 +137,11 @@ def check_answer(response: str, reference: str, options: dict[str, Any]) -> tupl
     return ("ok", float(options.get("format_bonus", 0.0)) if boxed else 0.0)
 
 
-def _worker_main(conn: Any, options: dict[str, Any], max_memory_mb: int) -> None:
-    """One pool worker: answers (response, reference) pairs on its pipe until EOF."""
-    import resource
-    import signal
-    import warnings
-
-    # Ctrl-C reaches the whole process group: the server shuts down and closes the socket
-    # (EOF ends this loop); an item in flight is not cut short by the terminal's SIGINT.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    warnings.filterwarnings("ignore")
-    logging.getLogger("math_verify").setLevel(logging.CRITICAL)
-    logging.getLogger("latex2sympy2_extended").setLevel(logging.CRITICAL)
-    if max_memory_mb:
-        limit = max_memory_mb * 1024 * 1024
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    try:  # warm: import sympy/antlr and run one item before saying ready
-        check_answer("\\boxed{1/2}", "0.5", options)
-        conn.send(("ready",))
-    except Exception as exc:  # pragma: no cover - reported to load()
-        conn.send(("error", "scorer_failed", f"worker warm-up failed: {exc!r}"))
-        return
-    while True:
-        try:
-            response, reference = conn.recv()
-        except (EOFError, OSError):
-            return
-        try:
-            out: tuple[Any, ...] = check_answer(response, reference, options)
-        except MemoryError:
-            out = ("error", "scorer_failed", f"math-verify ran out of memory ({max_memory_mb} MiB)")
-        except RecursionError:
-            out = ("error", "scorer_failed", "math-verify hit the recursion limit (deeply nested input)")
-        except Exception as exc:
-            out = ("error", "scorer_failed", f"math-verify raised {type(exc).__name__}: {str(exc)[:200]}")
-        try:
-            conn.send(out)
-        except (OSError, ValueError):
-            return
-
-
-# ----------------------------------------------------------------------------- parent side
-
-
-def _stdio_main() -> None:
-    """Entry point of a worker subprocess: `python -c ... <options json> <max_memory_mb> <fd>`."""
-    import json
-    import sys
-    from multiprocessing.connection import Connection
-
-    _worker_main(Connection(int(sys.argv[3])), json.loads(sys.argv[1]), int(sys.argv[2]))
-
-
-class _Worker:
-    """A fresh interpreter (not multiprocessing: its spawn/forkserver re-import the server's
-    `__main__`), talking pickled tuples over a socketpair."""
-
-    def __init__(self, options: dict[str, Any], max_memory_mb: int) -> None:
-        import json
-        import socket
-        import subprocess
-        import sys
-        from multiprocessing.connection import Connection
-
-        mine, theirs = socket.socketpair()
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                "from rewardkit.serve.scorers.math import _stdio_main; _stdio_main()",
-                json.dumps(options),
-                str(max_memory_mb),
-                str(theirs.fileno()),
-            ],
-            pass_fds=[theirs.fileno()],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        theirs.close()
-        self.conn = Connection(mine.detach())
-
-    def wait_ready(self, timeout: float) -> None:
-        if not self.conn.poll(timeout):
-            self.kill()
-            raise RuntimeError(f"math worker not ready after {timeout:.0f} s")
-        msg = self.conn.recv()
-        if msg[0] != "ready":
-            self.kill()
-            raise RuntimeError(msg[-1])
-
-    def kill(self) -> None:
-        try:
-            self.proc.kill()
-            self.proc.wait(timeout=5)
-        except (OSError, ValueError, subprocess_timeout()):
-            pass
-        self.conn.close()
-
-
-def subprocess_timeout() -> type[Exception]:
-    import subprocess
-
-    return subprocess.TimeoutExpired
-
-
-class MathWorkerPool:
-    """`workers` warm processes plus `spares` warm stand-bys. `run(response, reference)` gives
-    ("ok", score) or ("error", code, message) within `timeout_s` (+ IPC), always."""
-
-    def __init__(
-        self, options: dict[str, Any], *, workers: int, spares: int, timeout_s: float, max_memory_mb: int
-    ) -> None:
-        self.options, self.timeout_s, self.max_memory_mb = options, timeout_s, max_memory_mb
-        self.n_workers, self.n_spares = workers, spares
-        self._idle: queue.Queue[_Worker] = queue.Queue()
-        self._spares: queue.Queue[_Worker] = queue.Queue()
-        self._threads = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="math-pool")
-        self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="math-spawn")
-        self._closed = False
-        self.killed = 0
-        self.replaced = 0
-
-    def start(self) -> None:
-        fresh = [_Worker(self.options, self.max_memory_mb) for _ in range(self.n_workers + self.n_spares)]
-        for w in fresh:
-            w.wait_ready(120)
-        for w in fresh[: self.n_workers]:
-            self._idle.put(w)
-        for w in fresh[self.n_workers :]:
-            self._spares.put(w)
-
-    def _new_spare(self) -> None:
-        if self._closed:
-            return
-        try:
-            w = _Worker(self.options, self.max_memory_mb)
-            w.wait_ready(120)
-        except Exception:  # pragma: no cover - retried on the next replacement
-            log.exception("math pool: starting a spare worker failed")
-            return
-        self._spares.put(w)
-
-    def _replace(self, dead: _Worker) -> None:
-        dead.kill()
-        self.replaced += 1
-        self._spawner.submit(self._new_spare)
-        if self.n_spares == 0:
-            self._spawner.submit(lambda: self._idle.put(self._spares.get()))
-            return
-        try:
-            self._idle.put(self._spares.get(timeout=120))
-        except queue.Empty:  # pragma: no cover
-            log.error("math pool: no spare worker became ready in 120 s")
-
-    def run(self, response: str, reference: str) -> tuple[Any, ...]:
-        try:  # all workers busy or being replaced; bounded, so a failed respawn cannot hang a request
-            worker = self._idle.get(timeout=self.timeout_s + 120)
-        except queue.Empty:
-            return ("error", "scorer_failed", "no math worker became available (respawns failing?)")
-        try:
-            worker.conn.send((response, reference))
-            if worker.conn.poll(self.timeout_s):
-                out = worker.conn.recv()
-                self._idle.put(worker)
-                return out
-            self.killed += 1
-            self._replace(worker)
-            return (
-                "error",
-                "timeout",
-                f"parse + verify exceeded {self.timeout_s:g} s; the worker was killed",
-            )
-        except (EOFError, OSError, BrokenPipeError) as exc:
-            code = worker.proc.poll()
-            self._replace(worker)
-            return ("error", "scorer_failed", f"math worker died (exit {code}): {type(exc).__name__}")
-
-    def map(self, pairs: list[tuple[str, str]]) -> list[tuple[Any, ...]]:
-        return list(self._threads.map(lambda p: self.run(*p), pairs))
-
-    def alive(self) -> int:
-        return sum(1 for w in list(self._idle.queue) if w.proc.poll() is None)
-
-    def close(self) -> None:
-        self._closed = True
-        self._spawner.shutdown(wait=True)
-        for q in (self._idle, self._spares):
-            while not q.empty():
-                q.get().kill()
-        self._threads.shutdown(wait=False)
-
-
 class MathScorer(OptionsScorer):
     """See the module docstring. Options: `extraction` (auto|boxed|latex|last_number),
     `format_bonus` (0.0), `rel_tol` (null: math-verify's own comparison), `float_rounding` (6),
-    `timeout_s` (per item, 5.0), `workers` (os.cpu_count()), `spares` (1), `max_memory_mb` (2048)."""
+    `timeout_s` (per item, 5.0), `workers` (the cores this process may use), `spares` (1),
+    `max_memory_mb` (2048), `depth` (items held by each worker at once, 2)."""
 
     kind: ClassVar[str] = "math"
     modality: ClassVar = "rule"
@@ -325,8 +155,13 @@ class MathScorer(OptionsScorer):
             "workers",
             "spares",
             "max_memory_mb",
+            "depth",
         }
     )
+
+    concurrent_batches: ClassVar[int] = 4
+    """The pool is shared and thread-safe, so the batcher hands it several batches at once: the
+    next batch's items start on the workers that the current batch's slowest items leave idle."""
 
     def __init__(
         self,
@@ -346,20 +181,20 @@ class MathScorer(OptionsScorer):
                 raise ConfigError(f"{where}: options.{key} must be a number >= {lo}")
         if not 0.0 <= float(o.get("format_bonus", 0.0)) < 1.0:
             raise ConfigError(f"{where}: options.format_bonus must be in [0, 1)")
-        for key in ("workers", "spares", "max_memory_mb", "float_rounding"):
+        for key in ("workers", "spares", "max_memory_mb", "float_rounding", "depth"):
             v = o.get(key)
-            if v is not None and (
-                not isinstance(v, int) or isinstance(v, bool) or v < (1 if key == "workers" else 0)
-            ):
-                raise ConfigError(f"{where}: options.{key} must be a non-negative integer")
+            lo = 1 if key in ("workers", "depth") else 0
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < lo):
+                raise ConfigError(f"{where}: options.{key} must be an integer >= {lo}")
         self.timeout_s = float(o.get("timeout_s", 5.0))
-        self.workers = int(o.get("workers") or os.cpu_count() or 1)
+        self.workers = int(o.get("workers") or usable_cores())
         self.spares = int(o.get("spares", 1))
         self.max_memory_mb = int(o.get("max_memory_mb", 2048))
+        self.depth = int(o.get("depth", 2))
         self._check_options = {
             k: o[k] for k in ("extraction", "format_bonus", "rel_tol", "float_rounding") if k in o
         }
-        self.pool: MathWorkerPool | None = None
+        self.pool: DeadlinePool | None = None
 
     def load(self) -> None:
         try:
@@ -368,14 +203,23 @@ class MathScorer(OptionsScorer):
             raise ConfigError(
                 f"scorer {self.name!r} (math) needs math-verify: pip install 'rewardkit[verifiers]'"
             ) from None
-        self.pool = MathWorkerPool(
+        pool = DeadlinePool(
+            "rewardkit.serve.scorers.math:check_answer",
             self._check_options,
+            warmup=WARMUP,
+            label="math-verify",
             workers=self.workers,
             spares=self.spares,
             timeout_s=self.timeout_s,
             max_memory_mb=self.max_memory_mb,
+            depth=self.depth,
         )
-        self.pool.start()
+        try:
+            pool.start()
+        except BaseException:
+            pool.close()
+            raise
+        self.pool = pool
 
     def close(self) -> None:
         if self.pool is not None:
@@ -433,6 +277,7 @@ class MathScorer(OptionsScorer):
                     "workers": self.workers,
                     "spares": self.spares,
                     "max_memory_mb": self.max_memory_mb,
+                    "depth": self.depth,
                 },
                 "extraction": self.options.get("extraction", "auto"),
                 "workers_killed": self.pool.killed if self.pool else 0,
