@@ -4,7 +4,7 @@
 #   bash benchmarks/run_h200.sh OUT SECTION...     SECTION: tests train_rm train_dpo clip_forward serve profile
 #                                                  clip_forward_towers serve_graphs serve_decode
 #                                                  serve_pipeline serve_http train_dpo_gc train_dpo_lora integrations
-#                                                  serve_text serve_text_host eval_throughput judge_engine
+#                                                  serve_text serve_text_host eval_throughput judge_engine math
 #                                                  qualify_fp16 qualify_bf16 qualify_fp32 qualify_mps_bf16
 #
 # Run from the repository root on the GPU machine, with the carried wheels installed
@@ -109,6 +109,8 @@ for section in "$@"; do
     judge_engine)  # issue 25: transformers serve (direct, 1 in flight, through /v1/score) and the in-process judge
         step judge_engine 330 python3 benchmarks/verifiers.py --only judge_engine \
             --judge-tokenizer .devcarry/smollm2-tokenizer --out "$OUT/judge_engine/h200.json" ;;
+    math)  # issue 25: math-verify in-thread per core vs through /v1/score on the 16-core host (no GPU)
+        step math 240 python3 benchmarks/verifiers.py --only math --math-items 16000 --out "$OUT/math/h200_host.json" ;;
     *) echo "unknown section $section" >> "$OUT/times.log" ;;
     esac
 done
