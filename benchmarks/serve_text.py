@@ -11,6 +11,7 @@ Variants, per model shape (random init at the real shapes, bf16):
   c  in-process padding-free (varlen) forward of the whole corpus: the ceiling
   c+ (c) with each group's prompt packed once (prefix sharing)
   d  rewardkit serve over HTTP (`--config`), 16 concurrent clients sending groups of 8
+  d1 (d) with one batch at a time (`pipeline_depth: 1`): what keeping two batches in flight buys
   e  (d) with prefix sharing on
   h  host capacity: (d) with the model forward replaced by a near-zero-cost stand-in
      (benchmarks/serve_text_standin.py); everything else is the real server path
@@ -390,6 +391,7 @@ def http_variant(
     *,
     standin: bool = False,
     label: str = "d",
+    pipeline_depth: int | None = None,
 ) -> dict:
     """rewardkit serve over HTTP (`--config`, or `--deploy` with one dedicated worker): 16 clients,
     each request one group of 8 (closed loop). `standin`: the scorer's model forward is replaced
@@ -413,6 +415,8 @@ def http_variant(
             "tokenizer": str(tok_dir),
             "max_batch_tokens": args.max_batch_tokens,
             "prefix_sharing": share,
+            # None: the scorer's default (two batches in flight on the packed CUDA path)
+            **({"pipeline_depth": pipeline_depth} if pipeline_depth is not None else {}),
         },
     }
     groups: dict[int, list[dict]] = {}
@@ -582,18 +586,20 @@ def main(argv=None) -> int:
             if device == "cuda":
                 torch.cuda.empty_cache()
             served = "tiny-text-rm" if shape == "tiny" else shape
-            for name, share, standin in (
-                ("d", False, False),
-                ("e", True, False),
-                ("h", False, True),
-                ("h+", True, True),
+            for name, share, standin, depth in (
+                ("d", False, False, None),
+                ("d1", False, False, 1),  # d with one batch at a time: what the pipeline buys
+                ("e", True, False, None),
+                ("h", False, True, None),
+                ("h+", True, True, None),
             ):
                 for mode in args.serve_modes.split(","):
                     label = name if mode == "config" else f"{name}:{mode}"
                     if name in variants:
                         per[label] = http_variant(
-                            served, tok_dir, rows, args, share, device, mode, standin=standin, label=label
-                        )
+                            served, tok_dir, rows, args, share, device, mode, standin=standin, label=label,
+                            pipeline_depth=depth,
+                        )  # fmt: skip
             for name, row in per.items():
                 seconds = row["seconds"]
                 row.setdefault("seq_per_s", len(seqs) / seconds)
@@ -606,6 +612,13 @@ def main(argv=None) -> int:
                 summary["http_over_varlen_ceiling"] = per["d"]["seq_per_s"] / per["c"]["seq_per_s"]
             if "d" in per and "e" in per:
                 summary["prefix_sharing_speedup"] = per["e"]["seq_per_s"] / per["d"]["seq_per_s"]
+            if "d:deploy" in per and "e:deploy" in per:
+                summary["deploy_prefix_sharing_speedup"] = (
+                    per["e:deploy"]["seq_per_s"] / per["d:deploy"]["seq_per_s"]
+                )
+            for label in ("d1", "d1:deploy"):
+                if "c" in per and label in per:  # one batch at a time (no pipeline), same run
+                    summary[f"{label}_over_varlen_ceiling"] = per[label]["seq_per_s"] / per["c"]["seq_per_s"]
             if "c" in per and "d:deploy" in per:
                 summary["deploy_http_over_varlen_ceiling"] = (
                     per["d:deploy"]["seq_per_s"] / per["c"]["seq_per_s"]

@@ -175,3 +175,62 @@ def test_flash_packed_and_shared_scores_match_a_plain_bf16_forward_on_cuda(famil
         )
     torch.testing.assert_close(packed, plain, atol=2e-2, rtol=0)
     torch.testing.assert_close(shared.float().cpu(), packed, atol=1e-3, rtol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("share", [False, True], ids=["varlen", "shared-prefix"])
+def test_a_packed_batch_never_synchronises_the_stream_until_its_scores_are_read(share):
+    """The text scorers queue a second batch behind the first from another thread: a stream sync
+    inside the first (a pageable copy, `.item()`, `.cpu()`) would make the GPU wait for the host
+    again. `to_host` waits on an event recorded after its own copy, which is not a stream sync."""
+    torch.manual_seed(0)
+    model = seqcls("llama", "rk_varlen").to("cuda", torch.bfloat16)
+    seqs = corpus()
+    args = dict(varlen=True, max_batch_tokens=64, backbone=model.base_model, head=model.score,
+                device="cuda", share_prefixes=share, min_prefix=8)  # fmt: skip
+    with torch.inference_mode():
+        expected, _ = score_sequences(seqs, **args)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            scores, _ = score_sequences(seqs, **args)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    torch.testing.assert_close(scores, expected, atol=0, rtol=0)
+
+
+@pytest.mark.gpu
+def test_two_threads_scoring_at_once_give_the_scores_of_one():
+    from concurrent.futures import ThreadPoolExecutor
+
+    torch.manual_seed(0)
+    model = seqcls("qwen2", "rk_varlen").to("cuda", torch.bfloat16)
+    batches = [corpus(seed) for seed in range(8)]
+
+    def score(seqs):
+        with torch.inference_mode():
+            return score_sequences(seqs, varlen=True, max_batch_tokens=96, backbone=model.base_model,
+                                   head=model.score, device="cuda")[0]  # fmt: skip
+
+    alone = [score(b) for b in batches]
+    with ThreadPoolExecutor(2) as pool:
+        together = list(pool.map(score, batches))
+    for a, b in zip(alone, together, strict=True):
+        torch.testing.assert_close(b, a, atol=0, rtol=0)
+
+
+def test_a_packed_forward_never_asks_transformers_to_find_packed_sequences(monkeypatch):
+    """That search reads a device value back to the host (a stream sync on CUDA): the packed
+    forward hands transformers a prepared mask instead, so it never runs."""
+    import transformers.masking_utils as masking
+
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("find_packed_sequence_indices was called")
+
+    monkeypatch.setattr(masking, "find_packed_sequence_indices", refuse)
+    seqs = corpus()
+    model = seqcls("qwen2", "rk_varlen")
+    with torch.no_grad():
+        for share in (False, True):
+            packed_scores(
+                model.base_model, model.score, plan_packed(seqs, share_prefixes=share, min_prefix=8)
+            )

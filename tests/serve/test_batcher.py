@@ -197,3 +197,79 @@ def test_a_scorer_with_a_free_concurrent_slot_does_not_wait_for_the_batch_window
 
     assert run(one(2)) < 0.2  # at once
     assert run(one(1)) >= 0.29  # a model scorer still waits to fill its batch
+
+
+def test_concurrent_batches_is_read_once_the_scorer_is_loaded():
+    """A text scorer knows only after `load` whether it can pipeline (the packed CUDA path)."""
+
+    async def main() -> bool:
+        scorer = GateScorer(concurrent_batches=1)
+        batcher = DynamicBatcher(scorer, max_batch_size=1, max_wait_ms=1, max_queue=100)
+        scorer.concurrent_batches = 2  # type: ignore[misc]  # what load decided
+        batcher.start()
+        try:
+            slow = asyncio.ensure_future(batcher.submit([ScoreItem(id="s", prompt="", response="slow")]))
+            await asyncio.sleep(0.05)
+            fast = asyncio.ensure_future(batcher.submit([ScoreItem(id="f", prompt="", response="fast")]))
+            done, _ = await asyncio.wait([fast], timeout=1.0)
+            scorer.gate.set()
+            assert await slow == [1.0] and await fast == [1.0]
+            return bool(done)
+        finally:
+            await batcher.stop()
+
+    assert run(main())
+
+
+class ThreadStatsScorer(LengthScorer):
+    """Keeps each scoring thread's last batch accounting, as the text scorers do; batches holding
+    'slow' wait for `gate`, so two batches are in flight at once."""
+
+    concurrent_batches: ClassVar[int] = 2
+
+    def __init__(self) -> None:
+        import threading
+
+        super().__init__()
+        self.gate = threading.Event()
+        self.local = threading.local()
+
+    def score_prepared(self, batch: list[Any]) -> list[float]:
+        if list("slow") in batch:
+            assert self.gate.wait(10), "the gate was never opened"
+        self.local.stats = {"real": sum(map(len, batch)), "computed": sum(map(len, batch))}
+        return super().score_prepared(batch)
+
+    def take_batch_stats(self) -> dict[str, int]:
+        stats, self.local.stats = getattr(self.local, "stats", {}), {}
+        return stats
+
+
+def test_each_batch_in_flight_reports_its_own_tokens():
+    async def main(metrics: ServeMetrics) -> None:
+        scorer = ThreadStatsScorer()
+        batcher = DynamicBatcher(scorer, max_batch_size=1, max_wait_ms=1, max_queue=100, metrics=metrics)
+        batcher.start()
+        try:
+            slow = asyncio.ensure_future(batcher.submit([ScoreItem(id="s", prompt="", response="slow")]))
+            await asyncio.sleep(0.05)
+            fast = await batcher.submit([ScoreItem(id="f", prompt="", response="fastest")])
+            scorer.gate.set()
+            assert fast == [7.0] and await slow == [4.0]
+        finally:
+            await batcher.stop()
+
+    metrics = ServeMetrics()
+    run(main(metrics))
+    assert metrics.tokens.labels("len", "real")._value.get() == 4 + 7
+
+
+def test_a_bisected_batch_counts_the_tokens_of_every_call_that_scored():
+    scorer = ThreadStatsScorer()
+    scorer.gate.set()
+    metrics = ServeMetrics()
+    batcher = DynamicBatcher(scorer, max_batch_size=64, max_wait_ms=20, max_queue=100, metrics=metrics)
+    results = run(_submit(batcher, ["ab", "boom", "cde", "f"]))
+    assert results[0] == 2.0 and results[2] == 3.0 and results[3] == 1.0
+    assert isinstance(results[1], ItemError) and results[1].code == "scorer_failed"
+    assert metrics.tokens.labels("len", "real")._value.get() == 2 + 3 + 1

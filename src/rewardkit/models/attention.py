@@ -70,6 +70,17 @@ def explicit_boundaries() -> Iterator[None]:
         _BOUNDARIES_GIVEN.reset(token)
 
 
+def boundaries_only_mask(device: torch.device | str) -> torch.Tensor:
+    """An `attention_mask` for a forward that carries its boundaries (`cu_seq_lens_*`).
+
+    Why: given no mask but `position_ids`, transformers looks for packed sequences in them
+    (`find_packed_sequence_indices`), which reads a device value back to the host and so
+    synchronises the stream: a batch queued behind a running forward would wait for it before
+    launching a single kernel. A 4D mask is taken as already prepared and passed through
+    untouched, and `rk_varlen` never reads it when boundaries are given."""
+    return torch.ones((1, 1, 1, 1), dtype=torch.bool, device=device)
+
+
 @contextlib.contextmanager
 def packed_attention(config: Any, position_ids: torch.Tensor) -> Iterator[dict[str, Any]]:
     """Model-forward kwargs that tell `rk_varlen` where each packed sequence starts.

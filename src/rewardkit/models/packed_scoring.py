@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rewardkit.models.attention import KV_INDEX, explicit_boundaries
+from rewardkit.models.attention import KV_INDEX, boundaries_only_mask, explicit_boundaries
 
 VARLEN_FAMILIES = frozenset({"llama", "qwen2", "qwen3", "mistral", "gemma"})
 """Families whose attention rk_varlen serves and whose score is `head(last hidden state)`."""
@@ -47,6 +47,29 @@ it takes the group as it is: bounds the work on adversarial inputs."""
 
 ForwardPadded = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 """forward(input_ids, attention_mask, lengths) → one score per right-padded row."""
+
+
+def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """`t` on `device`. To CUDA through pinned memory: a copy from pageable memory synchronises
+    the stream it is queued on, so the next batch's inputs would wait for the forward already
+    running instead of queuing behind it (the text scorers keep two batches in flight)."""
+    if str(device).startswith("cuda") and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device, non_blocking=True)
+
+
+def to_host(t: torch.Tensor) -> torch.Tensor:
+    """`t` on the host, waiting for the work queued before the copy and nothing after it: `.cpu()`
+    synchronises the whole stream, so it would also wait for a batch another thread queued
+    behind this one."""
+    if t.device.type != "cuda":
+        return t
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    done = torch.cuda.Event(blocking=True)  # the waiting thread sleeps: a spinning one costs a core
+    done.record()
+    done.synchronize()
+    return host
 
 
 @dataclass(frozen=True)
@@ -75,15 +98,16 @@ class PackedPlan:
 
     def forward_kwargs(self, device: torch.device | str) -> dict[str, object]:
         kwargs: dict[str, object] = {
-            "input_ids": self.input_ids.to(device, non_blocking=True),
-            "position_ids": self.position_ids.to(device, non_blocking=True),
-            "cu_seq_lens_q": self.cu_q.to(device, non_blocking=True),
-            "cu_seq_lens_k": self.cu_k.to(device, non_blocking=True),
+            "input_ids": to_device(self.input_ids, device),
+            "position_ids": to_device(self.position_ids, device),
+            "cu_seq_lens_q": to_device(self.cu_q, device),
+            "cu_seq_lens_k": to_device(self.cu_k, device),
             "max_length_q": self.max_q,
             "max_length_k": self.max_k,
+            "attention_mask": boundaries_only_mask(device),
         }
         if self.kv_index is not None:
-            kwargs[KV_INDEX] = self.kv_index.to(device, non_blocking=True)
+            kwargs[KV_INDEX] = to_device(self.kv_index, device)
         return kwargs
 
 
@@ -218,7 +242,7 @@ def packed_scores(
     kwargs = plan.forward_kwargs(device)
     with explicit_boundaries():
         hidden = backbone(**kwargs, use_cache=False).last_hidden_state
-    last = hidden[0].index_select(0, plan.score_at.to(device))
+    last = hidden[0].index_select(0, to_device(plan.score_at, device))
     weight = getattr(head, "weight", None)
     if weight is not None:
         last = last.to(weight.dtype)
@@ -381,5 +405,5 @@ def score_sequences(
         if on_scored is not None:
             on_scored(len(chunk))
     scores = torch.empty(len(seqs), dtype=torch.float32)
-    scores[torch.as_tensor(list(order), dtype=torch.long)] = torch.cat(parts).cpu()
+    scores[torch.as_tensor(list(order), dtype=torch.long)] = to_host(torch.cat(parts))
     return scores, {"real": real, "computed": computed, "padding": 0, "shared": real - computed}

@@ -53,6 +53,9 @@ PREPARE_WORKERS = 4
 PREPARE_CHUNK = 32
 """Items prepared per task: large requests spread over the workers, small ones take one."""
 
+MAX_CONCURRENT_BATCHES = 8
+"""Scoring threads a batcher may use: the most `Scorer.concurrent_batches` is honoured up to."""
+
 
 @dataclass
 class _Entry:
@@ -110,12 +113,12 @@ class DynamicBatcher:
         self._queue: collections.deque[_Entry] = collections.deque()
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
-        # One thread per scorer: models are not assumed thread-safe, and one forward at a time
-        # per device is what saturates it anyway; a scorer that says otherwise gets more.
-        self._concurrency = max(1, int(scorer.concurrent_batches))
+        # One batch at a time unless the scorer says otherwise (`Scorer.concurrent_batches`, read
+        # per batch: a model scorer knows only once loaded whether it can pipeline). The bound on
+        # batches in flight is the batcher's; the pool only supplies that many threads.
         self._in_flight: set[asyncio.Task] = set()
         self._executor = ThreadPoolExecutor(
-            max_workers=self._concurrency, thread_name_prefix=f"scorer-{self.name}"
+            max_workers=MAX_CONCURRENT_BATCHES, thread_name_prefix=f"scorer-{self.name}"
         )
         kind = type(scorer)
         self._prepares = kind.prepare is not Scorer.prepare or kind.prepare_many is not Scorer.prepare_many
@@ -124,6 +127,10 @@ class DynamicBatcher:
             if self._prepares
             else None
         )
+
+    @property
+    def _concurrency(self) -> int:
+        return max(1, min(MAX_CONCURRENT_BATCHES, int(self.scorer.concurrent_batches)))
 
     @property
     def depth(self) -> int:
@@ -321,7 +328,8 @@ class DynamicBatcher:
         order = list(range(len(payloads)))
         if self.token_budget and not self.scorer.packs_tokens:
             order.sort(key=lambda i: batch[i].tokens or 0)  # similar lengths pad less
-        ordered = await self._score_or_bisect([payloads[i] for i in order])
+        tokens: dict[str, int] = {}
+        ordered = await self._score_or_bisect([payloads[i] for i in order], tokens)
         results: list[ItemResult] = [ItemError("scorer_failed", "unset")] * len(payloads)
         for pos, i in enumerate(order):
             results[i] = ordered[pos]
@@ -337,18 +345,27 @@ class DynamicBatcher:
                     inference_s=elapsed,
                     queue_delays=tuple(e.started - e.enqueued for e in batch),
                     outcomes=tuple(outcome(r) for r in results),
-                    tokens=self.scorer.take_batch_stats(),
+                    tokens=tokens,
                 )
             )
         for e, r in zip(batch, results, strict=True):
             if not e.future.done():
                 e.future.set_result((r, elapsed))
 
-    async def _score_or_bisect(self, payloads: list[object]) -> list[ItemResult]:
+    def _score_with_stats(self, payloads: list[object]) -> tuple[object, dict[str, int]]:
+        """`score_prepared` and the token accounting of that very call, read in the same scoring
+        thread (with batches in flight on several threads, a later read could see another's)."""
+        raw = self.scorer.score_prepared(payloads)
+        return raw, self.scorer.take_batch_stats()
+
+    async def _score_or_bisect(self, payloads: list[object], tokens: dict[str, int]) -> list[ItemResult]:
         """Score a batch; if the scorer raises, score each half again, down to single items, so
-        only the items that make it raise fail (`scorer_failed`) and their batch-mates score."""
+        only the items that make it raise fail (`scorer_failed`) and their batch-mates score.
+        The token accounting of every call that ran is added into `tokens`."""
         try:
-            raw = await self.run_in_thread(self.scorer.score_prepared, payloads)
+            raw, stats = await self.run_in_thread(self._score_with_stats, payloads)
+            for key, value in stats.items():
+                tokens[key] = tokens.get(key, 0) + value
             if not isinstance(raw, list | tuple) or len(raw) != len(payloads):
                 got = len(raw) if isinstance(raw, list | tuple) else type(raw).__name__
                 raise RuntimeError(f"scorer returned {got} values for {len(payloads)} items")
@@ -360,6 +377,6 @@ class DynamicBatcher:
             log.warning("scorer %s failed on a batch of %d; retrying its halves", self.name, len(payloads))
             half = len(payloads) // 2
             return [
-                *await self._score_or_bisect(payloads[:half]),
-                *await self._score_or_bisect(payloads[half:]),
+                *await self._score_or_bisect(payloads[:half], tokens),
+                *await self._score_or_bisect(payloads[half:], tokens),
             ]

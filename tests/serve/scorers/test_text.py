@@ -60,6 +60,17 @@ def test_varlen_attention_is_refused_where_it_cannot_run():
         scorer(attention="varlen")
 
 
+def test_batches_pipeline_only_on_the_packed_path_and_the_depth_never_changes_a_score():
+    s = scorer(pipeline_depth=3)
+    assert s.concurrent_batches == 1  # padded CPU forwards would only share the cores
+    s.attention = "varlen"  # what load chooses on CUDA in bf16
+    assert s.concurrent_batches == 3
+    assert scorer().info().identity == scorer(pipeline_depth=1).info().identity
+    for bad in (0, 5, True, "2"):
+        with pytest.raises(ConfigError, match="pipeline_depth"):
+            SeqClsScorer("rm", shape="tiny-text-rm", options={"pipeline_depth": bad})
+
+
 GROUP_PROMPTS = [
     "Say hello.",
     [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "Hi!"}],

@@ -21,7 +21,9 @@ truncation does; a response alone longer than that is a `too_long` item error),
 `padded`), `prefix_sharing` (default false) and `min_prefix` (default 16 tokens shared before a
 group forms), `empty_response` (`error`, the default: an empty or whitespace-only response is a
 `bad_input`; `score`: score it as given; a number: that fixed reward), `prompt_cache` (default
-1024 rendered prompts kept, 0 for none; scores do not depend on it), `seed` and `tokenizer` (a
+1024 rendered prompts kept, 0 for none; scores do not depend on it), `pipeline_depth` (default
+2 batches in flight on the packed CUDA path, so the GPU never waits for the host between two
+forwards; 1 for one at a time; scores do not depend on it), `seed` and `tokenizer` (a
 local tokenizer directory) for named shapes.
 """
 
@@ -56,6 +58,9 @@ _CORPUS = [
 
 PROMPT_CACHE_ENTRIES = 1024
 """Rendered prompts kept per scorer (option `prompt_cache`; 0 turns the cache off)."""
+
+PIPELINE_DEPTH = 2
+"""Batches in flight at once on the packed CUDA path (option `pipeline_depth`, 1 to 4)."""
 
 PROMPT_CACHE_CHARS = 32 * 1024 * 1024
 """...and at most this many characters of prompt text in all, whatever the entry count."""
@@ -128,6 +133,7 @@ class SeqClsScorer(ModelScorer):
             "min_prefix",
             "empty_response",
             "prompt_cache",
+            "pipeline_depth",
         }
     )
     shapes: ClassVar[tuple[str, ...]] = TEXT_SHAPES
@@ -148,9 +154,13 @@ class SeqClsScorer(ModelScorer):
             raise ConfigError(f"scorer {name!r}: empty_response must be error, score or a number")
         self.empty_response = empty
         self.prompts = PromptCache(int(self.options.get("prompt_cache", PROMPT_CACHE_ENTRIES)))
+        depth = self.options.get("pipeline_depth", PIPELINE_DEPTH)
+        if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= 4:
+            raise ConfigError(f"scorer {name!r}: pipeline_depth must be an integer from 1 to 4")
+        self.pipeline_depth = depth
         self.attention = "padded"
         self.backbone = self.head = None
-        self._stats: dict[str, int] = {}
+        self._local = threading.local()  # each scoring thread's token accounting of its last batch
 
     def _load_model(self):
         """(model, tokenizer, weights digest)."""
@@ -317,8 +327,25 @@ class SeqClsScorer(ModelScorer):
         return len(prepared) if isinstance(prepared, list) else 0
 
     def take_batch_stats(self) -> dict[str, int]:
-        stats, self._stats = self._stats, {}
+        """The calling scoring thread's last batch (batches may be in flight on two threads)."""
+        stats = getattr(self._local, "stats", {})
+        self._local.stats = {}
         return stats
+
+    @property
+    def concurrent_batches(self) -> int:  # type: ignore[override]
+        """`pipeline_depth` batches at once on the packed CUDA path, one elsewhere.
+
+        Why: with one batch at a time the GPU idles from the end of each forward until the next
+        is planned, copied and launched (results handed back, the next batch taken, its plan
+        built, kernels queued): several milliseconds per forward. A second batch, launched from
+        its own thread while the first runs, is queued on the same stream behind it, so the GPU
+        goes from one forward straight into the next. The packed path makes this safe: its
+        host-to-device copies are from pinned memory and its result waits on an event, so
+        neither synchronises the stream the other batch is running on (models/packed_scoring.py),
+        and a forward keeps no state on the module. The padded CPU path gains nothing from it:
+        two forwards would only share the same cores."""
+        return self.pipeline_depth if self.attention == "varlen" else 1
 
     def item_tokens(self, item: ScoreItem) -> int:
         # An estimate (≈3 characters per token) keeps the event loop free of tokenisation;
@@ -343,7 +370,7 @@ class SeqClsScorer(ModelScorer):
             return results
         seqs = [results[k] for k in rows]
         with torch.inference_mode():
-            scores, self._stats = score_sequences(
+            scores, self._local.stats = score_sequences(
                 seqs,
                 varlen=self.attention == "varlen",
                 max_batch_tokens=self.max_batch_tokens,
@@ -360,8 +387,10 @@ class SeqClsScorer(ModelScorer):
         return results
 
     def identity_options(self) -> dict[str, Any]:
-        """The prompt cache saves work, never changes a score: not part of the identity."""
-        return {k: v for k, v in super().identity_options().items() if k != "prompt_cache"}
+        """The prompt cache and the pipeline save work, never change a score: not part of the identity."""
+        return {
+            k: v for k, v in super().identity_options().items() if k not in ("prompt_cache", "pipeline_depth")
+        }
 
     def info_extra(self) -> dict[str, Any]:
         return {
@@ -370,6 +399,7 @@ class SeqClsScorer(ModelScorer):
             "prefix_sharing": self.prefix_sharing and self.attention == "varlen",
             "max_batch_tokens": self.max_batch_tokens,
             "empty_response": self.empty_response,
+            "pipeline_depth": self.concurrent_batches,
         }
 
 
