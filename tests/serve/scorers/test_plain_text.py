@@ -274,8 +274,9 @@ def test_an_export_serves_as_the_checkpoint_it_came_from(trained):
         (legacy, root / "hf-legacy", "chat_template"),
     ):
         reference = scorer(source).score_batch(batch)
-        for kind in ("hf_seqcls", "rm"):
-            served = scorer(export, kind=kind)
+        # hf_seqcls on the checkpoint directory itself reads its rewardkit.json too
+        for path, kind in ((source, "hf_seqcls"), (export, "hf_seqcls"), (export, "rm")):
+            served = scorer(path, kind=kind)
             assert served.info().extra["plain_text"] == mode
             assert served.score_batch(batch) == pytest.approx(reference, abs=TOL)
         assert load_reward_model(export)[2]["plain_text"] == mode  # and eval reads it too
