@@ -14,7 +14,7 @@ import pytest
 
 from rewardkit.data.normalize import normalize_row
 from rewardkit.data.synth import builtin_tokenizer
-from rewardkit.data.tokenize import TokenizeSettings, tokenize_pair
+from rewardkit.data.tokenize import TokenizeSettings, plain_text_branches, tokenize_pair
 from support.trl_data import trl_dpo_ids, trl_reward_ids
 from support.weights import SMOLLM2_GGUF, smollm2_dir
 
@@ -100,6 +100,27 @@ def test_prompt_and_completion_split_as_trl_dpo_trainer(tok, shape):
             assert branch.input_ids[:n_prompt] == prompt_ids
             assert branch.input_ids[n_prompt:] == completion
             assert branch.loss_mask == [0] * n_prompt + [1] * len(completion)
+
+
+def test_branches_of_many_prompts_in_one_call_are_the_pairs_branches(tok):
+    """`plain_text_branches` (the serve text scorers' `text_eos` path) gives each (prompt,
+    completion) the ids `tokenize_pair` and TRL's RewardTrainer give that branch, whatever else
+    is encoded in the same call; its prompt part is the branch's own prefix."""
+    rows = [*EXPLICIT, with_eos_already(tok)]
+    prompts = [row["prompt"] for row in rows for _ in (0, 1)]
+    completions = [row[side] for row in rows for side in ("chosen", "rejected")]
+    together = plain_text_branches(tok, prompts, completions)
+    for k, branch in enumerate(together):
+        assert plain_text_branches(tok, [prompts[k]], [completions[k]]) == [branch]
+        assert branch.score_index == len(branch) - 1 and branch.input_ids[-1] == tok.eos_token_id
+    pairs = [together[k : k + 2] for k in range(0, len(together), 2)]
+    for row, ids, pair_branches in zip(rows, trl_reward_ids(rows, tok), pairs, strict=True):
+        tp = tokenize_pair(normalize_row(row), tok)
+        assert [b.input_ids for b in pair_branches] == list(ids)
+        assert list(ids) == [tp.chosen.input_ids, tp.rejected.input_ids]
+        # the pair splits at the shorter of its branches' prompt parts
+        assert min(b.loss_mask.count(0) for b in pair_branches) == tp.chosen.loss_mask.count(0)
+    assert plain_text_branches(tok, [], []) == []
 
 
 def test_chat_template_setting_keeps_the_legacy_tokens(tok):

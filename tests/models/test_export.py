@@ -171,6 +171,9 @@ def test_export_config_and_card(exported):
     assert "template_end" in card and meta["data_manifest_sha256"] in card
     assert "apply_chat_template" in card and "probe accuracy" in card
     assert "tok(prompt + response + tok.eos_token)" in card and "text += tok.eos_token" in card
+    # the convention travels with the export, for eval and serve to read (models.loading)
+    assert json.loads((out / "rewardkit_export.json").read_text())["plain_text"] == "text_eos"
+    assert load_reward_model(out)[2]["plain_text"] == "text_eos"
     summary = json.loads((checkpoint.parent.parent / "eval" / checkpoint.name / "summary.json").read_text())
     assert f"{summary['accuracy']:.4f}" in card and summary["probe_sha256"] in card
 

@@ -224,14 +224,12 @@ def encode_texts(
     completions: list[str],
     *,
     joint: bool = False,
-    add_special_tokens: bool = False,
 ) -> tuple[list[int], list[list[int]]]:
     """Token ids of the prompt and of each completion, in one tokenizer call.
 
-    `add_special_tokens` lets the tokenizer add its own (TRL's `tokenizer(text)` for plain-text
-    pairs). Otherwise chat templates write their own markers, and with the plain template the
-    prompt starts with BOS (or CLS) and each completion ends with EOS (or SEP), when the
-    tokenizer has them.
+    Chat templates write their own markers; with the plain template the prompt starts with BOS
+    (or CLS) and each completion ends with EOS (or SEP), when the tokenizer has them. (Plain-text
+    pairs under `text_eos` go through `encode_plain_texts` instead.)
     `joint` encodes prompt + completion as one text (what `apply_chat_template(tokenize=True)`
     does), so a branch's ids are exactly the ecosystem's. The prompt part is the longest prefix
     of the prompt's own ids that every joint encoding starts with: where a template's boundary
@@ -242,7 +240,7 @@ def encode_texts(
     """
     # joint: the completions alone are never encoded (only prompt + completion counts)
     texts = [prompt_text, *((prompt_text + c) if joint else c for c in completions)]
-    encoded = tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"]
+    encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]
     prompt_ids = list(encoded[0])
     completion_ids = [list(ids) for ids in encoded[1:]]
     if joint:
@@ -250,9 +248,42 @@ def encode_texts(
         shared = min(_common_prefix(prompt_ids, whole) for whole in wholes)
         prompt_ids = prompt_ids[:shared]
         completion_ids = [whole[shared:] for whole in wholes]
-    if add_special_tokens:  # the tokenizer placed its own special tokens (TRL's plain text)
-        return prompt_ids, completion_ids
     return _plain_markers(tokenizer, prompt_ids, completion_ids)
+
+
+def encode_plain_texts(
+    tokenizer, prompts: Sequence[str], completions: Sequence[str]
+) -> list[tuple[list[int], int]]:
+    """TRL's tokenisation of plain-text branches (`plain_text: text_eos`), in ONE tokenizer call:
+    `(ids, prompt_tokens)` per (prompt, completion).
+
+    `ids` is `tokenizer(prompt + completion + EOS)` with the tokenizer's own special tokens, EOS
+    appended unless the completion already ends with it (`_with_eos`, TRL's `add_eos`): the
+    branch TRL's RewardTrainer builds, read at its last token. `prompt_tokens` is the longest
+    prefix of the prompt's own ids (each distinct prompt encoded once) that `ids` starts with; a
+    token merged across the boundary counts as completion. `tokenize_pair` splits a pair at the
+    shorter of its two branches' prefixes (where TRL's DPOTrainer splits); the serve text
+    scorers use one branch's own.
+    """
+    if len(prompts) != len(completions):
+        raise ValueError("encode_plain_texts needs one prompt per completion")
+    distinct = list(dict.fromkeys(prompts))
+    texts = [*distinct, *(p + _with_eos(tokenizer, c) for p, c in zip(prompts, completions, strict=True))]
+    encoded = tokenizer(texts, add_special_tokens=True)["input_ids"] if completions else []
+    own = {prompt: list(ids) for prompt, ids in zip(distinct, encoded, strict=False)}
+    wholes = [list(ids) for ids in encoded[len(distinct) :]]
+    return [(whole, _common_prefix(own[p], whole)) for p, whole in zip(prompts, wholes, strict=True)]
+
+
+def plain_text_branches(
+    tokenizer, prompts: Sequence[str], completions: Sequence[str]
+) -> list[TokenizedBranch | None]:
+    """One untruncated `text_eos` branch per (prompt, completion) (`encode_plain_texts`; what a
+    scorer feeds the model for a plain-text item); None where the completion has no tokens."""
+    return [
+        _branch(ids[:k], ids[k:]) if ids[k:] else None
+        for ids, k in encode_plain_texts(tokenizer, prompts, completions)
+    ]
 
 
 def _plain_markers(
@@ -373,13 +404,11 @@ def tokenize_pair(pair: PreferencePair, tokenizer, settings: TokenizeSettings | 
     settings = settings or TokenizeSettings()
     if pair.plain_text and settings.plain_text == TEXT_EOS:
         prompt_text, *completions = pair.texts()
-        prompt_ids, (chosen, rejected) = encode_texts(
-            tokenizer,
-            prompt_text,
-            [_with_eos(tokenizer, text) for text in completions],
-            joint=True,
-            add_special_tokens=True,
+        (chosen, k_chosen), (rejected, k_rejected) = encode_plain_texts(
+            tokenizer, [prompt_text, prompt_text], completions
         )
+        shared = min(k_chosen, k_rejected)
+        prompt_ids, chosen, rejected = chosen[:shared], chosen[shared:], rejected[shared:]
     else:
         prompt_text = render(tokenizer, pair.prompt, add_generation_prompt=True)
         position = settings.score_position

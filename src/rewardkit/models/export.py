@@ -11,6 +11,9 @@ the tokenizer's, and a model card (README.md) records provenance, hashes, the pr
 with its bootstrap interval when the run evaluated that step, usage and the scoring convention
 (`score_position`: `template_end`, the last token of `apply_chat_template`, as TRL and
 RewardBench read it; `end_of_turn` for checkpoints trained before that was recorded).
+`rewardkit_export.json` records the check and the convention, `plain_text` included, so
+`rewardkit eval` and `rewardkit serve` tokenise plain-text inputs to the export as the
+checkpoint was trained (`models.loading.exported_plain_text`).
 
 Dispatch is on the checkpoint's `objective`; other objectives (DPO policies) register their
 own exporter in `EXPORTERS`.
@@ -104,8 +107,8 @@ def export_reward_model(checkpoint: Path, out: Path) -> dict[str, Any]:
 
     from rewardkit.core.atomic import staged_dir
     from rewardkit.data.collate import collate
-    from rewardkit.data.tokenize import END_OF_TURN
-    from rewardkit.models.loading import load_reward_model
+    from rewardkit.data.tokenize import END_OF_TURN, LEGACY_SETTINGS
+    from rewardkit.models.loading import EXPORT_FILE, load_reward_model
 
     model, tokenizer, meta = load_reward_model(checkpoint)  # weight files verified first
     model.eval()
@@ -168,9 +171,12 @@ def export_reward_model(checkpoint: Path, out: Path) -> dict[str, Any]:
             "verified_sequences": len(ours),
             "source_model_sha256": meta.get("model_sha256"),
             "score_position": position,
+            # read back by models.loading.exported_plain_text: eval and the serve text scorers
+            # tokenise the export's plain-text inputs as the checkpoint was trained
+            "plain_text": meta.get("plain_text", LEGACY_SETTINGS["plain_text"]),
             "special_token_ids": special_token_ids(tokenizer, pad),
         }
-        (tmp / "rewardkit_export.json").write_text(json.dumps(report, indent=2, sort_keys=True))
+        (tmp / EXPORT_FILE).write_text(json.dumps(report, indent=2, sort_keys=True))
         (tmp / "README.md").write_text(model_card(checkpoint, meta, report, tokenizer))
         # tokenizer_config's pad token must be the one the config names
         check = AutoTokenizer.from_pretrained(tmp, local_files_only=True)

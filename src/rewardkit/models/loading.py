@@ -17,12 +17,21 @@ from torch import nn
 from rewardkit.core.errors import RewardkitError
 from rewardkit.core.hashing import sha256_file
 from rewardkit.data.collate import Batch
-from rewardkit.data.tokenize import END_OF_TURN, TEMPLATE_END, TEXT_EOS
+from rewardkit.data.tokenize import (
+    END_OF_TURN,
+    PLAIN_TEXT_MODES,
+    TEMPLATE_END,
+    TEXT_EOS,
+    recorded_settings,
+)
 from rewardkit.models.attention import resolve_attn_implementation
 
 FORMAT_VERSION = 1
 METADATA_FILE = "rewardkit.json"
 WEIGHTS_FILE = "model.safetensors"
+EXPORT_FILE = "rewardkit_export.json"
+"""What `rewardkit export hf` writes next to an exported model: the export check and the
+checkpoint's scoring convention (`score_position`, `plain_text`)."""
 OBJECTIVE = "reward_model"
 
 
@@ -154,6 +163,41 @@ def _is_seqcls_dir(path: Path) -> dict[str, Any] | None:
         raise CheckpointError(f"{config_path}: not a JSON object", code="bad_checkpoint")
     archs = config.get("architectures") or []
     return config if any(a.endswith("ForSequenceClassification") for a in archs) else None
+
+
+def exported_plain_text(path: str | Path) -> str | None:
+    """How the checkpoint an HF directory was exported from tokenised plain-text rows
+    (`plain_text` in its `rewardkit_export.json`), or None: a directory `rewardkit export hf` did
+    not write, an export from before the key was recorded, or an unreadable record."""
+    try:
+        record = json.loads((Path(path) / EXPORT_FILE).read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    mode = record.get("plain_text") if isinstance(record, dict) else None
+    return mode if mode in PLAIN_TEXT_MODES else None
+
+
+def recorded_plain_text(path: str | Path) -> str | None:
+    """How the model in directory `path` was trained to tokenise plain-text rows, where the
+    directory records it: a rewardkit checkpoint's `plain_text` (none recorded: `chat_template`,
+    rewardkit before issue 24, as `data.tokenize.recorded_settings` reads it) or an export's
+    (`exported_plain_text`); None for a directory that records nothing (a Hugging Face model) or
+    whose rewardkit.json cannot be read (loading refuses it, with the reason)."""
+    path = Path(path)
+    if not (path / METADATA_FILE).is_file():
+        return exported_plain_text(path)
+    try:
+        meta = read_metadata(path)
+    except CheckpointError:
+        return None
+    mode = recorded_settings(meta)["plain_text"]
+    if mode not in PLAIN_TEXT_MODES:
+        raise CheckpointError(
+            f"{path}: {METADATA_FILE} records plain_text {mode!r}; this rewardkit knows"
+            f" {', '.join(PLAIN_TEXT_MODES)}",
+            code="bad_checkpoint",
+        )
+    return mode
 
 
 HF_REFUSED_PREFIX = "rewardkit-"
@@ -365,7 +409,9 @@ def load_reward_model(
             "architecture": config["architectures"][0],
             "model_sha256": sha256_file(weights[0]) if len(weights) == 1 else None,
             "score_position": TEMPLATE_END,  # HF reads the last non-pad token
-            "plain_text": TEXT_EOS,  # as TRL's RewardTrainer tokenises plain-text rows
+            # as TRL's RewardTrainer tokenises plain-text rows, unless a rewardkit export records
+            # that its checkpoint was trained otherwise
+            "plain_text": exported_plain_text(path) or TEXT_EOS,
         }
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     model.to(device).eval()

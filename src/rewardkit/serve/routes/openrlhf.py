@@ -16,9 +16,11 @@ Modes (`?mode=`, default `raw`):
   query, is where the score is read. Rule scorers (`length`, `regex`, `exact_match`) read the
   response field (with `labels[i]` as `reference`).
 - `split`: the query is cut at `prompts[i]`; the prompt and the rest (the response, trailing
-  end-of-sequence markers such as `<|im_end|>` or `</s>` removed) are rendered with the scorer's
-  own chat template, for a policy whose chat format differs from the reward model's. A query
-  that does not start with its prompt (left-truncated by the policy) is a `bad_input`.
+  end-of-sequence markers such as `<|im_end|>` or `</s>` removed) are scored as `/v1/score`
+  scores a string prompt and response: rendered with the scorer's own chat template, or as the
+  text plus EOS under the scorer's `plain_text: text_eos` (a model trained on plain text), for a
+  policy whose chat format differs from the reward model's. A query that does not start with
+  its prompt (left-truncated by the policy) is a `bad_input`.
 """
 
 from __future__ import annotations

@@ -1,11 +1,22 @@
 """Text reward-model scorers: `hf_seqcls` (Hugging Face sequence classification, one label) and
 `rm` (rewardkit reward-model checkpoints).
 
-Both tokenise an item exactly as training and evaluation do (`rewardkit.data.tokenize.
-tokenize_branch`): the prompt as user turn(s), the response as assistant turn(s), through the
-tokenizer's chat template (rewardkit's plain template when there is none); the reward is read
-at the last completion token. Serving and evaluation therefore give the same number for the
-same checkpoint.
+Both tokenise an item exactly as training and evaluation do (`rewardkit.data.tokenize`): the
+prompt as user turn(s), the response as assistant turn(s), through the tokenizer's chat template
+(rewardkit's plain template when there is none; `tokenize_branch`); the reward is read at the
+last token. An item whose prompt and response are both plain strings is tokenised as the model
+was trained to read plain text (option `plain_text`): `text_eos` is TRL's convention, as
+training tokenises a plain-text pair's branch (`encode_plain_texts`: `tokenizer(prompt +
+response + EOS)` with the tokenizer's own special tokens, EOS appended unless the response ends
+with it, no chat template); `chat_template` renders them as a user/assistant conversation, as
+rewardkit did before issue 24. The default is what the model directory records: a rewardkit
+checkpoint's `plain_text` (none recorded: `chat_template`), or the one `rewardkit export hf`
+wrote into `rewardkit_export.json`; a directory that records nothing (a Hugging Face model, a
+named shape) keeps `chat_template`, as these scorers always served string items (third-party
+RMs are mostly trained on conversations, and their users rely on it). An explicit option
+overrides that default; one that contradicts what the directory records is a ConfigError at
+load (it would score inputs unlike the ones the model was trained on). Serving and evaluation
+therefore give the same number for the same checkpoint.
 
 Items are tokenised on admission (`prepare`, on the batcher's admission threads), so the scoring
 thread only packs and runs forwards. On CUDA in bf16/fp16, for decoder families whose attention
@@ -23,8 +34,9 @@ group forms), `empty_response` (`error`, the default: an empty or whitespace-onl
 `bad_input`; `score`: score it as given; a number: that fixed reward), `prompt_cache` (default
 1024 rendered prompts kept, 0 for none; scores do not depend on it), `pipeline_depth` (default
 2 batches in flight on the packed CUDA path, so the GPU never waits for the host between two
-forwards; 1 for one at a time; scores do not depend on it), `seed` and `tokenizer` (a
-local tokenizer directory) for named shapes.
+forwards; 1 for one at a time; scores do not depend on it), `plain_text` (`text_eos` |
+`chat_template`; default above), `seed` and `tokenizer` (a local tokenizer directory) for named
+shapes.
 """
 
 from __future__ import annotations
@@ -35,6 +47,7 @@ import threading
 from typing import Any, ClassVar
 
 from rewardkit.core.errors import ConfigError, RewardkitError
+from rewardkit.data.tokenize import CHAT_TEMPLATE, PLAIN_TEXT_MODES, TEXT_EOS
 from rewardkit.models.packed_scoring import VARLEN_FAMILIES, score_sequences, varlen_supported
 from rewardkit.serve.scorers.base import RAW_TEXT, ItemError, ScoreItem
 from rewardkit.serve.scorers.common import (
@@ -69,7 +82,10 @@ PROMPT_CACHE_CHARS = 32 * 1024 * 1024
 class PromptCache:
     """Rendered, tokenised prompts by prompt (data/tokenize.RenderedPrompt), least recently used
     out first: a GRPO group's G responses share one prompt, whether they arrive in one request
-    or several. Bounded by entries and by characters; shared by the admission threads."""
+    or several. Bounded by entries and by characters; shared by the admission threads.
+
+    It holds chat-template renderings only: `text_eos` items (plain text, no template) bypass
+    it, so a string prompt's key always means its rendering as a user turn."""
 
     def __init__(self, max_entries: int, max_chars: int = PROMPT_CACHE_CHARS) -> None:
         self.max_entries, self.max_chars = max_entries, max_chars
@@ -134,6 +150,7 @@ class SeqClsScorer(ModelScorer):
             "empty_response",
             "prompt_cache",
             "pipeline_depth",
+            "plain_text",
         }
     )
     shapes: ClassVar[tuple[str, ...]] = TEXT_SHAPES
@@ -158,6 +175,12 @@ class SeqClsScorer(ModelScorer):
         if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= 4:
             raise ConfigError(f"scorer {name!r}: pipeline_depth must be an integer from 1 to 4")
         self.pipeline_depth = depth
+        plain = self.options.get("plain_text")
+        if plain is not None and plain not in PLAIN_TEXT_MODES:
+            raise ConfigError(
+                f"scorer {name!r}: plain_text must be {' or '.join(PLAIN_TEXT_MODES)}, got {plain!r}"
+            )
+        self.plain_text = plain or CHAT_TEMPLATE  # settled in load(), against what the model records
         self.attention = "padded"
         self.backbone = self.head = None
         self._local = threading.local()  # each scoring thread's token accounting of its last batch
@@ -197,6 +220,7 @@ class SeqClsScorer(ModelScorer):
         return model, tokenizer, weights_digest(self.path)
 
     def load(self) -> None:
+        self.plain_text = self._settle_plain_text()  # before the weights: a refusal costs no load
         model, tokenizer, self._weights = self._load_model()
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
@@ -211,6 +235,21 @@ class SeqClsScorer(ModelScorer):
             import rewardkit.models.attention  # noqa: F401  (registers rk_varlen)
 
             self.backbone.set_attn_implementation("rk_varlen")
+
+    def _settle_plain_text(self) -> str:
+        """How plain-text items are tokenised: the `plain_text` option, else what the model
+        directory records (`models.loading.recorded_plain_text`), else `chat_template`. An option
+        that contradicts the record is a one-line ConfigError naming both."""
+        from rewardkit.models.loading import recorded_plain_text
+
+        option = self.options.get("plain_text")
+        recorded = None if self.path is None else recorded_plain_text(self.path)
+        if option is not None and recorded is not None and option != recorded:
+            raise ConfigError(
+                f"scorer {self.name!r}: options.plain_text is {option!r} but {self.path} was trained"
+                f" with plain-text rows tokenised as {recorded!r}; drop the option or set it to {recorded!r}"
+            )
+        return option or recorded or CHAT_TEMPLATE
 
     def _backbone_and_head(self):
         """(backbone, last-token head) when the model scores as head(last hidden), else (None, None)."""
@@ -233,13 +272,16 @@ class SeqClsScorer(ModelScorer):
         return self.encode_many([item])[0]
 
     def encode_many(self, items: list[ScoreItem]) -> list[list[int] | ItemError]:
-        """`encode` for several items in one tokenizer call, each distinct prompt rendered and
-        tokenised once (and kept in the prompt cache for the rest of its group): the ids are
-        exactly `tokenize_branch`'s (data/tokenize.py, RenderedPrompt)."""
-        from rewardkit.data.tokenize import encode_branches
+        """`encode` for several items in one tokenizer call per convention. Conversations: each
+        distinct prompt rendered and tokenised once (and kept in the prompt cache for the rest of
+        its group), the ids exactly `tokenize_branch`'s (data/tokenize.py, RenderedPrompt).
+        Plain-text items under `text_eos`: `plain_text_branches`, the ids training gives a
+        plain-text pair's branch."""
+        from rewardkit.data.tokenize import encode_branches, plain_text_branches
 
         out: list[Any] = [None] * len(items)
         todo: list[tuple[int, Any, str]] = []  # (position, rendered prompt, text to encode)
+        plain: list[tuple[int, str, str]] = []  # (position, prompt, response): text_eos items
         for k, item in enumerate(items):
             if self.empty_response == "error" and not as_text(item.response).strip():
                 out[k] = ItemError(
@@ -247,6 +289,8 @@ class SeqClsScorer(ModelScorer):
                 )
             elif (item.metadata or {}).get(RAW_TEXT) is True and isinstance(item.response, str):
                 out[k] = self._raw_ids(item.response)
+            elif self._text_eos(item):
+                plain.append((k, item.prompt, item.response))  # type: ignore[arg-type]
             else:
                 try:
                     todo.append((k, *self._branch_text(item)))
@@ -254,15 +298,28 @@ class SeqClsScorer(ModelScorer):
                     out[k] = ItemError("bad_input", f"{exc.code}: {exc.message}")
                 except (ValueError, TypeError) as exc:  # empty message lists, odd types
                     out[k] = ItemError("bad_input", f"cannot encode: {exc}"[:500])
-        try:
-            branches: list[Any] = encode_branches(self.tokenizer, [t[1] for t in todo], [t[2] for t in todo])
-        except (ValueError, TypeError) as exc:  # lone surrogates: the one item, or each alone
-            if len(todo) > 1:
-                raise
-            branches = [ItemError("bad_input", f"cannot encode: {exc}"[:500])] * len(todo)
-        for (k, _, _), branch in zip(todo, branches, strict=True):
-            out[k] = self._fit(branch)
+        for group, encode in ((todo, encode_branches), (plain, plain_text_branches)):
+            for (k, *_), branch in zip(group, self._encoded(encode, group), strict=True):
+                out[k] = self._fit(branch)
         return out
+
+    def _encoded(self, encode: Any, group: list[tuple[int, Any, str]]) -> list[Any]:
+        """`encode(tokenizer, prompts, texts)`'s branches for a group's items in one tokenizer
+        call; where that call fails (lone surrogates), the one item's bad_input, or the error
+        raised so that the items are tried each alone."""
+        if not group:
+            return []
+        try:
+            return encode(self.tokenizer, [g[1] for g in group], [g[2] for g in group])
+        except (ValueError, TypeError) as exc:
+            if len(group) > 1:
+                raise
+            return [ItemError("bad_input", f"cannot encode: {exc}"[:500])]
+
+    def _text_eos(self, item: ScoreItem) -> bool:
+        """Whether the item is plain text tokenised as TRL does (no chat template): prompt and
+        response both strings, under `plain_text: text_eos`. Message lists keep the template."""
+        return self.plain_text == TEXT_EOS and isinstance(item.prompt, str) and isinstance(item.response, str)
 
     def _branch_text(self, item: ScoreItem) -> tuple[Any, str]:
         """(the item's rendered prompt, from the cache when its group was seen, and the text
@@ -387,10 +444,13 @@ class SeqClsScorer(ModelScorer):
         return results
 
     def identity_options(self) -> dict[str, Any]:
-        """The prompt cache and the pipeline save work, never change a score: not part of the identity."""
-        return {
-            k: v for k, v in super().identity_options().items() if k not in ("prompt_cache", "pipeline_depth")
-        }
+        """The prompt cache and the pipeline save work, never change a score: not part of the
+        identity. The plain-text convention in use is, whether set or recorded by the model
+        directory; as `text_eos` only, so a scorer that tokenises as before issue 24 keeps its
+        identity."""
+        skip = ("prompt_cache", "pipeline_depth", "plain_text")
+        options = {k: v for k, v in super().identity_options().items() if k not in skip}
+        return options if self.plain_text == CHAT_TEMPLATE else {**options, "plain_text": self.plain_text}
 
     def info_extra(self) -> dict[str, Any]:
         return {
@@ -400,6 +460,7 @@ class SeqClsScorer(ModelScorer):
             "max_batch_tokens": self.max_batch_tokens,
             "empty_response": self.empty_response,
             "pipeline_depth": self.concurrent_batches,
+            "plain_text": self.plain_text,
         }
 
 
