@@ -152,3 +152,46 @@ def test_the_prompt_cache_is_bounded_by_entries_and_characters_least_recently_us
     size = sum(len(key[1]) + len(v.text) for key, v in small._entries.items())
     assert 0 < size <= 200 and small.get(PromptCache.key("p9")) is not None
     assert small.get(PromptCache.key("p0")) is None
+
+
+def test_a_model_that_pads_with_eos_is_read_where_transformers_pools_on_both_paths(tmp_path):
+    """`*ForSequenceClassification` reads the rightmost token that is not the pad id: with
+    pad == eos, a text_eos sequence is read before its final EOS. The scorer gives that number
+    on the padded path and on the packed one (forced here on CPU, where rk_varlen attends
+    sequence by sequence)."""
+    from transformers import AutoModelForSequenceClassification
+
+    from rewardkit.data.synth import builtin_tokenizer
+    from rewardkit.models.tiny import tiny_config
+    from rewardkit.serve.config import ScorerSpec, build_scorer
+
+    tok = builtin_tokenizer()
+    config = tiny_config("tiny-llama", num_labels=1, pad_token_id=tok.eos_token_id)
+    config.vocab_size = len(tok)
+    torch.manual_seed(0)
+    AutoModelForSequenceClassification.from_config(config).save_pretrained(tmp_path / "rm")
+    tok.save_pretrained(tmp_path / "rm")
+    spec = ScorerSpec(name="s", kind="hf_seqcls", path=str(tmp_path / "rm"), device="cpu",
+                      options={"plain_text": "text_eos"})  # fmt: skip
+    s = build_scorer(spec)
+    s.load()
+    batch = [
+        ScoreItem(str(k), "Say hello.", r) for k, r in enumerate(["Hello there!", "Hi", "Good day to you."])
+    ]
+    prepared = [s.prepare(i) for i in batch]
+    model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "rm").eval()
+    with torch.no_grad():
+        hf = [
+            float(
+                model(
+                    input_ids=torch.tensor([tok(i.prompt + i.response + tok.eos_token)["input_ids"]])
+                ).logits[0, 0]
+            )
+            for i in batch
+        ]
+    assert s.score_prepared(prepared) == pytest.approx(hf, abs=1e-5)
+    import rewardkit.models.attention  # noqa: F401  (registers rk_varlen)
+
+    s.attention, s.packs_tokens = "varlen", True
+    s.backbone.set_attn_implementation("rk_varlen")
+    assert s.score_prepared(prepared) == pytest.approx(hf, abs=1e-5)

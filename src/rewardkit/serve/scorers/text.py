@@ -48,7 +48,12 @@ from typing import Any, ClassVar
 
 from rewardkit.core.errors import ConfigError, RewardkitError
 from rewardkit.data.tokenize import CHAT_TEMPLATE, PLAIN_TEXT_MODES, TEXT_EOS
-from rewardkit.models.packed_scoring import VARLEN_FAMILIES, score_sequences, varlen_supported
+from rewardkit.models.packed_scoring import (
+    VARLEN_FAMILIES,
+    last_token_forward,
+    score_sequences,
+    varlen_supported,
+)
 from rewardkit.serve.scorers.base import RAW_TEXT, ItemError, ScoreItem
 from rewardkit.serve.scorers.common import (
     ModelScorer,
@@ -183,6 +188,7 @@ class SeqClsScorer(ModelScorer):
         self.plain_text = plain or CHAT_TEMPLATE  # settled in load(), against what the model records
         self.attention = "padded"
         self.backbone = self.head = None
+        self.pooled_pad: int | None = None
         self._local = threading.local()  # each scoring thread's token accounting of its last batch
 
     def _load_model(self):
@@ -222,6 +228,7 @@ class SeqClsScorer(ModelScorer):
     def load(self) -> None:
         self.plain_text = self._settle_plain_text()  # before the weights: a refusal costs no load
         model, tokenizer, self._weights = self._load_model()
+        self.pooled_pad = self._pooled_pad(model)  # before the scorer gives the config a pad id
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         if getattr(model.config, "pad_token_id", None) is None:
@@ -235,6 +242,15 @@ class SeqClsScorer(ModelScorer):
             import rewardkit.models.attention  # noqa: F401  (registers rk_varlen)
 
             self.backbone.set_attn_implementation("rk_varlen")
+
+    def _pooled_pad(self, model: Any) -> int | None:
+        """The pad id a plain transformers forward pools around: `*ForSequenceClassification`
+        reads its logit at the rightmost token that is not the config's pad id (at the last
+        token where the config has none). With pad == eos, a sequence that ends in EOS is read
+        *before* that EOS; the scorer trims such trailing tokens on admission, so its packed
+        and padded paths, which read at each sequence's last token, give HF's own number."""
+        config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        return getattr(config, "pad_token_id", None)
 
     def _settle_plain_text(self) -> str:
         """How plain-text items are tokenised: the `plain_text` option, else what the model
@@ -300,8 +316,19 @@ class SeqClsScorer(ModelScorer):
                     out[k] = ItemError("bad_input", f"cannot encode: {exc}"[:500])
         for group, encode in ((todo, encode_branches), (plain, plain_text_branches)):
             for (k, *_), branch in zip(group, self._encoded(encode, group), strict=True):
-                out[k] = self._fit(branch)
+                out[k] = self._read_where_hf_pools(self._fit(branch))
         return out
+
+    def _read_where_hf_pools(self, ids: list[int] | ItemError) -> list[int] | ItemError:
+        """`ids` without trailing pad ids (see `_pooled_pad`): by causality the hidden state at
+        the last kept token is the same with or without them, so this is HF's score."""
+        pad = self.pooled_pad
+        if pad is None or isinstance(ids, ItemError) or not ids or ids[-1] != pad:
+            return ids
+        end = len(ids)
+        while end and ids[end - 1] == pad:
+            end -= 1
+        return ids[:end] if end else ItemError("bad_input", "every token is the model's pad token")
 
     def _encoded(self, encode: Any, group: list[tuple[int, Any, str]]) -> list[Any]:
         """`encode(tokenizer, prompts, texts)`'s branches for a group's items in one tokenizer
@@ -410,7 +437,11 @@ class SeqClsScorer(ModelScorer):
         return min(self.max_length, (len(as_text(item.prompt)) + len(as_text(item.response))) // 3 + 8)
 
     def _forward(self, input_ids, attention_mask, lengths):
-        """One score per row; HF models pool at the last non-padding token themselves."""
+        """One score per right-padded row, at its last token (`lengths - 1`), as the packed path
+        reads it: HF's own pooling would look for the pad id instead, which the scorer may have
+        set to EOS. A model whose head is not `score(last hidden)` pools itself."""
+        if self.backbone is not None:
+            return last_token_forward(self.backbone, self.head)(input_ids, attention_mask, lengths)
         return self.model(input_ids=input_ids, attention_mask=attention_mask).logits[:, 0]
 
     def score_batch(self, items: list[ScoreItem]) -> list[float | ItemError]:
@@ -470,6 +501,10 @@ class RewardModelScorer(SeqClsScorer):
     `forward(batch)` contract: rewardkit heads stay fp32 whatever the backbone dtype."""
 
     kind: ClassVar[str] = "rm"
+
+    def _pooled_pad(self, model: Any) -> int | None:
+        """None: a reward-model checkpoint is read at its last token, whatever that token is."""
+        return None
 
     def _load_model(self):
         if self.shape is not None:
