@@ -34,6 +34,7 @@ import math
 import os
 import platform
 import random
+import re
 import signal
 import statistics
 import subprocess
@@ -226,6 +227,12 @@ def parse_args(argv=None):
     p.add_argument("--serve-modes", default="config,deploy", help="d/e through --config and/or --deploy")
     p.add_argument("--repeats", type=int, default=2, help="timed passes per in-process variant (best kept)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--simulate-us-per-token",
+        type=float,
+        default=0.0,
+        help="h/h+: a simulated GPU of this many microseconds per token (batching-policy studies on CPU)",
+    )
     p.add_argument("--profile", type=Path, default=None, help="py-spy the timed HTTP runs into this folder")
     p.add_argument("--profile-gil", action="store_true", help="with --profile: only the GIL holder")
     return p.parse_args(argv)
@@ -417,6 +424,11 @@ def http_variant(
             "prefix_sharing": share,
             # None: the scorer's default (two batches in flight on the packed CUDA path)
             **({"pipeline_depth": pipeline_depth} if pipeline_depth is not None else {}),
+            **(
+                {"simulate_us_per_token": args.simulate_us_per_token}
+                if standin and args.simulate_us_per_token
+                else {}
+            ),
         },
     }
     groups: dict[int, list[dict]] = {}
@@ -455,15 +467,18 @@ def http_variant(
                     del pending[: args.clients]
                     await asyncio.gather(*(client.post("/v1/score", content=b) for b in warm))
                     before = server_processes(str(cfg))
+                    batches_before = await batch_metrics(client)
                     with profiled(args, f"{model_shape}-{label}", before):
                         t0 = time.perf_counter()
                         await asyncio.gather(*(worker() for _ in range(args.clients)))
                         seconds = time.perf_counter() - t0
                     after = server_processes(str(cfg))
+                    batches_after = await batch_metrics(client)
                     cpu = sum(after.get(p, 0.0) - c for p, c in before.items()) if before else None
-                    return seconds, latencies, cpu
+                    batches = {k: batches_after[k] - batches_before.get(k, 0.0) for k in batches_after}
+                    return seconds, latencies, cpu, batches
 
-            seconds, latencies, cpu_s = asyncio.run(main())
+            seconds, latencies, cpu_s, batches = asyncio.run(main())
     measured = len(latencies) * args.group_size
     tokens = sum(len(r["ids"]) for r in rows) * measured / len(rows)
     return {
@@ -475,6 +490,40 @@ def http_variant(
         # CPU time of the server's processes (gateway and workers) per sequence: what the host
         # spends, independent of how many other processes share its cores
         **({"server_cpu_ms_per_seq": 1e3 * cpu_s / measured} if cpu_s is not None else {}),
+        # what the batcher formed during the timed phase (/metrics): fragmentation shows here
+        **batch_summary(batches),
+    }
+
+
+METRIC_LINE = re.compile(
+    r"^(rewardkit_(?:batch_size|batch_tokens|inference_seconds)_(?:sum|count))\{[^}]*\}\s+(\S+)$"
+)
+
+
+async def batch_metrics(client) -> dict[str, float]:
+    """The batcher's histograms' sums and counts from /metrics (all scorers added up)."""
+    out: dict[str, float] = {}
+    resp = await client.get("/metrics")
+    for line in resp.text.splitlines():
+        m = METRIC_LINE.match(line)
+        if m:
+            out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(2))
+    return out
+
+
+def batch_summary(batches: dict[str, float]) -> dict[str, float]:
+    """Batches formed, their mean items and tokens, and the mean time the scorer held each."""
+    count = batches.get("rewardkit_batch_size_count", 0.0)
+    if not count:
+        return {}
+    return {
+        "batches": count,
+        "items_per_batch": batches.get("rewardkit_batch_size_sum", 0.0) / count,
+        "tokens_per_batch": batches.get("rewardkit_batch_tokens_sum", 0.0)
+        / max(1.0, batches.get("rewardkit_batch_tokens_count", 0.0)),
+        "ms_per_batch": 1e3
+        * batches.get("rewardkit_inference_seconds_sum", 0.0)
+        / max(1.0, batches.get("rewardkit_inference_seconds_count", 0.0)),
     }
 
 
@@ -591,6 +640,7 @@ def main(argv=None) -> int:
                 ("d1", False, False, 1),  # d with one batch at a time: what the pipeline buys
                 ("e", True, False, None),
                 ("h", False, True, None),
+                ("h1", False, True, 1),  # h with one batch at a time (with --simulate-us-per-token)
                 ("h+", True, True, None),
             ):
                 for mode in args.serve_modes.split(","):

@@ -19,6 +19,10 @@ gateway passes its sys.path on to its workers, so `--deploy` finds it too).
 
 from __future__ import annotations
 
+import json
+import os
+import threading
+import time
 from types import SimpleNamespace
 from typing import Any, ClassVar
 
@@ -29,6 +33,9 @@ from rewardkit.serve.scorers.text import SeqClsScorer
 
 KIND = "host_standin"
 """The scorer kind serve_text.py registers for this class."""
+
+_DEVICE = threading.Lock()
+"""With `simulate_us_per_token`: one simulated GPU, whose batches run one after another."""
 
 
 class _Backbone(torch.nn.Module):
@@ -60,6 +67,41 @@ class StandInScorer(SeqClsScorer):
     """`hf_seqcls` over a named shape's tokenizer and config, forward replaced (module docstring)."""
 
     kind: ClassVar[str] = KIND
+    allowed_options: ClassVar[frozenset[str]] = SeqClsScorer.allowed_options | {"simulate_us_per_token"}
+
+    @property
+    def concurrent_batches(self) -> int:  # type: ignore[override]
+        """Pipelined as the real scorer on CUDA, once a device is simulated."""
+        return self.pipeline_depth if self.options.get("simulate_us_per_token") else 1
+
+    def score_prepared(self, batch: list[Any]) -> list[Any]:
+        """The host work, then (with `simulate_us_per_token`) the batch's device time on a
+        simulated GPU: a sleep of that many microseconds per token, one batch at a time, the GIL
+        released; a batch planned while another runs waits for it, as on one CUDA stream.
+        `RK_BATCH_LOG` names a file that gets one JSON line per batch (tokens, items, waits)."""
+        t0 = time.perf_counter()
+        out = super().score_prepared(batch)
+        us = float(self.options.get("simulate_us_per_token") or 0)
+        tokens = sum(len(p) for p in batch if isinstance(p, list))
+        t1 = time.perf_counter()
+        if us:
+            with _DEVICE:
+                t2 = time.perf_counter()
+                time.sleep(tokens * us / 1e6)
+        else:
+            t2 = t1
+        log = os.environ.get("RK_BATCH_LOG")
+        if log:
+            line = {
+                "t": t0,
+                "items": len(batch),
+                "tokens": tokens,
+                "host_s": t1 - t0,
+                "device_wait_s": t2 - t1,
+            }
+            with open(log, "a") as f:
+                f.write(json.dumps(line) + "\n")
+        return out
 
     def _load_model(self):
         from transformers import AutoTokenizer
