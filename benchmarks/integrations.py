@@ -57,6 +57,32 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+def v1_items(prompts: list[str], responses: list[str]) -> list[dict]:
+    """`POST /v1/score`'s items (rewardkit's client sends `{"scorers": [...], "items": these}`)."""
+    return [
+        {"id": str(k), "prompt": p, "response": r}
+        for k, (p, r) in enumerate(zip(prompts, responses, strict=True))
+    ]
+
+
+def openrlhf_body(prompts: list[str], responses: list[str]) -> dict:
+    """`POST /get_reward`'s body as OpenRLHF sends it: the whole sequence per query, and its prompt."""
+    return {
+        "query": [p + r for p, r in zip(prompts, responses, strict=True)],
+        "prompts": prompts,
+        "labels": None,
+    }
+
+
+def gateway_body(prompts: list[str], responses: list[str]) -> dict:
+    """`POST /score`'s body (protocol "1"): one request of a prompt turn and a response turn per item."""
+    reqs = [
+        {"history": [{"text": p}, {"text": r}], "required_rewards": ["rm"], "request_id": str(k)}
+        for k, (p, r) in enumerate(zip(prompts, responses, strict=True))
+    ]
+    return {"protocol_version": "1", "requests": reqs}
+
+
 def make_calls(url: str, batch: int) -> dict:
     """route -> a function scoring `batch` items once and returning how many it scored."""
     from rewardkit.integrations.trl import RemoteReward
@@ -64,10 +90,7 @@ def make_calls(url: str, batch: int) -> dict:
     from rewardkit.serve.client import RewardClient
 
     prompts, responses = PROMPTS[:batch], RESPONSES[:batch]
-    items = [
-        {"id": str(k), "prompt": p, "response": r}
-        for k, (p, r) in enumerate(zip(prompts, responses, strict=True))
-    ]
+    items = v1_items(prompts, responses)
     local = threading.local()
 
     def http() -> httpx.Client:
@@ -81,21 +104,12 @@ def make_calls(url: str, batch: int) -> dict:
         return len(local.client.score(items, ["rm"]))
 
     def openrlhf() -> int:
-        body = {
-            "query": [p + r for p, r in zip(prompts, responses, strict=True)],
-            "prompts": prompts,
-            "labels": None,
-        }
-        r = http().post("/get_reward?scorer=rm&mode=split", json=body)
+        r = http().post("/get_reward?scorer=rm&mode=split", json=openrlhf_body(prompts, responses))
         r.raise_for_status()
         return len(r.json()["scores"])
 
     def gateway() -> int:
-        reqs = [
-            {"history": [{"text": p}, {"text": r}], "required_rewards": ["rm"], "request_id": str(k)}
-            for k, (p, r) in enumerate(zip(prompts, responses, strict=True))
-        ]
-        r = http().post("/score", json={"protocol_version": "1", "requests": reqs})
+        r = http().post("/score", json=gateway_body(prompts, responses))
         r.raise_for_status()
         out = r.json()
         assert not any(out["errors"]), out["errors"]

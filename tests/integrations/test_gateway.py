@@ -4,13 +4,14 @@ UniRL's `RemoteRewardBackend` drives it (tests/support/gateway_client.py mirrors
 from __future__ import annotations
 
 import base64
+import uuid
 
 import httpx
 import pytest
 from PIL import Image
 
 from support.gateway_client import GatewayClient, jpeg_b64
-from support.serve import DoubleScorer
+from support.serve import DoubleScorer, LiveServer, RecordingScorer, make_config
 
 
 def scorer_identity(url: str, name: str) -> str:
@@ -101,6 +102,69 @@ def test_idempotency_keys_replay_or_conflict(server):
     assert r.status_code == 409 and r.json()["code"] == "idempotency_conflict"
     twice = httpx.post(server.url + "/score", json={"protocol_version": "1", "requests": [wire[0], changed]})
     assert twice.status_code == 409
+
+
+def test_a_batch_mixing_keyed_duplicate_and_unkeyed_requests(server):
+    """Unkeyed requests are scored every time; a key's in-batch duplicate shares its answer; a keyed
+    request is stored only when every reward scored it (so a retry rescores the failed one)."""
+    k1, k2 = f"k1-{uuid.uuid4()}", f"k2-{uuid.uuid4()}"
+    keyed = {"history": [{"text": "q"}, {"text": "keyed"}], "required_rewards": ["double"], "sample_id": 1}
+    reqs = [
+        {
+            "history": [{"text": "q"}, {"text": "ok"}],
+            "required_rewards": ["len", "double"],
+            "request_id": "a",
+        },
+        {**keyed, "idempotency_key": k1},
+        {**keyed, "idempotency_key": k1},
+        {"history": [{"text": "NAN"}], "required_rewards": ["len", "double"], "idempotency_key": k2},
+    ]
+    body = {"protocol_version": "1", "requests": reqs}
+    scored = []
+    for _ in range(2):
+        calls = len(DoubleScorer.batches)
+        out = httpx.post(server.url + "/score", json=body, timeout=30).json()
+        scored.append(sum(DoubleScorer.batches[calls:]))
+        values = [{n: v["score"] for n, v in r.items()} for r in out["results"]]
+        assert values == [{"len": 2.0, "double": 2.0}, {"double": 5.0}, {"double": 5.0}, {"len": 3.0}]
+        assert out["errors"][3]["double"].startswith("non_finite")
+        assert out["errors"][:3] == [{}, {}, {}]
+        assert [i["idempotency_key"] for i in out["identities"]] == [None, k1, k1, k2]
+        assert [i["sample_id"] for i in out["identities"]] == [None, 1, 1, None]
+        assert out["identities"][0]["request_id"] == "a"
+    assert scored == [3, 2]  # the second time: k1 replayed, "a" and the failed k2 scored again
+
+
+def test_what_a_scorer_sees_for_each_history_shape():
+    """The last turn is the response; the earlier text turns are user messages (a conversation,
+    never a plain string, which `plain_text: text_eos` scorers read as text), empty ones are skipped; `metadata.reference`, else `.answer`, is
+    the reference; `group_id` arrives as a string. Two text rewards get the same items."""
+    histories = [
+        ([{"text": "Say hi."}, {"text": "hi"}], ["Say hi."]),
+        ([{"text": "Q1"}, {"text": ""}, {"text": "Q2"}, {"text": "a"}], ["Q1", "Q2"]),
+        ([{"text": ""}, {"text": "Q"}, {"text": "a"}], ["Q"]),
+        ([{"text": ""}, {"text": "a"}], ""),
+        ([{"text": "a"}], ""),
+    ]
+    metadata = [{"answer": "4"}, {"reference": {"x": 1}, "answer": "no"}, None, {"note": [1]}, None]
+    reqs = [
+        {"history": h, "required_rewards": ["rec", "len"], "group_id": k, "metadata": m}
+        for k, ((h, _), m) in enumerate(zip(histories, metadata, strict=True))
+    ]
+    RecordingScorer.seen.clear()
+    cfg = make_config([{"name": "rec", "kind": "recording"}, {"name": "len", "kind": "length"}])
+    with LiveServer(cfg) as live:
+        out = httpx.post(live.url + "/score", json={"protocol_version": "1", "requests": reqs}, timeout=30)
+    assert out.status_code == 200 and not any(out.json()["errors"])
+    seen = sorted(RecordingScorer.seen, key=lambda item: int(item.id))
+    assert [item.id for item in seen] == ["0", "1", "2", "3", "4"]
+    for k, (item, (_, prompt), meta) in enumerate(zip(seen, histories, metadata, strict=True)):
+        if isinstance(prompt, list):
+            prompt = [{"role": "user", "content": text} for text in prompt]
+        response = "a" if k else "hi"
+        assert (item.prompt, item.response, item.group_id, item.metadata) == (prompt, response, str(k), meta)
+    assert [item.reference for item in seen] == ["4", {"x": 1}, None, None, None]
+    assert [r["len"]["score"] for r in out.json()["results"]] == [2.0, 1.0, 1.0, 1.0, 1.0]
 
 
 def test_version_pins_and_request_errors(server):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import random
 import re
 from pathlib import Path
 
@@ -12,8 +13,11 @@ import pytest
 
 from rewardkit.serve.client import RewardClient
 from rewardkit.serve.protocol import (
+    DEPTH_CHUNK,
     ITEM_ERROR_CODES,
+    MAX_JSON_DEPTH,
     ROUTE_ERROR_CODES,
+    GatewayScoreRequest,
     ItemIn,
     RequestErrorCode,
     ServeError,
@@ -23,7 +27,9 @@ from rewardkit.serve.protocol import (
     item_to_wire,
     items_from_request,
     join_score_request,
+    json_depth_exceeds,
     parse_score_request,
+    parse_trainer_body,
 )
 from rewardkit.serve.scorers.base import ScoreItem
 from rewardkit.serve.scorers.rules import ExactMatchScorer
@@ -119,3 +125,61 @@ def test_reference_group_id_and_metadata_reach_a_scorer_in_process():
 def test_exact_match_reports_a_non_string_reference_per_item():
     out = ExactMatchScorer("e").score_batch([RICH, dataclasses.replace(RICH, reference=" 4 ")])
     assert out[0].code == "bad_input" and out[1] == 1.0
+
+
+def _depth(value) -> int:
+    """How deep arrays/objects nest in `value`, by plain recursion: what `json_depth_exceeds` checks."""
+    if isinstance(value, dict):
+        value = list(value.values())
+    elif not isinstance(value, list):
+        return 0
+    return 1 + max(map(_depth, value), default=0)
+
+
+def _nested(depth: int):
+    """Objects and arrays in turn, `depth` levels around a scalar."""
+    value = "leaf"
+    for k in range(depth):
+        value = [value, 1] if k % 2 else {"a": value, "b": None}
+    return value
+
+
+def _random_json(rng: random.Random, level: int = 0):
+    roll = rng.random()
+    if level > 7 or roll < 0.3:
+        return rng.choice([1, 2.5, "s", None, True, "[{"])
+    if roll < 0.65:
+        return [_random_json(rng, level + 1) for _ in range(rng.randrange(4))]
+    return {f"k{n}": _random_json(rng, level + 1) for n in range(rng.randrange(4))}
+
+
+@pytest.mark.parametrize("width", [1, DEPTH_CHUNK + 3])
+def test_json_depth_limit_is_exact_at_every_level_width(width):
+    """The deepest container sits last in a level of `width` containers (across the walk's chunk
+    boundary when wide); the limit holds exactly, one below and one above the true depth."""
+    for inner in (0, 1, 2, 5, MAX_JSON_DEPTH - 4, MAX_JSON_DEPTH - 3, MAX_JSON_DEPTH - 2):
+        shallow = {"history": [{"text": "t"}], "required_rewards": ["r"]}
+        body = {"requests": [shallow] * (width - 1) + [{"metadata": _nested(inner)}]}
+        depth = _depth(body)
+        assert depth == max(5 if width > 1 else 3, 3 + inner)
+        for limit in (depth - 1, depth, depth + 1):
+            assert json_depth_exceeds(body, limit) is (depth > limit)
+    rng = random.Random(7)
+    for _ in range(2000):
+        value = _random_json(rng)
+        assert [json_depth_exceeds(value, limit) for limit in range(6)] == [
+            _depth(value) > limit for limit in range(6)
+        ]
+    assert not json_depth_exceeds("a scalar body", 0) and json_depth_exceeds([], 0)
+
+
+def test_a_trainer_body_nested_too_deep_is_refused_even_in_an_ignored_field():
+    """Fields the gateway protocol ignores are still held to the depth limit (422, never a 500)."""
+    for inner, refused in ((MAX_JSON_DEPTH - 1, False), (MAX_JSON_DEPTH, True)):
+        raw = json.dumps({"protocol_version": "1", "requests": [], "extension": _nested(inner)})
+        if not refused:
+            assert parse_trainer_body(raw, GatewayScoreRequest).requests == []
+            continue
+        with pytest.raises(ServeError) as info:
+            parse_trainer_body(raw, GatewayScoreRequest)
+        assert info.value.code == "invalid_request" and "deeper than" in info.value.message

@@ -195,3 +195,19 @@ def test_a_model_that_pads_with_eos_is_read_where_transformers_pools_on_both_pat
     s.attention, s.packs_tokens = "varlen", True
     s.backbone.set_attn_implementation("rk_varlen")
     assert s.score_prepared(prepared) == pytest.approx(hf, abs=1e-5)
+
+
+def test_prompt_cache_keys_tell_strings_plain_messages_and_other_lists_apart():
+    from rewardkit.serve.scorers.text import PromptCache
+
+    keys = [
+        PromptCache.key("hi"),
+        PromptCache.key([{"role": "user", "content": "hi"}]),
+        PromptCache.key([{"role": "user", "content": "hi", "name": "x"}]),
+        PromptCache.key([{"role": "user", "content": ["hi"]}]),
+    ]
+    assert len(set(keys)) == 4
+    assert PromptCache.key([{"content": "hi", "role": "user"}]) == keys[1]  # key order is no matter
+    cache = PromptCache(4, max_chars=20)
+    cache.put(keys[1], type("R", (), {"text": "x" * 5})())
+    assert cache.get(keys[1]) is not None and cache.get(keys[0]) is None

@@ -78,21 +78,26 @@ def _identity(req: GatewayRequestItem, scorer_version: str | None) -> dict[str, 
     }
 
 
-def _item(index: int, req: GatewayRequestItem, modality: str) -> ScoreItem | ItemError:
-    """The `ScoreItem` one scorer of `modality` sees for request `index`, or why it cannot."""
+def _item(index: int, req: GatewayRequestItem, image_text: bool) -> ScoreItem | ItemError:
+    """The `ScoreItem` a scorer sees for request `index` (an image scorer's when `image_text`,
+    else a text or rule scorer's), or why it cannot have one."""
     last = req.history[-1]
     if last.video_b64 is not None or last.video_path is not None:
         return ItemError("bad_input", "video turns are not supported by this service")
-    meta = dict(req.metadata or {})
-    reference = meta.get("reference", meta.get("answer"))
+    meta = req.metadata
+    reference = None if meta is None else meta.get("reference", meta.get("answer"))
     group = None if req.group_id is None else str(req.group_id)
-    if modality != "image_text":  # text and rule scorers
+    if not image_text:  # text and rule scorers
         if not last.text:
             return ItemError("bad_input", "the last turn has no text to score")
-        prompt = [{"role": "user", "content": t.text} for t in req.history[:-1] if t.text]
+        # The earlier turns are user messages, one or several: a conversation, never a plain
+        # string (a text scorer under `plain_text: text_eos` tokenises string prompts as text).
+        prompt: str | list[dict[str, str]] = [
+            {"role": "user", "content": t.text} for t in req.history[:-1] if t.text
+        ] or ""
         return ScoreItem(
             id=str(index),
-            prompt=prompt or "",
+            prompt=prompt,
             response=last.text,
             reference=reference,
             group_id=group,
@@ -151,11 +156,13 @@ def gateway_router(ctx: RouteContext) -> APIRouter:
             if loading:
                 raise ServeError("not_ready", f"rewards {loading} are not ready", retry_after=5)
             version = versions(names)
-            for i, r in enumerate(reqs):
-                if any(t.image_ipc is not None for t in r.history):
-                    raise _GatewayError(
-                        400, "unsupported_input", f"requests[{i}]: image_ipc needs a handshake"
-                    )
+            keyed = False
+            for i, r in enumerate(reqs):  # one pass; the first bad request (in order) answers
+                for t in r.history:
+                    if t.image_ipc is not None:
+                        raise _GatewayError(
+                            400, "unsupported_input", f"requests[{i}]: image_ipc needs a handshake"
+                        )
                 if r.scorer_version is not None:
                     pinned = [version[n] for n in r.required_rewards]
                     if len(pinned) != 1 or pinned[0] != r.scorer_version:
@@ -166,47 +173,59 @@ def gateway_router(ctx: RouteContext) -> APIRouter:
                             f"{dict(zip(r.required_rewards, pinned, strict=True))} is served "
                             "(a pin needs exactly one required reward)",
                         )
-            # only keyed requests are fingerprinted: a dump + sort + sha256 per request doubled this
-            # route's per-item cost for the common, unkeyed case (docs/benchmarks/integrations.md)
-            prints = [_fingerprint(r) if r.idempotency_key else "" for r in reqs]
+                keyed = keyed or bool(r.idempotency_key)
             results: list[dict[str, dict[str, float]] | None] = [None] * len(reqs)
             first_of_key: dict[str, int] = {}
-            for i, r in enumerate(reqs):
-                key = r.idempotency_key
-                if not key:
-                    continue
-                if key in first_of_key:
-                    if prints[first_of_key[key]] != prints[i]:
-                        raise _GatewayError(
-                            409, "idempotency_conflict", f"idempotency key {key!r} reused in one batch"
-                        )
-                    continue
-                first_of_key[key] = i
-                if (hit := cache.get(key)) is not None:
-                    if hit[0] != prints[i]:
-                        raise _GatewayError(
-                            409,
-                            "idempotency_conflict",
-                            f"idempotency key {key!r} was used for a different payload",
-                        )
-                    cache.move_to_end(key)
-                    results[i] = {n: dict(v) for n, v in hit[1].items()}
+            prints: list[str] = []
+            if keyed:
+                # only keyed requests are fingerprinted: a dump + sort + sha256 per request
+                # doubled this route's per-item cost for the common, unkeyed case
+                prints = [_fingerprint(r) if r.idempotency_key else "" for r in reqs]
+                for i, r in enumerate(reqs):
+                    key = r.idempotency_key
+                    if not key:
+                        continue
+                    if key in first_of_key:
+                        if prints[first_of_key[key]] != prints[i]:
+                            raise _GatewayError(
+                                409, "idempotency_conflict", f"idempotency key {key!r} reused in one batch"
+                            )
+                        continue
+                    first_of_key[key] = i
+                    if (hit := cache.get(key)) is not None:
+                        if hit[0] != prints[i]:
+                            raise _GatewayError(
+                                409,
+                                "idempotency_conflict",
+                                f"idempotency key {key!r} was used for a different payload",
+                            )
+                        cache.move_to_end(key)
+                        results[i] = {n: dict(v) for n, v in hit[1].items()}
+                todo = [
+                    i
+                    for i, r in enumerate(reqs)
+                    if results[i] is None and not (r.idempotency_key and first_of_key[r.idempotency_key] != i)
+                ]
+            else:
+                todo = list(range(len(reqs)))
             errors: list[dict[str, str]] = [{} for _ in reqs]
-            todo = [
-                i
-                for i, r in enumerate(reqs)
-                if results[i] is None and not (r.idempotency_key and first_of_key[r.idempotency_key] != i)
-            ]
-            infos = ctx.backend.scorer_infos()
             for i in todo:
                 results[i] = {}
+            infos = ctx.backend.scorer_infos()
+            built: dict[bool, dict[int, ScoreItem | ItemError]] = {}  # one item per modality kind
             for name in names:
-                rows = [i for i in todo if name in reqs[i].required_rewards]
-                built = [(i, _item(i, reqs[i], infos[name].modality)) for i in rows]
-                ok = [(i, x) for i, x in built if isinstance(x, ScoreItem)]
-                for i, x in built:
+                image_text = infos[name].modality == "image_text"
+                items = built.setdefault(image_text, {})
+                rows = todo if len(names) == 1 else [i for i in todo if name in reqs[i].required_rewards]
+                ok: list[tuple[int, ScoreItem]] = []
+                for i in rows:
+                    x = items.get(i)
+                    if x is None:
+                        x = items[i] = _item(i, reqs[i], image_text)
                     if isinstance(x, ItemError):
                         errors[i][name] = f"{x.code}: {x.message}"
+                    else:
+                        ok.append((i, x))
                 if not ok:
                     continue
                 scored = (await ctx.score_all([name], [x for _, x in ok]))[name]
@@ -215,15 +234,18 @@ def gateway_router(ctx: RouteContext) -> APIRouter:
                         errors[i][name] = f"{value.code}: {value.message}"
                     else:
                         results[i][name] = {GATEWAY_METRIC: float(value)}
-            for i, r in enumerate(reqs):  # duplicates of a key within the batch share its answer
-                if r.idempotency_key and first_of_key[r.idempotency_key] != i:
-                    j = first_of_key[r.idempotency_key]
-                    results[i], errors[i] = dict(results[j]), dict(errors[j])
-                elif r.idempotency_key and i in todo and not errors[i]:
-                    cache[r.idempotency_key] = (prints[i], results[i])
-                    cache.move_to_end(r.idempotency_key)
-                    while len(cache) > IDEMPOTENCY_CACHE_SIZE:
-                        cache.popitem(last=False)
+            if keyed:
+                fresh = set(todo)
+                for i, r in enumerate(reqs):
+                    if not (key := r.idempotency_key):
+                        continue
+                    if (j := first_of_key[key]) != i:  # a key's duplicates share its answer
+                        results[i], errors[i] = dict(results[j]), dict(errors[j])
+                    elif i in fresh and not errors[i]:  # only fully scored requests are stored
+                        cache[key] = (prints[i], results[i])
+                        cache.move_to_end(key)
+                        while len(cache) > IDEMPOTENCY_CACHE_SIZE:
+                            cache.popitem(last=False)
         except _GatewayError as err:
             ctx.count(GATEWAY_SCORE_ROUTE, err.status, err.code, started)
             return JSONResponse(error_body(err.code, err.message), status_code=err.status)
@@ -231,10 +253,15 @@ def gateway_router(ctx: RouteContext) -> APIRouter:
             ctx.count(GATEWAY_SCORE_ROUTE, err.status, err.code, started)
             headers = {"Retry-After": str(max(1, round(err.retry_after)))} if err.retry_after else None
             return JSONResponse(err.body(), status_code=err.status, headers=headers)
-        identities = []
-        for r in reqs:
-            pinned = [version[n] for n in r.required_rewards]
-            identities.append(_identity(r, pinned[0] if len(pinned) == 1 else ",".join(pinned)))
+        identities = [
+            _identity(
+                r,
+                version[r.required_rewards[0]]
+                if len(r.required_rewards) == 1
+                else ",".join(version[n] for n in r.required_rewards),
+            )
+            for r in reqs
+        ]
         out = {
             "protocol_version": GATEWAY_PROTOCOL_VERSION,
             "results": results,

@@ -100,20 +100,30 @@ class PromptCache:
         self.hits = self.misses = 0
 
     @staticmethod
-    def key(prompt: str | list[dict[str, str]]) -> tuple[bool, str]:
-        """A text prompt is its own key; a message list, its canonical JSON."""
+    def key(prompt: str | list[dict[str, str]]) -> tuple[Any, ...]:
+        """A text prompt is its own key; a list of plain `{role, content}` string messages (what
+        the trainer routes send), its (role, content) pairs; any other message list, its canonical
+        JSON. The three kinds of key never compare equal."""
         if isinstance(prompt, str):
             return (False, prompt)
+        try:
+            pairs = tuple((m["role"], m["content"]) for m in prompt if len(m) == 2)
+        except (KeyError, TypeError):
+            pairs = ()
+        if len(pairs) == len(prompt) and all(isinstance(x, str) for pair in pairs for x in pair):
+            return (None, pairs)
         return (True, json.dumps(prompt, sort_keys=True, ensure_ascii=False, default=str))
 
     @staticmethod
-    def _size(key: tuple[bool, str], rendered: Any) -> int:
-        return len(key[1]) + len(rendered.text)
+    def _size(key: tuple[Any, ...], rendered: Any) -> int:
+        body = key[1]
+        chars = len(body) if isinstance(body, str) else sum(len(r) + len(c) for r, c in body)
+        return chars + len(rendered.text)
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def get(self, key: tuple[bool, str]) -> Any:
+    def get(self, key: tuple[Any, ...]) -> Any:
         with self._lock:
             rendered = self._entries.get(key)
             if rendered is None:
@@ -123,7 +133,7 @@ class PromptCache:
             self.hits += 1
             return rendered
 
-    def put(self, key: tuple[bool, str], rendered: Any) -> None:
+    def put(self, key: tuple[Any, ...], rendered: Any) -> None:
         size = self._size(key, rendered)
         if self.max_entries <= 0 or size > self.max_chars:
             return
