@@ -11,7 +11,8 @@ Variants, per model shape (random init at the real shapes, bf16):
   c  in-process padding-free (varlen) forward of the whole corpus: the ceiling
   c+ (c) with each group's prompt packed once (prefix sharing)
   d  rewardkit serve over HTTP (`--config`), 16 concurrent clients sending groups of 8
-  d1 (d) with one batch at a time (`pipeline_depth: 1`): what keeping two batches in flight buys
+  d2 (d) with two batches in flight (`pipeline_depth: 2`; runs 4-6 called the one-at-a-time
+     variant d1, when two was the default)
   e  (d) with prefix sharing on
   h  host capacity: (d) with the model forward replaced by a near-zero-cost stand-in
      (benchmarks/serve_text_standin.py); everything else is the real server path
@@ -233,6 +234,12 @@ def parse_args(argv=None):
         default=0.0,
         help="h/h+: a simulated GPU of this many microseconds per token (batching-policy studies on CPU)",
     )
+    p.add_argument(
+        "--simulate-batch-ms",
+        type=float,
+        default=0.0,
+        help="with --simulate-us-per-token: host time per batch before the device (plan, copies, launches)",
+    )
     p.add_argument("--profile", type=Path, default=None, help="py-spy the timed HTTP runs into this folder")
     p.add_argument("--profile-gil", action="store_true", help="with --profile: only the GIL holder")
     return p.parse_args(argv)
@@ -425,7 +432,10 @@ def http_variant(
             # None: the scorer's default (two batches in flight on the packed CUDA path)
             **({"pipeline_depth": pipeline_depth} if pipeline_depth is not None else {}),
             **(
-                {"simulate_us_per_token": args.simulate_us_per_token}
+                {
+                    "simulate_us_per_token": args.simulate_us_per_token,
+                    "simulate_batch_ms": args.simulate_batch_ms,
+                }
                 if standin and args.simulate_us_per_token
                 else {}
             ),
@@ -637,10 +647,10 @@ def main(argv=None) -> int:
             served = "tiny-text-rm" if shape == "tiny" else shape
             for name, share, standin, depth in (
                 ("d", False, False, None),
-                ("d1", False, False, 1),  # d with one batch at a time: what the pipeline buys
+                ("d2", False, False, 2),  # d with two batches in flight (pipeline_depth 2)
                 ("e", True, False, None),
                 ("h", False, True, None),
-                ("h1", False, True, 1),  # h with one batch at a time (with --simulate-us-per-token)
+                ("h2", False, True, 2),  # h with two batches in flight (with --simulate-us-per-token)
                 ("h+", True, True, None),
             ):
                 for mode in args.serve_modes.split(","):
@@ -666,8 +676,8 @@ def main(argv=None) -> int:
                 summary["deploy_prefix_sharing_speedup"] = (
                     per["e:deploy"]["seq_per_s"] / per["d:deploy"]["seq_per_s"]
                 )
-            for label in ("d1", "d1:deploy"):
-                if "c" in per and label in per:  # one batch at a time (no pipeline), same run
+            for label in ("d2", "d2:deploy"):
+                if "c" in per and label in per:  # two batches in flight, same run
                     summary[f"{label}_over_varlen_ceiling"] = per[label]["seq_per_s"] / per["c"]["seq_per_s"]
             if "c" in per and "d:deploy" in per:
                 summary["deploy_http_over_varlen_ceiling"] = (

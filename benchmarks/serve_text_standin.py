@@ -67,7 +67,10 @@ class StandInScorer(SeqClsScorer):
     """`hf_seqcls` over a named shape's tokenizer and config, forward replaced (module docstring)."""
 
     kind: ClassVar[str] = KIND
-    allowed_options: ClassVar[frozenset[str]] = SeqClsScorer.allowed_options | {"simulate_us_per_token"}
+    allowed_options: ClassVar[frozenset[str]] = SeqClsScorer.allowed_options | {
+        "simulate_us_per_token",
+        "simulate_batch_ms",
+    }
 
     @property
     def concurrent_batches(self) -> int:  # type: ignore[override]
@@ -83,6 +86,8 @@ class StandInScorer(SeqClsScorer):
         out = super().score_prepared(batch)
         us = float(self.options.get("simulate_us_per_token") or 0)
         tokens = sum(len(p) for p in batch if isinstance(p, list))
+        if us and self.options.get("simulate_batch_ms"):
+            time.sleep(float(self.options["simulate_batch_ms"]) / 1e3)  # plan, copies, launches
         t1 = time.perf_counter()
         if us:
             with _DEVICE:

@@ -273,3 +273,58 @@ def test_a_bisected_batch_counts_the_tokens_of_every_call_that_scored():
     assert results[0] == 2.0 and results[2] == 3.0 and results[3] == 1.0
     assert isinstance(results[1], ItemError) and results[1].code == "scorer_failed"
     assert metrics.tokens.labels("len", "real")._value.get() == 2 + 3 + 1
+
+
+class DeviceQueueScorer(LengthScorer):
+    """Two batches in flight on one 'device' (as the packed CUDA text scorers with
+    pipeline_depth 2); a batch holding 'slow' runs until `gate` opens."""
+
+    concurrent_batches: ClassVar[int] = 2
+    queues_on_device: ClassVar[bool] = True
+
+    def __init__(self) -> None:
+        import threading
+
+        super().__init__()
+        self.gate = threading.Event()
+
+    def score_prepared(self, batch: list[Any]) -> list[float]:
+        if list("slow") in batch:
+            assert self.gate.wait(10), "the gate was never opened"
+        return super().score_prepared(batch)
+
+
+async def _trickle_behind_a_slow_batch(scorer: DeviceQueueScorer, budget: int, open_after: bool) -> None:
+    batcher = DynamicBatcher(scorer, max_batch_size=64, max_wait_ms=1, max_queue=100, token_budget=budget)
+    batcher._device.per_token = 1.0  # learnt: the running batch holds the device for seconds
+    batcher.start()
+    try:
+        slow = asyncio.ensure_future(batcher.submit([ScoreItem(id="s", prompt="", response="slow")]))
+        await asyncio.sleep(0.05)
+        small = []
+        for k in range(3):  # requests arriving one by one while the device is busy
+            small.append(
+                asyncio.ensure_future(batcher.submit([ScoreItem(id=str(k), prompt="", response="ab")]))
+            )
+            await asyncio.sleep(0.03)
+        if open_after:
+            scorer.gate.set()
+        assert await asyncio.gather(*small) == [[2.0]] * 3
+        scorer.gate.set()
+        assert await slow == [4.0]
+    finally:
+        await batcher.stop()
+
+
+def test_a_device_queued_batch_fills_while_the_device_is_busy_and_goes_when_it_frees():
+    scorer = DeviceQueueScorer()
+    run(_trickle_behind_a_slow_batch(scorer, budget=100, open_after=True))
+    # not one batch per arriving request: the three waited behind the slow batch, then went together
+    assert [len(b) for b in scorer.batches] == [1, 3]
+
+
+def test_a_device_queued_batch_goes_at_once_when_its_token_budget_is_full():
+    scorer = DeviceQueueScorer()
+    run(_trickle_behind_a_slow_batch(scorer, budget=6, open_after=False))
+    # 3 x 2 tokens fill the budget of 6: launched behind the slow batch while it still runs
+    assert [len(b) for b in scorer.batches] == [3, 1]

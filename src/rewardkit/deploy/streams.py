@@ -74,6 +74,10 @@ class OwnStream(Scorer):
     def concurrent_batches(self) -> int:  # type: ignore[override]
         return self.inner.concurrent_batches
 
+    @property
+    def queues_on_device(self) -> bool:  # type: ignore[override]
+        return self.inner.queues_on_device
+
     def take_batch_stats(self) -> dict[str, int]:
         return self.inner.take_batch_stats()
 

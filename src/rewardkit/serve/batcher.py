@@ -56,6 +56,35 @@ PREPARE_CHUNK = 32
 MAX_CONCURRENT_BATCHES = 8
 """Scoring threads a batcher may use: the most `Scorer.concurrent_batches` is honoured up to."""
 
+PIPELINE_LEAD_S = 0.010
+"""How long before the device is expected to free a queued-on-device scorer's next batch is
+launched: its planning, copies and kernel launches happen while the current forward ends."""
+
+
+class DeviceEstimate:
+    """When a device that runs batches one after another (one CUDA stream) will be free, from
+    the seconds per token learnt on completed batches (an exponential average)."""
+
+    def __init__(self) -> None:
+        self.per_token: float | None = None
+        self.free_at = 0.0
+        self._last_done = 0.0
+
+    def launched(self, tokens: int, now: float) -> None:
+        if self.per_token is not None:
+            self.free_at = max(now, self.free_at) + tokens * self.per_token
+
+    def finished(self, tokens: int, launched: float, now: float, *, idle: bool) -> None:
+        """A batch launched at `launched` is back at `now`; it ran from when the batch before it
+        ended (or from its launch, if the device was idle then)."""
+        start = max(launched, self._last_done)
+        if tokens > 0 and now > start:
+            sample = (now - start) / tokens
+            self.per_token = sample if self.per_token is None else 0.7 * self.per_token + 0.3 * sample
+        self._last_done = now
+        if idle:
+            self.free_at = now
+
 
 @dataclass
 class _Entry:
@@ -117,6 +146,7 @@ class DynamicBatcher:
         # per batch: a model scorer knows only once loaded whether it can pipeline). The bound on
         # batches in flight is the batcher's; the pool only supplies that many threads.
         self._in_flight: set[asyncio.Task] = set()
+        self._device = DeviceEstimate()
         self._executor = ThreadPoolExecutor(
             max_workers=MAX_CONCURRENT_BATCHES, thread_name_prefix=f"scorer-{self.name}"
         )
@@ -131,6 +161,18 @@ class DynamicBatcher:
     @property
     def _concurrency(self) -> int:
         return max(1, min(MAX_CONCURRENT_BATCHES, int(self.scorer.concurrent_batches)))
+
+    @property
+    def _fills_while_busy(self) -> bool:
+        """Concurrent batches queue on one device (`Scorer.queues_on_device`): the next batch
+        fills while the device is busy instead of leaving with whatever is queued."""
+        return self._concurrency > 1 and bool(getattr(self.scorer, "queues_on_device", False))
+
+    def _budget_full(self) -> bool:
+        """The queue already holds a full padding-free batch by the token budget."""
+        if not (self.token_budget and self.scorer.packs_tokens):
+            return False
+        return sum(e.tokens or 0 for e in self._queue) >= self.token_budget
 
     @property
     def depth(self) -> int:
@@ -294,12 +336,21 @@ class DynamicBatcher:
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
-            # A scorer with a free concurrent slot gains nothing from a fuller batch (its pool runs
-            # items one by one): it gets what is queued now, not after the batch window.
-            free_slot = self._concurrency > 1 and len(self._in_flight) < self._concurrency
-            deadline = self._queue[0].enqueued + (0.0 if free_slot else self.max_wait_s)
+            deadline = self._queue[0].enqueued + self.max_wait_s
+            busy = bool(self._in_flight)
+            if self._concurrency > 1 and len(self._in_flight) < self._concurrency:
+                if not self._fills_while_busy:
+                    # A scorer whose free slot is an idle pool gains nothing from a fuller batch
+                    # (the pool runs items one by one): what is queued now goes now.
+                    deadline = self._queue[0].enqueued
+                elif busy:
+                    # One device, busy: the next batch fills until it is full or the device is
+                    # about to free, then launches behind the running one (no gap, no fragment).
+                    deadline = max(deadline, self._device.free_at - PIPELINE_LEAD_S)
             while (
-                len(self._queue) < self.max_batch_size and (remaining := deadline - time.perf_counter()) > 0
+                len(self._queue) < self.max_batch_size
+                and not (self._fills_while_busy and (self._budget_full() or (busy and not self._in_flight)))
+                and (remaining := deadline - time.perf_counter()) > 0
             ):
                 self._wakeup.clear()
                 try:
@@ -324,6 +375,8 @@ class DynamicBatcher:
         started = time.perf_counter()
         for e in batch:
             e.started = started
+        batch_tokens = sum(e.tokens or 0 for e in batch)
+        self._device.launched(batch_tokens, started)
         payloads = [e.payload for e in batch]
         order = list(range(len(payloads)))
         if self.token_budget and not self.scorer.packs_tokens:
@@ -337,7 +390,11 @@ class DynamicBatcher:
             self.consecutive_failures = 0
         else:
             self.consecutive_failures += 1
-        elapsed = time.perf_counter() - started
+        done = time.perf_counter()
+        elapsed = done - started
+        self._device.finished(batch_tokens, started, done, idle=len(self._in_flight) <= 1)
+        if self._wakeup is not None:
+            self._wakeup.set()  # a batcher filling behind this batch re-checks: the device is free
         if self.metrics is not None:
             self.metrics.observe_batch(
                 BatchStats(

@@ -123,6 +123,11 @@ class Scorer(abc.ABC):
     """How a batch's token budget is spent: True, the sum of its items' tokens (a padding-free
     scorer); False, rows x the longest row (a padded forward)."""
 
+    queues_on_device: ClassVar[bool] = False
+    """True: the batches in flight at once (`concurrent_batches` > 1) run one after another on one
+    device (a CUDA stream), so the batcher fills the next batch while the device is busy and
+    launches it just before the device frees, rather than as soon as a slot is free."""
+
     concurrent_batches: ClassVar[int] = 1
     """How many batches the batcher may hand `score_prepared` at once, each from its own thread.
     1 for a model (not assumed thread-safe; one forward at a time saturates its device); more for

@@ -33,8 +33,8 @@ truncation does; a response alone longer than that is a `too_long` item error),
 group forms), `empty_response` (`error`, the default: an empty or whitespace-only response is a
 `bad_input`; `score`: score it as given; a number: that fixed reward), `prompt_cache` (default
 1024 rendered prompts kept, 0 for none; scores do not depend on it), `pipeline_depth` (default
-2 batches in flight on the packed CUDA path, so the GPU never waits for the host between two
-forwards; 1 for one at a time; scores do not depend on it), `plain_text` (`text_eos` |
+1 batch in flight; 2 queues the next batch behind the running forward on the packed CUDA path,
+so the GPU need not wait for the host between forwards; scores do not depend on it), `plain_text` (`text_eos` |
 `chat_template`; default above), `seed` and `tokenizer` (a local tokenizer directory) for named
 shapes.
 """
@@ -77,8 +77,11 @@ _CORPUS = [
 PROMPT_CACHE_ENTRIES = 1024
 """Rendered prompts kept per scorer (option `prompt_cache`; 0 turns the cache off)."""
 
-PIPELINE_DEPTH = 2
-"""Batches in flight at once on the packed CUDA path (option `pipeline_depth`, 1 to 4)."""
+PIPELINE_DEPTH = 1
+"""Batches in flight at once on the packed CUDA path (option `pipeline_depth`, 1 to 4). One by
+default: on the H200 two in flight measured slower than one (docs/benchmarks/serve_text.md,
+run 6) while the batcher launched the second batch with whatever was queued; the policy that
+fills it while the device is busy (`queues_on_device`) is measured only in simulation so far."""
 
 PROMPT_CACHE_CHARS = 32 * 1024 * 1024
 """...and at most this many characters of prompt text in all, whatever the entry count."""
@@ -440,6 +443,11 @@ class SeqClsScorer(ModelScorer):
         and a forward keeps no state on the module. The padded CPU path gains nothing from it:
         two forwards would only share the same cores."""
         return self.pipeline_depth if self.attention == "varlen" else 1
+
+    @property
+    def queues_on_device(self) -> bool:  # type: ignore[override]
+        """Batches in flight run one after another on the device's stream."""
+        return self.attention == "varlen"
 
     def item_tokens(self, item: ScoreItem) -> int:
         # An estimate (≈3 characters per token) keeps the event loop free of tokenisation;
