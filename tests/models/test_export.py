@@ -183,10 +183,10 @@ def test_legacy_end_of_turn_checkpoint_scores_as_trained(exported, tmp_path):
     import shutil
 
     checkpoint, out = exported
-    if "llama3" in str(out):
-        # Llama-3's "<|end_header_id|>\n\n" + answer tokenises differently as one text than split
-        # (docs/export.md): the ids differ, not only the position, so only ChatML is exact here.
-        pytest.skip("exact only where joint and split encodings agree (ChatML)")
+    # Llama-3's "<|end_header_id|>\n\n" + answer tokenises differently as one text than split
+    # (docs/export.md): the ids differ, not only the position, so the scores agree exactly only
+    # for ChatML; the rest (the recorded position, the export's card) holds for both.
+    exact = "llama3" not in str(out)
     legacy = tmp_path / "legacy"
     shutil.copytree(checkpoint, legacy)
     meta = json.loads((legacy / "rewardkit.json").read_text())
@@ -202,7 +202,8 @@ def test_legacy_end_of_turn_checkpoint_scores_as_trained(exported, tmp_path):
     assert len(new.chosen) >= len(old.chosen)
     a = score_pairs(model, [new], batch_size=1)
     b = score_pairs(model, [old], batch_size=1)
-    assert abs(a[0] - b[0]).max() < 1e-5 and abs(a[1] - b[1]).max() < 1e-5
+    if exact:
+        assert abs(a[0] - b[0]).max() < 1e-5 and abs(a[1] - b[1]).max() < 1e-5
     assert main(["export", "hf", str(legacy), str(tmp_path / "hf")]) == 0
     assert "end_of_turn" in (tmp_path / "hf" / "README.md").read_text()
 

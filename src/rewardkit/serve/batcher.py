@@ -367,9 +367,16 @@ class DynamicBatcher:
                 continue
             task = asyncio.get_running_loop().create_task(self._score(batch))
             self._in_flight.add(task)
-            task.add_done_callback(self._in_flight.discard)
+            task.add_done_callback(self._batch_done)
             if len(self._in_flight) >= self._concurrency:
                 await asyncio.wait(self._in_flight, return_when=asyncio.FIRST_COMPLETED)
+
+    def _batch_done(self, task: asyncio.Task) -> None:
+        """A concurrent batch is back: its slot is free, and a batch filling behind it re-checks
+        (the device may now be idle)."""
+        self._in_flight.discard(task)
+        if self._wakeup is not None:
+            self._wakeup.set()
 
     async def _score(self, batch: list[_Entry]) -> None:
         started = time.perf_counter()
@@ -393,8 +400,6 @@ class DynamicBatcher:
         done = time.perf_counter()
         elapsed = done - started
         self._device.finished(batch_tokens, started, done, idle=len(self._in_flight) <= 1)
-        if self._wakeup is not None:
-            self._wakeup.set()  # a batcher filling behind this batch re-checks: the device is free
         if self.metrics is not None:
             self.metrics.observe_batch(
                 BatchStats(
