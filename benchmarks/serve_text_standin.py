@@ -77,6 +77,12 @@ class StandInScorer(SeqClsScorer):
         """Pipelined as the real scorer on CUDA, once a device is simulated."""
         return self.pipeline_depth if self.options.get("simulate_us_per_token") else 1
 
+    @property
+    def queues_on_device(self) -> bool:  # type: ignore[override]
+        """As the real scorer; `RK_SIM_LAUNCH_AT_ONCE=1` in the server's environment turns the
+        fill-while-busy policy off (a second batch leaves with whatever is queued, as before it)."""
+        return os.environ.get("RK_SIM_LAUNCH_AT_ONCE") != "1"
+
     def score_prepared(self, batch: list[Any]) -> list[Any]:
         """The host work, then (with `simulate_us_per_token`) the batch's device time on a
         simulated GPU: a sleep of that many microseconds per token, one batch at a time, the GIL

@@ -81,7 +81,7 @@ PIPELINE_DEPTH = 1
 """Batches in flight at once on the packed CUDA path (option `pipeline_depth`, 1 to 4). One by
 default: on the H200 two in flight measured slower than one (docs/benchmarks/serve_text.md,
 run 6) while the batcher launched the second batch with whatever was queued; the policy that
-fills it while the device is busy (`queues_on_device`) is measured only in simulation so far."""
+fills it while the device is busy (`queues_on_device`) is not measured on the H200 yet."""
 
 PROMPT_CACHE_CHARS = 32 * 1024 * 1024
 """...and at most this many characters of prompt text in all, whatever the entry count."""
