@@ -20,6 +20,7 @@ from rewardkit.data.synth import builtin_tokenizer
 from rewardkit.data.tokenize import TokenizeSettings, tokenize_branch, tokenize_pair
 from rewardkit.models.loading import load_reward_model
 from rewardkit.objectives.reward_model import score_pairs
+from support.rm import train_tiny_checkpoint
 
 torch.set_num_threads(1)
 
@@ -208,42 +209,19 @@ def test_legacy_end_of_turn_checkpoint_scores_as_trained(exported, tmp_path):
     assert "end_of_turn" in (tmp_path / "hf" / "README.md").read_text()
 
 
-def _train(root, tok, *extra):
-    from rewardkit.train.config import load_config
-    from rewardkit.train.recipes.reward_model import run
-
-    tok.save_pretrained(root / "tok")
-    cfg = load_config(
-        None,
-        [
-            "model.tiny=tiny-llama",
-            f"data.tokenizer={root / 'tok'}",
-            "data.synth={train_rows: 16, eval_rows: 4, seed: 0}",
-            "data.max_length=128",
-            "data.max_completion_length=64",
-            f"run.run_dir={root / 'run'}",
-            "run.max_steps=1",
-            "run.global_batch_pairs=8",
-            "run.progress=false",
-            *extra,
-        ],
-    )
-    return run(cfg).checkpoint
-
-
 def test_pad_equal_to_eos_needs_data_pad_token_and_carries_it_into_the_export(tmp_path, capsys, caplog):
     """Llama-3 style: EOS is <|eot_id|>, the token scores are read at; pad == EOS would be skipped by HF."""
     tok = _llama3_tokenizer()
     tok.eos_token = "<|eot_id|>"
     tok.pad_token = tok.eos_token
-    checkpoint = _train(tmp_path / "a", tok)
+    checkpoint = train_tiny_checkpoint(tmp_path / "a", tok)
     assert any("data.pad_token" in r.getMessage() for r in caplog.records)
     capsys.readouterr()
     assert main(["export", "hf", str(checkpoint), str(tmp_path / "hf-a")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "data.pad_token" in err and not (tmp_path / "hf-a").exists()
 
-    checkpoint = _train(tmp_path / "b", tok, "data.pad_token=<|pad|>")
+    checkpoint = train_tiny_checkpoint(tmp_path / "b", tok, "data.pad_token=<|pad|>")
     out = tmp_path / "hf-b"
     assert main(["export", "hf", str(checkpoint), str(out)]) == 0
     hf_tok = AutoTokenizer.from_pretrained(out)

@@ -160,8 +160,12 @@ class GateScorer(Scorer):
         return [1.0] * len(items)
 
 
-async def _fast_done_while_slow_runs(scorer: GateScorer) -> bool:
+async def _fast_done_while_slow_runs(scorer: GateScorer, loaded_concurrency: int | None = None) -> bool:
+    """Whether a fast item is scored while a slow batch runs; `loaded_concurrency`: what the
+    scorer's `concurrent_batches` becomes after the batcher was made (what `load` decides)."""
     batcher = DynamicBatcher(scorer, max_batch_size=1, max_wait_ms=1, max_queue=100)
+    if loaded_concurrency is not None:
+        scorer.concurrent_batches = loaded_concurrency  # type: ignore[misc]
     batcher.start()
     try:
         slow = asyncio.ensure_future(batcher.submit([ScoreItem(id="s", prompt="", response="slow")]))
@@ -201,24 +205,7 @@ def test_a_scorer_with_a_free_concurrent_slot_does_not_wait_for_the_batch_window
 
 def test_concurrent_batches_is_read_once_the_scorer_is_loaded():
     """A text scorer knows only after `load` whether it can pipeline (the packed CUDA path)."""
-
-    async def main() -> bool:
-        scorer = GateScorer(concurrent_batches=1)
-        batcher = DynamicBatcher(scorer, max_batch_size=1, max_wait_ms=1, max_queue=100)
-        scorer.concurrent_batches = 2  # type: ignore[misc]  # what load decided
-        batcher.start()
-        try:
-            slow = asyncio.ensure_future(batcher.submit([ScoreItem(id="s", prompt="", response="slow")]))
-            await asyncio.sleep(0.05)
-            fast = asyncio.ensure_future(batcher.submit([ScoreItem(id="f", prompt="", response="fast")]))
-            done, _ = await asyncio.wait([fast], timeout=1.0)
-            scorer.gate.set()
-            assert await slow == [1.0] and await fast == [1.0]
-            return bool(done)
-        finally:
-            await batcher.stop()
-
-    assert run(main())
+    assert run(_fast_done_while_slow_runs(GateScorer(concurrent_batches=1), loaded_concurrency=2))
 
 
 class ThreadStatsScorer(LengthScorer):

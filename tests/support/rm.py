@@ -90,3 +90,29 @@ def make_trainer(cfg, pairs=None, *, eval_pairs=None, data_sha256="data-a", info
         eval_set=eval_set,
         info=info,
     )
+
+
+def train_tiny_checkpoint(root, tok, *overrides: str):
+    """A tiny-llama reward model trained for one step on the synthetic pairs with tokenizer `tok`
+    (saved to `root/tok`), run under `root/run`: its checkpoint directory. `overrides` are dotted
+    config overrides applied after the defaults (a later one wins)."""
+    from rewardkit.train.config import load_config
+    from rewardkit.train.recipes.reward_model import run
+
+    tok.save_pretrained(root / "tok")
+    cfg = load_config(
+        None,
+        [
+            "model.tiny=tiny-llama",
+            f"data.tokenizer={root / 'tok'}",
+            "data.synth={train_rows: 16, eval_rows: 4, seed: 0}",
+            "data.max_length=128",
+            "data.max_completion_length=64",
+            f"run.run_dir={root / 'run'}",
+            "run.max_steps=1",
+            "run.global_batch_pairs=8",
+            "run.progress=false",
+            *overrides,
+        ],
+    )
+    return run(cfg).checkpoint

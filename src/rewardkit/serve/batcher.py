@@ -166,7 +166,7 @@ class DynamicBatcher:
     def _fills_while_busy(self) -> bool:
         """Concurrent batches queue on one device (`Scorer.queues_on_device`): the next batch
         fills while the device is busy instead of leaving with whatever is queued."""
-        return self._concurrency > 1 and bool(getattr(self.scorer, "queues_on_device", False))
+        return self._concurrency > 1 and self.scorer.queues_on_device
 
     def _budget_full(self) -> bool:
         """The queue already holds a full padding-free batch by the token budget."""

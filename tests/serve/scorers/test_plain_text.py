@@ -25,6 +25,7 @@ from rewardkit.data.synth import builtin_tokenizer
 from rewardkit.serve.config import ScorerSpec, build_scorer
 from rewardkit.serve.scorers.base import RAW_TEXT, ItemError, ScoreItem
 from rewardkit.serve.scorers.common import as_messages
+from support.rm import train_tiny_checkpoint
 
 torch.set_num_threads(1)  # 2 shared cores: intra-op threads only contend for these tiny models
 
@@ -64,27 +65,8 @@ def _bos_tokenizer():
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """(text_eos checkpoint, its legacy twin without `plain_text`, the export of each, root)."""
-    from rewardkit.train.config import load_config
-    from rewardkit.train.recipes.reward_model import run
-
     root = tmp_path_factory.mktemp("plain")
-    _bos_tokenizer().save_pretrained(root / "tok")
-    cfg = load_config(
-        None,
-        [
-            "model.tiny=tiny-llama",
-            f"data.tokenizer={root / 'tok'}",
-            "data.synth={train_rows: 16, eval_rows: 4, seed: 0}",
-            "data.max_length=128",
-            "data.max_completion_length=64",
-            f"run.run_dir={root / 'run'}",
-            "run.max_steps=2",
-            "run.global_batch_pairs=8",
-            "run.progress=false",
-            "optim.lr=3e-3",
-        ],
-    )
-    checkpoint = run(cfg).checkpoint
+    checkpoint = train_tiny_checkpoint(root, _bos_tokenizer(), "run.max_steps=2", "optim.lr=3e-3")
     legacy = root / "legacy"
     shutil.copytree(checkpoint, legacy)
     meta = json.loads((legacy / "rewardkit.json").read_text())
