@@ -14,6 +14,7 @@ Variants, per model shape (random init at the real shapes, bf16):
   d2 (d) with two batches in flight (`pipeline_depth: 2`; runs 4-6 called the one-at-a-time
      variant d1, when two was the default)
   e  (d) with prefix sharing on
+  e2 (e) with two batches in flight
   h  host capacity: (d) with the model forward replaced by a near-zero-cost stand-in
      (benchmarks/serve_text_standin.py); everything else is the real server path
   h+ (h) with prefix sharing on
@@ -649,6 +650,7 @@ def main(argv=None) -> int:
                 ("d", False, False, None),
                 ("d2", False, False, 2),  # d with two batches in flight (pipeline_depth 2)
                 ("e", True, False, None),
+                ("e2", True, False, 2),  # e with two batches in flight
                 ("h", False, True, None),
                 ("h2", False, True, 2),  # h with two batches in flight (with --simulate-us-per-token)
                 ("h+", True, True, None),
@@ -676,7 +678,10 @@ def main(argv=None) -> int:
                 summary["deploy_prefix_sharing_speedup"] = (
                     per["e:deploy"]["seq_per_s"] / per["d:deploy"]["seq_per_s"]
                 )
-            for label in ("d2", "d2:deploy"):
+            for shared, plain in (("e2", "d2"), ("e2:deploy", "d2:deploy")):
+                if shared in per and plain in per:  # prefix sharing, both with two batches in flight
+                    summary[f"{shared}_over_{plain}"] = per[shared]["seq_per_s"] / per[plain]["seq_per_s"]
+            for label in ("d2", "d2:deploy", "e2", "e2:deploy"):
                 if "c" in per and label in per:  # two batches in flight, same run
                     summary[f"{label}_over_varlen_ceiling"] = per[label]["seq_per_s"] / per["c"]["seq_per_s"]
             if "c" in per and "d:deploy" in per:
