@@ -98,9 +98,9 @@ for section in "$@"; do
     integrations)  # each trainer route against /v1/score, Qwen2-0.5B-shaped RM in bf16 (issue 21)
         step integrations 280 python3 benchmarks/integrations.py --shape qwen2-0.5b --dtype bf16 \
             --seconds 6 --warmup 2 --rounds 3 --processes 4 --out "$OUT/integrations/h200_qwen2_0.5b_bf16.json" ;;
-    serve_text)  # issue 22: varlen ceiling (c), HTTP --config/--deploy one (d) and two (d2) batches in flight, prefix sharing (e)
-        step serve_text 480 python3 benchmarks/serve_text.py --models qwen2-0.5b,llama-3.2-1b --variants c,d,d2,e \
-            --repeats 1 --out "$OUT/serve_text/run7.json" ;;
+    serve_text)  # issue 22: varlen ceiling (c), HTTP --config/--deploy two (d, the default) and one (d1) batch in flight, prefix sharing (e)
+        step serve_text 480 python3 benchmarks/serve_text.py --models qwen2-0.5b,llama-3.2-1b --variants c,d,d1,e \
+            --repeats 1 --out "$OUT/serve_text/run8.json" ;;
     serve_text_host)  # the host side alone (model forward stood in) next to the ceiling
         step serve_text_host 200 python3 benchmarks/serve_text.py --models qwen2-0.5b --variants c,h,h+ \
             --repeats 1 --out "$OUT/serve_text/host.json" ;;

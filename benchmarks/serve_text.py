@@ -10,11 +10,11 @@ Variants, per model shape (random init at the real shapes, bf16):
   b  the same, sorted by length
   c  in-process padding-free (varlen) forward of the whole corpus: the ceiling
   c+ (c) with each group's prompt packed once (prefix sharing)
-  d  rewardkit serve over HTTP (`--config`), 16 concurrent clients sending groups of 8
-  d2 (d) with two batches in flight (`pipeline_depth: 2`; runs 4-6 called the one-at-a-time
-     variant d1, when two was the default)
+  d  rewardkit serve over HTTP (`--config`), 16 concurrent clients sending groups of 8, the
+     scorer's default of two batches in flight (run 7 called this d2; its d was d1)
+  d1 (d) with one batch at a time (`pipeline_depth: 1`)
   e  (d) with prefix sharing on
-  e2 (e) with two batches in flight
+  e1 (e) with one batch at a time
   h  host capacity: (d) with the model forward replaced by a near-zero-cost stand-in
      (benchmarks/serve_text_standin.py); everything else is the real server path
   h+ (h) with prefix sharing on
@@ -648,9 +648,9 @@ def main(argv=None) -> int:
             served = "tiny-text-rm" if shape == "tiny" else shape
             for name, share, standin, depth in (
                 ("d", False, False, None),
-                ("d2", False, False, 2),  # d with two batches in flight (pipeline_depth 2)
+                ("d1", False, False, 1),  # d with one batch at a time (pipeline_depth 1)
                 ("e", True, False, None),
-                ("e2", True, False, 2),  # e with two batches in flight
+                ("e1", True, False, 1),  # e with one batch at a time
                 ("h", False, True, None),
                 ("h2", False, True, 2),  # h with two batches in flight (with --simulate-us-per-token)
                 ("h+", True, True, None),
@@ -678,11 +678,11 @@ def main(argv=None) -> int:
                 summary["deploy_prefix_sharing_speedup"] = (
                     per["e:deploy"]["seq_per_s"] / per["d:deploy"]["seq_per_s"]
                 )
-            for shared, plain in (("e2", "d2"), ("e2:deploy", "d2:deploy")):
-                if shared in per and plain in per:  # prefix sharing, both with two batches in flight
+            for shared, plain in (("e1", "d1"), ("e1:deploy", "d1:deploy")):
+                if shared in per and plain in per:  # prefix sharing, both one batch at a time
                     summary[f"{shared}_over_{plain}"] = per[shared]["seq_per_s"] / per[plain]["seq_per_s"]
-            for label in ("d2", "d2:deploy", "e2", "e2:deploy"):
-                if "c" in per and label in per:  # two batches in flight, same run
+            for label in ("d1", "d1:deploy"):
+                if "c" in per and label in per:  # one batch at a time, same run
                     summary[f"{label}_over_varlen_ceiling"] = per[label]["seq_per_s"] / per["c"]["seq_per_s"]
             if "c" in per and "d:deploy" in per:
                 summary["deploy_http_over_varlen_ceiling"] = (
