@@ -235,5 +235,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # TOKENIZERS_PARALLELISM is left as a user has it (unset: the fast tokenizer encodes a batch
+    # on all cores); nothing here forks after the tokenizer runs
     sys.exit(main())

@@ -364,3 +364,60 @@ def test_batched_tokenisation_equals_one_tokenize_branch_per_text(make, monkeypa
             want = None
         assert got == want, (prompt, response)
     assert sum(b is not None for b in branches) >= 12
+
+
+def streaming_scorer() -> PairScorer:
+    """`fake_scorer` with the chunked entry the reward models have: records each chunk's size."""
+    scorer = fake_scorer()
+    tok = scorer.tokenizer
+    chunks_seen: list[int] = []
+
+    def read(branch) -> float:
+        ids = [t for t, m in zip(branch.input_ids, branch.loss_mask, strict=True) if m]
+        return float(_SCORE.findall(tok.decode(ids))[-1].rstrip("."))
+
+    def score_branch_chunks(chunks, progress=None, per_unit=1):
+        values = []
+        for chunk in chunks:
+            chunks_seen.append(len(chunk))
+            values += [read(b) for b in chunk]
+        return np.array(values)
+
+    scorer.score_branch_chunks = score_branch_chunks
+    scorer.chunks_seen = chunks_seen  # type: ignore[attr-defined]
+    return scorer
+
+
+def test_texts_tokenised_in_chunks_give_the_result_of_one_chunk(tmp_path, monkeypatch):
+    """Tokenising on a thread chunk by chunk while the scorer takes the chunks before changes no
+    number: a text first met in an example that is rejected (its other response is too long) and
+    needed by a later kept example is still scored, once."""
+    rows = [
+        {"prompt": "Name a fruit.", "chosen": "plum. score=2", "rejected": "hammer " * 40 + "score=1"},
+        {"prompt": "Name a fruit.", "chosen": "plum. score=2", "rejected": "tea. score=1"},
+        {"prompt": "Name a tool.", "chosen": "saw. score=3", "rejected": "pear. score=4"},
+        {"prompt": "Name a fruit.", "chosen": "fig. score=5", "rejected": "tea. score=1"},
+    ]
+    data = tmp_path / "rb.jsonl"
+    data.write_text("".join(
+        json.dumps({**r, "chosen_model": "a", "rejected_model": "b", "subset": "alpacaeval-easy", "id": i}) + "\n"
+        for i, r in enumerate(rows)
+    ))  # fmt: skip
+    results = {}
+    for size in (1, 10_000):
+        monkeypatch.setattr(benchmarks, "STREAM_ITEMS", size)
+        scorer = streaming_scorer()
+        summary = run(
+            tmp_path / str(size), "rewardbench", data, scorer=scorer, max_length=40, truncation="drop"
+        )
+        results[size] = (summary, (tmp_path / str(size) / "examples.jsonl").read_text(), scorer.chunks_seen)
+    (one, one_rows, one_chunks), (whole, whole_rows, whole_chunks) = results[1], results[10_000]
+    assert one_chunks == [0, 2, 2, 1] and whole_chunks == [5]  # "plum" and "tea" sent once each
+    assert one["data"]["rejections"] == whole["data"]["rejections"] == {"oversize": 1}
+    assert one["data"]["valid"] == 3 and one["throughput"]["distinct_texts"] == 5
+    assert one_rows == whole_rows
+    assert [json.loads(line)["chosen_scores"] for line in one_rows.splitlines()] == [[2.0], [3.0], [5.0]]
+    drop = ("throughput",)
+    assert {k: v for k, v in one.items() if k not in drop} == {
+        k: v for k, v in whole.items() if k not in drop
+    }

@@ -8,10 +8,12 @@ import pytest
 import torch
 
 from rewardkit.models.packed_scoring import (
+    budget_chunks,
     length_buckets,
     packed_scores,
     padded_scores,
     plan_packed,
+    score_sequence_chunks,
     score_sequences,
 )
 from support.seqcls import VOCAB, plain_scores, seqcls
@@ -121,6 +123,32 @@ def test_score_sequences_packed_and_padded_equal_a_plain_forward(family):
     assert packed_tokens["padding"] == 0 and packed_tokens["shared"] > 0
     assert packed_tokens["computed"] == real - packed_tokens["shared"]
     assert padded_tokens["computed"] == real + padded_tokens["padding"] and padded_tokens["shared"] == 0
+
+
+@pytest.mark.parametrize("varlen", [True, False], ids=["packed", "padded"])
+def test_chunks_arriving_one_by_one_score_as_the_whole_list_in_their_order(varlen):
+    """The streaming entry eval feeds from its tokenising thread: scores in arrival order equal
+    the one-call scores whatever the chunking (a partial budget is carried into the next chunk),
+    every forward within the budget, and one chunk packs exactly as `score_sequences`."""
+    seqs = corpus() + corpus(seed=1)
+    model = seqcls("qwen2", "rk_varlen" if varlen else "sdpa")
+    kw = dict(varlen=varlen, max_batch_tokens=150, backbone=model.base_model, head=model.score,
+              share_prefixes=varlen, min_prefix=8)  # fmt: skip
+    forwards: list[int] = []
+    with torch.no_grad():
+        whole, whole_tokens = score_sequences(seqs, **kw)
+        one, _ = score_sequence_chunks([seqs], **kw)
+        cuts = [0, 1, 4, 11, 12, len(seqs)]
+        chunked, tokens = score_sequence_chunks(
+            (seqs[a:b] for a, b in zip(cuts, cuts[1:], strict=False)), on_scored=forwards.append, **kw
+        )
+    assert torch.equal(one, whole)
+    torch.testing.assert_close(chunked, whole, atol=1e-5, rtol=0)
+    torch.testing.assert_close(chunked, plain_scores(seqcls("qwen2", "sdpa"), seqs), atol=1e-5, rtol=0)
+    assert sum(forwards) == len(seqs) and tokens["real"] == whole_tokens["real"]
+    if varlen:  # the carried partial budget keeps forwards full: no more of them than chunks need
+        assert len(forwards) <= len(budget_chunks([len(s) for s in sorted(seqs)], 150)) + len(cuts) - 2
+        assert tokens["shared"] > 0 and tokens["computed"] == tokens["real"] - tokens["shared"]
 
 
 @pytest.mark.parametrize("share", [False, True])

@@ -54,6 +54,13 @@ class Progress:
             self._last = now
             self._line()
 
+    def retotal(self, total: int) -> None:
+        """Correct the total once it is known (work found to be smaller than first counted)."""
+        self.total = total
+        if self._bar is not None:
+            self._bar.total = total
+            self._bar.refresh()
+
     def _line(self, final: bool = False) -> None:
         elapsed = time.monotonic() - self._t0
         rate = (self.n - self._start) / elapsed if elapsed > 0 else 0.0

@@ -28,7 +28,7 @@ buckets otherwise.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
@@ -380,10 +380,43 @@ def score_sequences(
     GPU runs this one. Otherwise: `padded_scores` through `forward` (default `last_token_forward`).
     `on_scored(n)` is called as each forward's n sequences are queued (a progress bar's hook).
     """
-    real = sum(map(len, seqs))
-    if not seqs:
-        return torch.empty(0), {"real": 0, "computed": 0, "padding": 0, "shared": 0}
+    return score_sequence_chunks(
+        [seqs], varlen=varlen, max_batch_tokens=max_batch_tokens, backbone=backbone, head=head,
+        forward=forward, pad_token_id=pad_token_id, device=device, share_prefixes=share_prefixes,
+        min_prefix=min_prefix, on_scored=on_scored,
+    )  # fmt: skip
+
+
+def score_sequence_chunks(
+    chunks: Iterable[Sequence[Sequence[int]]],
+    *,
+    varlen: bool,
+    max_batch_tokens: int,
+    backbone: torch.nn.Module | None = None,
+    head: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    forward: ForwardPadded | None = None,
+    pad_token_id: int = 0,
+    device: torch.device | str = "cpu",
+    share_prefixes: bool = False,
+    min_prefix: int = 16,
+    on_scored: Callable[[int], None] | None = None,
+) -> tuple[torch.Tensor, dict[str, int]]:
+    """`score_sequences` of the chunks' sequences in the order they come (scores in that order),
+    packing each chunk as it arrives.
+
+    Why: an evaluation tokenises thousands of texts. Fed from a tokenising thread chunk by chunk,
+    the packed path queues a chunk's forwards while the next chunk is tokenised, so the GPU is not
+    idle for the whole tokenisation first. Forwards are cut as in `score_sequences`: whole budgets
+    of the sequences seen so far (sorted by tokens within each chunk with `share_prefixes`), the
+    last, partly filled one held back for the next chunk. One chunk packs exactly as
+    `score_sequences`. The padded path has nothing to overlap (it runs on the host's own time):
+    it takes all chunks, then scores.
+    """
     if not varlen:
+        seqs = [s for chunk in chunks for s in chunk]
+        real = sum(map(len, seqs))
+        if not seqs:
+            return torch.empty(0), {"real": 0, "computed": 0, "padding": 0, "shared": 0}
         if forward is None:
             if backbone is None or head is None:
                 raise ValueError("score_sequences needs a forward, or a backbone and a head")
@@ -393,17 +426,39 @@ def score_sequences(
             on_scored=on_scored,
         )  # fmt: skip
         return scores, {"real": real, "computed": slots, "padding": slots - real, "shared": 0}
-    if backbone is None or head is None:
-        raise ValueError("the varlen path needs the backbone and the head")
-    order = sorted(range(len(seqs)), key=lambda i: list(seqs[i])) if share_prefixes else range(len(seqs))
-    ordered = [seqs[i] for i in order]
-    parts, computed = [], 0
-    for chunk in budget_chunks([len(s) for s in ordered], max_batch_tokens):
-        plan = plan_packed([ordered[i] for i in chunk], share_prefixes=share_prefixes, min_prefix=min_prefix)
-        parts.append(packed_scores(backbone, head, plan).float())
-        computed += plan.computed_tokens
-        if on_scored is not None:
-            on_scored(len(chunk))
-    scores = torch.empty(len(seqs), dtype=torch.float32)
-    scores[torch.as_tensor(list(order), dtype=torch.long)] = to_host(torch.cat(parts))
+    parts: list[torch.Tensor] = []
+    order: list[int] = []  # stream position of each score in `parts`
+    pending: list[tuple[int, Sequence[int]]] = []
+    real = computed = total = 0
+
+    def pack(final: bool) -> None:
+        nonlocal pending, computed
+        runs = budget_chunks([len(s) for _, s in pending], max_batch_tokens)
+        keep = [] if final or not runs else runs.pop()  # a partial budget waits for the next chunk
+        if runs and (backbone is None or head is None):
+            raise ValueError("the varlen path needs the backbone and the head")
+        for run in runs:
+            plan = plan_packed(
+                [pending[i][1] for i in run], share_prefixes=share_prefixes, min_prefix=min_prefix
+            )
+            parts.append(packed_scores(backbone, head, plan).float())
+            order.extend(pending[i][0] for i in run)
+            computed += plan.computed_tokens
+            if on_scored is not None:
+                on_scored(len(run))
+        pending = [pending[i] for i in keep]
+
+    for chunk in chunks:
+        arrived = [(total + i, s) for i, s in enumerate(chunk)]
+        total += len(arrived)
+        real += sum(len(s) for _, s in arrived)
+        if share_prefixes:
+            arrived.sort(key=lambda entry: list(entry[1]))
+        pending += arrived
+        pack(final=False)
+    pack(final=True)
+    if not total:
+        return torch.empty(0), {"real": 0, "computed": 0, "padding": 0, "shared": 0}
+    scores = torch.empty(total, dtype=torch.float32)
+    scores[torch.as_tensor(order, dtype=torch.long)] = to_host(torch.cat(parts))
     return scores, {"real": real, "computed": computed, "padding": 0, "shared": real - computed}

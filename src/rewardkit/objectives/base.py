@@ -114,6 +114,10 @@ class PairScorer:
     score_branches: Callable[..., np.ndarray] | None = None
     """`score_branches(branches, progress=None)`: one score per branch through the packed path."""
     scoring: dict[str, Any] = field(default_factory=dict)
+    score_branch_chunks: Callable[..., np.ndarray] | None = None
+    """`score_branch_chunks(chunks, progress=None)`: `score_branches` of branches that arrive in
+    chunks (from a tokenising thread), scores in arrival order, each chunk's forwards queued as
+    it comes."""
 
 
 @torch.no_grad()

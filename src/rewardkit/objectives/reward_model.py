@@ -11,7 +11,7 @@ training loop's probe evaluation uses, through `rewardkit.objectives.base.score_
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from rewardkit.models.loading import (
     torch_dtype,
     write_model_files,
 )
-from rewardkit.models.packed_scoring import score_sequences, varlen_supported
+from rewardkit.models.packed_scoring import score_sequence_chunks, varlen_supported
 from rewardkit.models.reward_model import RewardModel, build_backbone, last_token_parts, model_spec
 from rewardkit.objectives.base import (
     MicroBatchOutput,
@@ -119,22 +119,31 @@ def load_scorer(
     read_at = _read_position(model, tokenizer)
 
     @torch.inference_mode()
-    def score_branches(
-        branches: list[TokenizedBranch], progress: Progress | None = None, per_unit: int = 1
+    def score_branch_chunks(
+        chunks: Iterable[Sequence[TokenizedBranch]], progress: Progress | None = None, per_unit: int = 1
     ) -> np.ndarray:
-        """Scores per branch; `progress` advances by one per `per_unit` branches scored."""
-        seqs = [b.input_ids[: read_at(b) + 1] for b in branches]
-        values, tokens = score_sequences(
-            seqs, varlen=varlen, max_batch_tokens=max_batch_tokens, backbone=backbone, head=head,
+        """Scores per branch, in the order the chunks bring them; each chunk's forwards are
+        queued as it arrives (`score_sequence_chunks`); `progress` advances by one per
+        `per_unit` branches scored."""
+        values, tokens = score_sequence_chunks(
+            ([b.input_ids[: read_at(b) + 1] for b in chunk] for chunk in chunks),
+            varlen=varlen, max_batch_tokens=max_batch_tokens, backbone=backbone, head=head,
             pad_token_id=pad, device=device, share_prefixes=varlen,
             on_scored=None if progress is None else _units(progress, per_unit),
         )  # fmt: skip
         scoring.update({f"{k}_tokens": v for k, v in tokens.items()})
         return values.numpy().astype(np.float64)
 
+    def score_branches(
+        branches: list[TokenizedBranch], progress: Progress | None = None, per_unit: int = 1
+    ) -> np.ndarray:
+        """Scores per branch; `progress` advances by one per `per_unit` branches scored."""
+        return score_branch_chunks([branches], progress, per_unit)
+
     return PairScorer(
-        metadata.get("objective", OBJECTIVE), tokenizer, metadata, score, score_branches, scoring
-    )
+        metadata.get("objective", OBJECTIVE), tokenizer, metadata, score, score_branches, scoring,
+        score_branch_chunks,
+    )  # fmt: skip
 
 
 def _units(progress: Progress, per_unit: int) -> Callable[[int], None]:

@@ -6,9 +6,11 @@ One path for the three benchmarks:
    line naming the missing columns; bad rows are rejected with reason codes and counted;
 2. score every distinct (prompt, response) once, through the checkpoint's objective scorer
    (`rewardkit.objectives.registry.load_pair_scorer`, as `rewardkit eval --probe`): a reward
-   model scores the texts on their own (`PairScorer.score_branches`: packed forwards on CUDA
-   in bf16/fp16, where the responses to one prompt share its tokens; length-sorted padded
-   buckets elsewhere); other objectives get them sorted by length, two per `TokenizedPair`;
+   model scores the texts on their own (`PairScorer.score_branch_chunks`: packed forwards on
+   CUDA in bf16/fp16, where the responses to one prompt share its tokens; length-sorted padded
+   buckets elsewhere); other objectives get them sorted by length, two per `TokenizedPair`.
+   The texts are tokenised on a thread, `STREAM_ITEMS` examples at a time, while the GPU
+   scores the chunks before (`TokenisedTexts`, `core.background.ahead`);
 3. apply the benchmark's released scoring rules (`rewardbench`, `rewardbench2`, `rmbench`);
 4. bootstrap every number (`common.statistics_block`) and write `examples.jsonl`,
    `worst.json` and `summary.json` (last, with the examples' SHA-256).
@@ -20,6 +22,7 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -27,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from rewardkit.core import atomic
+from rewardkit.core.background import ahead
 from rewardkit.core.errors import UsageError
 from rewardkit.core.hashing import sha256_bytes
 from rewardkit.core.progress import DEFAULT_EVERY_S
@@ -98,6 +102,11 @@ def data_sha256(items: list[Item]) -> str:
 
 ENCODE_CHUNK = 2048
 """Texts per tokenizer call: a fast tokenizer encodes a batch on several threads, GIL released."""
+
+STREAM_ITEMS = 256
+"""Examples tokenised per chunk handed to the scorer (`TokenisedTexts.stream`): small enough that
+the GPU starts soon after the first, large enough to keep the tokenizer's batches and the packed
+forwards full (a best-of-4 chunk is ≈ 1,000 texts, ≈ 550k tokens: 8 forwards of 65,536)."""
 
 
 def _untruncated_branches(
@@ -184,6 +193,78 @@ def tokenize_texts(
     return branches, lengths, cut
 
 
+class TokenisedTexts:
+    """The distinct (prompt, response) texts of a benchmark, tokenised chunk by chunk as the
+    scorer takes them (`stream`), and what that decided: the examples kept, the order in which
+    their texts went to the scorer, and per text its branch, completion tokens and truncation."""
+
+    def __init__(self, n: int) -> None:
+        self.branches: list[TokenizedBranch | None] = [None] * n
+        self.lengths = [0] * n
+        self.cut = [False] * n
+        self.kept: list[Item] = []
+        self.order: list[int] = []  # text index of each score, in the order the scorer got them
+        self._done = [False] * n
+        self._sent = [False] * n
+
+    def stream(
+        self,
+        items: list[Item],
+        index: dict[tuple[str, str], int],
+        tokenizer: Any,
+        data: dict[str, Any],
+        *,
+        max_length: int,
+        truncation: str,
+    ) -> Iterator[list[TokenizedBranch]]:
+        """Per chunk of `STREAM_ITEMS` examples: tokenise its texts not seen before, reject the
+        examples with a dropped or empty text (counted in `data` by reason), and yield the kept
+        examples' texts not yet sent, so every text is scored once."""
+        keys = list(index)
+        for start in range(0, len(items), STREAM_ITEMS):
+            chunk = items[start : start + STREAM_ITEMS]
+            ids = [[index[(it.prompt, t)] for t in (*it.chosen, *it.rejected)] for it in chunk]
+            new = [i for i in dict.fromkeys(i for row in ids for i in row) if not self._done[i]]
+            branches, lengths, cut = tokenize_texts(
+                tokenizer, [keys[i] for i in new], max_length=max_length, truncation=truncation
+            )  # fmt: skip
+            for i, branch, length, was_cut in zip(new, branches, lengths, cut, strict=True):
+                self.branches[i], self.lengths[i], self.cut[i], self._done[i] = branch, length, was_cut, True
+            out: list[TokenizedBranch] = []
+            for item, row in zip(chunk, ids, strict=True):
+                missing = [i for i in row if self.branches[i] is None]
+                if missing:
+                    reason = R.OVERSIZE if any(self.cut[i] for i in missing) else R.EMPTY_COMPLETION
+                    data["rejections"][reason] = data["rejections"].get(reason, 0) + 1
+                    data["first_rejection"].setdefault(reason, f"id {item.id}: a response {reason}")
+                    continue
+                self.kept.append(item)
+                for i in row:
+                    if not self._sent[i]:
+                        self._sent[i] = True
+                        self.order.append(i)
+                        out.append(self.branches[i])  # type: ignore[arg-type]
+            yield out
+
+
+def score_branch_stream(
+    scorer: Any, chunks: Iterable[list[TokenizedBranch]], batch_size: int, progress: Any = None
+) -> tuple[np.ndarray, int]:
+    """One float64 score per branch (arrival order) and the token count: through the scorer's own
+    `score_branch_chunks` where it has one (each chunk's forwards queued as it arrives; progress
+    in pairs, two branches a unit), else all chunks gathered and scored by `score_branches`."""
+    if scorer.score_branch_chunks is not None:
+        counted: list[int] = []
+
+        def counting() -> Iterator[list[TokenizedBranch]]:
+            for chunk in chunks:
+                counted.append(sum(len(b) for b in chunk))
+                yield chunk
+
+        return scorer.score_branch_chunks(counting(), progress, per_unit=2), sum(counted)
+    return score_branches(scorer, [b for chunk in chunks for b in chunk], batch_size, progress)
+
+
 def score_branches(
     scorer: Any, branches: list[TokenizedBranch], batch_size: int, progress: Any = None
 ) -> tuple[np.ndarray, int]:
@@ -245,29 +326,20 @@ def evaluate_benchmark(
         for text in (*item.chosen, *item.rejected):
             index.setdefault((item.prompt, text), len(index))
     keys = list(index)
-    branches, lengths, cut = tokenize_texts(
-        scorer.tokenizer, keys, max_length=max_length, truncation=truncation
-    )
-
-    kept: list[Item] = []
-    for item in items:
-        ids = [index[(item.prompt, t)] for t in (*item.chosen, *item.rejected)]
-        missing = [i for i in ids if branches[i] is None]
-        if missing:
-            reason = R.OVERSIZE if any(cut[i] for i in missing) else R.EMPTY_COMPLETION
-            data["rejections"][reason] = data["rejections"].get(reason, 0) + 1
-            data["first_rejection"].setdefault(reason, f"id {item.id}: a response {reason}")
-            continue
-        kept.append(item)
-    data["valid"], data["rejected"] = len(kept), data["rows"] - len(kept)
-    if not kept:
-        raise UsageError(f"{data_path}: no example left after tokenisation ({data['rejections']})")
-    items = kept
-    used = sorted({index[(it.prompt, t)] for it in items for t in (*it.chosen, *it.rejected)})
+    texts = TokenisedTexts(len(keys))
+    chunks = texts.stream(
+        items, index, scorer.tokenizer, data, max_length=max_length, truncation=truncation
+    )  # fmt: skip
     started = time.perf_counter()
-    with scoring_progress((len(used) + 1) // 2, progress, progress_every_s) as bar:
-        used_scores, tokens = score_branches(scorer, [branches[i] for i in used], batch_size, bar)
+    with scoring_progress((len(keys) + 1) // 2, progress, progress_every_s) as bar:
+        used_scores, tokens = score_branch_stream(scorer, ahead(chunks), batch_size, bar)
+        bar.retotal((len(texts.order) + 1) // 2)
     seconds = time.perf_counter() - started
+    items, used = texts.kept, texts.order
+    data["valid"], data["rejected"] = len(items), data["rows"] - len(items)
+    if not items:
+        raise UsageError(f"{data_path}: no example left after tokenisation ({data['rejections']})")
+    lengths, cut = texts.lengths, texts.cut
     bad = np.flatnonzero(~np.isfinite(used_scores))
     if bad.size:
         raise UsageError(
