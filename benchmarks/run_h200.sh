@@ -4,7 +4,7 @@
 #   bash benchmarks/run_h200.sh OUT SECTION...     SECTION: tests train_rm train_dpo clip_forward serve profile
 #                                                  clip_forward_towers serve_graphs serve_decode
 #                                                  serve_pipeline serve_http train_dpo_gc train_dpo_lora integrations
-#                                                  serve_text serve_text_host eval_throughput judge_engine math
+#                                                  serve_text serve_text_profile serve_text_host eval_throughput judge_engine math
 #                                                  qualify_fp16 qualify_bf16 qualify_fp32 qualify_mps_bf16
 #
 # Run from the repository root on the GPU machine, with the carried wheels installed
@@ -101,6 +101,10 @@ for section in "$@"; do
     serve_text)  # issue 22: varlen ceiling (c), HTTP --config/--deploy two (d, the default) and one (d1) batch in flight, prefix sharing (e)
         step serve_text 480 python3 benchmarks/serve_text.py --models qwen2-0.5b,llama-3.2-1b --variants c,d,d1,e \
             --repeats 1 --out "$OUT/serve_text/run8.json" ;;
+    serve_text_profile)  # issue 22: where a 0.5B server's GIL goes with and without prefix sharing (py-spy on PATH: its wheel in .devcarry/wheels)
+        step serve_text_profile 200 python3 benchmarks/serve_text.py --models qwen2-0.5b --variants d,e \
+            --serve-modes config,deploy --repeats 1 --profile "$OUT/serve_text/profile" --profile-gil \
+            --out "$OUT/serve_text/profile.json" ;;
     serve_text_host)  # the host side alone (model forward stood in) next to the ceiling
         step serve_text_host 200 python3 benchmarks/serve_text.py --models qwen2-0.5b --variants c,h,h+ \
             --repeats 1 --out "$OUT/serve_text/host.json" ;;
