@@ -356,22 +356,9 @@ def last_token_forward(
     return forward
 
 
-def score_sequences(
-    seqs: Sequence[Sequence[int]],
-    *,
-    varlen: bool,
-    max_batch_tokens: int,
-    backbone: torch.nn.Module | None = None,
-    head: Callable[[torch.Tensor], torch.Tensor] | None = None,
-    forward: ForwardPadded | None = None,
-    pad_token_id: int = 0,
-    device: torch.device | str = "cpu",
-    share_prefixes: bool = False,
-    min_prefix: int = 16,
-    on_scored: Callable[[int], None] | None = None,
-) -> tuple[torch.Tensor, dict[str, int]]:
+def score_sequences(seqs: Sequence[Sequence[int]], **options: Any) -> tuple[torch.Tensor, dict[str, int]]:
     """fp32 scores (host, input order) read at each sequence's last token, and the token accounting
-    `{real, computed, padding, shared}`.
+    `{real, computed, padding, shared}`: `score_sequence_chunks` of one chunk, with its options.
 
     `varlen`: packed forwards of `backbone` (attn_implementation `rk_varlen`) + `head`, at most
     `max_batch_tokens` tokens each; with `share_prefixes` the sequences are packed in token order,
@@ -380,11 +367,7 @@ def score_sequences(
     GPU runs this one. Otherwise: `padded_scores` through `forward` (default `last_token_forward`).
     `on_scored(n)` is called as each forward's n sequences are queued (a progress bar's hook).
     """
-    return score_sequence_chunks(
-        [seqs], varlen=varlen, max_batch_tokens=max_batch_tokens, backbone=backbone, head=head,
-        forward=forward, pad_token_id=pad_token_id, device=device, share_prefixes=share_prefixes,
-        min_prefix=min_prefix, on_scored=on_scored,
-    )  # fmt: skip
+    return score_sequence_chunks([seqs], **options)
 
 
 def score_sequence_chunks(
