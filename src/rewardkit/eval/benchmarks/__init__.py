@@ -325,13 +325,12 @@ def evaluate_benchmark(
     for item in items:
         for text in (*item.chosen, *item.rejected):
             index.setdefault((item.prompt, text), len(index))
-    keys = list(index)
-    texts = TokenisedTexts(len(keys))
+    texts = TokenisedTexts(len(index))
     chunks = texts.stream(
         items, index, scorer.tokenizer, data, max_length=max_length, truncation=truncation
     )  # fmt: skip
     started = time.perf_counter()
-    with scoring_progress((len(keys) + 1) // 2, progress, progress_every_s) as bar:
+    with scoring_progress((len(index) + 1) // 2, progress, progress_every_s) as bar:
         used_scores, tokens = score_branch_stream(scorer, ahead(chunks), batch_size, bar)
         bar.retotal((len(texts.order) + 1) // 2)
     seconds = time.perf_counter() - started
@@ -345,7 +344,7 @@ def evaluate_benchmark(
         raise UsageError(
             f"model gave {bad.size} non-finite score(s); nothing written", code="non_finite_scores"
         )
-    scores = np.full(len(keys), np.nan)
+    scores = np.full(len(index), np.nan)
     scores[used] = used_scores
 
     def pick(item: Item, texts: tuple[str, ...]) -> np.ndarray:
