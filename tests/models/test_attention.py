@@ -140,6 +140,25 @@ def test_flash_kernel_with_more_keys_than_queries_matches_the_reference(dtype):
     torch.testing.assert_close(flash.float(), exact, atol=2e-2, rtol=0)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+def test_scoring_calls_the_kernel_directly_and_matches_the_differentiable_op(causal, monkeypatch):
+    """Without autograd `_flash` skips torch's custom-op wrapper and the repeated k/v heads; with
+    it (training) it keeps the op, which can differentiate. Both give the same attention."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(60, 14, 64, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k, v = (torch.randn(150, 2, 64, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
+    cu_q = torch.tensor([0, 20, 21, 60], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, 50, 71, 150], dtype=torch.int32, device="cuda")
+    differentiable = attention._flash(q.requires_grad_(), k, v, cu_q, cu_k, 39, 79, None, causal)
+    differentiable.sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()
+    monkeypatch.setattr(attention, "_VARLEN_ATTN", None)  # the wrapper must not be reached
+    with torch.no_grad():
+        direct = attention._flash(q, k, v, cu_q, cu_k, 39, 79, None, causal)
+    torch.testing.assert_close(direct, differentiable.detach(), atol=0, rtol=0)
+
+
 def test_varlen_models_pack_a_micro_batch_into_one_unpadded_row(monkeypatch):
     from transformers import masking_utils
 

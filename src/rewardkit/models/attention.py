@@ -114,6 +114,8 @@ _VARLEN_ATTN, _VARLEN_PARAMS = _flash_varlen()
 
 
 def _flash(q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float | None, causal: bool) -> torch.Tensor:
+    if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+        return _flash_kernel(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal)
     kwargs: dict[str, Any] = {"scale": scale}
     if "window_size" in _VARLEN_PARAMS:  # torch >= 2.11
         kwargs["window_size"] = (-1, 0) if causal else (-1, -1)
@@ -125,6 +127,27 @@ def _flash(q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float | None, cau
         else:
             k, v = _repeat_kv(k, v, q.shape[1])
     return _VARLEN_ATTN(q, k, v, cu_q, cu_k, max_q, max_k, **kwargs)
+
+
+def _flash_kernel(
+    q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float | None, causal: bool
+) -> torch.Tensor:
+    """Scoring (nothing to differentiate): the flash varlen kernel `varlen_attn` wraps, called
+    directly. Grouped key heads go in as they are.
+
+    Why: `varlen_attn` is a Python custom op, there for autograd, whose wrapper costs about
+    150 µs of host time per call, once per layer. Before torch 2.13 it also refuses fewer key
+    than query heads, so k and v had to be repeated, two more copies per layer. The kernel
+    itself takes grouped heads; the H200 run in docs/benchmarks/serve_text.md (run 8) checked
+    the output identical. A 0.5B forward is launched in about as long as the GPU takes to run
+    it, so host time per layer is throughput there.
+    """
+    window_right = 0 if causal else -1
+    out = torch.ops.aten._flash_attention_forward(
+        q, k, v, cu_q, cu_k, max_q, max_k, 0.0, causal, False,
+        scale=scale, window_size_left=-1, window_size_right=window_right,
+    )  # fmt: skip
+    return out[0]
 
 
 def _repeat_kv(k: torch.Tensor, v: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
