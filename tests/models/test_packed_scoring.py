@@ -262,3 +262,50 @@ def test_a_packed_forward_never_asks_transformers_to_find_packed_sequences(monke
             packed_scores(
                 model.base_model, model.score, plan_packed(seqs, share_prefixes=share, min_prefix=8)
             )
+
+
+@pytest.mark.parametrize("shared_lock", [True, False], ids=["one-lock", "no-lock"])
+def test_threads_sharing_a_launch_lock_queue_their_forwards_one_at_a_time(shared_lock, monkeypatch):
+    """Batches in flight on one stream must not interleave their kernels (see score_sequence_chunks):
+    with the lock the launches never overlap; without it (the control) they do."""
+    import threading
+    import time
+
+    from rewardkit.models import packed_scoring
+
+    real = packed_scoring.packed_scores
+    active, most, guard = [0], [0], threading.Lock()
+
+    def slow_launch(*args):
+        with guard:
+            active[0] += 1
+            most[0] = max(most[0], active[0])
+        time.sleep(0.05)
+        try:
+            return real(*args)
+        finally:
+            with guard:
+                active[0] -= 1
+
+    monkeypatch.setattr(packed_scoring, "packed_scores", slow_launch)
+    model = seqcls("llama", "rk_varlen")
+    lock = threading.Lock() if shared_lock else None
+    start = threading.Barrier(2)
+    got: list[torch.Tensor] = []
+
+    def score():
+        start.wait()
+        with torch.no_grad():
+            scores, _ = score_sequences(
+                corpus(), varlen=True, max_batch_tokens=10_000, backbone=model.base_model,
+                head=model.score, launch_lock=lock,
+            )  # fmt: skip
+        got.append(scores)
+
+    threads = [threading.Thread(target=score) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert most[0] == (1 if shared_lock else 2)
+    torch.testing.assert_close(got[0], got[1], atol=0, rtol=0)

@@ -28,7 +28,9 @@ buckets otherwise.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
@@ -383,9 +385,16 @@ def score_sequence_chunks(
     share_prefixes: bool = False,
     min_prefix: int = 16,
     on_scored: Callable[[int], None] | None = None,
+    launch_lock: AbstractContextManager | None = None,
 ) -> tuple[torch.Tensor, dict[str, int]]:
     """`score_sequences` of the chunks' sequences in the order they come (scores in that order),
     packing each chunk as it arrives.
+
+    `launch_lock`, held while a packed forward's kernels are queued: threads that keep batches
+    in flight on one stream share one, so each forward's kernels are queued whole, one forward
+    after another, and not interleaved with another thread's. Interleaved, two forwards finish
+    together and the GPU waits while both threads take their next batches; in order, the first
+    finishes a forward earlier and its next batch is launched while the second runs.
 
     Why: an evaluation tokenises thousands of texts. Fed from a tokenising thread chunk by chunk,
     the packed path queues a chunk's forwards while the next chunk is tokenised, so the GPU is not
@@ -424,7 +433,8 @@ def score_sequence_chunks(
             plan = plan_packed(
                 [pending[i][1] for i in run], share_prefixes=share_prefixes, min_prefix=min_prefix
             )
-            parts.append(packed_scores(backbone, head, plan).float())
+            with launch_lock or contextlib.nullcontext():
+                parts.append(packed_scores(backbone, head, plan).float())
             order.extend(pending[i][0] for i in run)
             computed += plan.computed_tokens
             if on_scored is not None:
