@@ -98,12 +98,12 @@ for section in "$@"; do
     integrations)  # each trainer route against /v1/score, Qwen2-0.5B-shaped RM in bf16 (issue 21)
         step integrations 280 python3 benchmarks/integrations.py --shape qwen2-0.5b --dtype bf16 \
             --seconds 6 --warmup 2 --rounds 3 --processes 4 --out "$OUT/integrations/h200_qwen2_0.5b_bf16.json" ;;
-    serve_text)  # issue 22: varlen ceiling (c), HTTP --config/--deploy two (d, the default) and one (d1) batch in flight, prefix sharing (e)
-        step serve_text 480 python3 benchmarks/serve_text.py --models qwen2-0.5b,llama-3.2-1b --variants c,d,d1,e \
-            --repeats 1 --out "$OUT/serve_text/run8.json" ;;
+    serve_text)  # issue 22: varlen ceiling (c), the same at the served batch size (cb, cb+), HTTP --config/--deploy (d), prefix sharing (e), GPU timelines
+        step serve_text 480 python3 benchmarks/serve_text.py --models qwen2-0.5b,llama-3.2-1b --variants c,cb,cb+,d,e \
+            --repeats 1 --trace "$OUT/serve_text/trace" --out "$OUT/serve_text/run10.json" ;;
     serve_text_profile)  # issue 22: where a 0.5B server's GIL goes with and without prefix sharing (py-spy on PATH: its wheel in .devcarry/wheels)
         step serve_text_profile 200 python3 benchmarks/serve_text.py --models qwen2-0.5b --variants d,e \
-            --serve-modes config,deploy --repeats 1 --profile "$OUT/serve_text/profile" --profile-gil \
+            --serve-modes config,deploy --repeats 1 --profile "$OUT/serve_text/profile" --profile-gil --profile-idle \
             --out "$OUT/serve_text/profile.json" ;;
     serve_text_host)  # the host side alone (model forward stood in) next to the ceiling
         step serve_text_host 200 python3 benchmarks/serve_text.py --models qwen2-0.5b --variants c,h,h+ \

@@ -10,6 +10,8 @@ Variants, per model shape (random init at the real shapes, bf16):
   b  the same, sorted by length
   c  in-process padding-free (varlen) forward of the whole corpus: the ceiling
   c+ (c) with each group's prompt packed once (prefix sharing)
+  cb, cb+  (c) and (c+) cut into forwards of --batcher-tokens input tokens, the size of the
+     batches the server forms: the ceiling at the served batch size
   d  rewardkit serve over HTTP (`--config`), 16 concurrent clients sending groups of 8, the
      scorer's default of two batches in flight (run 7 called this d2; its d was d1)
   d1 (d) with one batch at a time (`pipeline_depth: 1`)
@@ -20,6 +22,11 @@ Variants, per model shape (random init at the real shapes, bf16):
   h+ (h) with prefix sharing on
 
 MFU = 2 x non-embedding params x real tokens/s / 790e12 (real tokens: the corpus's, not padding).
+
+--trace DIR records every packed forward's host and GPU times, in process and in the server
+(benchmarks/serve_text_trace.py), and adds trace_* fields to each row: GPU busy fraction, ms
+per forward, launch time. --profile DIR attaches py-spy to the server (--profile-gil,
+--profile-idle). --switch-interval sets the server's sys.setswitchinterval.
 
     python3 benchmarks/serve_text.py --out serve_text.json                 # CUDA: all variants
     python3 benchmarks/serve_text.py --models tiny --variants a,b,c,c+ --n-groups 8   # CPU smoke
@@ -243,6 +250,15 @@ def parse_args(argv=None):
     )
     p.add_argument("--profile", type=Path, default=None, help="py-spy the timed HTTP runs into this folder")
     p.add_argument("--profile-gil", action="store_true", help="with --profile: only the GIL holder")
+    p.add_argument(
+        "--trace", type=Path, default=None, help="the served forwards' GPU timeline into this folder"
+    )
+    p.add_argument(
+        "--switch-interval", type=float, default=None, help="the server's sys.setswitchinterval (seconds)"
+    )
+    p.add_argument(
+        "--profile-idle", action="store_true", help="with --profile: idle threads too (where each one waits)"
+    )
     return p.parse_args(argv)
 
 
@@ -395,6 +411,30 @@ def standin_env(tmp: Path) -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join(path)}
 
 
+def safe_label(label: str) -> str:
+    return label.replace(":", "-").replace("+", "plus")
+
+
+def server_env(tmp: Path, args, standin: bool, label: str) -> dict[str, str] | None:
+    """The served process's extra environment: the stand-in scorer's plugin path (`standin`)
+    and, with --trace or --switch-interval, a sitecustomize that records its forwards' GPU
+    timeline or sets its GIL switch interval."""
+    env = standin_env(tmp) if standin else {}
+    if args.trace is not None or args.switch_interval is not None:
+        from serve_text_trace import ENV, SWITCH_ENV, sitecustomize_dir
+
+        site = sitecustomize_dir(tmp / "trace_site")
+        here = str(Path(__file__).resolve().parent)
+        rest = env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), here, rest]))
+        if args.trace is not None:
+            args.trace.mkdir(parents=True, exist_ok=True)
+            env[ENV] = str(args.trace.resolve() / safe_label(label))
+        if args.switch_interval is not None:
+            env[SWITCH_ENV] = str(args.switch_interval)
+    return env or None
+
+
 def http_variant(
     model_shape: str,
     tok_dir: Path,
@@ -455,7 +495,7 @@ def http_variant(
         with running_server(
             serve_args,
             Path(tmp),
-            env=standin_env(Path(tmp)) if standin else None,
+            env=server_env(Path(tmp), args, standin, label),
             ready_timeout_s=600,
         ) as url:
 
@@ -480,16 +520,23 @@ def http_variant(
                     before = server_processes(str(cfg))
                     batches_before = await batch_metrics(client)
                     with profiled(args, f"{model_shape}-{label}", before):
-                        t0 = time.perf_counter()
+                        window[0] = t0 = time.perf_counter()
                         await asyncio.gather(*(worker() for _ in range(args.clients)))
                         seconds = time.perf_counter() - t0
+                        window[1] = time.perf_counter()
                     after = server_processes(str(cfg))
                     batches_after = await batch_metrics(client)
                     cpu = sum(after.get(p, 0.0) - c for p, c in before.items()) if before else None
                     batches = {k: batches_after[k] - batches_before.get(k, 0.0) for k in batches_after}
                     return seconds, latencies, cpu, batches
 
+            window = [0.0, 0.0]
             seconds, latencies, cpu_s, batches = asyncio.run(main())
+    trace = {}
+    if args.trace is not None:
+        from serve_text_trace import load, summarise
+
+        trace = {f"trace_{k}": v for k, v in summarise(load(args.trace / safe_label(label)), *window).items()}
     measured = len(latencies) * args.group_size
     tokens = sum(len(r["ids"]) for r in rows) * measured / len(rows)
     return {
@@ -503,6 +550,7 @@ def http_variant(
         **({"server_cpu_ms_per_seq": 1e3 * cpu_s / measured} if cpu_s is not None else {}),
         # what the batcher formed during the timed phase (/metrics): fragmentation shows here
         **batch_summary(batches),
+        **trace,
     }
 
 
@@ -573,10 +621,12 @@ def profiled(args, label: str, pids: Iterable[int]) -> Iterator[None]:
         yield
         return
     args.profile.mkdir(parents=True, exist_ok=True)
-    out = args.profile / f"{label.replace(':', '-').replace('+', 'plus')}.txt"
+    out = args.profile / f"{safe_label(label)}.txt"
     root = min(pids)
-    cmd = ["py-spy", "record", "--pid", str(root), "--subprocesses", "--format", "raw", "--rate", "200"]
-    spy = subprocess.Popen([*cmd, *(["--gil"] if args.profile_gil else []), "-o", str(out)])
+    cmd = ["py-spy", "record", "--pid", str(root), "--subprocesses", "--threads", "--format", "raw"]
+    cmd += ["--rate", "200", "--nonblocking"]  # not paused while sampled: the throughput stays honest
+    flags = [*(["--gil"] if args.profile_gil else []), *(["--idle"] if args.profile_idle else [])]
+    spy = subprocess.Popen([*cmd, *flags, "-o", str(out)])
     time.sleep(2.0)  # attached before the clock starts
     try:
         yield
@@ -615,12 +665,17 @@ def main(argv=None) -> int:
         "rows": [],
         "summary": [],
     }
+    traced = None
+    if args.trace is not None:
+        from serve_text_trace import install
+
+        traced = install(str(args.trace / "inproc"))
     with tempfile.TemporaryDirectory() as tmp:
         tok_dir = Path(tmp) / "tokenizer"
         tokenizer.save_pretrained(tok_dir)
         for shape in args.models.split(","):
             per: dict[str, dict] = {}
-            in_process = bool({"a", "b", "c", "c+"} & set(variants))
+            in_process = bool({"a", "b", "c", "c+", "cb", "cb+"} & set(variants))
             # without an in-process variant the model only counts parameters: no weights (meta)
             at = device if in_process else "meta"
             model = build_model(shape, len(tokenizer), tokenizer.pad_token_id, at, "sdpa")
@@ -636,12 +691,25 @@ def main(argv=None) -> int:
                 per["b"] = {
                     "seconds": timed(run, padded_pass(model, warm, pad, device), device, args.repeats)
                 }
-            for name, share in (("c", False), ("c+", True)):
+            # cb / cb+: c / c+ cut into the batches a served scorer forms (--batcher-tokens of input
+            # per forward), so the device's own rate at the served batch shape is known
+            for name, share, budget in (
+                ("c", False, args.max_batch_tokens),
+                ("c+", True, args.max_batch_tokens),
+                ("cb", False, args.batcher_tokens),
+                ("cb+", True, args.batcher_tokens),
+            ):
                 if name in variants:
                     model.set_attn_implementation("rk_varlen")
-                    run, saved = packed_pass(model, seqs, args.max_batch_tokens, share)
-                    warm_run, _ = packed_pass(model, warm, args.max_batch_tokens, share)
+                    run, saved = packed_pass(model, seqs, budget, share)
+                    warm_run, _ = packed_pass(model, warm, budget, share)
+                    start = time.perf_counter()
                     per[name] = {"seconds": timed(run, warm_run, device, args.repeats), "saved_tokens": saved}
+                    if traced is not None:  # the in-process forwards' timeline, as the server's
+                        from serve_text_trace import summarise
+
+                        window = (start, time.perf_counter())
+                        per[name].update({f"trace_{k}": v for k, v in summarise(traced, *window).items()})
             del model
             if device == "cuda":
                 torch.cuda.empty_cache()
