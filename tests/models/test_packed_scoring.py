@@ -309,3 +309,21 @@ def test_threads_sharing_a_launch_lock_queue_their_forwards_one_at_a_time(shared
         t.join()
     assert most[0] == (1 if shared_lock else 2)
     torch.testing.assert_close(got[0], got[1], atol=0, rtol=0)
+
+
+def test_forwards_on_one_stream_share_a_launch_lock_and_other_streams_do_not(monkeypatch):
+    """The default lock is the stream's: every thread and scorer queuing on one stream shares it;
+    a stream of its own (a consolidated worker's scorer) has its own; off CUDA there is none."""
+    from types import SimpleNamespace
+
+    from rewardkit.models.packed_scoring import stream_launch_lock
+
+    current = {"stream": SimpleNamespace(device=SimpleNamespace(index=0), cuda_stream=7)}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: current["stream"])
+    first, again = stream_launch_lock("cuda:0"), stream_launch_lock("cuda:0")
+    current["stream"] = SimpleNamespace(device=SimpleNamespace(index=0), cuda_stream=8)
+    other = stream_launch_lock("cuda:0")
+    assert first is again and first is not other
+    assert hasattr(first, "acquire") and hasattr(other, "acquire")
+    assert not hasattr(stream_launch_lock("cpu"), "acquire")  # a null context

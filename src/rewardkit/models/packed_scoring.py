@@ -29,6 +29,7 @@ buckets otherwise.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -358,6 +359,29 @@ def last_token_forward(
     return forward
 
 
+_STREAM_LOCKS: dict[tuple[int, int], threading.Lock] = {}
+_STREAM_LOCKS_GUARD = threading.Lock()
+
+
+def stream_launch_lock(device: torch.device | str) -> AbstractContextManager:
+    """The lock held while a packed forward's kernels are queued on `device`'s current stream
+    (one per stream, shared by every thread and scorer of the process); none off CUDA.
+
+    Why: two threads keep batches in flight on one stream (serve/scorers/text.py). Queuing at
+    the same time, their kernels interleave on the stream, the two forwards run as one and end
+    together, and the GPU waits while both threads take their next batches. Queued whole, the
+    first forward ends a forward earlier and its thread's next batch is queued while the second
+    runs (H200 runs 8-9, docs/benchmarks/serve_text.md). Streams of their own (consolidated
+    workers, deploy/streams.py) keep locks of their own and do not wait for each other.
+    """
+    if not str(device).startswith("cuda") or not torch.cuda.is_available():
+        return contextlib.nullcontext()
+    stream = torch.cuda.current_stream(device)
+    key = (stream.device.index, stream.cuda_stream)
+    with _STREAM_LOCKS_GUARD:
+        return _STREAM_LOCKS.setdefault(key, threading.Lock())
+
+
 def score_sequences(seqs: Sequence[Sequence[int]], **options: Any) -> tuple[torch.Tensor, dict[str, int]]:
     """fp32 scores (host, input order) read at each sequence's last token, and the token accounting
     `{real, computed, padding, shared}`: `score_sequence_chunks` of one chunk, with its options.
@@ -390,11 +414,9 @@ def score_sequence_chunks(
     """`score_sequences` of the chunks' sequences in the order they come (scores in that order),
     packing each chunk as it arrives.
 
-    `launch_lock`, held while a packed forward's kernels are queued: threads that keep batches
-    in flight on one stream share one, so each forward's kernels are queued whole, one forward
-    after another, and not interleaved with another thread's. Interleaved, two forwards finish
-    together and the GPU waits while both threads take their next batches; in order, the first
-    finishes a forward earlier and its next batch is launched while the second runs.
+    `launch_lock` is held while a packed forward's kernels are queued; by default the lock of the
+    stream they go on (`stream_launch_lock`), so threads keeping batches in flight on one stream
+    queue each forward whole, one after another.
 
     Why: an evaluation tokenises thousands of texts. Fed from a tokenising thread chunk by chunk,
     the packed path queues a chunk's forwards while the next chunk is tokenised, so the GPU is not
@@ -433,7 +455,7 @@ def score_sequence_chunks(
             plan = plan_packed(
                 [pending[i][1] for i in run], share_prefixes=share_prefixes, min_prefix=min_prefix
             )
-            with launch_lock or contextlib.nullcontext():
+            with launch_lock or stream_launch_lock(device):
                 parts.append(packed_scores(backbone, head, plan).float())
             order.extend(pending[i][0] for i in run)
             computed += plan.computed_tokens

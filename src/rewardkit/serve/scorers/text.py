@@ -206,8 +206,6 @@ class SeqClsScorer(ModelScorer):
         self.backbone = self.head = None
         self.pooled_pad: int | None = None
         self._local = threading.local()  # each scoring thread's token accounting of its last batch
-        # batches in flight queue their forwards' kernels one forward at a time (packed_scoring)
-        self._launch_lock = threading.Lock()
 
     def _load_model(self):
         """(model, tokenizer, weights digest)."""
@@ -445,11 +443,11 @@ class SeqClsScorer(ModelScorer):
         goes from one forward straight into the next. The packed path makes this safe: its
         host-to-device copies are from pinned memory and its result waits on an event, so
         neither synchronises the stream the other batch is running on (models/packed_scoring.py),
-        and a forward keeps no state on the module. The threads queue their forwards' kernels
-        one whole forward at a time (`launch_lock`): interleaved, both forwards ended together
-        and the GPU waited while both threads took their next batches (H200 run 9 in
-        docs/benchmarks/serve_text.md). The padded CPU path gains nothing from it: two forwards
-        would only share the same cores."""
+        and a forward keeps no state on the module. The threads queue their forwards' kernels one
+        whole forward at a time (`packed_scoring.stream_launch_lock`): interleaved, both
+        forwards ended together and the GPU waited while both threads took their next batches
+        (H200 runs 8-9 in docs/benchmarks/serve_text.md). The padded CPU path gains nothing
+        from it: two forwards would only share the same cores."""
         return self.pipeline_depth if self.attention == "varlen" else 1
 
     @property
@@ -495,7 +493,6 @@ class SeqClsScorer(ModelScorer):
                 device=self.device,
                 share_prefixes=self.prefix_sharing,
                 min_prefix=self.min_prefix,
-                launch_lock=self._launch_lock,
             )
         for k, v in zip(rows, scores.tolist(), strict=True):
             results[k] = v
