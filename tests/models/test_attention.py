@@ -140,6 +140,25 @@ def test_flash_kernel_with_more_keys_than_queries_matches_the_reference(dtype):
     torch.testing.assert_close(flash.float(), exact, atol=2e-2, rtol=0)
 
 
+@pytest.mark.parametrize(
+    ("grad", "compiling", "route"),
+    [(False, False, "kernel"), (True, False, "op"), (False, True, "op")],
+    ids=["scoring", "training", "compiled"],
+)
+def test_only_uncompiled_scoring_calls_the_kernel_directly(grad, compiling, route, monkeypatch):
+    """The direct call skips autograd, so anything that may differentiate, and compiled graphs
+    (which trace the custom op), go through torch's `varlen_attn`."""
+    taken = []
+    monkeypatch.setattr(attention, "_flash_kernel", lambda *a: taken.append("kernel") or a[0])
+    monkeypatch.setattr(attention, "_VARLEN_ATTN", lambda q, *a, **k: taken.append("op") or q)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: compiling)
+    q = torch.randn(6, 4, 8, requires_grad=grad)
+    k = v = torch.randn(6, 4, 8)
+    cu = torch.tensor([0, 2, 6], dtype=torch.int32)
+    attention._flash(q, k, v, cu, cu, 4, 4, None, True)
+    assert taken == [route]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 def test_scoring_calls_the_kernel_directly_and_matches_the_differentiable_op(causal, monkeypatch):

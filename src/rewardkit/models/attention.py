@@ -114,7 +114,8 @@ _VARLEN_ATTN, _VARLEN_PARAMS = _flash_varlen()
 
 
 def _flash(q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float | None, causal: bool) -> torch.Tensor:
-    if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+    differentiable = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if not differentiable and not torch.compiler.is_compiling():
         return _flash_kernel(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal)
     kwargs: dict[str, Any] = {"scale": scale}
     if "window_size" in _VARLEN_PARAMS:  # torch >= 2.11
@@ -140,7 +141,9 @@ def _flash_kernel(
     than query heads, so k and v had to be repeated, two more copies per layer. The kernel
     itself takes grouped heads; the H200 run in docs/benchmarks/serve_text.md (run 8) checked
     the output identical. A 0.5B forward is launched in about as long as the GPU takes to run
-    it, so host time per layer is throughput there.
+    it, so host time per layer is throughput there. Compiled graphs (training's `compile: true`)
+    keep the custom op: it is what torch.compile knows how to trace, and a compiled graph pays
+    no per-call host cost anyway.
     """
     window_right = 0 if causal else -1
     out = torch.ops.aten._flash_attention_forward(
