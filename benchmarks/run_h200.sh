@@ -32,7 +32,7 @@ for section in "$@"; do
     mkdir -p "$OUT/$section"
     case $section in
     tests)
-        step tests 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests ;;
+        step tests 300 python3 -m pytest -v -p no:cacheprovider -m gpu tests ;;  # -v: the last test named before a crash
     train_rm)
         step train_rm-8x4-trl 170 python3 benchmarks/train_rm.py --out "$OUT/train_rm/8x4_trl.json"
         step train_rm-32x1-compile 200 python3 benchmarks/train_rm.py --grad-accum 1 --skip-trl --compile \
