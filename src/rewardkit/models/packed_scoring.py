@@ -444,6 +444,7 @@ def score_sequence_chunks(
     order: list[int] = []  # stream position of each score in `parts`
     pending: list[tuple[int, Sequence[int]]] = []
     real = computed = total = 0
+    lock = launch_lock or stream_launch_lock(device)  # the stream is the caller's for the whole call
 
     def pack(final: bool) -> None:
         nonlocal pending, computed
@@ -455,7 +456,7 @@ def score_sequence_chunks(
             plan = plan_packed(
                 [pending[i][1] for i in run], share_prefixes=share_prefixes, min_prefix=min_prefix
             )
-            with launch_lock or stream_launch_lock(device):
+            with lock:
                 parts.append(packed_scores(backbone, head, plan).float())
             order.extend(pending[i][0] for i in run)
             computed += plan.computed_tokens
