@@ -31,7 +31,7 @@ $(VENV)/.dev: pyproject.toml $(VENV)/.torch
 	touch $@ $(VENV)/.base
 
 demo: $(VENV)/.base
-	$(PY) -m rewardkit.demo
+	$(PY) -m rewardplane.demo
 
 test: $(VENV)/.dev
 	$(PY) -m ruff check src tests benchmarks

@@ -21,7 +21,7 @@ import tracemalloc
 
 import numpy as np
 
-from rewardkit.eval.bootstrap import DEFAULT_REPLICATES, bootstrap_mean, default_chunk_rows
+from rewardplane.eval.bootstrap import DEFAULT_REPLICATES, bootstrap_mean, default_chunk_rows
 
 
 def _values(n: int) -> np.ndarray:

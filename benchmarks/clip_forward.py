@@ -27,8 +27,8 @@ from pathlib import Path
 
 import torch
 
-from rewardkit.serve.scorers.clip import ClipScorer
-from rewardkit.train.loop import compile_blocks
+from rewardplane.serve.scorers.clip import ClipScorer
+from rewardplane.train.loop import compile_blocks
 from serve import FLOP_PER_PAIR, PEAK_FLOPS  # benchmarks/serve.py: the same FLOP counts and peak
 
 

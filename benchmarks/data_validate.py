@@ -1,4 +1,4 @@
-"""Benchmark `rewardkit data validate`: rows/s without a tokenizer, pairs/s with a fast one,
+"""Benchmark `rewardplane data validate`: rows/s without a tokenizer, pairs/s with a fast one,
 and peak RSS while streaming a large (default 1M-row) JSONL file.
 
 CPU only (data validation never touches the GPU). Each measurement runs in a fresh
@@ -34,7 +34,7 @@ def rss_mb() -> float:
 
 def generate(path: Path, rows: int) -> None:
     """Synth rows written chunk by chunk (each chunk its own seed, so ids stay unique)."""
-    from rewardkit.data.synth import generate_rows
+    from rewardplane.data.synth import generate_rows
 
     with open(path, "w", encoding="utf-8") as handle:
         for seed, start in enumerate(range(0, rows, CHUNK)):
@@ -46,14 +46,14 @@ def measure(path: str, tokenizer_spec: str | None, limit: int | None) -> dict:
     """One validation pass (the `validate` pipeline); runs inside the child process."""
     import itertools
 
-    from rewardkit.data.pipeline import Summary, iter_validated
-    from rewardkit.data.tokenize import TokenizeSettings, load_tokenizer
+    from rewardplane.data.pipeline import Summary, iter_validated
+    from rewardplane.data.tokenize import TokenizeSettings, load_tokenizer
 
     tokenizer = load_tokenizer(tokenizer_spec) if tokenizer_spec else None
     if tokenizer is not None:
-        from rewardkit.data.normalize import normalize_row
-        from rewardkit.data.synth import generate_rows
-        from rewardkit.data.tokenize import tokenize_pair
+        from rewardplane.data.normalize import normalize_row
+        from rewardplane.data.synth import generate_rows
+        from rewardplane.data.tokenize import tokenize_pair
 
         tokenize_pair(normalize_row(generate_rows(1)[0]), tokenizer)  # warm-up (template compile)
     summary = Summary()
@@ -133,7 +133,7 @@ def main() -> None:
         "file": {
             "rows": plain["rows"],
             "mib": round(size_mib, 1),
-            "source": args.input or "rewardkit.data.synth",
+            "source": args.input or "rewardplane.data.synth",
         },
         "no_tokenizer": plain,
         "with_tokenizer": {"tokenizer": args.tokenizer, **tokenized},

@@ -3,7 +3,7 @@
 Both sides are the `ScoringBackend` API the HTTP app calls, so HTTP/JSON cost is excluded and
 the difference is exactly the deploy hop: frame encode → Unix socket → worker decode →
 the worker's own batcher → results back. A closed-loop load generator
-(`rewardkit.bench.loadgen.timed_closed_loop`) runs `concurrency` clients, each sending requests
+(`rewardplane.bench.loadgen.timed_closed_loop`) runs `concurrency` clients, each sending requests
 of `batch` items back to back, for every grid cell; the
 in-process backend and the gateway run one after the other so they never share the device.
 
@@ -62,7 +62,7 @@ def make_items(n: int, with_image: bool) -> list[Any]:
     import numpy as np
     from PIL import Image
 
-    from rewardkit.serve.scorers.base import ScoreItem
+    from rewardplane.serve.scorers.base import ScoreItem
 
     rng = np.random.default_rng(0)
     items = []
@@ -80,7 +80,7 @@ async def load(
     backend: Any, name: str, items: list[Any], concurrency: int, seconds: float, warmup: float
 ) -> dict:
     """Closed loop: `concurrency` clients send `items` back to back; measure after warm-up."""
-    from rewardkit.bench.loadgen import CallResult, timed_closed_loop
+    from rewardplane.bench.loadgen import CallResult, timed_closed_loop
 
     async def call(_: int) -> CallResult:
         results = await backend.score(name, items)
@@ -117,13 +117,13 @@ async def run_mode(
     mode: str, scorer_spec: dict[str, Any], args: argparse.Namespace, with_image: bool
 ) -> list[dict]:
     if mode == "inproc":
-        from rewardkit.serve.backend import InProcessBackend
-        from rewardkit.serve.config import config_from_dict
+        from rewardplane.serve.backend import InProcessBackend
+        from rewardplane.serve.config import config_from_dict
 
         backend: Any = InProcessBackend(config_from_dict({"scorers": [scorer_spec]}))
     else:
-        from rewardkit.deploy.config import parse_deploy_config
-        from rewardkit.deploy.gateway import GatewayBackend
+        from rewardplane.deploy.config import parse_deploy_config
+        from rewardplane.deploy.gateway import GatewayBackend
 
         gpus = [0] if args.device == "cuda" else []
         backend = GatewayBackend(

@@ -1,4 +1,4 @@
-"""`rewardkit eval --benchmark rewardbench2` throughput against the padding-free scoring ceiling (issue 26).
+"""`rewardplane eval --benchmark rewardbench2` throughput against the padding-free scoring ceiling (issue 26).
 
 Data: N RewardBench-2-shaped items (default 3,000; best-of-4: one chosen and three rejected
 responses per prompt, subsets Factuality / Precise IF / Math / Safety / Focus), written as JSONL
@@ -13,8 +13,8 @@ Model: a `*ForSequenceClassification` at Qwen2-0.5B's shapes (random init, seed 
 CUDA, fp32 on CPU), saved as an HF directory.
 
 Measured in one process, in this order (a progress line is printed before each step):
-  eval      the shipped command, `rewardkit eval --benchmark rewardbench2 --dtype bf16`, called
-            through `rewardkit.cli.main` after a warm-up call on the first 16 items: reading, tokenising,
+  eval      the shipped command, `rewardplane eval --benchmark rewardbench2 --dtype bf16`, called
+            through `rewardplane.cli.main` after a warm-up call on the first 16 items: reading, tokenising,
             scoring (models/packed_scoring.score_sequences: packed rk_varlen forwards of at most
             --max-batch-tokens tokens, each prompt's four responses sharing its tokens),
             released rules, 10,000-replicate bootstrap, artifacts. `scoring` is the time
@@ -84,7 +84,7 @@ def build_items(tokenizer, n: int, seed: int, scale: float = 1.0) -> list[dict]:
     (medians and bounds times `scale`)."""
     import numpy as np
 
-    from rewardkit.data.tokenize import tokenize_branch
+    from rewardplane.data.tokenize import tokenize_branch
 
     words = np.array(serve_text.WORDS)
     joined = " ".join(serve_text.WORDS)
@@ -123,9 +123,9 @@ def rates(seconds: float, items: int, texts: int, tokens: int, params: int, devi
 
 
 def run_eval(data: Path, model_dir: Path, out: Path, args, device: str, dtype: str, replicates: int) -> float:
-    """`rewardkit eval --benchmark rewardbench2` as a user types it; its own output swallowed, the
+    """`rewardplane eval --benchmark rewardbench2` as a user types it; its own output swallowed, the
     wall time returned."""
-    from rewardkit.cli import main
+    from rewardplane.cli import main
 
     argv = ["eval", "--benchmark", "rewardbench2", "--data", str(data), "--model", str(model_dir),
             "--out", str(out), "--device", device, "--dtype", dtype, "--replicates", str(replicates),
@@ -134,7 +134,7 @@ def run_eval(data: Path, model_dir: Path, out: Path, args, device: str, dtype: s
     with contextlib.redirect_stdout(io.StringIO()):
         code = main(argv)
     if code != 0:
-        raise SystemExit(f"rewardkit {' '.join(argv)} exited {code}")
+        raise SystemExit(f"rewardplane {' '.join(argv)} exited {code}")
     return time.perf_counter() - started
 
 
@@ -143,8 +143,8 @@ def main(argv=None) -> int:
     import torch
     import transformers
 
-    import rewardkit.models.attention  # noqa: F401  (registers rk_varlen)
-    from rewardkit.eval.benchmarks import tokenize_texts
+    import rewardplane.models.attention  # noqa: F401  (registers rk_varlen)
+    from rewardplane.eval.benchmarks import tokenize_texts
 
     args = parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -185,7 +185,7 @@ def main(argv=None) -> int:
 
         progress("eval: warm-up on the first items")
         run_eval(warm_data, root / "model", root / "warm", args, device, dtype, 100)
-        progress(f"eval: rewardkit eval --benchmark rewardbench2 --dtype {dtype} on {len(rows)} items")
+        progress(f"eval: rewardplane eval --benchmark rewardbench2 --dtype {dtype} on {len(rows)} items")
         wall = run_eval(data, root / "model", root / "eval", args, device, dtype, args.replicates)
         summary = json.loads((root / "eval" / "summary.json").read_text())
         record = summary["throughput"]

@@ -1,10 +1,10 @@
 """Per-call overhead of each trainer route against `POST /v1/score`, for the same items.
 
-One `rewardkit serve --config` process hosts a text reward model (`hf_seqcls`; `tiny-text-rm`
+One `rewardplane serve --config` process hosts a text reward model (`hf_seqcls`; `tiny-text-rm`
 on CPU, a real shape with `--shape` on a GPU). Every route scores the same items, 64 per call,
 from 16 concurrent callers (threads, closed loop, `--seconds` each after a warm-up):
 
-  v1_score   `POST /v1/score` through rewardkit's own client (the reference)
+  v1_score   `POST /v1/score` through rewardplane's own client (the reference)
   openrlhf   `POST /get_reward` with 64 queries, `mode=split` (prompt + response re-rendered)
   gateway    `POST /score`, protocol "1", 64 requests of one text turn pair each
   trl        `integrations.trl.RemoteReward(prompts, completions)` as GRPOTrainer calls it
@@ -31,7 +31,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from rewardkit.bench.server import running_server
+from rewardplane.bench.server import running_server
 
 PROMPTS = [f"Question {k}: explain step {k % 7} of the proof in plain words." for k in range(64)]
 RESPONSES = [("The step holds because each term is bounded. " * (1 + k % 5)).strip() for k in range(64)]
@@ -58,7 +58,7 @@ def parse_args(argv=None):
 
 
 def v1_items(prompts: list[str], responses: list[str]) -> list[dict]:
-    """`POST /v1/score`'s items (rewardkit's client sends `{"scorers": [...], "items": these}`)."""
+    """`POST /v1/score`'s items (rewardplane's client sends `{"scorers": [...], "items": these}`)."""
     return [
         {"id": str(k), "prompt": p, "response": r}
         for k, (p, r) in enumerate(zip(prompts, responses, strict=True))
@@ -85,9 +85,9 @@ def gateway_body(prompts: list[str], responses: list[str]) -> dict:
 
 def make_calls(url: str, batch: int) -> dict:
     """route -> a function scoring `batch` items once and returning how many it scored."""
-    from rewardkit.integrations.trl import RemoteReward
-    from rewardkit.integrations.verl import compute_score_batch
-    from rewardkit.serve.client import RewardClient
+    from rewardplane.integrations.trl import RemoteReward
+    from rewardplane.integrations.verl import compute_score_batch
+    from rewardplane.serve.client import RewardClient
 
     prompts, responses = PROMPTS[:batch], RESPONSES[:batch]
     items = v1_items(prompts, responses)

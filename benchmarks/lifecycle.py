@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from rewardkit.models.offload import WeightOffloader, device_memory
+from rewardplane.models.offload import WeightOffloader, device_memory
 
 GiB = 1024**3
 
@@ -124,7 +124,7 @@ class LlmCase:
     def __init__(self, name: str, dtype: torch.dtype, device: str) -> None:
         from transformers import AutoModelForSequenceClassification
 
-        from rewardkit.models.tiny import tiny_config  # the published shapes (random init)
+        from rewardplane.models.tiny import tiny_config  # the published shapes (random init)
 
         config = tiny_config(name, num_labels=1, pad_token_id=0)
         torch.manual_seed(0)
@@ -166,9 +166,9 @@ class ClipCase:
 
         from PIL import Image
 
-        from rewardkit.serve.lifecycle import ModelWeights
-        from rewardkit.serve.scorers.base import ScoreItem
-        from rewardkit.serve.scorers.clip import ClipScorer
+        from rewardplane.serve.lifecycle import ModelWeights
+        from rewardplane.serve.scorers.base import ScoreItem
+        from rewardplane.serve.scorers.clip import ClipScorer
 
         shape, _, variant = name.partition("+")
         options = {"cuda_graphs": True, "decode": "host"} if variant == "graphs" else {"decode": "host"}

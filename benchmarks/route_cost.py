@@ -33,9 +33,9 @@ import sys
 import time
 
 from integrations import PROMPTS, RESPONSES, gateway_body, openrlhf_body, v1_items  # same items, same bodies
-from rewardkit.serve.app import create_app
-from rewardkit.serve.backend import InProcessBackend
-from rewardkit.serve.config import config_from_dict
+from rewardplane.serve.app import create_app
+from rewardplane.serve.backend import InProcessBackend
+from rewardplane.serve.config import config_from_dict
 
 
 def bodies(batch: int) -> dict[str, tuple[str, str, bytes]]:
@@ -114,7 +114,7 @@ class InstantBackend:
     """A backend that answers 1.0 per item at once: what is left is the route's own cost."""
 
     def __init__(self) -> None:
-        from rewardkit.serve.scorers.base import ScorerInfo
+        from rewardplane.serve.scorers.base import ScorerInfo
 
         self.info = ScorerInfo("rm", "instant", "text", "none", "cpu", "0", "instant-0", 1024, 0.0)
 

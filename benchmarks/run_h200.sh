@@ -75,7 +75,7 @@ for section in "$@"; do
                      # and 8 micro-batches per step, then the base itself as reference against TRL + peft
         for accum in 1 4 8; do
             step "train_dpo-lora-snapshot-ga$accum" 200 python3 benchmarks/train_dpo.py --gradient-checkpointing \
-                --lora 16 --reference snapshot --grad-accum $accum --modes rewardkit_live,rewardkit_precomputed \
+                --lora 16 --reference snapshot --grad-accum $accum --modes rewardplane_live,rewardplane_precomputed \
                 --out "$OUT/train_dpo/lora_snapshot_ga$accum.json"
         done
         step train_dpo-lora-base 260 python3 benchmarks/train_dpo.py --gradient-checkpointing --lora 16 \
@@ -85,15 +85,15 @@ for section in "$@"; do
             --out "$OUT/train_dpo/gc.json" ;;
     profile)  # torch.profiler windows inside dedicated and consolidated workers, then their summaries
         rm -rf /tmp/rk_traces
-        step qualify-profile 330 python3 -m rewardkit qualify --plan benchmarks/qualify_h200_profile.yaml \
+        step qualify-profile 330 python3 -m rewardplane qualify --plan benchmarks/qualify_h200_profile.yaml \
             --out "$OUT/profile/qualify"
         ls -l --time-style=full-iso /tmp/rk_traces > "$OUT/profile/traces.ls" 2>&1
         # oldest first = the plan's deployment order (traces are several MB each: summaries travel, traces stay)
-        step trace-summary 120 sh -c "ls -tr /tmp/rk_traces/*.trace.json.gz | xargs python3 -m rewardkit.bench.trace \
+        step trace-summary 120 sh -c "ls -tr /tmp/rk_traces/*.trace.json.gz | xargs python3 -m rewardplane.bench.trace \
             > $OUT/profile/traces.json" ;;
     qualify_*)  # qualify_h200_<plan>.yaml; ~270-330 s each since shapes initialise on the CPU
         plan=${section#qualify_}
-        step "qualify-$plan" 450 python3 -m rewardkit qualify --plan "benchmarks/qualify_h200_$plan.yaml" \
+        step "qualify-$plan" 450 python3 -m rewardplane qualify --plan "benchmarks/qualify_h200_$plan.yaml" \
             --out "$OUT/qualify/$plan" ;;
     integrations)  # each trainer route against /v1/score, Qwen2-0.5B-shaped RM in bf16 (issue 21)
         step integrations 280 python3 benchmarks/integrations.py --shape qwen2-0.5b --dtype bf16 \

@@ -1,10 +1,10 @@
 """Reward-service throughput: our batched service vs a naive one-request-one-forward baseline.
 
 For each CLIP shape x dtype, and each request batch size x client concurrency, a closed-loop
-load generator (`rewardkit.bench.loadgen.timed_closed_loop`) measures items/s and p50/p99
+load generator (`rewardplane.bench.loadgen.timed_closed_loop`) measures items/s and p50/p99
 request latency in three modes, side by side:
 
-- `http`:   rewardkit serve (dynamic batching, GPU decode+preprocess) in a subprocess, over HTTP
+- `http`:   rewardplane serve (dynamic batching, GPU decode+preprocess) in a subprocess, over HTTP
             with base64 JPEGs in JSON;
 - `inproc`: the same InProcessBackend called directly (no HTTP/JSON/base64): the batching ceiling;
 - `naive`:  the seed-service design in the same server process: one request -> one forward under a
@@ -89,7 +89,7 @@ def parse_args(argv=None):
         default=None,
         help="sys.setswitchinterval in the inproc server (Python's default is 5 ms)",
     )
-    # internal: run the server side (rewardkit app + naive routes) in this process
+    # internal: run the server side (rewardplane app + naive routes) in this process
     p.add_argument("--server", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -144,8 +144,8 @@ class NaiveClip:
         import torch
         from transformers import CLIPModel
 
-        from rewardkit.serve.scorers.clip import shape_config, shape_tokenizer
-        from rewardkit.serve.scorers.common import torch_dtype
+        from rewardplane.serve.scorers.clip import shape_config, shape_tokenizer
+        from rewardplane.serve.scorers.common import torch_dtype
 
         self.tokenizer = shape_tokenizer()
         self.dtype, self.device = torch_dtype(dtype), device
@@ -159,7 +159,7 @@ class NaiveClip:
         import numpy as np
         from PIL import Image
 
-        from rewardkit.serve.images import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
+        from rewardplane.serve.images import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 
         with Image.open(io.BytesIO(data)) as img:
             img = img.convert("RGB")
@@ -195,9 +195,9 @@ class NaiveClip:
 def run_server(config_path: Path, port: int) -> None:
     import uvicorn
 
-    from rewardkit.serve.app import create_app
-    from rewardkit.serve.backend import InProcessBackend
-    from rewardkit.serve.config import load_config
+    from rewardplane.serve.app import create_app
+    from rewardplane.serve.backend import InProcessBackend
+    from rewardplane.serve.config import load_config
 
     config = load_config(config_path)
     app = create_app(InProcessBackend(config), config)
@@ -243,7 +243,7 @@ class HttpLoad:
         self, path: str, body: bytes, content_type: str = "application/json"
     ) -> tuple[int, dict, tuple[float | None, float | None]]:
         """(status, JSON body, (queue ms, inference ms) from the timing headers)."""
-        from rewardkit.serve.protocol import INFERENCE_TIME_HEADER, QUEUE_TIME_HEADER, header_ms
+        from rewardplane.serve.protocol import INFERENCE_TIME_HEADER, QUEUE_TIME_HEADER, header_ms
 
         headers = {"content-type": content_type}
         if self.kind == "aiohttp":
@@ -276,7 +276,7 @@ def encode_request(items: list[dict], scorer: str, transport: str) -> tuple[byte
     `json` carries base64 images, `multipart` raw image parts (no base64 either way round)."""
     import httpx
 
-    from rewardkit.serve.client import score_request_kwargs
+    from rewardplane.serve.client import score_request_kwargs
 
     request = httpx.Request(
         "POST",
@@ -287,9 +287,9 @@ def encode_request(items: list[dict], scorer: str, transport: str) -> tuple[byte
 
 
 async def run_cells(args, url: str, backend, images: list[bytes]) -> list[dict]:
-    from rewardkit.bench.loadgen import CallResult, timed_closed_loop
-    from rewardkit.serve.protocol import SCORE_ROUTE
-    from rewardkit.serve.scorers.base import ScoreItem
+    from rewardplane.bench.loadgen import CallResult, timed_closed_loop
+    from rewardplane.serve.protocol import SCORE_ROUTE
+    from rewardplane.serve.scorers.base import ScoreItem
 
     cells = []
     async with HttpLoad(url, max(args.concurrency) + 4) as load:
@@ -375,9 +375,9 @@ def main(argv=None) -> int:
     import transformers
     import yaml
 
-    from rewardkit.bench.server import running_server, serve_command
-    from rewardkit.serve.backend import InProcessBackend
-    from rewardkit.serve.config import config_from_dict
+    from rewardplane.bench.server import running_server, serve_command
+    from rewardplane.serve.backend import InProcessBackend
+    from rewardplane.serve.config import config_from_dict
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if not args.smoke and device == "cpu":

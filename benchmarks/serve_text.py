@@ -12,7 +12,7 @@ Variants, per model shape (random init at the real shapes, bf16):
   c+ (c) with each group's prompt packed once (prefix sharing)
   cb, cb+  (c) and (c+) cut into forwards of --batcher-tokens input tokens, the size of the
      batches the server forms: the ceiling at the served batch size
-  d  rewardkit serve over HTTP (`--config`), 16 concurrent clients sending groups of 8, the
+  d  rewardplane serve over HTTP (`--config`), 16 concurrent clients sending groups of 8, the
      scorer's default of two batches in flight (run 7 called this d2; its d was d1)
   d1 (d) with one batch at a time (`pipeline_depth: 1`)
   e  (d) with prefix sharing on
@@ -263,8 +263,8 @@ def parse_args(argv=None):
 
 
 def build_tokenizer():
-    """The built-in byte-level BPE (rewardkit.data.builtin_tokenizer) trained on the word list."""
-    from rewardkit.data.builtin_tokenizer import build_tokenizer as train
+    """The built-in byte-level BPE (rewardplane.data.builtin_tokenizer) trained on the word list."""
+    from rewardplane.data.builtin_tokenizer import build_tokenizer as train
 
     rng = random.Random(1)
     lines = [" ".join(rng.choice(WORDS) for _ in range(40)) for _ in range(2000)]
@@ -298,7 +298,7 @@ def build_corpus(tokenizer, n_groups: int, group_size: int, seed: int) -> list[d
 
 
 def render(tokenizer, prompt: str, response: str) -> list[int]:
-    from rewardkit.data.tokenize import tokenize_branch
+    from rewardplane.data.tokenize import tokenize_branch
 
     messages = [{"role": "user", "content": prompt}], [{"role": "assistant", "content": response}]
     return list(tokenize_branch(tokenizer, *messages).input_ids)
@@ -308,7 +308,7 @@ def build_model(shape: str, vocab: int, pad: int, device: str, attn: str):
     import torch
     from transformers import AutoModelForSequenceClassification
 
-    from rewardkit.models.tiny import tiny_config
+    from rewardplane.models.tiny import tiny_config
 
     config = tiny_config(SHAPES[shape], num_labels=1, pad_token_id=pad)
     config.vocab_size = max(config.vocab_size, vocab)
@@ -366,7 +366,7 @@ def padded_pass(model, seqs, pad: int, device: str, batch: int = 32):
 def packed_pass(model, seqs, budget: int, share: bool):
     import torch
 
-    from rewardkit.models.packed_scoring import packed_scores, plan_packed
+    from rewardplane.models.packed_scoring import packed_scores, plan_packed
 
     chunks, current, used = [], [], 0
     for s in seqs:  # arrival order; groups stay together
@@ -388,7 +388,7 @@ def packed_pass(model, seqs, budget: int, share: bool):
 
 def request_body(group: list[dict]) -> dict:
     """One group of responses as a /v1/score body, through the one wire schema."""
-    from rewardkit.serve.protocol import encode_score_request
+    from rewardplane.serve.protocol import encode_score_request
 
     items = [{"id": r["id"], "prompt": r["prompt"], "response": r["response"]} for r in group]
     return encode_score_request(items, ["rm"])[0]
@@ -397,14 +397,14 @@ def request_body(group: list[dict]) -> dict:
 def standin_env(tmp: Path) -> dict[str, str]:
     """PYTHONPATH for a server that can build the `host_standin` scorer kind: benchmarks/ (the
     class) and a dist-info directory whose entry point registers it (serve/config.py reads the
-    `rewardkit.scorers` group)."""
+    `rewardplane.scorers` group)."""
     from serve_text_standin import KIND
 
-    dist = tmp / "plugins" / "rewardkit_bench_standin-0.dist-info"
+    dist = tmp / "plugins" / "rewardplane_bench_standin-0.dist-info"
     dist.mkdir(parents=True)
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: rewardkit-bench-standin\nVersion: 0\n")
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: rewardplane-bench-standin\nVersion: 0\n")
     (dist / "entry_points.txt").write_text(
-        f"[rewardkit.scorers]\n{KIND} = serve_text_standin:StandInScorer\n"
+        f"[rewardplane.scorers]\n{KIND} = serve_text_standin:StandInScorer\n"
     )
     here = str(Path(__file__).resolve().parent)
     path = [str(tmp / "plugins"), here, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
@@ -448,13 +448,13 @@ def http_variant(
     label: str = "d",
     pipeline_depth: int | None = None,
 ) -> dict:
-    """rewardkit serve over HTTP (`--config`, or `--deploy` with one dedicated worker): 16 clients,
+    """rewardplane serve over HTTP (`--config`, or `--deploy` with one dedicated worker): 16 clients,
     each request one group of 8 (closed loop). `standin`: the scorer's model forward is replaced
     by benchmarks/serve_text_standin.py's, so the figure is the host side's capacity."""
     import httpx
     import yaml
 
-    from rewardkit.bench.server import running_server
+    from rewardplane.bench.server import running_server
 
     spec = {
         "name": "rm",
@@ -555,7 +555,7 @@ def http_variant(
 
 
 METRIC_LINE = re.compile(
-    r"^(rewardkit_(?:batch_size|batch_tokens|inference_seconds)_(?:sum|count))\{[^}]*\}\s+(\S+)$"
+    r"^(rewardplane_(?:batch_size|batch_tokens|inference_seconds)_(?:sum|count))\{[^}]*\}\s+(\S+)$"
 )
 
 
@@ -572,17 +572,17 @@ async def batch_metrics(client) -> dict[str, float]:
 
 def batch_summary(batches: dict[str, float]) -> dict[str, float]:
     """Batches formed, their mean items and tokens, and the mean time the scorer held each."""
-    count = batches.get("rewardkit_batch_size_count", 0.0)
+    count = batches.get("rewardplane_batch_size_count", 0.0)
     if not count:
         return {}
     return {
         "batches": count,
-        "items_per_batch": batches.get("rewardkit_batch_size_sum", 0.0) / count,
-        "tokens_per_batch": batches.get("rewardkit_batch_tokens_sum", 0.0)
-        / max(1.0, batches.get("rewardkit_batch_tokens_count", 0.0)),
+        "items_per_batch": batches.get("rewardplane_batch_size_sum", 0.0) / count,
+        "tokens_per_batch": batches.get("rewardplane_batch_tokens_sum", 0.0)
+        / max(1.0, batches.get("rewardplane_batch_tokens_count", 0.0)),
         "ms_per_batch": 1e3
-        * batches.get("rewardkit_inference_seconds_sum", 0.0)
-        / max(1.0, batches.get("rewardkit_inference_seconds_count", 0.0)),
+        * batches.get("rewardplane_inference_seconds_sum", 0.0)
+        / max(1.0, batches.get("rewardplane_inference_seconds_count", 0.0)),
     }
 
 
@@ -639,7 +639,7 @@ def main(argv=None) -> int:
     import torch
     import transformers
 
-    import rewardkit.models.attention  # noqa: F401  (registers rk_varlen)
+    import rewardplane.models.attention  # noqa: F401  (registers rk_varlen)
 
     args = parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"

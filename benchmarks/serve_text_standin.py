@@ -12,7 +12,7 @@ CPU, so a CPU box measures the GPU path's host work. The "model" maps each token
 one-wide hidden state and a 1→1 linear head reads it at each sequence's last token (the real
 `packed_scores` index_select), so a score still depends on the ids it was given.
 
-The server process finds this class through the `rewardkit.scorers` entry-point group, which
+The server process finds this class through the `rewardplane.scorers` entry-point group, which
 serve_text.py points here with a throw-away dist-info directory on PYTHONPATH (the deploy
 gateway passes its sys.path on to its workers, so `--deploy` finds it too).
 """
@@ -28,8 +28,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from rewardkit.models.tiny import tiny_config
-from rewardkit.serve.scorers.text import SeqClsScorer
+from rewardplane.models.tiny import tiny_config
+from rewardplane.serve.scorers.text import SeqClsScorer
 
 KIND = "host_standin"
 """The scorer kind serve_text.py registers for this class."""

@@ -8,7 +8,7 @@ that a reader sees the idle time between forwards, whether a forward's kernels w
 before the GPU reached them, and how long each forward ran against the in-process rate.
 
 serve_text.py puts a `sitecustomize.py` on the server's PYTHONPATH that calls `install` when
-`RK_TRACE_FORWARDS` names an output file; nothing in rewardkit knows about it.
+`RK_TRACE_FORWARDS` names an output file; nothing in rewardplane knows about it.
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ DUMP_EVERY = 16
 
 
 def install(path: str) -> list[dict]:
-    """Wrap `plan_packed` and `packed_scores` of rewardkit.models.packed_scoring (looked up as
+    """Wrap `plan_packed` and `packed_scores` of rewardplane.models.packed_scoring (looked up as
     module globals by `score_sequence_chunks`, so replacing the attributes is enough). Returns the
     live list of finished records (a forward is added once a later one finds it done)."""
     import torch
 
-    from rewardkit.models import packed_scoring
+    from rewardplane.models import packed_scoring
 
     if not torch.cuda.is_available():
         return []

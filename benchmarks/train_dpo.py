@@ -1,4 +1,4 @@
-"""DPO training throughput and peak memory: rewardkit (live / precomputed reference) vs TRL's DPOTrainer.
+"""DPO training throughput and peak memory: rewardplane (live / precomputed reference) vs TRL's DPOTrainer.
 
 Every mode trains the same random-initialised policy shape on the same token ids (random
 prompts and completions of varying length, fixed seed) with AdamW, a constant learning rate,
@@ -12,7 +12,7 @@ chosen + rejected sequences over the timed steps, after warm-up steps.
     PYTHONPATH=src python3 benchmarks/train_dpo.py --smoke --out train_dpo_cpu.json
     # LoRA adapters (r=16 on every linear layer) against a pinned snapshot reference:
     PYTHONPATH=src python3 benchmarks/train_dpo.py --lora 16 --reference snapshot \
-        --modes rewardkit_live,rewardkit_precomputed --out lora_snapshot.json
+        --modes rewardplane_live,rewardplane_precomputed --out lora_snapshot.json
 
 With `--lora R` the policy trains adapters on a frozen base (alpha = 2R). `--reference
 initial_policy` (default) makes the base itself the reference, reached with adapters disabled
@@ -38,7 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
-MODES = ("rewardkit_live", "rewardkit_precomputed", "trl_live")
+MODES = ("rewardplane_live", "rewardplane_precomputed", "trl_live")
 
 
 def make_token_pairs(args) -> list[dict]:
@@ -92,9 +92,9 @@ def write_snapshot(args, directory: Path) -> Path:
     from huggingface_hub._local_folder import write_download_metadata
     from transformers import AutoModelForCausalLM
 
-    from rewardkit.core.hashing import sha256_file
-    from rewardkit.models.reference import git_blob_sha1
-    from rewardkit.models.tiny import tiny_config
+    from rewardplane.core.hashing import sha256_file
+    from rewardplane.models.reference import git_blob_sha1
+    from rewardplane.models.tiny import tiny_config
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(
@@ -128,14 +128,14 @@ def model_overrides(args, run_dir: Path) -> list[str]:
     return source
 
 
-def run_rewardkit(args, *, precompute: bool) -> dict:
+def run_rewardplane(args, *, precompute: bool) -> dict:
     import torch
 
-    from rewardkit.data.builtin_tokenizer import build_tokenizer
-    from rewardkit.data.records import TokenizedBranch, TokenizedPair
-    from rewardkit.objectives.dpo import DPOPolicyObjective
-    from rewardkit.train.config import load_dpo_config
-    from rewardkit.train.loop import Trainer
+    from rewardplane.data.builtin_tokenizer import build_tokenizer
+    from rewardplane.data.records import TokenizedBranch, TokenizedPair
+    from rewardplane.objectives.dpo import DPOPolicyObjective
+    from rewardplane.train.config import load_dpo_config
+    from rewardplane.train.loop import Trainer
 
     device = device_and_memory()
     rows = make_token_pairs(args)
@@ -206,8 +206,8 @@ def run_trl(args) -> dict:
     from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import DPOConfig, DPOTrainer
 
-    from rewardkit.data.builtin_tokenizer import build_tokenizer
-    from rewardkit.models.tiny import tiny_config
+    from rewardplane.data.builtin_tokenizer import build_tokenizer
+    from rewardplane.models.tiny import tiny_config
 
     device = device_and_memory()
     torch.manual_seed(0)
@@ -290,10 +290,10 @@ def worker(args) -> dict:
     import torch
 
     torch.manual_seed(0)
-    if args.worker == "rewardkit_live":
-        return run_rewardkit(args, precompute=False)
-    if args.worker == "rewardkit_precomputed":
-        return run_rewardkit(args, precompute=True)
+    if args.worker == "rewardplane_live":
+        return run_rewardplane(args, precompute=False)
+    if args.worker == "rewardplane_precomputed":
+        return run_rewardplane(args, precompute=True)
     try:
         import datasets  # noqa: F401
         import trl  # noqa: F401
@@ -327,7 +327,7 @@ def versions() -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="tiny model and data (CPU, seconds)")
-    parser.add_argument("--model", default=None, help="a rewardkit.models.tiny config (default qwen2-0.5b)")
+    parser.add_argument("--model", default=None, help="a rewardplane.models.tiny config (default qwen2-0.5b)")
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--pairs", type=int, default=None)
     parser.add_argument("--batch-pairs", type=int, default=None)
@@ -339,7 +339,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=1e-6)
     parser.add_argument("--beta", type=float, default=0.1)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--reference-dtype", choices=["fp32", "bf16"], default="fp32", help="rewardkit modes")
+    parser.add_argument(
+        "--reference-dtype", choices=["fp32", "bf16"], default="fp32", help="rewardplane modes"
+    )
     parser.add_argument(
         "--gradient-checkpointing", action="store_true", help="on for both trainers (default: off for both)"
     )
@@ -354,13 +356,13 @@ def main(argv: list[str] | None = None) -> int:
         "--reference",
         choices=["initial_policy", "snapshot"],
         default="initial_policy",
-        help="snapshot: a pinned local snapshot of the starting weights (rewardkit modes only)",
+        help="snapshot: a pinned local snapshot of the starting weights (rewardplane modes only)",
     )
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.reference == "snapshot" and "trl_live" in args.modes.split(","):
-        parser.error("--reference snapshot measures rewardkit's modes only: drop trl_live from --modes")
+        parser.error("--reference snapshot measures rewardplane's modes only: drop trl_live from --modes")
     full = {
         "model": "qwen2-0.5b",
         "pairs": 96,
@@ -380,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     for key, value in (smoke if args.smoke else full).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    from rewardkit.models.tiny import TINY_CONFIGS
+    from rewardplane.models.tiny import TINY_CONFIGS
 
     args.vocab = TINY_CONFIGS[args.model].get("vocab_size", 512)
 
@@ -407,7 +409,9 @@ def main(argv: list[str] | None = None) -> int:
         results[mode]["wall_s"] = time.perf_counter() - started
         print(f"{mode}: {json.dumps({k: v for k, v in results[mode].items() if k != 'losses'})}", flush=True)
     memory_key = (
-        "peak_allocated_gib" if "peak_allocated_gib" in results.get("rewardkit_live", {}) else "peak_rss_gib"
+        "peak_allocated_gib"
+        if "peak_allocated_gib" in results.get("rewardplane_live", {})
+        else "peak_rss_gib"
     )
     summary = {}
     live, pre, trl_live = (results.get(m, {}) for m in MODES)

@@ -1,4 +1,4 @@
-"""Reward-model training throughput: rewardkit's loop vs TRL's RewardTrainer, same model and data.
+"""Reward-model training throughput: rewardplane's loop vs TRL's RewardTrainer, same model and data.
 
 Full run (H200): a Qwen2-0.5B-shaped decoder (random init, vocab 151936), branches of up to
 1024 tokens, packed rows of 1024, bf16 autocast, AdamW. Reports pairs/s, tokens/s, MFU and
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from rewardkit.data.records import TokenizedBranch, TokenizedPair
+from rewardplane.data.records import TokenizedBranch, TokenizedPair
 
 PEAK_MEASURED = 790e12
 PEAK_DATASHEET = 989e12
@@ -74,12 +74,12 @@ def result_block(pairs: int, tokens: int, seconds: float, n_params: int, peak_me
     }
 
 
-def bench_rewardkit(args, pairs, device) -> dict:
-    from rewardkit.data.synth import builtin_tokenizer
-    from rewardkit.objectives.reward_model import RewardModelObjective
-    from rewardkit.train.config import TrainConfig, from_dict
-    from rewardkit.train.distributed import DistInfo
-    from rewardkit.train.loop import Trainer
+def bench_rewardplane(args, pairs, device) -> dict:
+    from rewardplane.data.synth import builtin_tokenizer
+    from rewardplane.objectives.reward_model import RewardModelObjective
+    from rewardplane.train.config import TrainConfig, from_dict
+    from rewardplane.train.distributed import DistInfo
+    from rewardplane.train.loop import Trainer
 
     with tempfile.TemporaryDirectory() as run_dir:
         cfg = from_dict(
@@ -168,12 +168,12 @@ def bench_trl(args, pairs, device) -> dict:
     except ImportError as exc:
         return {"skipped": f"TRL not importable here ({exc})"}
 
-    from rewardkit.data.synth import builtin_tokenizer
-    from rewardkit.models.tiny import tiny_config
+    from rewardplane.data.synth import builtin_tokenizer
+    from rewardplane.models.tiny import tiny_config
 
     tok = builtin_tokenizer()
     config = tiny_config(args.model, vocab_size=args.vocab, num_labels=1, pad_token_id=tok.pad_token_id)
-    # TRL's padded batches need a mask-capable kernel; rk_varlen is rewardkit's packed path.
+    # TRL's padded batches need a mask-capable kernel; rk_varlen is rewardplane's packed path.
     config._attn_implementation = "sdpa" if args.attn in ("auto", "rk_varlen") else args.attn
     torch.manual_seed(0)
     model = AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
@@ -242,7 +242,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--attn", default="auto", help="auto = rk_varlen on CUDA (TRL gets sdpa then)")
-    parser.add_argument("--compile", action="store_true", help="rewardkit: torch.compile each block")
+    parser.add_argument("--compile", action="store_true", help="rewardplane: torch.compile each block")
     parser.add_argument("--profile-out", type=Path, help="write a torch.profiler kernel table here")
     parser.add_argument("--gradient-checkpointing", action="store_true")
     parser.add_argument("--skip-trl", action="store_true")
@@ -264,14 +264,14 @@ def main() -> int:
         "torch": torch.__version__,
         "python": sys.version.split()[0],
         "peak_flops_measured": PEAK_MEASURED,
-        "rewardkit": bench_rewardkit(args, pairs, device),
+        "rewardplane": bench_rewardplane(args, pairs, device),
     }
     import transformers
 
     report["transformers"] = transformers.__version__
     report["trl"] = {"skipped": "--skip-trl"} if args.skip_trl else bench_trl(args, pairs, device)
     if "pairs_per_s" in report["trl"]:
-        report["speedup_pairs_per_s"] = report["rewardkit"]["pairs_per_s"] / report["trl"]["pairs_per_s"]
+        report["speedup_pairs_per_s"] = report["rewardplane"]["pairs_per_s"] / report["trl"]["pairs_per_s"]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))

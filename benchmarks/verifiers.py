@@ -8,7 +8,7 @@
    hundred words ending in a boxed answer, half right): items/s on one core, p50/p99 per item.
 2. math, the worker pool alone (`MathScorer.score_batch` from `clients` threads, batches of 32,
    no HTTP): items/s, and this process's CPU per item (the pool's own cost in the server).
-3. math through `POST /v1/score`: a `rewardkit serve` subprocess with a `math` scorer (one worker
+3. math through `POST /v1/score`: a `rewardplane serve` subprocess with a `math` scorer (one worker
    process per usable core unless `--math-workers`); throughput with batches of 32 from
    `--math-clients` concurrent clients (default 2 per core: enough items in flight that every
    worker always has the next one), the server process's and its workers' CPU per item, then
@@ -21,7 +21,7 @@
 5. judge with a real engine (`--only judge_engine`; the GPU command is in
    docs/benchmarks/verifiers.md): a Llama-3.2-1B-shaped model (bf16, random weights, made to
    answer every prompt with a fixed script of filler tokens ending in "Score: 7" by
-   `rewardkit.models.tiny.scripted_causal_lm`, so every answer is the same length and parses)
+   `rewardplane.models.tiny.scripted_causal_lm`, so every answer is the same length and parses)
    with the SmolLM2 tokenizer and chat template. `transformers serve` (continuous batching) is
    the engine: prompts/s and generated tokens/s straight to it at 16 in flight and at 1 in
    flight (verl's default rate-limited wrapper), and through `POST /v1/score` with a `judge`
@@ -53,7 +53,7 @@ from pathlib import Path
 
 import httpx
 
-from rewardkit.bench.server import running_server
+from rewardplane.bench.server import running_server
 
 WORDS = [
     "we",
@@ -125,7 +125,7 @@ def pct(xs: list[float], q: float) -> float:
 def bench_math_in_thread(data: list[tuple[str, str]]) -> dict:
     import logging
 
-    from rewardkit.serve.scorers.math import WARMUP, check_answer
+    from rewardplane.serve.scorers.math import WARMUP, check_answer
 
     logging.disable(logging.CRITICAL)  # as in the pool's workers
     for r, ref in WARMUP:  # the warm-up every pool worker runs before it says ready
@@ -152,7 +152,7 @@ def bench_math_in_thread(data: list[tuple[str, str]]) -> dict:
 
 _PARALLEL_CHILD = """
 import json, logging, sys, time
-from rewardkit.serve.scorers.math import WARMUP, check_answer
+from rewardplane.serve.scorers.math import WARMUP, check_answer
 logging.disable(logging.CRITICAL)
 data = json.loads(sys.stdin.readline())
 for r, ref in WARMUP:
@@ -223,8 +223,8 @@ def bench_math_pool(data: list[tuple[str, str]], workers: int, clients: int, bat
     """The worker pool alone, as the batcher drives it (several batches at once), no HTTP."""
     import resource
 
-    from rewardkit.serve.scorers.base import ScoreItem
-    from rewardkit.serve.scorers.math import MathScorer
+    from rewardplane.serve.scorers.base import ScoreItem
+    from rewardplane.serve.scorers.math import MathScorer
 
     scorer = MathScorer("math", options={"workers": workers, "spares": 1, "timeout_s": 5.0})
     scorer.load()
@@ -257,7 +257,7 @@ def bench_math_pool(data: list[tuple[str, str]], workers: int, clients: int, bat
 
 @contextlib.contextmanager
 def served(cfg: dict):
-    """`rewardkit serve --config` for `cfg`, through the project's one server lifecycle; yields its URL."""
+    """`rewardplane serve --config` for `cfg`, through the project's one server lifecycle; yields its URL."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "service.yaml"
         path.write_text(json.dumps(cfg))  # JSON is YAML
@@ -475,11 +475,11 @@ def judge_model(directory: Path, tokenizer_dir: str | None, *, smoke: bool, devi
     import torch
     from transformers import AutoTokenizer
 
-    from rewardkit.models.tiny import scripted_causal_lm
-    from rewardkit.serve.scorers.judge import JudgeScorer
+    from rewardplane.models.tiny import scripted_causal_lm
+    from rewardplane.serve.scorers.judge import JudgeScorer
 
     if smoke:
-        from rewardkit.data.builtin_tokenizer import build_tokenizer
+        from rewardplane.data.builtin_tokenizer import build_tokenizer
 
         tok = build_tokenizer(
             [" ".join(WORDS), "Score: 7 " + " ".join(str(i) for i in range(200))] * 10, vocab_size=600
@@ -541,9 +541,9 @@ def bench_judge_engine(args: argparse.Namespace) -> dict:
 
     import torch
 
-    from rewardkit.bench.server import running_server
-    from rewardkit.serve.scorers.base import ScoreItem
-    from rewardkit.serve.scorers.judge import JudgeScorer, Unparseable
+    from rewardplane.bench.server import running_server
+    from rewardplane.serve.scorers.base import ScoreItem
+    from rewardplane.serve.scorers.judge import JudgeScorer, Unparseable
 
     smoke = args.smoke
     device = "cuda" if torch.cuda.is_available() and not smoke else "cpu"
@@ -672,7 +672,7 @@ def bench_judge_engine(args: argparse.Namespace) -> dict:
 
 
 def bench_sandbox(isolation: str, n: int, concurrency: int) -> dict:
-    from rewardkit.serve.scorers.sandbox import LocalSandbox
+    from rewardplane.serve.scorers.sandbox import LocalSandbox
 
     box = LocalSandbox(isolation=isolation, timeout_s=5, prefork=max(2, concurrency))
     box.start()
@@ -842,7 +842,7 @@ def main() -> None:
     if args.only in (None, "sandbox"):
         res["process_refs"] = bench_process_refs()
         print("process refs:", res["process_refs"], flush=True)
-        from rewardkit.serve.scorers.sandbox import probe
+        from rewardplane.serve.scorers.sandbox import probe
 
         isolations = ["namespaces", "rlimits"] if probe("namespaces")[0] else ["rlimits"]
         res["sandbox"] = [bench_sandbox(iso, args.sandbox_runs, cores) for iso in isolations]

@@ -1,6 +1,6 @@
 """The package's shape, checked from source: no import cycles, imports only run down the layers.
 
-The import graph is read from the AST of every module under src/rewardkit (lazy imports inside
+The import graph is read from the AST of every module under src/rewardplane (lazy imports inside
 functions included: they still tie one layer to another), so this needs no new dependency and
 imports nothing. docs/architecture.md draws the same layers.
 """
@@ -11,7 +11,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGE = ROOT / "src" / "rewardkit"
+PACKAGE = ROOT / "src" / "rewardplane"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     # lowest first; a module may import its own layer and those listed before it
@@ -118,22 +118,22 @@ def test_imports_run_down_the_layers():
 
 def test_the_checks_catch_a_cycle_and_an_upward_import(tmp_path):
     """The checks themselves, on a fabricated package, so that a broken checker cannot pass silently."""
-    pkg = tmp_path / "rewardkit"
+    pkg = tmp_path / "rewardplane"
     for sub in ("core", "serve"):
         (pkg / sub).mkdir(parents=True)
         (pkg / sub / "__init__.py").write_text("")
     (pkg / "__init__.py").write_text("")
-    (pkg / "core" / "a.py").write_text("from rewardkit.core import b\n")
-    (pkg / "core" / "b.py").write_text("def f():\n    from rewardkit.core.a import x\n")
+    (pkg / "core" / "a.py").write_text("from rewardplane.core import b\n")
+    (pkg / "core" / "b.py").write_text("def f():\n    from rewardplane.core.a import x\n")
     (pkg / "core" / "c.py").write_text("from ..serve import app\n")
-    (pkg / "serve" / "app.py").write_text("import rewardkit.core.a\n")
+    (pkg / "serve" / "app.py").write_text("import rewardplane.core.a\n")
     graph = import_graph(pkg)
     assert find_cycle(graph) in (
-        ["rewardkit.core.a", "rewardkit.core.b", "rewardkit.core.a"],
-        ["rewardkit.core.b", "rewardkit.core.a", "rewardkit.core.b"],
+        ["rewardplane.core.a", "rewardplane.core.b", "rewardplane.core.a"],
+        ["rewardplane.core.b", "rewardplane.core.a", "rewardplane.core.b"],
     )
     assert layering_violations(graph) == [
-        "rewardkit.core.c:1 imports rewardkit.serve.app (core may not import the higher layer serve)"
+        "rewardplane.core.c:1 imports rewardplane.serve.app (core may not import the higher layer serve)"
     ]
 
 

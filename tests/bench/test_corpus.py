@@ -5,8 +5,8 @@ import json
 import pytest
 from PIL import Image
 
-from rewardkit.bench.corpus import IMAGE_SIZES, corpus_digest, generate_corpus, load_inputs
-from rewardkit.core.errors import UsageError
+from rewardplane.bench.corpus import IMAGE_SIZES, corpus_digest, generate_corpus, load_inputs
+from rewardplane.core.errors import UsageError
 
 
 def test_same_seed_same_bytes_other_seed_differs():

@@ -1,6 +1,6 @@
 from types import SimpleNamespace
 
-from rewardkit.bench.gpu_monitor import ResourceMonitor
+from rewardplane.bench.gpu_monitor import ResourceMonitor
 
 
 class FakeNvml:
@@ -50,7 +50,7 @@ def test_gpu_bound_and_host_bound_labels():
 
 
 def test_without_nvml_only_host_cpu(monkeypatch):
-    from rewardkit.bench import gpu_monitor
+    from rewardplane.bench import gpu_monitor
 
     monkeypatch.setattr(gpu_monitor, "_load_nvml", lambda: (None, "NVML unavailable: no driver"))
     monitor = ResourceMonitor(interval_s=0.01)

@@ -4,11 +4,11 @@ import time
 
 import pytest
 
-from rewardkit.bench.corpus import generate_corpus
-from rewardkit.bench.loadgen import CallResult, LoadGenerator, timed_closed_loop
-from rewardkit.bench.sweep import SCHEMA_VERSION, BenchConfig, load_schema, run_bench
-from rewardkit.bench.windows import WindowPolicy
-from rewardkit.core.errors import UsageError
+from rewardplane.bench.corpus import generate_corpus
+from rewardplane.bench.loadgen import CallResult, LoadGenerator, timed_closed_loop
+from rewardplane.bench.sweep import SCHEMA_VERSION, BenchConfig, load_schema, run_bench
+from rewardplane.bench.windows import WindowPolicy
+from rewardplane.core.errors import UsageError
 from support.bench_fake_server import fake_score, make_app, serve_in_thread
 
 CORPUS = generate_corpus(12, seed=5)

@@ -13,7 +13,7 @@ import httpx
 import pytest
 import yaml
 
-from rewardkit.bench.server import ServerStartError, log_tail, running_server, serve_command
+from rewardplane.bench.server import ServerStartError, log_tail, running_server, serve_command
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKE = [sys.executable, str(ROOT / "tests" / "support" / "bench_fake_server.py"), "--deploy", "{deploy}",
@@ -61,7 +61,7 @@ def test_a_server_that_never_gets_ready_hits_the_deadline(tmp_path):
 
 def test_default_command_and_log_tail(tmp_path):
     assert serve_command(["--config", "s.yaml"]) == [
-        "{python}", "-m", "rewardkit", "serve", "--config", "s.yaml", "--port", "{port}"
+        "{python}", "-m", "rewardplane", "serve", "--config", "s.yaml", "--port", "{port}"
     ]  # fmt: skip
     (tmp_path / "log").write_text("a\n\nb\nc\n")
     assert log_tail(tmp_path / "log", lines=2) == "b | c" and log_tail(tmp_path / "none") == "(no log)"
@@ -83,7 +83,7 @@ def test_a_server_is_terminated_when_its_parent_is_killed(tmp_path):
         f"""
         import sys
         from pathlib import Path
-        from rewardkit.bench.server import running_server
+        from rewardplane.bench.server import running_server
         with running_server([], Path({str(tmp_path / "work")!r}), command=[sys.executable, "-c", {server!r}]):
             pass
         """
@@ -103,7 +103,7 @@ def test_a_server_is_terminated_when_its_parent_is_killed(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_default_command_runs_the_real_rewardkit_serve(tmp_path):
+def test_the_default_command_runs_the_real_rewardplane_serve(tmp_path):
     config = tmp_path / "service.yaml"
     config.write_text(yaml.safe_dump({"scorers": [{"name": "len", "kind": "length"}]}))
     with running_server(

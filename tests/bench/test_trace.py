@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from rewardkit.bench.trace import main, summarize_trace
+from rewardplane.bench.trace import main, summarize_trace
 
 
 def _kernel(name, ts, dur, stream, cat="kernel"):

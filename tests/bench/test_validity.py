@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from rewardkit.bench.loadgen import REASONS, ScoreBook, validate_response
+from rewardplane.bench.loadgen import REASONS, ScoreBook, validate_response
 
 IDS, SCORERS = ["x", "y"], ["a", "b"]
 

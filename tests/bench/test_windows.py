@@ -1,6 +1,6 @@
 import pytest
 
-from rewardkit.bench.windows import Window, WindowPolicy, is_stable, make_window
+from rewardplane.bench.windows import Window, WindowPolicy, is_stable, make_window
 
 POLICY = WindowPolicy(window_s=1.0, stable_windows=3, tolerance=0.10, max_windows=10)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rewardkit.models import packed_scoring
+from rewardplane.models import packed_scoring
 from support.seqcls import seqcls
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))

@@ -1,7 +1,7 @@
 import csv
 import json
 
-from rewardkit.cli import main
+from rewardplane.cli import main
 from support.bench_fake_server import make_app, serve_in_thread
 
 FAST = ["--window-s", "0.15", "--max-windows", "3", "--requests", "1", "--warmup", "1", "--corpus-size", "8"]
@@ -40,14 +40,14 @@ def test_bench_exits_1_on_failed_requests_and_2_on_bad_input(tmp_path, capsys):
 
 def test_bench_takes_the_token_from_a_file_or_the_environment_never_argv(tmp_path, capsys, monkeypatch):
     """`--token` on argv (visible in `ps`) is refused in one line before anything is sent, as by
-    `rewardkit serve`; `--token-file` and REWARDKIT_TOKEN authenticate; the secret is never
+    `rewardplane serve`; `--token-file` and REWARDPLANE_TOKEN authenticate; the secret is never
     written to the run file."""
-    monkeypatch.delenv("REWARDKIT_TOKEN", raising=False)
+    monkeypatch.delenv("REWARDPLANE_TOKEN", raising=False)
     argv = ["bench", "--scorers", "a", "--batch", "1", "--concurrency", "1", *FAST]
     assert main([*argv, "--url", "http://127.0.0.1:9", "--token", "s3cret", "--out", "x.json"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "s3cret" not in err
-    assert "REWARDKIT_TOKEN" in err and "--token-file" in err and "cannot reach" not in err
+    assert "REWARDPLANE_TOKEN" in err and "--token-file" in err and "cannot reach" not in err
     secret = tmp_path / "token"
     secret.write_text("s3cret\n")
     with serve_in_thread(make_app(["a"], token="s3cret")) as url:
@@ -58,7 +58,7 @@ def test_bench_takes_the_token_from_a_file_or_the_environment_never_argv(tmp_pat
         assert (
             main([*argv, "--url", url, "--token-file", str(secret), "--out", str(tmp_path / "f.json")]) == 0
         )
-        monkeypatch.setenv("REWARDKIT_TOKEN", "s3cret")
+        monkeypatch.setenv("REWARDPLANE_TOKEN", "s3cret")
         assert main([*argv, "--url", url, "--out", str(tmp_path / "env.json")]) == 0
     for name in ("f.json", "env.json"):
         assert "s3cret" not in (tmp_path / name).read_text()

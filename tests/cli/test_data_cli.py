@@ -1,4 +1,4 @@
-"""`rewardkit data ...` as scripts use it: outputs, exit codes 0/1/2, one-line errors."""
+"""`rewardplane data ...` as scripts use it: outputs, exit codes 0/1/2, one-line errors."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from rewardkit.cli import main
-from rewardkit.data import reasons as R
+from rewardplane.cli import main
+from rewardplane.data import reasons as R
 
 
 @pytest.fixture()
@@ -67,7 +67,7 @@ def test_usage_and_io_errors_exit_2_with_one_line(argv, synth, tmp_path, capsys)
     capsys.readouterr()
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("rewardkit: error:") and "\n" not in err and "Traceback" not in err
+    assert err.startswith("rewardplane: error:") and "\n" not in err and "Traceback" not in err
 
 
 def test_prepare_then_freeze_probe(tmp_path, synth, capsys):

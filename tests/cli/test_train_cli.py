@@ -1,6 +1,6 @@
 import json
 
-from rewardkit.cli import main
+from rewardplane.cli import main
 
 
 def test_train_rm_cli_runs_resumes_and_exports(tmp_path, capsys):
@@ -34,7 +34,7 @@ def test_train_rm_cli_usage_errors_exit_2(tmp_path, capsys):
     assert main(["train", "rm", "optim.nope=1"]) == 2
     assert "unknown config key" in capsys.readouterr().err
     assert main(["export", "hf", str(tmp_path), str(tmp_path / "x")]) == 2
-    assert "not a rewardkit checkpoint" in capsys.readouterr().err
+    assert "not a rewardplane checkpoint" in capsys.readouterr().err
 
 
 def test_corrupt_checkpoint_is_one_line_exit_2_in_eval_and_export(tmp_path, capsys):

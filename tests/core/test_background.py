@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from rewardkit.core.background import ahead
+from rewardplane.core.background import ahead
 
 
 def test_items_come_in_order_and_the_producer_runs_ahead_of_the_consumer():
@@ -52,7 +52,7 @@ def test_a_consumer_that_stops_early_stops_the_producer():
     assert next(stream) == 0
     stream.close()  # runs the finally: stop, join
     assert len(made) <= 3
-    assert not any(t.name == "rewardkit-ahead" and t.is_alive() for t in threading.enumerate())
+    assert not any(t.name == "rewardplane-ahead" and t.is_alive() for t in threading.enumerate())
 
 
 def test_depth_must_be_positive():

@@ -7,7 +7,7 @@ from typing import Literal
 import pytest
 from pydantic import Field, field_validator
 
-from rewardkit.core.config import (
+from rewardplane.core.config import (
     ConfigModel,
     Dtype,
     apply_overrides,
@@ -18,7 +18,7 @@ from rewardkit.core.config import (
     read_yaml,
     to_dict,
 )
-from rewardkit.core.errors import ConfigError
+from rewardplane.core.errors import ConfigError
 
 
 class Run(ConfigModel):

@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from rewardkit.data.collate import collate
-from rewardkit.data.records import TokenizedPair
-from rewardkit.objectives.reward_model import score_pairs
+from rewardplane.data.collate import collate
+from rewardplane.data.records import TokenizedPair
+from rewardplane.objectives.reward_model import score_pairs
 from support.rm import EOS, branch, random_pairs, tiny_reward_model
 
 

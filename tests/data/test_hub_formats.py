@@ -8,11 +8,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rewardkit.cli import main
-from rewardkit.data import reasons as R
-from rewardkit.data.normalize import extract_text_prompt, normalize_row
-from rewardkit.data.reader import detect_format, input_files, iter_pairs, iter_rows
-from rewardkit.data.synth import generate_rows
+from rewardplane.cli import main
+from rewardplane.data import reasons as R
+from rewardplane.data.normalize import extract_text_prompt, normalize_row
+from rewardplane.data.reader import detect_format, input_files, iter_pairs, iter_rows
+from rewardplane.data.synth import generate_rows
 
 IMPLICIT_TEXT = {"chosen": "The sky is blue.", "rejected": "The sky is green."}
 IMPLICIT_MESSAGES = {
@@ -191,8 +191,8 @@ def test_save_to_disk_folders(tmp_path, kind):
 
 
 def test_data_commands_and_training_read_a_hub_folder(tmp_path, capsys):
-    from rewardkit.train.config import load_config
-    from rewardkit.train.data import prepare_data
+    from rewardplane.train.config import load_config
+    from rewardplane.train.data import prepare_data
 
     root = tmp_path / "hub"
     (root / "data").mkdir(parents=True)

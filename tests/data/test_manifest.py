@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from rewardkit.core.errors import UsageError
-from rewardkit.data.manifest import prepare, split_rank
-from rewardkit.data.synth import builtin_tokenizer, corrupt_rows, generate_rows
+from rewardplane.core.errors import UsageError
+from rewardplane.data.manifest import prepare, split_rank
+from rewardplane.data.synth import builtin_tokenizer, corrupt_rows, generate_rows
 
 
 def write_rows(path, rows):

@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rewardkit.data import reasons as R
-from rewardkit.data.normalize import normalize_row
-from rewardkit.data.reasons import Rejection
-from rewardkit.data.records import PreferencePair
+from rewardplane.data import reasons as R
+from rewardplane.data.normalize import normalize_row
+from rewardplane.data.reasons import Rejection
+from rewardplane.data.records import PreferencePair
 
 
 def user(text):

@@ -6,13 +6,13 @@ import json
 
 import pytest
 
-from rewardkit.core.errors import UsageError
-from rewardkit.data import reasons as R
-from rewardkit.data.pipeline import Summary, iter_validated, tokenize_source
-from rewardkit.data.probe import freeze_probe, freeze_probe_file
-from rewardkit.data.reasons import Rejection
-from rewardkit.data.synth import builtin_tokenizer, corrupt_rows, generate_rows
-from rewardkit.data.tokenize import TokenizeSettings
+from rewardplane.core.errors import UsageError
+from rewardplane.data import reasons as R
+from rewardplane.data.pipeline import Summary, iter_validated, tokenize_source
+from rewardplane.data.probe import freeze_probe, freeze_probe_file
+from rewardplane.data.reasons import Rejection
+from rewardplane.data.synth import builtin_tokenizer, corrupt_rows, generate_rows
+from rewardplane.data.tokenize import TokenizeSettings
 
 SETTINGS = TokenizeSettings(max_length=96, max_completion_length=96, truncation="truncate")
 

@@ -6,11 +6,11 @@ import dataclasses
 
 import pytest
 
-from rewardkit.data.builtin_tokenizer import build_tokenizer
-from rewardkit.data.normalize import normalize_row
-from rewardkit.data.probe import ProbeMismatch, check_probe, freeze_probe
-from rewardkit.data.synth import builtin_tokenizer, generate_rows
-from rewardkit.data.tokenize import TokenizeSettings, tokenize_pair
+from rewardplane.data.builtin_tokenizer import build_tokenizer
+from rewardplane.data.normalize import normalize_row
+from rewardplane.data.probe import ProbeMismatch, check_probe, freeze_probe
+from rewardplane.data.synth import builtin_tokenizer, generate_rows
+from rewardplane.data.tokenize import TokenizeSettings, tokenize_pair
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +65,7 @@ def test_tokenizer_template_and_settings_drift(tok, tokenized):
     assert "settings differ" in mismatch(probe, tokenized, settings=TokenizeSettings(truncation="truncate"))
     tampered = {**probe, "tokens_sha256": "0" * 64}
     assert "token hash differs" in mismatch(tampered, tokenized)
-    assert "not a rewardkit.probe/v1" in mismatch({"format": "x"}, tokenized)
+    assert "not a rewardplane.probe/v1" in mismatch({"format": "x"}, tokenized)
 
 
 def test_a_probe_frozen_before_plain_text_was_recorded_keeps_its_tokens(tok):

@@ -9,12 +9,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rewardkit.core.errors import UsageError
-from rewardkit.data import reader
-from rewardkit.data import reasons as R
-from rewardkit.data.reader import detect_format, iter_pairs, iter_rows
-from rewardkit.data.reasons import Rejection
-from rewardkit.data.synth import generate_rows
+from rewardplane.core.errors import UsageError
+from rewardplane.data import reader
+from rewardplane.data import reasons as R
+from rewardplane.data.reader import detect_format, iter_pairs, iter_rows
+from rewardplane.data.reasons import Rejection
+from rewardplane.data.synth import generate_rows
 
 
 def ultrafeedback_rows(n: int) -> list[dict]:

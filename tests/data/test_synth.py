@@ -7,11 +7,11 @@ import collections
 
 import pytest
 
-from rewardkit.data import reasons as R
-from rewardkit.data.normalize import normalize_row
-from rewardkit.data.reasons import Rejection
-from rewardkit.data.synth import builtin_tokenizer, corrupt_rows, flip_probability, generate_rows
-from rewardkit.data.tokenize import TokenizeSettings, tokenize_pair
+from rewardplane.data import reasons as R
+from rewardplane.data.normalize import normalize_row
+from rewardplane.data.reasons import Rejection
+from rewardplane.data.synth import builtin_tokenizer, corrupt_rows, flip_probability, generate_rows
+from rewardplane.data.tokenize import TokenizeSettings, tokenize_pair
 
 
 def test_deterministic_and_seeded():

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from rewardkit.core.errors import ConfigError, UsageError
-from rewardkit.data import reasons as R
-from rewardkit.data.builtin_tokenizer import build_tokenizer
-from rewardkit.data.normalize import normalize_row
-from rewardkit.data.reasons import Rejection
-from rewardkit.data.synth import builtin_tokenizer, corpus
-from rewardkit.data.tokenize import (
+from rewardplane.core.errors import ConfigError, UsageError
+from rewardplane.data import reasons as R
+from rewardplane.data.builtin_tokenizer import build_tokenizer
+from rewardplane.data.normalize import normalize_row
+from rewardplane.data.reasons import Rejection
+from rewardplane.data.synth import builtin_tokenizer, corpus
+from rewardplane.data.tokenize import (
     TokenizeSettings,
     branch_text,
     completion_text,

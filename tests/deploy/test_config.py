@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from rewardkit.core.errors import ConfigError
-from rewardkit.deploy.config import DeviceProbe, load_deploy_config, normalize_mem_limit, parse_deploy_config
+from rewardplane.core.errors import ConfigError
+from rewardplane.deploy.config import (
+    DeviceProbe,
+    load_deploy_config,
+    normalize_mem_limit,
+    parse_deploy_config,
+)
 
 GPU2 = DeviceProbe(cuda_available=True, gpu_count=2, control_binary="/usr/bin/nvidia-cuda-mps-control")
 NO_CUDA = DeviceProbe(cuda_available=False, gpu_count=0, control_binary=None)

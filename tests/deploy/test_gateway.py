@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from rewardkit.deploy.config import DeviceProbe, parse_deploy_config
-from rewardkit.deploy.gateway import GatewayBackend
-from rewardkit.serve.errors import ServeError
-from rewardkit.serve.scorers.base import ItemError
+from rewardplane.deploy.config import DeviceProbe, parse_deploy_config
+from rewardplane.deploy.gateway import GatewayBackend
+from rewardplane.serve.errors import ServeError
+from rewardplane.serve.scorers.base import ItemError
 from support.deploy_fakes import CPU, FAST, install_fake_control, items, pid_alive
 
 
@@ -136,14 +136,14 @@ def test_drain_lets_in_flight_requests_finish_before_workers_stop():
 def test_metrics_queue_depth_counts_items_at_the_worker_until_answered():
     from prometheus_client import generate_latest
 
-    from rewardkit.serve.metrics import ServeMetrics
+    from rewardplane.serve.metrics import ServeMetrics
 
     gw = GatewayBackend(parse_deploy_config(deploy_doc(slow_delay=1.0), CPU), settings=FAST)
     metrics = ServeMetrics()
     gw.attach_metrics(metrics)
 
     def depth(scorer):
-        return metrics.registry.get_sample_value("rewardkit_queue_depth", {"scorer": scorer})
+        return metrics.registry.get_sample_value("rewardplane_queue_depth", {"scorer": scorer})
 
     async def go():
         await gw.start()
@@ -152,7 +152,7 @@ def test_metrics_queue_depth_counts_items_at_the_worker_until_answered():
             pending = [asyncio.ensure_future(gw.score("slow", items(4, f"r{r}-"))) for r in range(3)]
             await asyncio.sleep(0.1)  # each batch of 4 takes 1 s: all 12 items are still out
             assert depth("slow") == 12 and depth("fast") == 0
-            assert 'rewardkit_queue_depth{scorer="slow"} 12.0' in generate_latest(metrics.registry).decode()
+            assert 'rewardplane_queue_depth{scorer="slow"} 12.0' in generate_latest(metrics.registry).decode()
             results = await asyncio.gather(*pending)
             assert all(isinstance(v, float) for r in results for v in r)
             assert depth("slow") == 0
@@ -217,8 +217,8 @@ def test_killing_the_supervisor_takes_workers_and_mps_down(fake_mps, tmp_path):
     script = textwrap.dedent(
         """
         import asyncio, json, sys
-        from rewardkit.deploy.config import DeviceProbe, parse_deploy_config
-        from rewardkit.deploy.gateway import GatewayBackend
+        from rewardplane.deploy.config import DeviceProbe, parse_deploy_config
+        from rewardplane.deploy.gateway import GatewayBackend
         doc = json.loads(sys.argv[1])
         probe = DeviceProbe(cuda_available=True, gpu_count=1, control_binary="nvidia-cuda-mps-control")
         gw = GatewayBackend(parse_deploy_config(doc, probe), mps_client_timeout_s=1.0)

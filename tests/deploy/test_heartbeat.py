@@ -1,6 +1,6 @@
 """A deploy worker that stops answering (SIGSTOP) is lost within 10 s (issue 23, contract line 7).
 
-Through a real `rewardkit serve --deploy` process: the supervisor's heartbeat (a `health` call
+Through a real `rewardplane serve --deploy` process: the supervisor's heartbeat (a `health` call
 every second) finds no answer for `lost_after_s` (5 s), fails the worker's in-flight items with
 `worker_lost` at once, drops readiness, kills the stopped process and starts a replacement, which
 is ready well within 30 s. A worker whose scorer is merely busy for longer than that (its event
@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from rewardkit.bench.server import running_server
+from rewardplane.bench.server import running_server
 from support.deploy_fakes import pid_alive
 
 TESTS = Path(__file__).resolve().parents[1]

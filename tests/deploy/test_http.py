@@ -1,4 +1,4 @@
-"""`rewardkit serve --deploy`: the serve app over the gateway, and GET /v1/deployment."""
+"""`rewardplane serve --deploy`: the serve app over the gateway, and GET /v1/deployment."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import yaml
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from rewardkit.cli import main
-from rewardkit.deploy.config import DeviceProbe
-from rewardkit.deploy.launch import deploy_backend
-from rewardkit.serve.app import create_app
-from rewardkit.serve.backend import InProcessBackend
-from rewardkit.serve.config import config_from_dict
+from rewardplane.cli import main
+from rewardplane.deploy.config import DeviceProbe
+from rewardplane.deploy.launch import deploy_backend
+from rewardplane.serve.app import create_app
+from rewardplane.serve.backend import InProcessBackend
+from rewardplane.serve.config import config_from_dict
 
 CPU = DeviceProbe(cuda_available=False, gpu_count=0, control_binary=None)
 
@@ -77,10 +77,10 @@ TIMED_SCORERS = [
     {"name": "len", "kind": "length"},
 ]
 BATCH_FAMILIES = (
-    "rewardkit_batch_size",
-    "rewardkit_queue_delay_seconds",
-    "rewardkit_inference_seconds",
-    "rewardkit_items",
+    "rewardplane_batch_size",
+    "rewardplane_queue_delay_seconds",
+    "rewardplane_inference_seconds",
+    "rewardplane_items",
 )
 
 
@@ -90,7 +90,7 @@ def _batch_metrics(text):
     for family in text_string_to_metric_families(text):
         if family.name in BATCH_FAMILIES:
             for s in family.samples:
-                if s.name.endswith(("_count", "_total")) or s.name == "rewardkit_batch_size_sum":
+                if s.name.endswith(("_count", "_total")) or s.name == "rewardplane_batch_size_sum":
                     out[(s.name, tuple(sorted(s.labels.items())))] = s.value
     return out
 
@@ -132,9 +132,9 @@ def test_timing_headers_and_batch_metrics_match_in_process_mode(tmp_path):
                 r.status_code == 200 for r in pool.map(lambda _: client.post("/v1/score", json=one), range(4))
             )
         after = _batch_metrics(client.get("/metrics").text)
-        key = ("rewardkit_batch_size_sum", (("scorer", "slow"),))
+        key = ("rewardplane_batch_size_sum", (("scorer", "slow"),))
         assert after[key] == metrics[key] + 8
-        assert after[("rewardkit_queue_delay_seconds_count", (("scorer", "slow"),))] == 6 + 8
+        assert after[("rewardplane_queue_delay_seconds_count", (("scorer", "slow"),))] == 6 + 8
 
     import support.deploy_fakes as deploy_fakes  # noqa: F401  (registers rk_test_sleep for the in-process run)
 
@@ -144,8 +144,8 @@ def test_timing_headers_and_batch_metrics_match_in_process_mode(tmp_path):
         in_process_timings, in_process_metrics = _timed_requests(client)
     assert all(q > 0 and i >= 100 for q, i in in_process_timings)
     assert metrics == in_process_metrics  # same series, same batch counts and sizes in both modes
-    assert metrics[("rewardkit_batch_size_sum", (("scorer", "slow"),))] == 6
-    assert metrics[("rewardkit_batch_size_count", (("scorer", "len"),))] == 1
+    assert metrics[("rewardplane_batch_size_sum", (("scorer", "slow"),))] == 6
+    assert metrics[("rewardplane_batch_size_count", (("scorer", "len"),))] == 1
 
 
 def test_cli_refuses_config_and_deploy_together(tmp_path, capsys):

@@ -9,11 +9,11 @@ import httpx
 import pytest
 import yaml
 
-from rewardkit.deploy.config import parse_deploy_config
-from rewardkit.deploy.gateway import GatewayBackend
-from rewardkit.deploy.launch import deploy_backend
-from rewardkit.serve.config import config_from_dict
-from rewardkit.serve.errors import ServeError
+from rewardplane.deploy.config import parse_deploy_config
+from rewardplane.deploy.gateway import GatewayBackend
+from rewardplane.deploy.launch import deploy_backend
+from rewardplane.serve.config import config_from_dict
+from rewardplane.serve.errors import ServeError
 from support.deploy_fakes import CPU, FAST, items
 from support.serve import LiveServer
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rewardkit.deploy.mps import ManagedMps, MpsError
+from rewardplane.deploy.mps import ManagedMps, MpsError
 from support.deploy_fakes import install_fake_control, pid_alive
 
 
@@ -71,7 +71,7 @@ def test_watchdog_cleans_up_when_the_supervisor_is_killed(fake_mps, tmp_path):
     script = textwrap.dedent(
         """
         import sys, time
-        from rewardkit.deploy.mps import ManagedMps
+        from rewardplane.deploy.mps import ManagedMps
         m = ManagedMps(client_timeout=0.5)
         m.start()
         print(m.pipe_dir, m.log_dir, flush=True)
@@ -122,7 +122,7 @@ def test_real_mps_daemon_lifecycle_on_gpu():
 
     if shutil.which("nvidia-cuda-mps-control") is None:
         pytest.skip("nvidia-cuda-mps-control not on PATH")
-    from rewardkit.deploy.mps import client_pids, server_pids
+    from rewardplane.deploy.mps import client_pids, server_pids
 
     mps = ManagedMps(client_timeout=20.0)
     mps.start()

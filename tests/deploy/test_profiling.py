@@ -9,10 +9,16 @@ import json
 import pytest
 import torch
 
-from rewardkit.bench.trace import summarize_trace
-from rewardkit.deploy.config import parse_deploy_config
-from rewardkit.deploy.gateway import GatewayBackend
-from rewardkit.deploy.profiling import ENV_AFTER_BATCHES, ENV_DIR, ENV_SECONDS, ProfileWindow, profile_window
+from rewardplane.bench.trace import summarize_trace
+from rewardplane.deploy.config import parse_deploy_config
+from rewardplane.deploy.gateway import GatewayBackend
+from rewardplane.deploy.profiling import (
+    ENV_AFTER_BATCHES,
+    ENV_DIR,
+    ENV_SECONDS,
+    ProfileWindow,
+    profile_window,
+)
 from support.deploy_fakes import CPU, FAST, items
 
 
@@ -27,7 +33,7 @@ def test_window_is_off_unless_a_directory_is_set(tmp_path):
     "extra", [{ENV_AFTER_BATCHES: "x"}, {ENV_AFTER_BATCHES: "-1"}, {ENV_SECONDS: "0"}, {ENV_SECONDS: "61"}]
 )
 def test_bad_window_settings_are_refused(tmp_path, extra):
-    with pytest.raises(ValueError, match="REWARDKIT_WORKER_PROFILE"):
+    with pytest.raises(ValueError, match="REWARDPLANE_WORKER_PROFILE"):
         ProfileWindow.from_env({ENV_DIR: str(tmp_path), **extra})
 
 

@@ -11,11 +11,11 @@ import pytest
 
 pytest.importorskip("ray.serve")
 
-from rewardkit.deploy.config import DeviceProbe, parse_deploy_config
-from rewardkit.deploy.ray_backend import RayBackend
-from rewardkit.serve.metrics import ServeMetrics
-from rewardkit.serve.scorers.base import ItemError, ScoreItem
-from rewardkit.serve.timing import RequestTiming, current_timing
+from rewardplane.deploy.config import DeviceProbe, parse_deploy_config
+from rewardplane.deploy.ray_backend import RayBackend
+from rewardplane.serve.metrics import ServeMetrics
+from rewardplane.serve.scorers.base import ItemError, ScoreItem
+from rewardplane.serve.timing import RequestTiming, current_timing
 
 CPU = DeviceProbe(cuda_available=False, gpu_count=0, control_binary=None)
 
@@ -47,8 +47,8 @@ def test_ray_backend_scores_batches_and_reports_lost_replicas(ray_env):
             assert await backend.score("slow", items) == [1.0, 2.0, 3.0]
             # the replica's timing and batch reach the headers and /metrics, as from a worker
             assert 0.5 <= timing.inference_s < 5 and 0 <= timing.queue_s < 5, timing
-            batched = metrics.registry.get_sample_value("rewardkit_batch_size_count", {"scorer": "slow"})
-            items_seen = metrics.registry.get_sample_value("rewardkit_batch_size_sum", {"scorer": "slow"})
+            batched = metrics.registry.get_sample_value("rewardplane_batch_size_count", {"scorer": "slow"})
+            items_seen = metrics.registry.get_sample_value("rewardplane_batch_size_sum", {"scorer": "slow"})
             assert batched >= 1 and items_seen == 3
             current_timing.set(None)
             dep = backend.deployment()

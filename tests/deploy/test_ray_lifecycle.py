@@ -13,8 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from rewardkit.deploy.ray_lifecycle import MIXED, RayLifecycle, merge_results, merge_states
-from rewardkit.serve.errors import ServeError
+from rewardplane.deploy.ray_lifecycle import MIXED, RayLifecycle, merge_results, merge_states
+from rewardplane.serve.errors import ServeError
 
 
 def described(state, *, at=1.0, bytes_on_device=0, error=None, transitions=1):
@@ -176,9 +176,9 @@ def test_ray_http_lifecycle_on_every_replica(ray_env):
     import ray
     from ray import serve
 
-    from rewardkit.deploy.config import parse_deploy_config
-    from rewardkit.deploy.launch import service_config
-    from rewardkit.deploy.ray_backend import RayBackend
+    from rewardplane.deploy.config import parse_deploy_config
+    from rewardplane.deploy.launch import service_config
+    from rewardplane.deploy.ray_backend import RayBackend
     from support.deploy_fakes import CPU
     from support.serve import LiveServer
 
@@ -194,7 +194,7 @@ def test_ray_http_lifecycle_on_every_replica(ray_env):
     }
     deploy = parse_deploy_config(doc, CPU)
     # started here, on the main thread (ray.init installs signal handlers); the backend joins it
-    ray.init(namespace="rewardkit", _temp_dir=ray_env, include_dashboard=False, log_to_driver=False)
+    ray.init(namespace="rewardplane", _temp_dir=ray_env, include_dashboard=False, log_to_driver=False)
     backend = RayBackend(deploy, health_poll_s=0.2)
     try:
         with LiveServer(service_config(deploy), backend=backend, ready_timeout_s=240) as server:

@@ -10,9 +10,9 @@ import tempfile
 
 import pytest
 
-from rewardkit.core.errors import RewardkitError
-from rewardkit.deploy.gateway import decode_batches, decode_timing
-from rewardkit.deploy.transport import (
+from rewardplane.core.errors import RewardplaneError
+from rewardplane.deploy.gateway import decode_batches, decode_timing
+from rewardplane.deploy.transport import (
     RemoteError,
     TransportClient,
     TransportError,
@@ -25,10 +25,10 @@ from rewardkit.deploy.transport import (
     read_frame,
     serve_unix,
 )
-from rewardkit.deploy.worker import RelayMetrics, WorkerServer
-from rewardkit.serve.backend import InProcessBackend
-from rewardkit.serve.metrics import BatchStats
-from rewardkit.serve.scorers.base import DetailedScore, ItemError, ScoreItem
+from rewardplane.deploy.worker import RelayMetrics, WorkerServer
+from rewardplane.serve.backend import InProcessBackend
+from rewardplane.serve.metrics import BatchStats
+from rewardplane.serve.scorers.base import DetailedScore, ItemError, ScoreItem
 from support.serve import RecordingScorer, make_config
 
 RICH = ScoreItem(
@@ -90,7 +90,7 @@ def test_frames_refuse_nan_and_non_json():
 def test_concurrent_requests_are_matched_by_id(sock_path):
     async def handler(op, header, body):
         if op == "fail":
-            raise RewardkitError("nope", code="queue_full")
+            raise RewardplaneError("nope", code="queue_full")
         if op == "crash":
             raise ValueError("boom")
         await asyncio.sleep(0.05 * (5 - header["n"] % 5) / 5)  # answer out of order

@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from rewardkit.core.errors import RewardkitError, UsageError
-from rewardkit.core.hashing import sha256_file
-from rewardkit.eval.artifacts import (
+from rewardplane.core.errors import RewardplaneError, UsageError
+from rewardplane.core.hashing import sha256_file
+from rewardplane.eval.artifacts import (
     assert_same_contract,
     eval_step_dir,
     eval_steps,
@@ -108,11 +108,11 @@ def test_same_contract_passes_and_refuses_with_the_difference(tmp_path):
     final = _write(eval_step_dir(tmp_path, 120), chosen_scores=[3.0, 1.0, 4.0, 1.0])
     assert_same_contract(step0, final)
     other_plan = _write(tmp_path / "x", batch_plan={"batch_size": 8, "order": "probe"})
-    with pytest.raises(RewardkitError, match="batch_plan") as info:
+    with pytest.raises(RewardplaneError, match="batch_plan") as info:
         assert_same_contract(step0, other_plan)
     assert info.value.code == "eval_contract_mismatch"
     other_probe = _write(tmp_path / "y", probe_sha256="cd" * 32)
-    with pytest.raises(RewardkitError, match="probe_sha256"):
+    with pytest.raises(RewardplaneError, match="probe_sha256"):
         assert_same_contract(step0, other_probe)
     assert [step for step, _ in eval_steps(tmp_path)] == [0, 120]
     assert eval_step_dir(tmp_path, 120).name == "step-0000120"
@@ -139,5 +139,5 @@ def test_read_pairs_refuses_damaged_files(tmp_path):
     with pytest.raises(UsageError, match="no pairs"):
         read_pairs(tmp_path / "empty.jsonl")
     (tmp_path / "not-summary.json").write_text(json.dumps({"schema": "other"}))
-    with pytest.raises(UsageError, match="not a rewardkit evaluation summary"):
+    with pytest.raises(UsageError, match="not a rewardplane evaluation summary"):
         load_summary(tmp_path / "not-summary.json")

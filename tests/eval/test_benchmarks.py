@@ -1,4 +1,4 @@
-"""`rewardkit eval --benchmark`: the released scoring rules on hand-written fixtures, the bootstrap
+"""`rewardplane eval --benchmark`: the released scoring rules on hand-written fixtures, the bootstrap
 recomputed independently, the readers, the wrong-schema message and compare on two outputs.
 
 Every fixture response ends in `score=X`; the fake scorer reads X back from the tokens it is
@@ -17,13 +17,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rewardkit.cli import main
-from rewardkit.core.errors import UsageError
-from rewardkit.data.synth import builtin_tokenizer
-from rewardkit.eval import benchmarks
-from rewardkit.eval.benchmarks import rewardbench2
-from rewardkit.eval.compare import compare_examples
-from rewardkit.objectives.base import PairScorer
+from rewardplane.cli import main
+from rewardplane.core.errors import UsageError
+from rewardplane.data.synth import builtin_tokenizer
+from rewardplane.eval import benchmarks
+from rewardplane.eval.benchmarks import rewardbench2
+from rewardplane.eval.compare import compare_examples
+from rewardplane.objectives.base import PairScorer
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REPLICATES = 500
@@ -63,7 +63,7 @@ def run(tmp_path, benchmark, data, scorer=None, **kw):
 
 
 def recomputed(values: np.ndarray, seed: int = 1234, replicates: int = REPLICATES) -> dict[str, float]:
-    """The bootstrap of docs/evaluation.md, written out independently of rewardkit.eval.bootstrap."""
+    """The bootstrap of docs/evaluation.md, written out independently of rewardplane.eval.bootstrap."""
     rng = np.random.Generator(np.random.PCG64(seed))
     idx = rng.integers(0, values.size, size=(replicates, values.size))
     means = values[idx].mean(axis=1)
@@ -285,11 +285,11 @@ def test_cli_with_a_real_model_scores_each_text_as_alone(tmp_path, capsys):
     import torch
     from transformers import AutoModelForSequenceClassification
 
-    from rewardkit.data.records import TokenizedPair
-    from rewardkit.data.tokenize import tokenize_branch
-    from rewardkit.models.tiny import tiny_config
-    from rewardkit.objectives.base import score_in_batches
-    from rewardkit.objectives.reward_model import load_scorer
+    from rewardplane.data.records import TokenizedPair
+    from rewardplane.data.tokenize import tokenize_branch
+    from rewardplane.models.tiny import tiny_config
+    from rewardplane.objectives.base import score_in_batches
+    from rewardplane.objectives.reward_model import load_scorer
 
     torch.set_num_threads(1)
     tokenizer = builtin_tokenizer()
@@ -324,7 +324,7 @@ def test_cli_with_a_real_model_scores_each_text_as_alone(tmp_path, capsys):
     "benchmark,data", [("rm-bench", "rmbench.json"), ("rewardbench2", "rewardbench2.jsonl")]
 )
 def test_benchmark_report(tmp_path, benchmark, data):
-    from rewardkit.eval.report import build_report
+    from rewardplane.eval.report import build_report
 
     run(tmp_path / "ev", benchmark, FIXTURES / data)
     page = build_report(tmp_path / "ev", tmp_path / "out").read_text()
@@ -344,7 +344,7 @@ def test_batched_tokenisation_equals_one_tokenize_branch_per_text(make, monkeypa
     """tokenize_texts renders each prompt once and encodes in large batches: the ids, loss masks
     and read positions equal one `tokenize_branch` call per text (a rejected one is None in both),
     and a batch boundary inside one prompt's responses changes nothing."""
-    from rewardkit.data import tokenize as tk
+    from rewardplane.data import tokenize as tk
     from support import tokenizers
 
     tok = builtin_tokenizer() if make == "builtin" else getattr(tokenizers, make)()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from rewardkit.eval.bootstrap import bootstrap_mean, paired_bootstrap, replicate_means
+from rewardplane.eval.bootstrap import bootstrap_mean, paired_bootstrap, replicate_means
 
 
 def _spec(values: np.ndarray, seed: int, replicates: int) -> tuple[np.ndarray, np.ndarray]:
@@ -155,7 +155,7 @@ def test_same_block_in_a_fresh_process():
     import sys
 
     code = (
-        "import json, numpy as np; from rewardkit.eval.bootstrap import bootstrap_mean; "
+        "import json, numpy as np; from rewardplane.eval.bootstrap import bootstrap_mean; "
         "v = (np.random.default_rng(0).random(321) < 0.6).astype(float); "
         "print(json.dumps(bootstrap_mean(v, statistic='accuracy', replicates=1500, chunk_rows=100)))"
     )

@@ -1,4 +1,4 @@
-"""`rewardkit compare`: exact McNemar, paired differences, and refusals of incomparable files."""
+"""`rewardplane compare`: exact McNemar, paired differences, and refusals of incomparable files."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from rewardkit.cli import main
-from rewardkit.core.errors import UsageError
-from rewardkit.eval.artifacts import write_eval_artifacts
-from rewardkit.eval.compare import compare_pairs, mcnemar_exact
+from rewardplane.cli import main
+from rewardplane.core.errors import UsageError
+from rewardplane.eval.artifacts import write_eval_artifacts
+from rewardplane.eval.compare import compare_pairs, mcnemar_exact
 
 PROBE = "ab" * 32
 

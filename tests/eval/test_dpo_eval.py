@@ -1,4 +1,4 @@
-"""`rewardkit eval` on a DPO policy: implicit rewards against the verified reference."""
+"""`rewardplane eval` on a DPO policy: implicit rewards against the verified reference."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import json
 import numpy as np
 import pytest
 
-from rewardkit.cli import main
-from rewardkit.data.probe import freeze_probe
-from rewardkit.data.synth import builtin_tokenizer, generate_rows
-from rewardkit.data.tokenize import TokenizeSettings
-from rewardkit.eval.artifacts import eval_step_dir, read_pairs
-from rewardkit.eval.runner import tokenize_eval_data
+from rewardplane.cli import main
+from rewardplane.data.probe import freeze_probe
+from rewardplane.data.synth import builtin_tokenizer, generate_rows
+from rewardplane.data.tokenize import TokenizeSettings
+from rewardplane.eval.artifacts import eval_step_dir, read_pairs
+from rewardplane.eval.runner import tokenize_eval_data
 
 TRAIN_ROWS, EVAL_ROWS, STEPS = 32, 16, 2
 SETTINGS = TokenizeSettings(max_length=96, max_completion_length=48)
@@ -24,9 +24,9 @@ def trained(tmp_path_factory):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rewardkit.models.tiny import tiny_config
-    from rewardkit.train.config import load_dpo_config
-    from rewardkit.train.recipes.dpo import run
+    from rewardplane.models.tiny import tiny_config
+    from rewardplane.train.config import load_dpo_config
+    from rewardplane.train.recipes.dpo import run
 
     torch.set_num_threads(1)  # 2 shared cores: intra-op threads only contend
     root = tmp_path_factory.mktemp("dpo")
@@ -98,7 +98,7 @@ def test_reference_flag_is_refused_for_reward_models(trained, tmp_path, capsys):
 
 
 def test_dpo_scores_do_not_depend_on_batch_size(trained):
-    from rewardkit.objectives.dpo import load_scorer
+    from rewardplane.objectives.dpo import load_scorer
 
     root, checkpoint = trained
     scorer = load_scorer(checkpoint, device="cpu", reference_path=root / "base")

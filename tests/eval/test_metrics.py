@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from rewardkit.eval import metrics
+from rewardplane.eval import metrics
 
 # margins: +2, 0 (exact tie), +5e-7 (tie, strictly positive), -1, -3e-7 (tie, negative), +1e-5 (not a tie)
 CHOSEN = [3.0, 1.0, 0.0000005, 0.0, -0.0000003, 0.00001]

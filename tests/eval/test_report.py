@@ -1,4 +1,4 @@
-"""`rewardkit report`: a self-contained HTML page, a Markdown twin, and the calibration numbers."""
+"""`rewardplane report`: a self-contained HTML page, a Markdown twin, and the calibration numbers."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import re
 import numpy as np
 import pytest
 
-from rewardkit.cli import main
-from rewardkit.core.errors import UsageError
-from rewardkit.eval.artifacts import eval_step_dir, write_eval_artifacts
-from rewardkit.eval.report import build_report, calibration_table, expected_calibration_error
+from rewardplane.cli import main
+from rewardplane.core.errors import UsageError
+from rewardplane.eval.artifacts import eval_step_dir, write_eval_artifacts
+from rewardplane.eval.report import build_report, calibration_table, expected_calibration_error
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -104,7 +104,7 @@ def test_report_headline_compares_with_step_0(tmp_path):
     assert "No token lengths in pairs.jsonl" in text
 
 
-def test_report_length_bias_and_data_from_rewardkit_eval_artifacts(tmp_path):
+def test_report_length_bias_and_data_from_rewardplane_eval_artifacts(tmp_path):
     # chosen longer → right, chosen shorter → wrong: the length panel must show it
     chosen_tokens = [10, 10, 10, 2, 2, 2]
     rejected_tokens = [2, 2, 2, 10, 10, 10]

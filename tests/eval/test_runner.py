@@ -1,4 +1,4 @@
-"""`rewardkit eval` end to end on a tiny HF sequence-classification model and the synth task."""
+"""`rewardplane eval` end to end on a tiny HF sequence-classification model and the synth task."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ import json
 import numpy as np
 import pytest
 
-from rewardkit.cli import main
-from rewardkit.data.probe import freeze_probe
-from rewardkit.data.synth import builtin_tokenizer, generate_rows
-from rewardkit.data.tokenize import TokenizeSettings
-from rewardkit.eval.artifacts import read_pairs
-from rewardkit.eval.runner import tokenize_eval_data
-from rewardkit.objectives.base import PairScorer
-from rewardkit.objectives.reward_model import load_scorer
+from rewardplane.cli import main
+from rewardplane.data.probe import freeze_probe
+from rewardplane.data.synth import builtin_tokenizer, generate_rows
+from rewardplane.data.tokenize import TokenizeSettings
+from rewardplane.eval.artifacts import read_pairs
+from rewardplane.eval.runner import tokenize_eval_data
+from rewardplane.objectives.base import PairScorer
+from rewardplane.objectives.reward_model import load_scorer
 
 N_PAIRS = 48
 
@@ -24,7 +24,7 @@ def setup(tmp_path_factory):
     import torch
     from transformers import AutoModelForSequenceClassification
 
-    from rewardkit.models.tiny import tiny_config
+    from rewardplane.models.tiny import tiny_config
 
     torch.set_num_threads(1)  # 2 shared cores: intra-op threads only contend (20x slower at batch size 1)
     root = tmp_path_factory.mktemp("eval")
@@ -110,10 +110,10 @@ def test_data_that_does_not_match_the_probe_is_refused(setup, tmp_path, capsys, 
     assert not (tmp_path / "out").exists()
 
 
-def test_rewardkit_checkpoint_reproduces_the_training_evaluation(tmp_path):
-    """Training's final evaluation and `rewardkit eval` of its checkpoint are the same measurement."""
-    from rewardkit.train.config import load_config
-    from rewardkit.train.recipes.reward_model import run
+def test_rewardplane_checkpoint_reproduces_the_training_evaluation(tmp_path):
+    """Training's final evaluation and `rewardplane eval` of its checkpoint are the same measurement."""
+    from rewardplane.train.config import load_config
+    from rewardplane.train.recipes.reward_model import run
 
     settings = TokenizeSettings(max_length=96, max_completion_length=48)
     overrides = [
@@ -148,7 +148,7 @@ def test_rewardkit_checkpoint_reproduces_the_training_evaluation(tmp_path):
 
 
 def test_not_a_model_and_non_finite_scores_are_one_line_errors(setup, tmp_path, capsys, monkeypatch):
-    from rewardkit.objectives import registry
+    from rewardplane.objectives import registry
 
     root, _, _ = setup
     args = [
@@ -161,7 +161,7 @@ def test_not_a_model_and_non_finite_scores_are_one_line_errors(setup, tmp_path, 
         str(tmp_path),
     ]
     assert main([*args, "--model", str(tmp_path)]) == 2
-    assert "neither a rewardkit checkpoint nor an HF" in capsys.readouterr().err
+    assert "neither a rewardplane checkpoint nor an HF" in capsys.readouterr().err
 
     real = registry.SCORERS["reward_model"]
 
@@ -179,21 +179,21 @@ def test_not_a_model_and_non_finite_scores_are_one_line_errors(setup, tmp_path, 
     monkeypatch.setitem(registry.SCORERS, "reward_model", broken)
     assert main([*args, "--model", str(root / "model")]) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]  # above it: transformers' loading bar
-    assert last.startswith("rewardkit: error: model gave 1 non-finite chosen value(s)")
+    assert last.startswith("rewardplane: error: model gave 1 non-finite chosen value(s)")
     assert not (tmp_path / "pairs.jsonl").exists()
 
 
 def _one_line_error(capsys) -> str:
     err = capsys.readouterr().err
     assert "Traceback" not in err
-    lines = [line for line in err.splitlines() if line.startswith("rewardkit: error:")]
+    lines = [line for line in err.splitlines() if line.startswith("rewardplane: error:")]
     assert len(lines) == 1, err
     return lines[0]
 
 
 def test_missing_and_corrupt_models_are_one_line_errors(setup, tmp_path, capsys):
-    """A model path that does not exist, a corrupt rewardkit.json, a corrupt config.json and
-    truncated weights: each is one `rewardkit: error:` line and exit 2, never a traceback."""
+    """A model path that does not exist, a corrupt rewardplane.json, a corrupt config.json and
+    truncated weights: each is one `rewardplane: error:` line and exit 2, never a traceback."""
     import shutil
 
     root, _, _ = setup
@@ -204,9 +204,9 @@ def test_missing_and_corrupt_models_are_one_line_errors(setup, tmp_path, capsys)
 
     bad_meta = tmp_path / "bad-meta"
     bad_meta.mkdir()
-    (bad_meta / "rewardkit.json").write_text("{not json")
+    (bad_meta / "rewardplane.json").write_text("{not json")
     assert main([*args, "--model", str(bad_meta)]) == 2
-    assert "rewardkit.json: not valid JSON" in _one_line_error(capsys)
+    assert "rewardplane.json: not valid JSON" in _one_line_error(capsys)
 
     bad_config = tmp_path / "bad-config"
     shutil.copytree(root / "model", bad_config)

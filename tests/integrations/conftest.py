@@ -1,4 +1,4 @@
-"""A real rewardkit server (uvicorn on a loopback port) shared by the integration tests.
+"""A real rewardplane server (uvicorn on a loopback port) shared by the integration tests.
 
 Scorers: `rm` (a random tiny text reward model, real tokenisation and forward), `len` (response
 length in characters), `exact` (exact match against `reference`) and `double` (tests/support's
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from rewardkit.serve.client import RewardClient
+from rewardplane.serve.client import RewardClient
 from support.serve import LiveServer, make_config
 
 SCORERS = [
@@ -42,6 +42,6 @@ def _direct_scores(url: str, scorer: str, items: list[dict]) -> list[float | Non
 
 @pytest.fixture
 def direct_scores():
-    """`(url, scorer, items) -> [score | None]`: the items through `POST /v1/score` with rewardkit's
+    """`(url, scorer, items) -> [score | None]`: the items through `POST /v1/score` with rewardplane's
     own client, the reference every adapter is compared with."""
     return _direct_scores

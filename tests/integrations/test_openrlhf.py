@@ -9,8 +9,8 @@ import types
 import httpx
 import pytest
 
-from rewardkit.data.builtin_tokenizer import build_tokenizer
-from rewardkit.serve.routes.openrlhf import strip_eos
+from rewardplane.data.builtin_tokenizer import build_tokenizer
+from rewardplane.serve.routes.openrlhf import strip_eos
 
 agent = pytest.importorskip("openrlhf.utils.agent")
 
@@ -67,7 +67,7 @@ def plain_forward_of_the_served_rm(text: str) -> float:
     forward of `text` tokenised as given (its last token is where the reward is read)."""
     import torch
 
-    from rewardkit.serve.scorers.text import SeqClsScorer
+    from rewardplane.serve.scorers.text import SeqClsScorer
 
     twin = SeqClsScorer("rm", shape="tiny-text-rm")
     twin.load()

@@ -16,11 +16,11 @@ from transformers import AutoModelForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import get_callable_name, is_async_callable
 
-from rewardkit.core.errors import UsageError
-from rewardkit.data.builtin_tokenizer import build_tokenizer
-from rewardkit.integrations.trl import AsyncRemoteReward, RemoteReward
-from rewardkit.models.tiny import tiny_config
-from rewardkit.serve.client import ScoreError, ServiceError
+from rewardplane.core.errors import UsageError
+from rewardplane.data.builtin_tokenizer import build_tokenizer
+from rewardplane.integrations.trl import AsyncRemoteReward, RemoteReward
+from rewardplane.models.tiny import tiny_config
+from rewardplane.serve.client import ScoreError, ServiceError
 
 PROMPTS = ["Say hello.", "Two plus two?", "Name a colour.", "Hi there."]
 
@@ -79,7 +79,7 @@ def test_grpo_trainer_trains_on_the_services_rewards(server, direct_scores, tmp_
     )
     trainer.train()
 
-    assert trainer.reward_func_names == ["rewardkit_rm", "rewardkit_len"]
+    assert trainer.reward_func_names == ["rewardplane_rm", "rewardplane_len"]
     assert len(trainer.recorded) == 2
     for step_prompts, completions, rewards in trainer.recorded:
         assert isinstance(completions[0], list if conversational else str)
@@ -91,12 +91,12 @@ def test_grpo_trainer_trains_on_the_services_rewards(server, direct_scores, tmp_
             expected = torch.tensor(direct_scores(server.url, scorer, items), dtype=torch.float64)
             assert torch.allclose(rewards[:, column].double(), expected, atol=1e-5, rtol=0), scorer
     logged = trainer.state.log_history[0]
-    assert "rewards/rewardkit_rm/mean" in logged and "rewards/rewardkit_len/mean" in logged
+    assert "rewards/rewardplane_rm/mean" in logged and "rewards/rewardplane_len/mean" in logged
 
 
 def test_trl_sees_distinct_names_and_the_async_form(server):
     rm, length = RemoteReward(server.url, scorer="rm"), RemoteReward(server.url, scorer="len")
-    assert {get_callable_name(rm), get_callable_name(length)} == {"rewardkit_rm", "rewardkit_len"}
+    assert {get_callable_name(rm), get_callable_name(length)} == {"rewardplane_rm", "rewardplane_len"}
     assert get_callable_name(RemoteReward(server.url, scorer="rm", name="rm_b")) == "rm_b"
     assert not is_async_callable(rm)
     assert is_async_callable(AsyncRemoteReward(server.url, scorer="rm"))
@@ -114,7 +114,7 @@ def test_on_error_none_returns_none_for_failed_items_only(server):
     reward = RemoteReward(server.url, scorer="double", on_error="none")
     out = reward(prompts=["p"] * 3, completions=["ok", "NAN", "fine"], log_metric=metrics.__setitem__)
     assert out == [2.0, None, 4.0]
-    assert metrics == {"rewardkit_double/failed_frac": pytest.approx(1 / 3)}
+    assert metrics == {"rewardplane_double/failed_frac": pytest.approx(1 / 3)}
     async_out = asyncio.run(
         AsyncRemoteReward(server.url, scorer="double", on_error="none")(["p", "p"], ["INF", "abc"])
     )
@@ -159,11 +159,11 @@ def test_reference_key_sends_a_dataset_column_as_reference(server):
 
 
 def test_scorer_defaults_to_the_services_only_scorer(server, one_scorer_server, monkeypatch):
-    assert RemoteReward(one_scorer_server.url).__name__ == "rewardkit_len"
+    assert RemoteReward(one_scorer_server.url).__name__ == "rewardplane_len"
     with pytest.raises(UsageError, match="name one"):
         RemoteReward(server.url)
-    monkeypatch.setenv("REWARDKIT_URL", server.url)
-    monkeypatch.setenv("REWARDKIT_SCORER", "len")
+    monkeypatch.setenv("REWARDPLANE_URL", server.url)
+    monkeypatch.setenv("REWARDPLANE_SCORER", "len")
     assert RemoteReward()(prompts=["p"], completions=["abcd"]) == [4.0]
     with pytest.raises(UsageError, match="on_error"):
         RemoteReward(server.url, scorer="len", on_error="zero")
@@ -175,5 +175,5 @@ def test_reward_functions_pickle_without_their_connections(server):
         if cls is RemoteReward:
             reward(prompts=["p"], completions=["ab"])
         clone = pickle.loads(pickle.dumps(reward))
-        assert clone.__name__ == "rewardkit_len"
+        assert clone.__name__ == "rewardplane_len"
     assert clone is not None and not math.isnan(asyncio.run(clone(["p"], ["abc"]))[0])

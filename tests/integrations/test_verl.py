@@ -1,4 +1,4 @@
-"""verl 0.9: `rewardkit.integrations.verl` loaded by verl's own custom-reward loader and run by its
+"""verl 0.9: `rewardplane.integrations.verl` loaded by verl's own custom-reward loader and run by its
 reward managers (the trainer's reward-loop worker with the naive manager; the legacy naive and
 batch managers) on a small DataProto, against a live server."""
 
@@ -18,10 +18,10 @@ from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
 from verl.trainer.ppo.reward import get_custom_reward_fn
 from verl.workers.reward_manager import BatchRewardManager, NaiveRewardManager
 
-from rewardkit.core.errors import UsageError
-from rewardkit.data.builtin_tokenizer import build_tokenizer
-from rewardkit.integrations import verl as rk_verl
-from rewardkit.serve.client import ScoreError
+from rewardplane.core.errors import UsageError
+from rewardplane.data.builtin_tokenizer import build_tokenizer
+from rewardplane.integrations import verl as rk_verl
+from rewardplane.serve.client import ScoreError
 
 QUESTIONS = ["Say hello.", "What is two plus two?", "Name a colour.", "Greet me politely."]
 RESPONSES = ["Hello there!", "Four.", "Blue", "Good day to you, NAN friend."]
@@ -59,7 +59,7 @@ def make_batch(
             "input_ids": torch.cat([prompts, resp], dim=1),
         },
         non_tensors={
-            "data_source": np.array(["rewardkit_test"] * n, dtype=object),
+            "data_source": np.array(["rewardplane_test"] * n, dtype=object),
             "reward_model": np.array(
                 [{"ground_truth": t, "style": "rule"} for t in TRUTHS[:n]], dtype=object
             ),
@@ -73,7 +73,7 @@ def reward_config(name: str, **reward_kwargs) -> OmegaConf:
         {
             "reward": {
                 "custom_reward_function": {
-                    "path": "pkg://rewardkit.integrations.verl",
+                    "path": "pkg://rewardplane.integrations.verl",
                     "name": name,
                     "reward_kwargs": reward_kwargs,
                 },
@@ -182,8 +182,8 @@ def test_a_missing_prompt_is_an_error_only_for_scorers_that_read_it(server, toke
 
 
 def test_prompt_as_messages_and_settings_from_the_environment(server, direct_scores, monkeypatch):
-    monkeypatch.setenv("REWARDKIT_URL", server.url)
-    monkeypatch.setenv("REWARDKIT_SCORER", "rm")
+    monkeypatch.setenv("REWARDPLANE_URL", server.url)
+    monkeypatch.setenv("REWARDPLANE_SCORER", "rm")
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hello."}]
     got = rk_verl.compute_score(
         "src", "Hello!", None, extra_info={"prompt": np.array(messages, dtype=object)}
@@ -197,8 +197,8 @@ def test_prompt_as_messages_and_settings_from_the_environment(server, direct_sco
     assert rk_verl.compute_score("src", "3", np.int64(3), {"question": "q"}, scorer="exact") == 1.0
     with pytest.raises(UsageError, match="no scorer 'nope'"):
         rk_verl.compute_score("src", "abc", None, {"question": "q"}, scorer="nope")
-    monkeypatch.delenv("REWARDKIT_URL")
-    with pytest.raises(UsageError, match="REWARDKIT_URL"):
+    monkeypatch.delenv("REWARDPLANE_URL")
+    with pytest.raises(UsageError, match="REWARDPLANE_URL"):
         rk_verl.compute_score("src", "abc", None, {"question": "q"})
 
 

@@ -6,10 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rewardkit.data.collate import collate
-from rewardkit.models import attention
-from rewardkit.models.attention import VARLEN, packed_attention, resolve_attn_implementation
-from rewardkit.models.reward_model import RewardModel, build_backbone
+from rewardplane.data.collate import collate
+from rewardplane.models import attention
+from rewardplane.models.attention import VARLEN, packed_attention, resolve_attn_implementation
+from rewardplane.models.reward_model import RewardModel, build_backbone
 from support.rm import VOCAB, random_pairs
 
 
@@ -181,7 +181,7 @@ def test_scoring_calls_the_kernel_directly_and_matches_the_differentiable_op(cau
 def test_varlen_models_pack_a_micro_batch_into_one_unpadded_row(monkeypatch):
     from transformers import masking_utils
 
-    import rewardkit.models.attention as attn_module
+    import rewardplane.models.attention as attn_module
 
     built = []
     real_mask = masking_utils.sdpa_mask

@@ -1,8 +1,8 @@
 """Exported reward models score where the ecosystem scores: plain transformers, apply_chat_template, logits[0, 0].
 
 TRL's RewardTrainer and RewardBench read the reward at the last token of
-`apply_chat_template(messages)` (no generation prompt). A checkpoint trained by rewardkit and
-exported with `rewardkit export hf` must give its own scores, within 1e-3 in fp32, through
+`apply_chat_template(messages)` (no generation prompt). A checkpoint trained by rewardplane and
+exported with `rewardplane export hf` must give its own scores, within 1e-3 in fp32, through
 exactly that recipe, for ChatML (which appends "\n" after <|im_end|>) and Llama-3-style templates.
 """
 
@@ -14,12 +14,12 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from rewardkit.cli import main
-from rewardkit.data.normalize import normalize_row
-from rewardkit.data.synth import builtin_tokenizer
-from rewardkit.data.tokenize import TokenizeSettings, tokenize_branch, tokenize_pair
-from rewardkit.models.loading import load_reward_model
-from rewardkit.objectives.reward_model import score_pairs
+from rewardplane.cli import main
+from rewardplane.data.normalize import normalize_row
+from rewardplane.data.synth import builtin_tokenizer
+from rewardplane.data.tokenize import TokenizeSettings, tokenize_branch, tokenize_pair
+from rewardplane.models.loading import load_reward_model
+from rewardplane.objectives.reward_model import score_pairs
 from support.rm import train_tiny_checkpoint
 
 torch.set_num_threads(1)
@@ -72,8 +72,8 @@ def _llama3_tokenizer():
 
 @pytest.fixture(scope="module", params=["chatml-qwen2", "llama3-llama"])
 def exported(request, tmp_path_factory):
-    from rewardkit.train.config import load_config
-    from rewardkit.train.recipes.reward_model import run
+    from rewardplane.train.config import load_config
+    from rewardplane.train.recipes.reward_model import run
 
     root = tmp_path_factory.mktemp(request.param)
     tok = builtin_tokenizer() if request.param.startswith("chatml") else _llama3_tokenizer()
@@ -102,14 +102,14 @@ def exported(request, tmp_path_factory):
     return result.checkpoint, out
 
 
-def test_standard_hf_recipe_gives_rewardkit_scores(exported):
+def test_standard_hf_recipe_gives_rewardplane_scores(exported):
     checkpoint, out = exported
     ours, tokenizer, meta = load_reward_model(checkpoint)
     assert meta["score_position"] == "template_end"
     tok = AutoTokenizer.from_pretrained(out)
     hf = AutoModelForSequenceClassification.from_pretrained(out, dtype=torch.float32).eval()
     convs = conversations(24)
-    # rewardkit's own scores: evaluation's path (tokenize_pair + score_pairs) ...
+    # rewardplane's own scores: evaluation's path (tokenize_pair + score_pairs) ...
     pairs = []
     for messages in convs:
         rejected = [*messages[:-1], {"role": "assistant", "content": "nothing at all."}]
@@ -168,12 +168,12 @@ def test_export_config_and_card(exported):
     assert config["pad_token_id"] == tok.pad_token_id
     assert config["bos_token_id"] == tok.bos_token_id and config["eos_token_id"] == tok.eos_token_id
     card = (out / "README.md").read_text()
-    meta = json.loads((checkpoint / "rewardkit.json").read_text())
+    meta = json.loads((checkpoint / "rewardplane.json").read_text())
     assert "template_end" in card and meta["data_manifest_sha256"] in card
     assert "apply_chat_template" in card and "probe accuracy" in card
     assert "tok(prompt + response + tok.eos_token)" in card and "text += tok.eos_token" in card
     # the convention travels with the export, for eval and serve to read (models.loading)
-    assert json.loads((out / "rewardkit_export.json").read_text())["plain_text"] == "text_eos"
+    assert json.loads((out / "rewardplane_export.json").read_text())["plain_text"] == "text_eos"
     assert load_reward_model(out)[2]["plain_text"] == "text_eos"
     summary = json.loads((checkpoint.parent.parent / "eval" / checkpoint.name / "summary.json").read_text())
     assert f"{summary['accuracy']:.4f}" in card and summary["probe_sha256"] in card
@@ -190,9 +190,9 @@ def test_legacy_end_of_turn_checkpoint_scores_as_trained(exported, tmp_path):
     exact = "llama3" not in str(out)
     legacy = tmp_path / "legacy"
     shutil.copytree(checkpoint, legacy)
-    meta = json.loads((legacy / "rewardkit.json").read_text())
+    meta = json.loads((legacy / "rewardplane.json").read_text())
     del meta["score_position"]
-    (legacy / "rewardkit.json").write_text(json.dumps(meta))
+    (legacy / "rewardplane.json").write_text(json.dumps(meta))
     model, tokenizer, meta = load_reward_model(legacy)
     assert meta["score_position"] == "end_of_turn"
     messages = conversations(3)[2]

@@ -4,13 +4,13 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification
 
-from rewardkit.data.collate import collate
-from rewardkit.data.synth import builtin_tokenizer
-from rewardkit.models.export import export_hf
-from rewardkit.models.loading import CheckpointError, HFSequenceClassifier, load_reward_model
-from rewardkit.models.tiny import tiny_config
-from rewardkit.objectives.reward_model import score_pairs
-from rewardkit.train.distributed import DistInfo
+from rewardplane.data.collate import collate
+from rewardplane.data.synth import builtin_tokenizer
+from rewardplane.models.export import export_hf
+from rewardplane.models.loading import CheckpointError, HFSequenceClassifier, load_reward_model
+from rewardplane.models.tiny import tiny_config
+from rewardplane.objectives.reward_model import score_pairs
+from rewardplane.train.distributed import DistInfo
 from support.rm import make_trainer, random_pairs, tiny_reward_model, train_config
 
 SOLO = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
@@ -27,7 +27,7 @@ def checkpoints(tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-bert"])
-def test_rewardkit_checkpoint_loads_with_identical_scores(checkpoints, name):
+def test_rewardplane_checkpoint_loads_with_identical_scores(checkpoints, name):
     path, trained = checkpoints[name]
     model, tokenizer, meta = load_reward_model(path)
     pairs = random_pairs(7, seed=21)
@@ -78,8 +78,8 @@ def test_refuses_checkpoint_of_another_objective(checkpoints, tmp_path):
 
     dst = tmp_path / "policy"
     shutil.copytree(checkpoints["tiny-llama"][0], dst)
-    meta = json.loads((dst / "rewardkit.json").read_text())
-    (dst / "rewardkit.json").write_text(json.dumps({**meta, "objective": "dpo", "role": "policy"}))
+    meta = json.loads((dst / "rewardplane.json").read_text())
+    (dst / "rewardplane.json").write_text(json.dumps({**meta, "objective": "dpo", "role": "policy"}))
     with pytest.raises(CheckpointError) as err:
         load_reward_model(dst)
     assert err.value.code == "wrong_objective"
@@ -103,7 +103,7 @@ def test_export_hf_reloads_in_plain_transformers_with_same_scores(checkpoints, t
 
 
 def test_export_hf_refuses_family_that_pools_differently(checkpoints, tmp_path):
-    from rewardkit.models.export import ExportError
+    from rewardplane.models.export import ExportError
 
     with pytest.raises(ExportError, match="pools"):
         export_hf(checkpoints["tiny-bert"][0], tmp_path / "out")
@@ -146,7 +146,7 @@ def test_corrupt_weights_are_refused_before_loading(checkpoints, tmp_path, how):
 
     dst = tmp_path / "ckpt"
     shutil.copytree(checkpoints["tiny-llama"][0], dst)
-    meta = json.loads((dst / "rewardkit.json").read_text())
+    meta = json.loads((dst / "rewardplane.json").read_text())
     recorded = meta["weight_files"]["model.safetensors"]
     assert recorded["size"] == (dst / "model.safetensors").stat().st_size
     assert recorded["sha256"] == meta["model_sha256"]
@@ -165,9 +165,9 @@ def test_legacy_checkpoint_with_only_model_sha256_is_checked(checkpoints, tmp_pa
 
     dst = tmp_path / "old"
     shutil.copytree(checkpoints["tiny-llama"][0], dst)
-    meta = json.loads((dst / "rewardkit.json").read_text())
+    meta = json.loads((dst / "rewardplane.json").read_text())
     del meta["weight_files"]
-    (dst / "rewardkit.json").write_text(json.dumps(meta))
+    (dst / "rewardplane.json").write_text(json.dumps(meta))
     load_reward_model(dst)  # intact: loads
     _corrupt(dst / "model.safetensors", "flip")
     with pytest.raises(CheckpointError, match="sha256 mismatch"):
@@ -211,6 +211,6 @@ def test_checkpoint_of_a_family_that_pools_differently_is_refused_by_transformer
     path, _ = checkpoints["tiny-bert"]
     with pytest.raises((ValueError, KeyError, OSError)) as err:
         AutoModelForSequenceClassification.from_pretrained(path, local_files_only=True)
-    assert "rewardkit-bert" in str(err.value)
-    model, _tok, _meta = load_reward_model(path)  # rewardkit itself still loads it
+    assert "rewardplane-bert" in str(err.value)
+    model, _tok, _meta = load_reward_model(path)  # rewardplane itself still loads it
     assert model.head.weight.shape == (1, model.config.hidden_size)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rewardkit.models.offload import ALIGN_BYTES, OnloadError, WeightOffloader, device_memory
+from rewardplane.models.offload import ALIGN_BYTES, OnloadError, WeightOffloader, device_memory
 
 
 def tiny_seqcls(dtype=torch.float32, device="cpu"):
     from transformers import AutoModelForSequenceClassification
 
-    from rewardkit.models.tiny import tiny_config
+    from rewardplane.models.tiny import tiny_config
 
     torch.manual_seed(0)
     config = tiny_config("tiny-llama", vocab_size=97, num_labels=1, pad_token_id=0)
@@ -21,7 +21,7 @@ def tiny_seqcls(dtype=torch.float32, device="cpu"):
 def tied_lm(device="cpu"):
     from transformers import AutoModelForCausalLM
 
-    from rewardkit.models.tiny import tiny_config
+    from rewardplane.models.tiny import tiny_config
 
     torch.manual_seed(0)
     config = tiny_config("tiny-llama", vocab_size=97, tie_word_embeddings=True)
@@ -152,7 +152,7 @@ def _nvml_process_bytes() -> int:
 def test_gpu_memory_released_and_reacquired_bit_exact():
     from transformers import AutoModelForSequenceClassification
 
-    from rewardkit.models.tiny import tiny_config
+    from rewardplane.models.tiny import tiny_config
 
     torch.manual_seed(0)
     base = torch.cuda.memory_allocated()  # whatever earlier tests of this process still hold

@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from rewardkit.models.packed_scoring import (
+from rewardplane.models.packed_scoring import (
     budget_chunks,
     length_buckets,
     packed_scores,
@@ -271,7 +271,7 @@ def test_threads_sharing_a_launch_lock_queue_their_forwards_one_at_a_time(shared
     import threading
     import time
 
-    from rewardkit.models import packed_scoring
+    from rewardplane.models import packed_scoring
 
     real = packed_scoring.packed_scores
     active, most, guard = [0], [0], threading.Lock()
@@ -316,7 +316,7 @@ def test_forwards_on_one_stream_share_a_launch_lock_and_other_streams_do_not(mon
     a stream of its own (a consolidated worker's scorer) has its own; off CUDA there is none."""
     from types import SimpleNamespace
 
-    from rewardkit.models.packed_scoring import stream_launch_lock
+    from rewardplane.models.packed_scoring import stream_launch_lock
 
     current = {"stream": SimpleNamespace(device=SimpleNamespace(index=0), cuda_stream=7)}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -6,18 +6,18 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rewardkit.core.errors import ConfigError
-from rewardkit.models import policy
-from rewardkit.models.attention import VARLEN
-from rewardkit.models.policy import check_policy_semantics, linear_token_logps, sequence_logps, token_logps
-from rewardkit.models.tiny import tiny_config
+from rewardplane.core.errors import ConfigError
+from rewardplane.models import policy
+from rewardplane.models.attention import VARLEN
+from rewardplane.models.policy import check_policy_semantics, linear_token_logps, sequence_logps, token_logps
+from rewardplane.models.tiny import tiny_config
 
 VOCAB = 97
 
 
 @pytest.fixture(scope="module", params=["sdpa", VARLEN])
 def model(request):
-    """The same weights under transformers' SDPA and under rewardkit's padding-free attention."""
+    """The same weights under transformers' SDPA and under rewardplane's padding-free attention."""
     torch.manual_seed(0)
     config = tiny_config("tiny-llama", vocab_size=VOCAB)
     config._attn_implementation = request.param

@@ -5,13 +5,13 @@ import json
 import pytest
 import torch
 
-from rewardkit.data.normalize import normalize_row
-from rewardkit.data.synth import generate_rows
-from rewardkit.data.tokenize import TokenizeSettings, tokenize_pair
-from rewardkit.models.loading import load_reward_model
-from rewardkit.objectives.reward_model import score_pairs
-from rewardkit.train.config import TrainConfig, from_dict
-from rewardkit.train.recipes.reward_model import run
+from rewardplane.data.normalize import normalize_row
+from rewardplane.data.synth import generate_rows
+from rewardplane.data.tokenize import TokenizeSettings, tokenize_pair
+from rewardplane.models.loading import load_reward_model
+from rewardplane.objectives.reward_model import score_pairs
+from rewardplane.train.config import TrainConfig, from_dict
+from rewardplane.train.recipes.reward_model import run
 from support.weights import SMOLLM2_GGUF, smollm2_dir
 
 

@@ -13,7 +13,7 @@ import torch
 from huggingface_hub._local_folder import write_download_metadata
 from transformers import AutoModelForCausalLM
 
-from rewardkit.models.reference import (
+from rewardplane.models.reference import (
     PinnedSnapshot,
     ReferenceMismatchError,
     ReferenceVerificationError,
@@ -24,7 +24,7 @@ from rewardkit.models.reference import (
     sidecar_for,
     verify_snapshot,
 )
-from rewardkit.models.tiny import tiny_config
+from rewardplane.models.tiny import tiny_config
 
 REPO = "acme/tiny-ref"
 REVISION = "0123456789abcdef0123456789abcdef01234567"

@@ -9,14 +9,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rewardkit.core.errors import ConfigError
-from rewardkit.data.collate import collate
-from rewardkit.data.records import TokenizedBranch, TokenizedPair
-from rewardkit.models.policy import batch_logps
-from rewardkit.models.reference import parameter_digest
-from rewardkit.models.tiny import tiny_config
-from rewardkit.objectives.dpo import DPOSettings, ReferenceSettings, check_lora, dpo_metrics
-from rewardkit.objectives.dpo_reference import ReferenceCacheError, precompute_reference, tokenized_digest
+from rewardplane.core.errors import ConfigError
+from rewardplane.data.collate import collate
+from rewardplane.data.records import TokenizedBranch, TokenizedPair
+from rewardplane.models.policy import batch_logps
+from rewardplane.models.reference import parameter_digest
+from rewardplane.models.tiny import tiny_config
+from rewardplane.objectives.dpo import DPOSettings, ReferenceSettings, check_lora, dpo_metrics
+from rewardplane.objectives.dpo_reference import ReferenceCacheError, precompute_reference, tokenized_digest
 
 VOCAB = 89
 

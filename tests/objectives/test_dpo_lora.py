@@ -10,15 +10,15 @@ from peft import LoraConfig as PeftLoraConfig
 from peft import PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM
 
-from rewardkit.core.errors import ConfigError
-from rewardkit.data.synth import builtin_tokenizer
-from rewardkit.models.export import export_dpo_policy
-from rewardkit.models.loading import CheckpointError
-from rewardkit.models.lora import merged_state_dict
-from rewardkit.models.reference import parameter_digest
-from rewardkit.models.tiny import tiny_config
-from rewardkit.objectives.dpo import DPOPolicyObjective
-from rewardkit.train.recipes.dpo import run
+from rewardplane.core.errors import ConfigError
+from rewardplane.data.synth import builtin_tokenizer
+from rewardplane.models.export import export_dpo_policy
+from rewardplane.models.loading import CheckpointError
+from rewardplane.models.lora import merged_state_dict
+from rewardplane.models.reference import parameter_digest
+from rewardplane.models.tiny import tiny_config
+from rewardplane.objectives.dpo import DPOPolicyObjective
+from rewardplane.train.recipes.dpo import run
 from support.dpo import REVISION, config, lora_config, metrics, sft_snapshot
 
 IDS = torch.tensor([[5, 17, 42, 9, 3, 77, 12, 64]])
@@ -26,7 +26,7 @@ IDS = torch.tensor([[5, 17, 42, 9, 3, 77, 12, 64]])
 
 def built(cfg):
     """The objective's models as a run builds them (the Trainer seeds before building)."""
-    from rewardkit.train.loop import seed_everything
+    from rewardplane.train.loop import seed_everything
 
     seed_everything(cfg.run.seed, 0)
     objective = DPOPolicyObjective(cfg, train_pairs=[], data_sha256="x")
@@ -58,8 +58,8 @@ def test_the_reference_is_the_frozen_base_itself_and_only_adapters_train(tmp_pat
 
 
 def test_lora_training_moves_the_margins_and_never_the_base(tmp_path):
-    from rewardkit.train.data import prepare_data
-    from rewardkit.train.loop import Trainer
+    from rewardplane.train.data import prepare_data
+    from rewardplane.train.loop import Trainer
 
     cfg = lora_config(tmp_path / "run", "run.max_steps=4", "model.gradient_checkpointing=true")
     data = prepare_data(cfg)
@@ -159,7 +159,7 @@ def test_a_pinned_snapshot_reference_is_a_separate_model_that_precompute_frees(t
     objective._prepare(torch.device("cpu"))
     assert objective.reference is None  # scored, then released
     result = run(config(tmp_path / "run", *overrides, "run.max_steps=2"))
-    meta = json.loads((result.checkpoint / "rewardkit.json").read_text())
+    meta = json.loads((result.checkpoint / "rewardplane.json").read_text())
     assert meta["reference"]["source"] == "snapshot" and meta["lora"]["r"] == 4
     assert metrics(tmp_path / "run")[0]["rewards/margins"] == pytest.approx(0.0, abs=1e-6)
 

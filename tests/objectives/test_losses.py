@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from rewardkit.objectives.losses import bradley_terry, center_rewards_penalty, dpo_loss, dpo_rewards
+from rewardplane.objectives.losses import bradley_terry, center_rewards_penalty, dpo_loss, dpo_rewards
 
 
 def _ls(x: float) -> float:

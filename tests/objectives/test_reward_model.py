@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from rewardkit.core.errors import ConfigError
-from rewardkit.data.synth import builtin_tokenizer
-from rewardkit.models.loading import CheckpointError
-from rewardkit.objectives import registry
-from rewardkit.objectives.losses import bradley_terry
-from rewardkit.objectives.reward_model import RewardModelObjective, score_pairs
+from rewardplane.core.errors import ConfigError
+from rewardplane.data.synth import builtin_tokenizer
+from rewardplane.models.loading import CheckpointError
+from rewardplane.objectives import registry
+from rewardplane.objectives.losses import bradley_terry
+from rewardplane.objectives.reward_model import RewardModelObjective, score_pairs
 from support.dist import SOLO
 from support.rm import make_trainer, random_pairs, train_config
 
@@ -27,7 +27,7 @@ def test_micro_batch_loss_matches_trl_formula(tmp_path):
     ]
     out = trainer.objective.micro_batch(trainer.model, pairs, torch.device("cpu"))
     with torch.no_grad():
-        from rewardkit.data.collate import collate
+        from rewardplane.data.collate import collate
 
         scores = trainer.raw_model(collate(pairs, layout="right"))
     c, r = scores[:6], scores[6:]
@@ -50,7 +50,7 @@ def test_objective_metadata_describes_reward_model(tmp_path):
 
 
 def test_reward_models_refuse_adapters(tmp_path):
-    from rewardkit.train.config import TrainConfig, from_dict
+    from rewardplane.train.config import TrainConfig, from_dict
 
     cfg = from_dict(TrainConfig, {"model": {"tiny": "tiny-llama", "lora": {"r": 4}}})
     with pytest.raises(ConfigError, match="adapters are for DPO policies"):
@@ -59,7 +59,7 @@ def test_reward_models_refuse_adapters(tmp_path):
 
 def test_training_probe_scores_and_the_saved_checkpoint_scores_are_one_path(tmp_path):
     """`Objective.score` (the loop's probe evaluation) and the registry's scorer of the written
-    checkpoint (`rewardkit eval`) give the same scores for the same weights."""
+    checkpoint (`rewardplane eval`) give the same scores for the same weights."""
     cfg = train_config(tmp_path / "run", run={"max_steps": 1, "layout": "right"})
     trainer = make_trainer(cfg, info=SOLO)
     trainer.train_step()
@@ -78,6 +78,6 @@ def test_training_probe_scores_and_the_saved_checkpoint_scores_are_one_path(tmp_
 
 
 def test_a_checkpoint_of_an_unknown_objective_has_no_scorer(tmp_path):
-    (tmp_path / "rewardkit.json").write_text(json.dumps({"format_version": 1, "objective": "critic"}))
+    (tmp_path / "rewardplane.json").write_text(json.dumps({"format_version": 1, "objective": "critic"}))
     with pytest.raises(CheckpointError, match="objective 'critic' has no scorer; known: dpo, reward_model"):
         registry.load_pair_scorer(tmp_path, device="cpu")

@@ -1,4 +1,4 @@
-"""`rewardkit eval`'s reward-model scorer (`reward_model.load_scorer`) scores through
+"""`rewardplane eval`'s reward-model scorer (`reward_model.load_scorer`) scores through
 models/packed_scoring.score_sequences and still equals a plain transformers forward of each
 branch alone, for Llama- and Qwen2-shaped classifiers and for legacy end-of-turn checkpoints."""
 
@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from rewardkit.data.collate import collate
-from rewardkit.data.records import TokenizedBranch, TokenizedPair
-from rewardkit.data.synth import builtin_tokenizer, generate_rows
-from rewardkit.data.tokenize import TokenizeSettings
-from rewardkit.eval.runner import tokenize_eval_data
-from rewardkit.objectives.reward_model import load_scorer
+from rewardplane.data.collate import collate
+from rewardplane.data.records import TokenizedBranch, TokenizedPair
+from rewardplane.data.synth import builtin_tokenizer, generate_rows
+from rewardplane.data.tokenize import TokenizeSettings
+from rewardplane.eval.runner import tokenize_eval_data
+from rewardplane.objectives.reward_model import load_scorer
 from support.seqcls import plain_scores, seqcls
 
 torch.set_num_threads(1)
@@ -62,11 +62,11 @@ def test_eval_scores_equal_a_plain_forward_with_far_less_padding(family, tmp_pat
 def test_legacy_end_of_turn_checkpoint_reads_where_its_forward_reads(tmp_path):
     """Checkpoints trained before score_position was recorded step back over trailing template
     whitespace; the cut branches must be read at that same token."""
-    from rewardkit.core.atomic import write_json
-    from rewardkit.models.loading import FORMAT_VERSION, METADATA_FILE, load_reward_model, write_model_files
-    from rewardkit.models.reward_model import RewardModel, build_backbone
-    from rewardkit.objectives.base import score_in_batches
-    from rewardkit.objectives.reward_model import _score_batch
+    from rewardplane.core.atomic import write_json
+    from rewardplane.models.loading import FORMAT_VERSION, METADATA_FILE, load_reward_model, write_model_files
+    from rewardplane.models.reward_model import RewardModel, build_backbone
+    from rewardplane.objectives.base import score_in_batches
+    from rewardplane.objectives.reward_model import _score_batch
 
     tokenizer = builtin_tokenizer()
     torch.manual_seed(0)

@@ -256,16 +256,16 @@ def test_scorers_health_metrics_openapi(server):
     post(server, {"scorers": ["d"], "items": [{"id": "n", "response": "NAN"}]})
     text = httpx.get(server.url + "/metrics", headers=AUTH).text
     for name in (
-        "rewardkit_requests_total",
-        "rewardkit_items_total",
-        "rewardkit_batch_size_bucket",
-        "rewardkit_queue_delay_seconds_bucket",
-        "rewardkit_request_latency_seconds_bucket",
-        "rewardkit_queue_depth",
-        "rewardkit_non_finite_total",
+        "rewardplane_requests_total",
+        "rewardplane_items_total",
+        "rewardplane_batch_size_bucket",
+        "rewardplane_queue_delay_seconds_bucket",
+        "rewardplane_request_latency_seconds_bucket",
+        "rewardplane_queue_depth",
+        "rewardplane_non_finite_total",
     ):
         assert name in text
-    assert 'rewardkit_non_finite_total{scorer="d"}' in text
+    assert 'rewardplane_non_finite_total{scorer="d"}' in text
     assert "/v1/score" in httpx.get(server.url + "/openapi.json").json()["paths"]
     assert_error(httpx.get(server.url + "/nope"), 404, "not_found")
 

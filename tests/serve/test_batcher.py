@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any, ClassVar
 
-from rewardkit.serve.batcher import DynamicBatcher
-from rewardkit.serve.metrics import ServeMetrics
-from rewardkit.serve.scorers.base import ItemError, ScoreItem, Scorer, ScorerInfo
+from rewardplane.serve.batcher import DynamicBatcher
+from rewardplane.serve.metrics import ServeMetrics
+from rewardplane.serve.scorers.base import ItemError, ScoreItem, Scorer, ScorerInfo
 
 
 class LengthScorer(Scorer):

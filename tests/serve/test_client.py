@@ -8,8 +8,8 @@ import json
 import httpx
 import pytest
 
-from rewardkit.serve.client import AsyncRewardClient, RewardClient, ScoreError, ServiceError
-from rewardkit.serve.scorers.base import ScoreItem
+from rewardplane.serve.client import AsyncRewardClient, RewardClient, ScoreError, ServiceError
+from rewardplane.serve.scorers.base import ScoreItem
 from support.serve import LiveServer, make_config
 
 OK = {
@@ -34,7 +34,7 @@ def scripted(responses, seen):
 
 def test_retries_429_503_and_connection_errors_with_one_idempotency_key(monkeypatch):
     sleeps = []
-    monkeypatch.setattr("rewardkit.serve.client.time.sleep", sleeps.append)
+    monkeypatch.setattr("rewardplane.serve.client.time.sleep", sleeps.append)
     seen: list[httpx.Request] = []
     responses = [
         httpx.Response(429, json={"code": "queue_full", "message": "m"}, headers={"retry-after": "3"}),
@@ -54,7 +54,7 @@ def test_retries_429_503_and_connection_errors_with_one_idempotency_key(monkeypa
 
 
 def test_gives_up_after_max_retries_and_does_not_retry_4xx(monkeypatch):
-    monkeypatch.setattr("rewardkit.serve.client.time.sleep", lambda s: None)
+    monkeypatch.setattr("rewardplane.serve.client.time.sleep", lambda s: None)
     seen: list[httpx.Request] = []
     busy = [httpx.Response(429, json={"code": "queue_full", "message": "m"})] * 3
     client = RewardClient("http://svc", transport=httpx.MockTransport(scripted(busy, seen)), max_retries=2)
@@ -75,7 +75,7 @@ def test_async_client_retries(monkeypatch):
     async def no_sleep(_):
         return None
 
-    monkeypatch.setattr("rewardkit.serve.client.asyncio.sleep", no_sleep)
+    monkeypatch.setattr("rewardplane.serve.client.asyncio.sleep", no_sleep)
     seen: list[httpx.Request] = []
     responses = [httpx.ReadError("reset"), httpx.Response(200, json=OK)]
 
@@ -123,7 +123,7 @@ def test_multipart_client_matches_json_client(server):
 
 
 def test_cli_score_writes_every_item_and_exit_code(server, tmp_path, capsys, monkeypatch):
-    from rewardkit.cli import main
+    from rewardplane.cli import main
 
     src = tmp_path / "items.jsonl"
     src.write_text(
@@ -134,7 +134,7 @@ def test_cli_score_writes_every_item_and_exit_code(server, tmp_path, capsys, mon
         + "\n"
     )
     out = tmp_path / "out.jsonl"
-    monkeypatch.setenv("REWARDKIT_TOKEN", "tok")
+    monkeypatch.setenv("REWARDPLANE_TOKEN", "tok")
     args = [
         "score",
         "--url",
@@ -158,7 +158,7 @@ def test_cli_score_writes_every_item_and_exit_code(server, tmp_path, capsys, mon
 
 
 def test_serve_without_config_or_demo_model_says_how(tmp_path, monkeypatch, capsys):
-    from rewardkit.cli import main
+    from rewardplane.cli import main
 
     monkeypatch.chdir(tmp_path)
     assert main(["serve"]) == 2
@@ -168,12 +168,12 @@ def test_serve_without_config_or_demo_model_says_how(tmp_path, monkeypatch, caps
     assert "unknown kind 'nope'" in capsys.readouterr().err
 
 
-def test_rewardkit_serve_subprocess_binds_loopback_and_reads_token_from_env(tmp_path):
-    from rewardkit.bench.server import running_server
+def test_rewardplane_serve_subprocess_binds_loopback_and_reads_token_from_env(tmp_path):
+    from rewardplane.bench.server import running_server
 
     (tmp_path / "service.yaml").write_text("scorers:\n  - {name: len, kind: length}\n")
     args = ["--config", str(tmp_path / "service.yaml"), "--log-level", "warning"]
-    with running_server(args, tmp_path, env={"REWARDKIT_TOKEN": "envtok"}, ready_timeout_s=60) as url:
+    with running_server(args, tmp_path, env={"REWARDPLANE_TOKEN": "envtok"}, ready_timeout_s=60) as url:
         with RewardClient(url, token="envtok") as c:
             assert c.score([{"id": "a", "response": "abc"}], ["len"])[0].scores == {"len": 3.0}
         assert httpx.post(url + "/v1/score", json={"scorers": ["len"], "items": []}).status_code == 401

@@ -9,7 +9,7 @@ import json
 import httpx
 import pytest
 
-from rewardkit.serve.client import AsyncRewardClient, ItemScores, ScoreError, ServiceError
+from rewardplane.serve.client import AsyncRewardClient, ItemScores, ScoreError, ServiceError
 from support.serve import LiveServer, make_config
 
 SCORERS = [{"name": "double", "kind": "double", "max_wait_ms": 1}, {"name": "len", "kind": "length"}]

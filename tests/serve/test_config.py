@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rewardkit.core.errors import ConfigError
-from rewardkit.serve.config import build_scorer, config_from_dict, load_config, scorer_registry
+from rewardplane.core.errors import ConfigError
+from rewardplane.serve.config import build_scorer, config_from_dict, load_config, scorer_registry
 
 
 def test_loads_yaml_with_defaults(tmp_path, monkeypatch):
@@ -19,13 +19,13 @@ def test_loads_yaml_with_defaults(tmp_path, monkeypatch):
     cfg = load_config(path)
     assert cfg.limits.max_items == 10 and cfg.limits.max_body_bytes == 32 * 1024 * 1024
     assert cfg.scorers[0].dtype == "bf16" and cfg.scorers[0].max_wait_ms == 5.0
-    monkeypatch.setenv("REWARDKIT_TOKEN", "from-env")
+    monkeypatch.setenv("REWARDPLANE_TOKEN", "from-env")
     assert cfg.resolved_token() == "from-env"
-    monkeypatch.delenv("REWARDKIT_TOKEN")
+    monkeypatch.delenv("REWARDPLANE_TOKEN")
     assert cfg.resolved_token() is None
     scorer = build_scorer(cfg.scorers[1])
     assert scorer.score_batch(
-        [__import__("rewardkit.serve.scorers.base", fromlist=["x"]).ScoreItem("a", "", "123")]
+        [__import__("rewardplane.serve.scorers.base", fromlist=["x"]).ScoreItem("a", "", "123")]
     ) == [1.0]
 
 

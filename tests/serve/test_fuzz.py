@@ -99,7 +99,7 @@ def test_arbitrary_bytes_never_500(server, raw, content_type):
 
 
 # ---------------------------------------------------------------------------------------------
-# Through a real `rewardkit serve` process (issue 23): multipart bodies, hostile images, hostile
+# Through a real `rewardplane serve` process (issue 23): multipart bodies, hostile images, hostile
 # scalars and nesting. Every answer is checked against an oracle: a 5xx or a score that should
 # not exist (a "fabricated" score) is counted and fails the run; docs/reliability.md records the
 # counts. Bounded for CI: a few hundred examples, each request well under a second.
@@ -418,7 +418,7 @@ def test_real_server_fuzz_counts(real):
     """Runs after the fuzz tests above (file order): no 5xx, no fabricated score, metrics agree."""
     text = real.get("/metrics").text
     # (the start-up readiness polls answered 503 before the scorers loaded: not fuzz answers)
-    five = re.compile(r'rewardkit_requests_total\{.*status="5')
+    five = re.compile(r'rewardplane_requests_total\{.*status="5')
     fives = [line for line in text.splitlines() if five.match(line) and 'route="/health/ready"' not in line]
     print(f"\nreal-server fuzz: {STATS}")
     assert STATS["requests"] >= 300 and STATS["5xx"] == 0 and STATS["fabricated"] == 0, STATS

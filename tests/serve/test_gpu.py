@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rewardkit.serve.config import ScorerSpec, build_scorer
-from rewardkit.serve.scorers.base import ItemError, ScoreItem
+from rewardplane.serve.config import ScorerSpec, build_scorer
+from rewardplane.serve.scorers.base import ItemError, ScoreItem
 from support.serve import jpeg_bytes
 
 

@@ -1,4 +1,4 @@
-"""Issue 23's contract through a real `rewardkit serve` process over real HTTP (docs/reliability.md).
+"""Issue 23's contract through a real `rewardplane serve` process over real HTTP (docs/reliability.md).
 
 One section per contract line: whole-request problems are 4xx `{"code","message"}` and every
 response is counted in /metrics; 413 `too_large` for a request no queue can admit; start-up
@@ -27,7 +27,7 @@ scorers:
 def metric_counts(text: str) -> dict[tuple[str, str, str], float]:
     out = {}
     for line in text.splitlines():
-        m = re.match(r"rewardkit_requests_total\{(.*)\} ([0-9.e+]+)$", line)
+        m = re.match(r"rewardplane_requests_total\{(.*)\} ([0-9.e+]+)$", line)
         if m:
             labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
             out[(labels["route"], labels["status"], labels["code"])] = float(m.group(2))
@@ -121,7 +121,7 @@ def test_an_unhandled_server_error_is_a_counted_json_500():
 
 
 def test_more_items_than_max_queue_is_413_and_the_client_does_not_retry_it(tmp_path):
-    from rewardkit.serve.client import RewardClient, ServiceError
+    from rewardplane.serve.client import RewardClient, ServiceError
 
     items = [{"id": str(k), "response": "x"} for k in range(65)]  # `len` has max_queue 64
     with served(tmp_path, RULES_YAML) as url:
@@ -149,8 +149,8 @@ def test_more_items_than_max_queue_is_413_and_the_client_does_not_retry_it(tmp_p
 def test_a_workers_queue_full_keeps_its_retry_after_through_the_deploy_transport(tmp_path):
     import asyncio
 
-    from rewardkit.deploy.transport import RemoteError, TransportClient, serve_unix
-    from rewardkit.serve.protocol import ServeError
+    from rewardplane.deploy.transport import RemoteError, TransportClient, serve_unix
+    from rewardplane.serve.protocol import ServeError
 
     async def handler(op, header, body):
         raise ServeError("queue_full", "busy", retry_after=3.0)
@@ -179,11 +179,11 @@ def _serve_exit(tmp_path, args: list[str]) -> tuple[int, str, float]:
     import sys
     import time
 
-    from rewardkit.bench.server import free_port
+    from rewardplane.bench.server import free_port
 
     started = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "rewardkit", "serve", *args, "--port", str(free_port())],
+        [sys.executable, "-m", "rewardplane", "serve", *args, "--port", str(free_port())],
         capture_output=True, text=True, timeout=120, cwd=tmp_path, stdin=subprocess.DEVNULL,
     )  # fmt: skip
     return proc.returncode, proc.stderr + proc.stdout, time.monotonic() - started
@@ -201,7 +201,7 @@ def test_a_scorer_that_cannot_load_exits_2_with_one_line(tmp_path, mode):
     code, out, took = _serve_exit(tmp_path, args)
     assert code == 2, out[-2000:]
     last = out.strip().splitlines()[-1]
-    assert last.startswith("rewardkit: error: scorer 'rm' (path /nonexistent/model) failed to load: "), last
+    assert last.startswith("rewardplane: error: scorer 'rm' (path /nonexistent/model) failed to load: "), last
     assert "not a directory" in last
     assert "Traceback" not in out
     assert took < 60
@@ -217,7 +217,7 @@ def test_token_on_argv_is_refused_with_a_hint(tmp_path):
     code, out, took = _serve_exit(tmp_path, ["--config", "s.yaml", "--token", "s3cret"])
     assert code == 2 and took < 30
     last = out.strip().splitlines()[-1]
-    assert "REWARDKIT_TOKEN" in last and "--token-file" in last and "s3cret" not in out, out
+    assert "REWARDPLANE_TOKEN" in last and "--token-file" in last and "s3cret" not in out, out
 
 
 @pytest.mark.parametrize("source", ["env", "file"])
@@ -228,11 +228,14 @@ def test_with_a_token_every_v1_route_needs_it_and_health_stays_open(tmp_path, so
     yaml = tmp_path / "s.yaml"
     yaml.write_text(RULES_YAML)
     if source == "env":
-        args, env = ["--config", str(yaml)], {"REWARDKIT_TOKEN": secret}
+        args, env = ["--config", str(yaml)], {"REWARDPLANE_TOKEN": secret}
     else:
         (tmp_path / "token").write_text(secret + "\n")
-        args, env = ["--config", str(yaml), "--token-file", str(tmp_path / "token")], {"REWARDKIT_TOKEN": ""}
-    from rewardkit.bench.server import running_server
+        args, env = (
+            ["--config", str(yaml), "--token-file", str(tmp_path / "token")],
+            {"REWARDPLANE_TOKEN": ""},
+        )
+    from rewardplane.bench.server import running_server
 
     with running_server(args, tmp_path, env=env, ready_timeout_s=120) as url:
         assert secret not in " ".join(server_process(url).cmdline())  # nothing in `ps`

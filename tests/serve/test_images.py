@@ -4,7 +4,7 @@ The corpus is `support.hostile.hostile_images()`: truncated JPEG/PNG at several 
 decompression bombs, 1x4000 / 4000x1 and 21:1 images, CMYK, 16-bit, palette, RGBA, animated
 GIF/PNG, WebP. A refused image is its item's `bad_input`; the rest of the request and other
 requests score; readiness holds; every case answers within 2 s; the server's peak memory grows
-by at most 300 MB over the whole corpus (measured on the real `rewardkit serve` process).
+by at most 300 MB over the whole corpus (measured on the real `rewardplane serve` process).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import time
 import httpx
 import pytest
 
-from rewardkit.serve.config import ScorerSpec, build_scorer
-from rewardkit.serve.images import ImageDecoder, ImageRejected, decode_rgb, inspect_image
-from rewardkit.serve.prefetch import SharedDecoder
-from rewardkit.serve.scorers.base import ItemError, ScoreItem
+from rewardplane.serve.config import ScorerSpec, build_scorer
+from rewardplane.serve.images import ImageDecoder, ImageRejected, decode_rgb, inspect_image
+from rewardplane.serve.prefetch import SharedDecoder
+from rewardplane.serve.scorers.base import ItemError, ScoreItem
 from support.hostile import hostile_images, jpeg_bomb, noise, peak_rss, png_bomb, served, server_process
 from support.serve import jpeg_bytes
 
@@ -170,7 +170,7 @@ def test_max_image_aspect_option():
     item = ScoreItem("a", "x", "", buf.getvalue())
     assert isinstance(strict.prepare(item), ItemError)
     assert loose.prepare(item) is item
-    from rewardkit.core.errors import ConfigError
+    from rewardplane.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="max_image_aspect"):
         build_scorer(ScorerSpec(name="c", kind="clip", shape="tiny-clip", options={"max_image_aspect": 0}))

@@ -11,9 +11,9 @@ import time
 import httpx
 import pytest
 
-from rewardkit.core.errors import ConfigError
-from rewardkit.serve.errors import ServeError
-from rewardkit.serve.lifecycle import (
+from rewardplane.core.errors import ConfigError
+from rewardplane.serve.errors import ServeError
+from rewardplane.serve.lifecycle import (
     LIFECYCLE_ERROR_CODES,
     Lifecycle,
     LifecyclePolicy,
@@ -535,7 +535,7 @@ def test_http_auto_onload_and_per_call_and_on_demand_residency():
 
 
 def test_client_offload_onload_and_resident_context(server):
-    from rewardkit.serve.client import RewardClient
+    from rewardplane.serve.client import RewardClient
 
     first = rm_scores(server)
     with RewardClient(server.url) as client:
@@ -552,7 +552,7 @@ def test_client_offload_onload_and_resident_context(server):
 
 
 def test_async_client_lifecycle(server):
-    from rewardkit.serve.client import AsyncRewardClient
+    from rewardplane.serve.client import AsyncRewardClient
 
     async def go():
         async with AsyncRewardClient(server.url) as client:
@@ -570,7 +570,7 @@ def test_gpu_http_clip_graphs_memory_released_and_scores_bit_exact():
     """CLIP ViT-L/14 with CUDA graphs: offload returns its memory (NVML), onload re-captures."""
     import base64
 
-    from rewardkit.models.offload import device_memory
+    from rewardplane.models.offload import device_memory
     from support.serve import jpeg_bytes
 
     cfg = make_config(
@@ -609,7 +609,7 @@ def test_gpu_http_clip_graphs_memory_released_and_scores_bit_exact():
 
 def test_many_weights_move_all_or_nothing():
     """A composite's inline models: one onload that fails puts the ones already moved back."""
-    from rewardkit.serve.lifecycle import ManyWeights
+    from rewardplane.serve.lifecycle import ManyWeights
 
     a, b = FakeWeights(100), FakeWeights(20)
     both = ManyWeights([a, b])

@@ -1,4 +1,4 @@
-"""Images decoded once per process on arrival (rewardkit.serve.prefetch): same scores, one decode."""
+"""Images decoded once per process on arrival (rewardplane.serve.prefetch): same scores, one decode."""
 
 from __future__ import annotations
 
@@ -7,18 +7,18 @@ import threading
 
 import pytest
 
-from rewardkit.bench.corpus import generate_corpus
-from rewardkit.deploy.config import DeviceProbe, parse_deploy_config
-from rewardkit.deploy.gateway import GatewayBackend
-from rewardkit.deploy.streams import OwnStream
-from rewardkit.deploy.supervisor import SupervisorSettings
-from rewardkit.deploy.transport import encode_items
-from rewardkit.deploy.worker import RelayMetrics, WorkerServer
-from rewardkit.serve.backend import InProcessBackend
-from rewardkit.serve.config import build_scorer, config_from_dict
-from rewardkit.serve.images import ImageDecoder
-from rewardkit.serve.prefetch import SharedDecoder, share_image_decoding
-from rewardkit.serve.scorers.base import ItemError, ScoreItem
+from rewardplane.bench.corpus import generate_corpus
+from rewardplane.deploy.config import DeviceProbe, parse_deploy_config
+from rewardplane.deploy.gateway import GatewayBackend
+from rewardplane.deploy.streams import OwnStream
+from rewardplane.deploy.supervisor import SupervisorSettings
+from rewardplane.deploy.transport import encode_items
+from rewardplane.deploy.worker import RelayMetrics, WorkerServer
+from rewardplane.serve.backend import InProcessBackend
+from rewardplane.serve.config import build_scorer, config_from_dict
+from rewardplane.serve.images import ImageDecoder
+from rewardplane.serve.prefetch import SharedDecoder, share_image_decoding
+from rewardplane.serve.scorers.base import ItemError, ScoreItem
 
 BAD_JPEG = b"\xff\xd8garbage\xff\xd9"
 SERVICE = {
@@ -227,7 +227,7 @@ def test_consolidated_worker_scores_equal_per_scorer_decoding_exactly(share):
 
 
 def test_service_backend_decodes_a_requests_images_on_arrival_and_scores_exactly():
-    """`rewardkit serve` (one InProcessBackend, plain scorers): the batch reads prefetched pixels."""
+    """`rewardplane serve` (one InProcessBackend, plain scorers): the batch reads prefetched pixels."""
     cfg = config_from_dict({"scorers": [SERVICE["scorers"][0]]})
     reference = build_scorer(cfg.scorers[0])
     reference.load()
@@ -305,7 +305,7 @@ def test_consolidated_gateway_over_real_worker_matches_in_process_scores():
 
 @pytest.mark.gpu
 def test_cuda_prefetch_puts_pillow_images_on_the_device_and_keeps_scores_exact():
-    from rewardkit.serve.config import ScorerSpec
+    from rewardplane.serve.config import ScorerSpec
 
     spec = ScorerSpec(name="c", kind="clip", shape="tiny-clip", device="cuda")
     own, shared_user = build_scorer(spec), build_scorer(spec)
@@ -344,7 +344,7 @@ def test_cuda_consolidated_scorers_on_own_streams_with_shared_decode_score_exact
     two threads at once (as the consolidated worker runs them): bit-equal to scoring alone."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from rewardkit.serve.config import ScorerSpec
+    from rewardplane.serve.config import ScorerSpec
 
     specs = [ScorerSpec(name=n, kind="clip", shape="tiny-clip", device="cuda", options={"seed": k})
              for k, n in enumerate("lh")]  # fmt: skip

@@ -1,4 +1,4 @@
-"""The wire schema in `rewardkit.serve.protocol`: one definition that every side agrees with."""
+"""The wire schema in `rewardplane.serve.protocol`: one definition that every side agrees with."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rewardkit.serve.client import RewardClient
-from rewardkit.serve.protocol import (
+from rewardplane.serve.client import RewardClient
+from rewardplane.serve.protocol import (
     DEPTH_CHUNK,
     ITEM_ERROR_CODES,
     MAX_JSON_DEPTH,
@@ -31,8 +31,8 @@ from rewardkit.serve.protocol import (
     parse_score_request,
     parse_trainer_body,
 )
-from rewardkit.serve.scorers.base import ScoreItem
-from rewardkit.serve.scorers.rules import ExactMatchScorer
+from rewardplane.serve.scorers.base import ScoreItem
+from rewardplane.serve.scorers.rules import ExactMatchScorer
 from support.serve import LiveServer, RecordingScorer, make_config, png_bytes
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "serve.md"

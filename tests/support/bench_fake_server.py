@@ -1,4 +1,4 @@
-"""A small stand-in for `rewardkit serve` that the bench tests drive (in-process or as a process).
+"""A small stand-in for `rewardplane serve` that the bench tests drive (in-process or as a process).
 
 Scores are a hash of (scorer, item content), so they are deterministic across restarts, and
 a per-mode offset lets a test break parity on purpose. Per-scorer faults inject exactly the
@@ -30,8 +30,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from rewardkit.bench.server import free_port
-from rewardkit.serve.protocol import timing_headers
+from rewardplane.bench.server import free_port
+from rewardplane.serve.protocol import timing_headers
 
 
 def fake_score(scorer: str, item: dict[str, Any]) -> float:
@@ -53,7 +53,7 @@ def make_app(
     app = FastAPI()
     registry = CollectorRegistry()
     batch_hist = Histogram(
-        "rewardkit_batch_size",
+        "rewardplane_batch_size",
         "items per batch",
         ["scorer"],
         registry=registry,

@@ -1,5 +1,5 @@
 """Plans for the qualify tests: two cheap scorers, a sweep that finishes in about a second, and
-the command that starts tests/support/bench_fake_server.py in place of `rewardkit serve`."""
+the command that starts tests/support/bench_fake_server.py in place of `rewardplane serve`."""
 
 from __future__ import annotations
 
@@ -28,6 +28,6 @@ def plan_doc(**kw: Any) -> dict[str, Any]:
 
 def probe(gpus: int):
     """A device probe that claims `gpus` GPUs, for validating deploy files on a CPU box."""
-    from rewardkit.deploy.config import DeviceProbe
+    from rewardplane.deploy.config import DeviceProbe
 
     return DeviceProbe(cuda_available=gpus > 0, gpu_count=gpus, control_binary="/bin/true")

@@ -20,10 +20,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rewardkit.deploy.config import DeviceProbe
-from rewardkit.deploy.supervisor import SupervisorSettings
-from rewardkit.serve.config import register_scorer
-from rewardkit.serve.scorers.base import ScoreItem, Scorer, ScorerInfo
+from rewardplane.deploy.config import DeviceProbe
+from rewardplane.deploy.supervisor import SupervisorSettings
+from rewardplane.serve.config import register_scorer
+from rewardplane.serve.scorers.base import ScoreItem, Scorer, ScorerInfo
 
 FAKE_CONTROL = r"""#!{python}
 import json, os, subprocess, sys

@@ -6,7 +6,7 @@ import socket
 
 import torch
 
-from rewardkit.train.distributed import DistInfo
+from rewardplane.train.distributed import DistInfo
 
 SOLO = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 

@@ -9,11 +9,11 @@ import torch
 from huggingface_hub._local_folder import write_download_metadata
 from transformers import AutoModelForCausalLM
 
-from rewardkit.core.hashing import sha256_file
-from rewardkit.data.synth import builtin_tokenizer
-from rewardkit.models.reference import git_blob_sha1
-from rewardkit.models.tiny import tiny_config
-from rewardkit.train.config import load_dpo_config
+from rewardplane.core.hashing import sha256_file
+from rewardplane.data.synth import builtin_tokenizer
+from rewardplane.models.reference import git_blob_sha1
+from rewardplane.models.tiny import tiny_config
+from rewardplane.train.config import load_dpo_config
 
 REVISION = "89abcdef0123456789abcdef0123456789abcdef"
 

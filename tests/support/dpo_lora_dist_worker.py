@@ -12,9 +12,9 @@ import torch
 def lora_trainer(run_dir: str, info=None, parallel: str = "ddp", overrides: tuple[str, ...] = ()):
     """A Trainer over the LoRA test config; later `overrides` win over the defaults here."""
     sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
-    from rewardkit.objectives.dpo import DPOPolicyObjective
-    from rewardkit.train.data import prepare_data
-    from rewardkit.train.loop import Trainer
+    from rewardplane.objectives.dpo import DPOPolicyObjective
+    from rewardplane.train.data import prepare_data
+    from rewardplane.train.loop import Trainer
     from support.dpo import lora_config
 
     cfg = lora_config(

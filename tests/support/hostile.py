@@ -129,13 +129,13 @@ def _animated(fmt: str) -> bytes:
 
 
 def server_process(url: str) -> psutil.Process:
-    """The `rewardkit serve` process listening on `url`'s port (started by `running_server`)."""
+    """The `rewardplane serve` process listening on `url`'s port (started by `running_server`)."""
     port = url.rsplit(":", 1)[1]
     for proc in psutil.process_iter(["cmdline"]):
         cmd = proc.info["cmdline"] or []
         if "serve" in cmd and "--port" in cmd and cmd[cmd.index("--port") + 1 :][:1] == [port]:
             return proc
-    raise RuntimeError(f"no rewardkit serve process on port {port}")
+    raise RuntimeError(f"no rewardplane serve process on port {port}")
 
 
 def peak_rss(proc: psutil.Process) -> int:
@@ -148,8 +148,8 @@ def peak_rss(proc: psutil.Process) -> int:
 
 @contextmanager
 def served(tmp_path: Path, yaml_text: str, *, env: dict[str, str] | None = None) -> Iterator[str]:
-    """A real `rewardkit serve --config` process on a free loopback port; yields its URL."""
-    from rewardkit.bench.server import running_server
+    """A real `rewardplane serve --config` process on a free loopback port; yields its URL."""
+    from rewardplane.bench.server import running_server
 
     cfg = tmp_path / "service.yaml"
     cfg.write_text(yaml_text)

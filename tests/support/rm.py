@@ -6,7 +6,7 @@ import random
 
 import torch
 
-from rewardkit.data.records import TokenizedBranch, TokenizedPair
+from rewardplane.data.records import TokenizedBranch, TokenizedPair
 
 torch.set_num_threads(1)  # 2 shared cores: threads only add contention for these tiny models
 
@@ -45,7 +45,7 @@ def random_pairs(n: int, *, seed: int = 0, min_len: int = 3, max_len: int = 24, 
 
 
 def tiny_reward_model(name: str = "tiny-llama", seed: int = 0):
-    from rewardkit.models.reward_model import RewardModel, build_backbone
+    from rewardplane.models.reward_model import RewardModel, build_backbone
 
     torch.manual_seed(seed)
     return RewardModel(build_backbone({"tiny": name}, vocab_size=VOCAB)).eval()
@@ -53,7 +53,7 @@ def tiny_reward_model(name: str = "tiny-llama", seed: int = 0):
 
 def train_config(run_dir, **sections):
     """A TrainConfig for tiny CPU runs; `sections` maps section name to a dict of overrides."""
-    from rewardkit.train.config import TrainConfig, from_dict
+    from rewardplane.train.config import TrainConfig, from_dict
 
     base = {
         "model": {"tiny": "tiny-llama"},
@@ -75,9 +75,9 @@ def train_config(run_dir, **sections):
 
 
 def make_trainer(cfg, pairs=None, *, eval_pairs=None, data_sha256="data-a", info=None):
-    from rewardkit.data.synth import builtin_tokenizer
-    from rewardkit.objectives.reward_model import RewardModelObjective
-    from rewardkit.train.loop import EvalSet, Trainer
+    from rewardplane.data.synth import builtin_tokenizer
+    from rewardplane.objectives.reward_model import RewardModelObjective
+    from rewardplane.train.loop import EvalSet, Trainer
 
     pairs = pairs if pairs is not None else random_pairs(32, seed=11, max_len=20)
     eval_set = EvalSet(eval_pairs, "probe-sha") if eval_pairs else None
@@ -96,8 +96,8 @@ def train_tiny_checkpoint(root, tok, *overrides: str):
     """A tiny-llama reward model trained for one step on the synthetic pairs with tokenizer `tok`
     (saved to `root/tok`), run under `root/run`: its checkpoint directory. `overrides` are dotted
     config overrides applied after the defaults (a later one wins)."""
-    from rewardkit.train.config import load_config
-    from rewardkit.train.recipes.reward_model import run
+    from rewardplane.train.config import load_config
+    from rewardplane.train.recipes.reward_model import run
 
     tok.save_pretrained(root / "tok")
     cfg = load_config(

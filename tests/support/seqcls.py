@@ -12,7 +12,7 @@ def seqcls(family: str, attn: str = "sdpa", *, vocab: int = VOCAB, pad_token_id:
     """A 2-layer, 64-wide classifier (num_labels 1) of `family`, seed 0, in eval mode."""
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
-    from rewardkit.models.tiny import tiny_config
+    from rewardplane.models.tiny import tiny_config
 
     if family == "llama":
         config = tiny_config("tiny-llama", vocab_size=vocab, num_labels=1, pad_token_id=pad_token_id)

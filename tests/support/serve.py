@@ -12,11 +12,11 @@ from typing import Any, ClassVar
 import httpx
 import uvicorn
 
-from rewardkit.serve.app import create_app
-from rewardkit.serve.backend import InProcessBackend
-from rewardkit.serve.config import ServiceConfig, config_from_dict, register_scorer
-from rewardkit.serve.scorers.base import ItemError, ScoreItem, Scorer, ScorerInfo
-from rewardkit.serve.scorers.common import as_text
+from rewardplane.serve.app import create_app
+from rewardplane.serve.backend import InProcessBackend
+from rewardplane.serve.config import ServiceConfig, config_from_dict, register_scorer
+from rewardplane.serve.scorers.base import ItemError, ScoreItem, Scorer, ScorerInfo
+from rewardplane.serve.scorers.common import as_text
 
 
 class DoubleScorer(Scorer):
@@ -105,7 +105,7 @@ register_scorer("recording", RecordingScorer)
 
 class LiveServer:
     """The app under a real uvicorn on 127.0.0.1:<free port>, in a daemon thread, bounded waits.
-    `backend`: what `rewardkit serve --deploy` builds (the gateway, Ray); default in-process."""
+    `backend`: what `rewardplane serve --deploy` builds (the gateway, Ray); default in-process."""
 
     def __init__(
         self,

@@ -10,7 +10,7 @@ together than apart, which is what the rendered-prompt path (data/tokenize.py) m
 
 from __future__ import annotations
 
-from rewardkit.data.synth import corpus
+from rewardplane.data.synth import corpus
 
 LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"

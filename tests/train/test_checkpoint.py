@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from rewardkit.models.loading import CheckpointError, load_reward_model
-from rewardkit.objectives.reward_model import score_pairs
-from rewardkit.train.checkpoint import latest_checkpoint, list_checkpoints
-from rewardkit.train.distributed import DistInfo
+from rewardplane.models.loading import CheckpointError, load_reward_model
+from rewardplane.objectives.reward_model import score_pairs
+from rewardplane.train.checkpoint import latest_checkpoint, list_checkpoints
+from rewardplane.train.distributed import DistInfo
 from support.rm import make_trainer, random_pairs, train_config
 
 SOLO = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
@@ -74,9 +74,9 @@ def _copy_ckpt(finished_run, tmp_path) -> Path:
 
 
 def _edit_meta(ckpt: Path, **changes) -> None:
-    meta = json.loads((ckpt / "rewardkit.json").read_text())
+    meta = json.loads((ckpt / "rewardplane.json").read_text())
     meta.update(changes)
-    (ckpt / "rewardkit.json").write_text(json.dumps(meta))
+    (ckpt / "rewardplane.json").write_text(json.dumps(meta))
 
 
 @pytest.mark.parametrize(
@@ -123,7 +123,7 @@ def test_resume_refuses_checkpoint_without_state(finished_run, tmp_path, missing
 def test_resume_refuses_plain_language_model(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from rewardkit.models.tiny import tiny_config
+    from rewardplane.models.tiny import tiny_config
 
     AutoModelForCausalLM.from_config(tiny_config("tiny-llama", vocab_size=97)).save_pretrained(
         tmp_path / "lm"
@@ -131,11 +131,11 @@ def test_resume_refuses_plain_language_model(tmp_path):
     trainer = make_trainer(train_config(tmp_path / "run"), info=SOLO)
     with pytest.raises(CheckpointError) as err:
         trainer.resume(tmp_path / "lm")
-    assert err.value.code == "not_rewardkit"
+    assert err.value.code == "not_rewardplane"
 
 
 def test_final_eval_refuses_a_different_batch_plan(finished_run, tmp_path):
-    from rewardkit.core.errors import RewardkitError
+    from rewardplane.core.errors import RewardplaneError
 
     root, _cfg, pairs, _ = finished_run
     cfg = train_config(
@@ -143,7 +143,7 @@ def test_final_eval_refuses_a_different_batch_plan(finished_run, tmp_path):
     )
     trainer = make_trainer(cfg, pairs, eval_pairs=random_pairs(5, seed=8), info=SOLO)
     trainer.resume(root / "checkpoints" / "step-0000006")
-    with pytest.raises(RewardkitError) as err:
+    with pytest.raises(RewardplaneError) as err:
         trainer.fit()
     assert err.value.code == "eval_contract_mismatch"
 
@@ -153,7 +153,7 @@ import sys, time
 sys.path.insert(0, {here!r})
 import safetensors.torch as st
 from support.rm import make_trainer, train_config
-from rewardkit.train.distributed import DistInfo
+from rewardplane.train.distributed import DistInfo
 import torch
 
 trainer = make_trainer(train_config({run!r}, run={{"max_steps": 2}}),

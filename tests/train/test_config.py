@@ -1,8 +1,8 @@
 import pytest
 
-from rewardkit.core.errors import ConfigError
-from rewardkit.train.config import TrainConfig, dump_yaml, from_dict, load_config
-from rewardkit.train.sampler import PairSampler
+from rewardplane.core.errors import ConfigError
+from rewardplane.train.config import TrainConfig, dump_yaml, from_dict, load_config
+from rewardplane.train.sampler import PairSampler
 
 
 def test_yaml_and_overrides_resolve(tmp_path):

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 
-from rewardkit.data import reasons as R
-from rewardkit.data.pipeline import Summary, tokenize_source
-from rewardkit.data.synth import builtin_tokenizer, corrupt_rows, generate_rows
-from rewardkit.data.tokenize import TokenizeSettings
-from rewardkit.train.config import TrainConfig, from_dict
-from rewardkit.train.data import prepare_data
+from rewardplane.data import reasons as R
+from rewardplane.data.pipeline import Summary, tokenize_source
+from rewardplane.data.synth import builtin_tokenizer, corrupt_rows, generate_rows
+from rewardplane.data.tokenize import TokenizeSettings
+from rewardplane.train.config import TrainConfig, from_dict
+from rewardplane.train.data import prepare_data
 
 LIMITS = {"max_length": 96, "max_completion_length": 96, "truncation": "truncate"}
 
@@ -18,7 +18,7 @@ def _write(path, rows) -> None:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
-def test_rejections_are_counted_as_rewardkit_data_validate_counts_them(tmp_path):
+def test_rejections_are_counted_as_rewardplane_data_validate_counts_them(tmp_path):
     path = tmp_path / "train.jsonl"
     _write(path, generate_rows(24, seed=5) + [row for _, row in corrupt_rows(1, seed=5)])
     data = prepare_data(from_dict(TrainConfig, {"data": {"train": str(path), **LIMITS}}))

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from transformers import AutoModel, AutoModelForCausalLM
 
-from rewardkit.models.tiny import tiny_config
-from rewardkit.train.distributed import transformer_blocks
+from rewardplane.models.tiny import tiny_config
+from rewardplane.train.distributed import transformer_blocks
 
 
 def test_blocks_are_found_in_causal_lms_encoders_reward_models_and_peft_wrappers():
     from peft import LoraConfig, get_peft_model
 
-    from rewardkit.models.reward_model import RewardModel
+    from rewardplane.models.reward_model import RewardModel
 
     causal = AutoModelForCausalLM.from_config(tiny_config("tiny-llama", vocab_size=64))
     assert [type(b).__name__ for b in transformer_blocks(causal)] == ["LlamaDecoderLayer"] * 2

@@ -10,12 +10,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rewardkit.cli import main
-from rewardkit.data.synth import builtin_tokenizer
-from rewardkit.models.export import export_dpo_policy
-from rewardkit.models.loading import CheckpointError
-from rewardkit.models.reference import ReferenceMismatchError, ReferenceVerificationError
-from rewardkit.train.recipes.dpo import run
+from rewardplane.cli import main
+from rewardplane.data.synth import builtin_tokenizer
+from rewardplane.models.export import export_dpo_policy
+from rewardplane.models.loading import CheckpointError
+from rewardplane.models.reference import ReferenceMismatchError, ReferenceVerificationError
+from rewardplane.train.recipes.dpo import run
 from support.dpo import OVERRIDES, REVISION, config, metrics, sft_snapshot
 
 TRL_METRICS = (
@@ -44,12 +44,12 @@ def test_cli_trains_logs_trl_metrics_and_exports_a_plain_causal_lm(tmp_path, cap
     assert first["rewards/margins"] == pytest.approx(0.0, abs=1e-6)
     assert first["rewards/tie_rate"] == 1.0 and first["rewards/accuracies_tie_aware"] == 0.5
     assert first["loss"] == pytest.approx(0.6931471805599453, abs=1e-5)  # log 2
-    meta = json.loads((result_checkpoint / "rewardkit.json").read_text())
+    meta = json.loads((result_checkpoint / "rewardplane.json").read_text())
     assert meta["objective"] == "dpo" and meta["reference"]["source"] == "initial_policy"
 
     assert main(["export", "hf", str(result_checkpoint), str(tmp_path / "hf")]) == 0
     exported = tmp_path / "hf"
-    assert not (exported / "rewardkit.json").exists() and not (exported / "optimizer.pt").exists()
+    assert not (exported / "rewardplane.json").exists() and not (exported / "optimizer.pt").exists()
     reloaded = AutoModelForCausalLM.from_pretrained(exported, local_files_only=True).eval()
     trained = AutoModelForCausalLM.from_pretrained(result_checkpoint, local_files_only=True).eval()
     ids = torch.tensor([[5, 17, 42, 9, 3, 77, 12]])
@@ -57,7 +57,7 @@ def test_cli_trains_logs_trl_metrics_and_exports_a_plain_causal_lm(tmp_path, cap
         assert torch.equal(reloaded(ids).logits, trained(ids).logits)
     with pytest.raises(CheckpointError, match="not a DPO policy"):
         meta["objective"] = "reward_model"
-        (result_checkpoint / "rewardkit.json").write_text(json.dumps(meta))
+        (result_checkpoint / "rewardplane.json").write_text(json.dumps(meta))
         export_dpo_policy(result_checkpoint, tmp_path / "hf2")
 
 
@@ -91,9 +91,9 @@ def test_precomputed_reference_trains_like_the_live_one(tmp_path):
 def test_the_reference_pass_runs_before_the_policy_moves_to_the_device(tmp_path):
     """The trainer scores and frees a precomputed reference while the policy is still on the
     CPU, so on an accelerator the two models never share the device."""
-    from rewardkit.objectives.dpo import DPOPolicyObjective
-    from rewardkit.train.data import prepare_data
-    from rewardkit.train.loop import Trainer
+    from rewardplane.objectives.dpo import DPOPolicyObjective
+    from rewardplane.train.data import prepare_data
+    from rewardplane.train.loop import Trainer
 
     cfg = config(tmp_path / "run", "run.max_steps=1", "dpo.precompute_reference=true")
     data = prepare_data(cfg)
@@ -118,7 +118,7 @@ def test_the_reference_pass_runs_before_the_policy_moves_to_the_device(tmp_path)
 
 
 def test_bf16_reference_is_stored_in_bf16_and_trains_like_the_fp32_one(tmp_path):
-    from rewardkit.objectives.dpo import DPOPolicyObjective
+    from rewardplane.objectives.dpo import DPOPolicyObjective
 
     cfg = config(tmp_path / "probe", "dpo.reference_dtype=bf16")
     objective = DPOPolicyObjective(cfg, train_pairs=[], data_sha256="x")
@@ -135,7 +135,7 @@ def test_bf16_reference_is_stored_in_bf16_and_trains_like_the_fp32_one(tmp_path)
     for a, b in zip(rows_fp32, rows_bf16, strict=True):
         assert b["loss"] == pytest.approx(a["loss"], abs=2e-2)
     digests = [
-        json.loads((r.checkpoint / "rewardkit.json").read_text())["reference"]["param_sha256"]
+        json.loads((r.checkpoint / "rewardplane.json").read_text())["reference"]["param_sha256"]
         for r in (fp32, bf16)
     ]
     assert digests[0] != digests[1]  # the cache key and resume check tell the dtypes apart
@@ -147,9 +147,9 @@ def test_resume_recomputes_and_compares_the_reference_sidecar(tmp_path):
     step1 = run_dir / "checkpoints" / "step-0000001"
     resumed = run(config(run_dir, "run.max_steps=2"), resume=str(step1))
     assert resumed.step == 2
-    meta = json.loads((step1 / "rewardkit.json").read_text())
+    meta = json.loads((step1 / "rewardplane.json").read_text())
     meta["reference"]["param_sha256"] = "0" * 64
-    (step1 / "rewardkit.json").write_text(json.dumps(meta))
+    (step1 / "rewardplane.json").write_text(json.dumps(meta))
     with pytest.raises(ReferenceMismatchError, match="param_sha256 changed"):
         run(config(run_dir, "run.max_steps=2"), resume=str(step1))
     with pytest.raises(CheckpointError, match="dpo.beta"):
@@ -168,7 +168,7 @@ def test_pinned_snapshot_reference(tmp_path):
     result = run(
         config(tmp_path / "run", "model.tiny=null", f"model.path={snapshot}", "run.max_steps=1", *reference)
     )
-    meta = json.loads((result.checkpoint / "rewardkit.json").read_text())
+    meta = json.loads((result.checkpoint / "rewardplane.json").read_text())
     assert meta["reference"]["repo"] == "acme/sft" and meta["reference"]["revision"] == REVISION
     assert metrics(tmp_path / "run")[0]["rewards/margins"] == pytest.approx(0.0, abs=1e-6)
 
@@ -189,7 +189,7 @@ def test_pinned_snapshot_reference(tmp_path):
 
 def test_precompute_scores_in_training_micro_batches_unless_told(tmp_path, monkeypatch):
     """The pass runs beside the policy on the device: a bigger batch would set the peak memory."""
-    import rewardkit.objectives.dpo as objective
+    import rewardplane.objectives.dpo as objective
 
     seen = []
     real = objective.precompute_reference

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from rewardkit.train.config import load_dpo_config
-from rewardkit.train.recipes.dpo import run
+from rewardplane.train.config import load_dpo_config
+from rewardplane.train.recipes.dpo import run
 from support.weights import SMOLLM2_GGUF, smollm2_dir
 
 

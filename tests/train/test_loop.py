@@ -4,8 +4,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from rewardkit.core.errors import ConfigError
-from rewardkit.train.distributed import DistInfo
+from rewardplane.core.errors import ConfigError
+from rewardplane.train.distributed import DistInfo
 from support.dist import SOLO, free_port
 from support.rm import make_trainer, random_pairs, train_config
 from support.rm_dist_worker import worker
@@ -88,7 +88,7 @@ def test_two_rank_resume_reproduces_the_uninterrupted_losses(tmp_path, parallel)
 
 
 def test_eval_shards_are_equal_length_and_cover_the_probe_in_order():
-    from rewardkit.train.loop import eval_shard
+    from rewardplane.train.loop import eval_shard
 
     pairs = list(range(7))
     shards = [eval_shard(pairs, rank, 3) for rank in range(3)]
@@ -216,7 +216,7 @@ def test_tensorboard_gets_every_train_step_and_each_eval(tmp_path, monkeypatch):
 def test_tensorboard_without_the_package_is_a_clear_error(tmp_path, monkeypatch):
     import sys
 
-    from rewardkit.core.errors import UsageError
+    from rewardplane.core.errors import UsageError
 
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import raises ImportError
     cfg = train_config(tmp_path, run={"max_steps": 1, "tensorboard": True})

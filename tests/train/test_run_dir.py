@@ -5,11 +5,11 @@ from __future__ import annotations
 import io
 import json
 
-from rewardkit.cli import main
-from rewardkit.core.progress import Progress
-from rewardkit.data.tokenize import TokenizeSettings
-from rewardkit.train.config import TrainConfig
-from rewardkit.train.loop import truncate_metrics
+from rewardplane.cli import main
+from rewardplane.core.progress import Progress
+from rewardplane.data.tokenize import TokenizeSettings
+from rewardplane.train.config import TrainConfig
+from rewardplane.train.loop import truncate_metrics
 
 
 def _argv(run, steps, *extra):
@@ -94,7 +94,7 @@ def test_training_progress_on_a_pipe_is_a_few_lines(tmp_path, capsys):
 def test_step0_eval_line_says_ties(tmp_path, caplog):
     import logging
 
-    caplog.set_level(logging.INFO, logger="rewardkit.train")
+    caplog.set_level(logging.INFO, logger="rewardplane.train")
     assert main(_argv(tmp_path / "run", 1)) == 0
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("eval step 0")]
     assert lines and "tie-aware" in lines[0] and "ties" in lines[0]

@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from rewardkit.cli import main
+from rewardplane.cli import main
 
 
 def _argv(run, *extra):
@@ -74,7 +74,7 @@ def test_missing_tracker_package_is_one_line_exit_2(tmp_path, monkeypatch, capsy
 
 
 def test_default_is_none_and_the_summary_line_is_trainer_comparable(tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="rewardkit.train")
+    caplog.set_level(logging.INFO, logger="rewardplane.train")
     assert main(_argv(tmp_path / "run")) == 0
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("train summary: ")]
     assert len(lines) == 1

@@ -2,15 +2,15 @@
 
 import pytest
 
-from rewardkit.bench.qualify import Goals, expand, load_plan, parse_plan
-from rewardkit.core.errors import ConfigError
+from rewardplane.bench.qualify import Goals, expand, load_plan, parse_plan
+from rewardplane.core.errors import ConfigError
 from support.bench_qualify import ROOT, SCORERS, plan_doc, probe
 
 H200_PLANS = sorted((ROOT / "benchmarks").glob("qualify_h200*.yaml"))
 
 
 def test_one_gpu_dedicated_is_isolation_and_every_deploy_file_validates():
-    from rewardkit.deploy.config import parse_deploy_config
+    from rewardplane.deploy.config import parse_deploy_config
 
     modes = ["dedicated", "consolidated", {"mode": "mps", "active_thread_percentages": [100, 50]}, "shared"]
     plan = parse_plan(plan_doc(modes=modes, allow_reduced_precision_partition=True))
@@ -28,7 +28,7 @@ def test_one_gpu_dedicated_is_isolation_and_every_deploy_file_validates():
 
 
 def test_enough_gpus_gives_a_real_dedicated_deployment():
-    from rewardkit.deploy.config import parse_deploy_config
+    from rewardplane.deploy.config import parse_deploy_config
 
     plan = parse_plan(plan_doc(gpus=[0, 1], modes=["dedicated", "shared"]))
     dedicated, shared = expand(plan)
@@ -38,7 +38,7 @@ def test_enough_gpus_gives_a_real_dedicated_deployment():
 
 
 def test_h200_plan_expands_to_the_documented_twelve_deployments():
-    from rewardkit.deploy.config import parse_deploy_config
+    from rewardplane.deploy.config import parse_deploy_config
 
     plan = load_plan(ROOT / "benchmarks" / "qualify_h200.yaml")
     deployments = expand(plan)
@@ -50,7 +50,7 @@ def test_h200_plan_expands_to_the_documented_twelve_deployments():
 
 @pytest.mark.parametrize(("dtype", "batches"), [("bf16", [32]), ("fp32", [16])])
 def test_h200_bf16_and_fp32_plans_run_six_deployments_each(dtype, batches):
-    from rewardkit.deploy.config import parse_deploy_config
+    from rewardplane.deploy.config import parse_deploy_config
 
     plan = load_plan(ROOT / "benchmarks" / f"qualify_h200_{dtype}.yaml")
     deployments = expand(plan)

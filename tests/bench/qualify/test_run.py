@@ -1,4 +1,4 @@
-"""qualify end to end: real server processes (the fake server, and `rewardkit serve --deploy`)."""
+"""qualify end to end: real server processes (the fake server, and `rewardplane serve --deploy`)."""
 
 import json
 import subprocess
@@ -7,7 +7,7 @@ import sys
 import pytest
 import yaml
 
-from rewardkit.bench.qualify import parse_plan, qualify
+from rewardplane.bench.qualify import parse_plan, qualify
 from support.bench_qualify import FAKE_SERVER, FAST_SWEEP, ROOT, SCORERS, plan_doc
 
 
@@ -77,7 +77,7 @@ def test_parity_failure_start_failure_and_budget_are_reported(tmp_path):
 def test_cli_exit_codes(tmp_path):
     plan = tmp_path / "plan.yaml"
     plan.write_text(yaml.safe_dump(plan_doc(modes=["dedicated"])))
-    cmd = [sys.executable, "-m", "rewardkit", "qualify", "--plan", str(plan), "--out", str(tmp_path / "o")]
+    cmd = [sys.executable, "-m", "rewardplane", "qualify", "--plan", str(plan), "--out", str(tmp_path / "o")]
     env = {"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"}
     dry = subprocess.run([*cmd, "--dry-run"], capture_output=True, text=True, env=env, timeout=120)
     assert dry.returncode == 0 and "dedicated:a/fp16" in dry.stdout
@@ -88,7 +88,7 @@ def test_cli_exit_codes(tmp_path):
 
 @pytest.mark.slow
 def test_qualify_against_real_serve_deploy_processes(tmp_path):
-    """The real `rewardkit serve --deploy` (workers backend) with a rule scorer, two layouts."""
+    """The real `rewardplane serve --deploy` (workers backend) with a rule scorer, two layouts."""
     scorers = [{"name": "length", "kind": "length", "max_batch_size": 8, "max_wait_ms": 1}]
     sweep = {**FAST_SWEEP, "concurrency": [2], "window_s": 0.3}
     doc = {"gpus": [], "scorers": scorers, "dtypes": ["fp32"], "modes": ["dedicated", "consolidated"],
@@ -102,7 +102,7 @@ def test_qualify_against_real_serve_deploy_processes(tmp_path):
 
 
 def test_cli_plan_overrides_go_through_the_config_loader(tmp_path, capsys):
-    from rewardkit.cli import main
+    from rewardplane.cli import main
 
     plan = tmp_path / "plan.yaml"
     plan.write_text(yaml.safe_dump(plan_doc(modes=["dedicated"])))

@@ -2,7 +2,13 @@
 
 import pytest
 
-from rewardkit.bench.qualify import Goals, equal_utilisation_ceiling, evaluate_goals, gpu_ms_per_item, parity
+from rewardplane.bench.qualify import (
+    Goals,
+    equal_utilisation_ceiling,
+    evaluate_goals,
+    gpu_ms_per_item,
+    parity,
+)
 
 
 def test_parity_per_scorer_max_p99_and_coverage():

@@ -15,10 +15,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rewardkit.core.errors import ConfigError
-from rewardkit.serve.scorers import sandbox as sandbox_mod
-from rewardkit.serve.scorers.base import ItemError, ScoreItem
-from rewardkit.serve.scorers.code import CodeScorer, extract_code
+from rewardplane.core.errors import ConfigError
+from rewardplane.serve.scorers import sandbox as sandbox_mod
+from rewardplane.serve.scorers.base import ItemError, ScoreItem
+from rewardplane.serve.scorers.code import CodeScorer, extract_code
 from support.serve import LiveServer, make_config
 
 TIMEOUT_S = 1.0

@@ -10,9 +10,9 @@ import time
 import httpx
 import pytest
 
-from rewardkit.core.errors import ConfigError
-from rewardkit.serve.scorers.base import ItemError, ScoreItem
-from rewardkit.serve.scorers.composite import CompositeScore, CompositeScorer, group_normalize
+from rewardplane.core.errors import ConfigError
+from rewardplane.serve.scorers.base import ItemError, ScoreItem
+from rewardplane.serve.scorers.composite import CompositeScore, CompositeScorer, group_normalize
 from support.serve import LiveServer, make_config  # also registers the `double` test kind
 
 LEN = {"name": "len", "kind": "length"}
@@ -168,7 +168,7 @@ def test_through_http_with_groups():
 def test_left_out_reaches_the_http_response_and_the_python_client():
     """`details[<composite>].left_out` through a real server: present only for the items that
     were renormalised, absent from every other item (old clients see the bodies they knew)."""
-    from rewardkit.serve.client import RewardClient
+    from rewardplane.serve.client import RewardClient
 
     comp = {
         "name": "reward",
@@ -234,7 +234,7 @@ def hosted():
 
 
 def test_a_hosted_component_is_the_hosted_scorer_loaded_once(hosted):
-    from rewardkit.serve.backend import HostedScorer
+    from rewardplane.serve.backend import HostedScorer
 
     r = post(hosted, ["reward", "rm", "len"])
     assert r.status_code == 200, r.text

@@ -1,6 +1,6 @@
 """The `judge` scorer against a fake OpenAI-compatible server on loopback (real HTTP): parsing
 (regex, JSON, pairwise), unparseable and refused answers, the rate limit and the concurrency
-limit, retries on 429/5xx, the per-item deadline, and one pass through the rewardkit HTTP app."""
+limit, retries on 429/5xx, the per-item deadline, and one pass through the rewardplane HTTP app."""
 
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ import pytest
 pytest.importorskip("aiolimiter")
 pytest.importorskip("tenacity")
 
-from rewardkit.core.errors import ConfigError
-from rewardkit.serve.scorers.base import ItemError, ScoreItem
-from rewardkit.serve.scorers.judge import JudgeScorer, Unparseable, parse_answer
+from rewardplane.core.errors import ConfigError
+from rewardplane.serve.scorers.base import ItemError, ScoreItem
+from rewardplane.serve.scorers.judge import JudgeScorer, Unparseable, parse_answer
 from support.serve import LiveServer, make_config
 
 
@@ -350,8 +350,8 @@ def test_through_http(url):
 
 @pytest.mark.slow
 @pytest.mark.skipif(
-    os.environ.get("REWARDKIT_REAL_JUDGE") != "1",
-    reason="opt-in (about 90 s on 2 CPU cores): REWARDKIT_REAL_JUDGE=1 runs `transformers serve` with SmolLM2-135M",
+    os.environ.get("REWARDPLANE_REAL_JUDGE") != "1",
+    reason="opt-in (about 90 s on 2 CPU cores): REWARDPLANE_REAL_JUDGE=1 runs `transformers serve` with SmolLM2-135M",
 )
 def test_real_engine_transformers_serve_smollm2(tmp_path):
     """A real OpenAI-compatible engine: `transformers serve` on CPU with the SmolLM2-135M-Instruct

@@ -1,5 +1,5 @@
 """The `judge` scorer's in-process backend (`backend: transformers`) on CPU: a tiny Llama whose
-greedy answer is scripted (`rewardkit.models.tiny.scripted_causal_lm`), so a real generated answer
+greedy answer is scripted (`rewardplane.models.tiny.scripted_causal_lm`), so a real generated answer
 is parsed; batching with left padding; the expectation over the model's own log-probabilities
 against a plain transformers forward; unparseable answers; a random model; the options; and
 one pass through a real server with offload/onload."""
@@ -12,11 +12,11 @@ import httpx
 import pytest
 import torch
 
-from rewardkit.core.errors import ConfigError
-from rewardkit.data.builtin_tokenizer import build_tokenizer
-from rewardkit.models.tiny import scripted_causal_lm, tiny_config
-from rewardkit.serve.scorers.base import ItemError, ScoreItem
-from rewardkit.serve.scorers.judge import JudgeScorer
+from rewardplane.core.errors import ConfigError
+from rewardplane.data.builtin_tokenizer import build_tokenizer
+from rewardplane.models.tiny import scripted_causal_lm, tiny_config
+from rewardplane.serve.scorers.base import ItemError, ScoreItem
+from rewardplane.serve.scorers.judge import JudgeScorer
 from support.serve import LiveServer, make_config
 
 CORPUS = [
@@ -180,7 +180,7 @@ def test_through_a_real_server_with_offload_and_onload(seven):
 def test_gpu_bf16_generates_the_same_answer_and_offloads(tmp_path, tokenizer):
     """On CUDA in bf16: the scripted answer parses to the same score, the logprob expectation
     matches the fp32 CPU one within bf16's precision, and the weights leave the GPU on offload."""
-    from rewardkit.serve.lifecycle import weights_of
+    from rewardplane.serve.lifecycle import weights_of
 
     ids = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     alternatives = {len(ids("Score:")): [(ids("8")[0], 1.0)]}

@@ -10,9 +10,9 @@ import pytest
 
 pytest.importorskip("math_verify")
 
-from rewardkit.core.errors import ConfigError
-from rewardkit.serve.scorers.base import ItemError, ScoreItem
-from rewardkit.serve.scorers.math import MathScorer
+from rewardplane.core.errors import ConfigError
+from rewardplane.serve.scorers.base import ItemError, ScoreItem
+from rewardplane.serve.scorers.math import MathScorer
 from support.serve import LiveServer, make_config
 
 TIMEOUT_S = 1.5
@@ -187,7 +187,7 @@ def test_options_are_checked():
 
 
 def test_format_bonus_tolerance_and_boxed_mode():
-    from rewardkit.serve.scorers.math import check_answer
+    from rewardplane.serve.scorers.math import check_answer
 
     opts = {"format_bonus": 0.1}
     assert check_answer("\\boxed{4}", "3", opts) == ("ok", 0.1)  # wrong but boxed

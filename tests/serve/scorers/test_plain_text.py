@@ -2,7 +2,7 @@
 
 A reward model trained on TRL's standard rows (`plain_text: text_eos`: no chat template, the text
 plus EOS) must be served on exactly those ids: the served score of a string prompt + string
-response equals `rewardkit eval`'s score of the same plain-text pair's chosen branch and a plain
+response equals `rewardplane eval`'s score of the same plain-text pair's chosen branch and a plain
 transformers forward on `tok(prompt + response + eos)`. Checkpoints trained before issue 24
 (`chat_template`) keep their chat-template scores, message items keep the chat template, and an
 export serves as the checkpoint it came from. References are transformers forwards and TRL's own
@@ -19,12 +19,12 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from rewardkit.cli import main
-from rewardkit.core.errors import ConfigError
-from rewardkit.data.synth import builtin_tokenizer
-from rewardkit.serve.config import ScorerSpec, build_scorer
-from rewardkit.serve.scorers.base import RAW_TEXT, ItemError, ScoreItem
-from rewardkit.serve.scorers.common import as_messages
+from rewardplane.cli import main
+from rewardplane.core.errors import ConfigError
+from rewardplane.data.synth import builtin_tokenizer
+from rewardplane.serve.config import ScorerSpec, build_scorer
+from rewardplane.serve.scorers.base import RAW_TEXT, ItemError, ScoreItem
+from rewardplane.serve.scorers.common import as_messages
 from support.rm import train_tiny_checkpoint
 
 torch.set_num_threads(1)  # 2 shared cores: intra-op threads only contend for these tiny models
@@ -69,9 +69,9 @@ def trained(tmp_path_factory):
     checkpoint = train_tiny_checkpoint(root, _bos_tokenizer(), "run.max_steps=2", "optim.lr=3e-3")
     legacy = root / "legacy"
     shutil.copytree(checkpoint, legacy)
-    meta = json.loads((legacy / "rewardkit.json").read_text())
+    meta = json.loads((legacy / "rewardplane.json").read_text())
     del meta["plain_text"]  # as written before issue 24: plain-text rows went through the template
-    (legacy / "rewardkit.json").write_text(json.dumps(meta))
+    (legacy / "rewardplane.json").write_text(json.dumps(meta))
     for source, out in ((checkpoint, root / "hf"), (legacy, root / "hf-legacy")):
         assert main(["export", "hf", str(source), str(out)]) == 0
     return checkpoint, legacy, root
@@ -94,21 +94,21 @@ def trl_text(tok, prompt: str, response: str) -> str:
 
 
 def hf_scores(path, ids_list) -> list[float]:
-    """A plain transformers forward per sequence (a rewardkit checkpoint is an HF seqcls dir)."""
+    """A plain transformers forward per sequence (a rewardplane checkpoint is an HF seqcls dir)."""
     model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32).eval()
     with torch.no_grad():
         return [model(input_ids=torch.tensor([ids])).logits[0, 0].item() for ids in ids_list]
 
 
 def test_a_text_eos_checkpoint_serves_plain_text_as_eval_trl_and_transformers_score_it(trained, tmp_path):
-    from rewardkit.data.probe import freeze_probe
-    from rewardkit.data.tokenize import TokenizeSettings
-    from rewardkit.eval.artifacts import read_pairs
-    from rewardkit.eval.runner import tokenize_eval_data
+    from rewardplane.data.probe import freeze_probe
+    from rewardplane.data.tokenize import TokenizeSettings
+    from rewardplane.eval.artifacts import read_pairs
+    from rewardplane.eval.runner import tokenize_eval_data
     from support.trl_data import trl_reward_ids
 
     checkpoint, _legacy, _root = trained
-    assert json.loads((checkpoint / "rewardkit.json").read_text())["plain_text"] == "text_eos"
+    assert json.loads((checkpoint / "rewardplane.json").read_text())["plain_text"] == "text_eos"
     tok = AutoTokenizer.from_pretrained(checkpoint)
     s = scorer(checkpoint)
     assert s.info().extra["plain_text"] == "text_eos"
@@ -129,7 +129,7 @@ def test_a_text_eos_checkpoint_serves_plain_text_as_eval_trl_and_transformers_sc
 
     # the scores: a plain transformers forward on those ids ...
     assert served == pytest.approx(hf_scores(checkpoint, recipe), abs=TOL)
-    # ... and `rewardkit eval` of the plain-text pairs, their chosen branch
+    # ... and `rewardplane eval` of the plain-text pairs, their chosen branch
     data = tmp_path / "plain.jsonl"
     data.write_text("".join(json.dumps(row) + "\n" for row in rows))
     settings = TokenizeSettings(max_length=128, max_completion_length=64)
@@ -156,7 +156,7 @@ def test_text_eos_truncates_as_the_scorer_does_and_keeps_its_item_errors(trained
 
 
 def test_a_legacy_checkpoint_keeps_its_chat_template_scores(trained):
-    from rewardkit.data.tokenize import tokenize_branch
+    from rewardplane.data.tokenize import tokenize_branch
 
     checkpoint, legacy, _root = trained
     tok = AutoTokenizer.from_pretrained(legacy)
@@ -195,7 +195,7 @@ def test_the_option_overrides_where_nothing_is_recorded_and_a_contradiction_is_r
     # a Hugging Face directory records nothing: chat_template, as hf_seqcls always served strings
     bare = tmp_path / "bare"
     shutil.copytree(root / "hf", bare)
-    (bare / "rewardkit_export.json").unlink()
+    (bare / "rewardplane_export.json").unlink()
     tok = AutoTokenizer.from_pretrained(bare)
     default, override = scorer(bare, kind="hf_seqcls"), scorer(bare, kind="hf_seqcls", plain_text="text_eos")
     assert default.info().extra["plain_text"] == "chat_template"
@@ -212,7 +212,7 @@ def test_the_option_overrides_where_nothing_is_recorded_and_a_contradiction_is_r
 
 
 def test_message_items_keep_the_chat_template_and_text_eos_items_bypass_the_prompt_cache(trained):
-    from rewardkit.data.tokenize import tokenize_branch
+    from rewardplane.data.tokenize import tokenize_branch
 
     checkpoint, legacy, _root = trained
     text_eos, chat = scorer(checkpoint), scorer(legacy)
@@ -242,12 +242,12 @@ def test_message_items_keep_the_chat_template_and_text_eos_items_bypass_the_prom
 
 
 def test_an_export_serves_as_the_checkpoint_it_came_from(trained):
-    from rewardkit.models.loading import load_reward_model
+    from rewardplane.models.loading import load_reward_model
 
     checkpoint, legacy, root = trained
-    assert json.loads((root / "hf" / "rewardkit_export.json").read_text())["plain_text"] == "text_eos"
+    assert json.loads((root / "hf" / "rewardplane_export.json").read_text())["plain_text"] == "text_eos"
     assert (
-        json.loads((root / "hf-legacy" / "rewardkit_export.json").read_text())["plain_text"]
+        json.loads((root / "hf-legacy" / "rewardplane_export.json").read_text())["plain_text"]
         == "chat_template"
     )
     batch = items([*PLAIN, *MESSAGES])
@@ -256,7 +256,7 @@ def test_an_export_serves_as_the_checkpoint_it_came_from(trained):
         (legacy, root / "hf-legacy", "chat_template"),
     ):
         reference = scorer(source).score_batch(batch)
-        # hf_seqcls on the checkpoint directory itself reads its rewardkit.json too
+        # hf_seqcls on the checkpoint directory itself reads its rewardplane.json too
         for path, kind in ((source, "hf_seqcls"), (export, "hf_seqcls"), (export, "rm")):
             served = scorer(path, kind=kind)
             assert served.info().extra["plain_text"] == mode

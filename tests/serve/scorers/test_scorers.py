@@ -9,7 +9,7 @@ import httpx
 import pytest
 import torch
 
-from rewardkit.core.errors import ConfigError
+from rewardplane.core.errors import ConfigError
 from support.serve import LiveServer, make_config, png_bytes
 
 TOL = 1e-5
@@ -19,9 +19,9 @@ TOL = 1e-5
 def model_dirs(tmp_path_factory):
     from transformers import AutoModelForSequenceClassification
 
-    from rewardkit.data.builtin_tokenizer import build_tokenizer
-    from rewardkit.models.tiny import tiny_config
-    from rewardkit.serve.scorers.clip import shape_config, shape_tokenizer
+    from rewardplane.data.builtin_tokenizer import build_tokenizer
+    from rewardplane.models.tiny import tiny_config
+    from rewardplane.serve.scorers.clip import shape_config, shape_tokenizer
 
     root = tmp_path_factory.mktemp("models")
     tok = shape_tokenizer()
@@ -72,7 +72,7 @@ def test_clip_service_equals_plain_transformers_forward(server, model_dirs):
     from PIL import Image
     from transformers import AutoTokenizer, CLIPModel
 
-    from rewardkit.serve.images import Preprocess
+    from rewardplane.serve.images import Preprocess
 
     model = CLIPModel.from_pretrained(model_dirs / "clip", local_files_only=True).eval()
     tok = AutoTokenizer.from_pretrained(model_dirs / "clip", local_files_only=True)
@@ -104,7 +104,7 @@ def test_preprocess_is_close_to_clip_image_processor():
     from PIL import Image
     from transformers import CLIPImageProcessor
 
-    from rewardkit.serve.images import Preprocess
+    from rewardplane.serve.images import Preprocess
 
     # A smooth photo-like image (resampling kernels differ most on pixel noise, which photos lack).
     y, x = np.mgrid[0:161, 0:243]
@@ -143,7 +143,7 @@ def as_conversation(item: dict) -> tuple[list[dict], list[dict]]:
 def test_seqcls_service_equals_plain_forward_and_is_batch_invariant(server, model_dirs):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from rewardkit.data.tokenize import tokenize_branch
+    from rewardplane.data.tokenize import tokenize_branch
 
     model = AutoModelForSequenceClassification.from_pretrained(
         model_dirs / "rm", local_files_only=True
@@ -152,7 +152,7 @@ def test_seqcls_service_equals_plain_forward_and_is_batch_invariant(server, mode
     together = score(server, "rm", RM_ITEMS)
     for k, item in enumerate(RM_ITEMS):
         prompt, response = as_conversation(item)
-        # the same ids training and evaluation feed the model (rewardkit.data.tokenize)
+        # the same ids training and evaluation feed the model (rewardplane.data.tokenize)
         ids = torch.tensor([tokenize_branch(tok, prompt, response).input_ids])
         with torch.no_grad():
             ref = model(input_ids=ids).logits[0, 0].item()
@@ -161,8 +161,8 @@ def test_seqcls_service_equals_plain_forward_and_is_batch_invariant(server, mode
 
 
 def test_text_items_that_cannot_be_scored_are_item_errors():
-    from rewardkit.serve.config import ScorerSpec, build_scorer
-    from rewardkit.serve.scorers.base import ItemError, ScoreItem
+    from rewardplane.serve.config import ScorerSpec, build_scorer
+    from rewardplane.serve.scorers.base import ItemError, ScoreItem
 
     s = build_scorer(
         ScorerSpec(name="t", kind="hf_seqcls", shape="tiny-text-rm", device="cpu", options={"max_length": 40})
@@ -183,7 +183,7 @@ def test_text_items_that_cannot_be_scored_are_item_errors():
 def test_identity_is_stable_and_tracks_weights_dtype_and_options(model_dirs, tmp_path):
     from transformers import CLIPModel
 
-    from rewardkit.serve.config import ScorerSpec, build_scorer
+    from rewardplane.serve.config import ScorerSpec, build_scorer
 
     def ident(**kw):
         s = build_scorer(ScorerSpec(name="c", kind="clip", device="cpu", **kw))
@@ -212,8 +212,8 @@ def test_identity_is_stable_and_tracks_weights_dtype_and_options(model_dirs, tmp
 
 
 def test_pickscore_and_divisor_conventions():
-    from rewardkit.serve.config import ScorerSpec, build_scorer
-    from rewardkit.serve.scorers.base import ScoreItem
+    from rewardplane.serve.config import ScorerSpec, build_scorer
+    from rewardplane.serve.scorers.base import ScoreItem
 
     items = [ScoreItem(str(k), PROMPTS[k], "", IMAGES[k]) for k in range(3)]
     scores = {}
@@ -229,8 +229,8 @@ def test_pickscore_and_divisor_conventions():
 
 
 def test_clip_undecodable_image_inside_batch_is_per_item_bad_image():
-    from rewardkit.serve.config import ScorerSpec, build_scorer
-    from rewardkit.serve.scorers.base import ItemError, ScoreItem
+    from rewardplane.serve.config import ScorerSpec, build_scorer
+    from rewardplane.serve.scorers.base import ItemError, ScoreItem
 
     s = build_scorer(ScorerSpec(name="x", kind="clip", shape="tiny-clip", device="cpu"))
     s.load()
@@ -242,7 +242,7 @@ def test_clip_undecodable_image_inside_batch_is_per_item_bad_image():
 def test_text_token_budget_caps_padded_batch():
     import asyncio
 
-    from rewardkit.serve.batcher import DynamicBatcher
+    from rewardplane.serve.batcher import DynamicBatcher
     from support.serve import DoubleScorer
 
     scorer = DoubleScorer("d", {})
@@ -251,7 +251,7 @@ def test_text_token_budget_caps_padded_batch():
     async def run():
         b = DynamicBatcher(scorer, max_batch_size=64, max_wait_ms=20, max_queue=100, token_budget=40)
         b.start()
-        from rewardkit.serve.scorers.base import ScoreItem
+        from rewardplane.serve.scorers.base import ScoreItem
 
         items = [ScoreItem(str(k), "", "x" * (9 if k % 2 else 1)) for k in range(12)]
         out = await b.submit(items)
@@ -264,11 +264,11 @@ def test_text_token_budget_caps_padded_batch():
 
 
 def test_rm_scorer_matches_hf_seqcls_on_a_seqcls_directory(model_dirs):
-    """`rm` loads through rewardkit.models.loading (branch rm); on an HF seqcls directory it must
+    """`rm` loads through rewardplane.models.loading (branch rm); on an HF seqcls directory it must
     give exactly the `hf_seqcls` numbers."""
-    pytest.importorskip("rewardkit.models.loading")
-    from rewardkit.serve.config import ScorerSpec, build_scorer
-    from rewardkit.serve.scorers.base import ScoreItem
+    pytest.importorskip("rewardplane.models.loading")
+    from rewardplane.serve.config import ScorerSpec, build_scorer
+    from rewardplane.serve.scorers.base import ScoreItem
 
     items = [ScoreItem(i["id"], i["prompt"], i["response"]) for i in RM_ITEMS]
     scores = {}
@@ -279,21 +279,21 @@ def test_rm_scorer_matches_hf_seqcls_on_a_seqcls_directory(model_dirs):
     assert max(abs(a - b) for a, b in zip(scores["rm"], scores["hf_seqcls"], strict=True)) <= TOL
 
 
-def test_rm_scorer_on_a_rewardkit_checkpoint_equals_the_eval_scoring_path(tmp_path):
-    """Service == evaluation: the same checkpoint, tokenised and scored through rewardkit.models."""
+def test_rm_scorer_on_a_rewardplane_checkpoint_equals_the_eval_scoring_path(tmp_path):
+    """Service == evaluation: the same checkpoint, tokenised and scored through rewardplane.models."""
     import json
 
     from transformers import AutoModel
 
-    from rewardkit.data.builtin_tokenizer import build_tokenizer
-    from rewardkit.data.collate import collate
-    from rewardkit.data.records import TokenizedPair
-    from rewardkit.data.tokenize import tokenize_branch
-    from rewardkit.models.loading import load_reward_model, write_model_files
-    from rewardkit.models.reward_model import RewardModel
-    from rewardkit.models.tiny import tiny_config
-    from rewardkit.serve.config import ScorerSpec, build_scorer
-    from rewardkit.serve.scorers.base import ScoreItem
+    from rewardplane.data.builtin_tokenizer import build_tokenizer
+    from rewardplane.data.collate import collate
+    from rewardplane.data.records import TokenizedPair
+    from rewardplane.data.tokenize import tokenize_branch
+    from rewardplane.models.loading import load_reward_model, write_model_files
+    from rewardplane.models.reward_model import RewardModel
+    from rewardplane.models.tiny import tiny_config
+    from rewardplane.serve.config import ScorerSpec, build_scorer
+    from rewardplane.serve.scorers.base import ScoreItem
 
     tok = build_tokenizer(["hello world, a reward model", "say hi politely"] * 4, vocab_size=300)
     torch.manual_seed(2)
@@ -309,7 +309,7 @@ def test_rm_scorer_on_a_rewardkit_checkpoint_equals_the_eval_scoring_path(tmp_pa
         "role": "reward_model",
         "head_type": RewardModel.head_type,
     }
-    (ckpt / "rewardkit.json").write_text(json.dumps(meta))
+    (ckpt / "rewardplane.json").write_text(json.dumps(meta))
 
     scorer = build_scorer(ScorerSpec(name="rm", kind="rm", path=str(ckpt), device="cpu"))
     scorer.load()
@@ -327,7 +327,7 @@ def test_rm_scorer_on_a_rewardkit_checkpoint_equals_the_eval_scoring_path(tmp_pa
 
 
 def test_graph_bucket_sizes_cover_every_batch_up_to_the_limit():
-    from rewardkit.serve.graphs import bucket_sizes
+    from rewardplane.serve.graphs import bucket_sizes
 
     assert bucket_sizes(1) == [1]
     assert bucket_sizes(16) == [1, 2, 4, 8, 16]

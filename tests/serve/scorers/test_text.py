@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rewardkit.core.errors import ConfigError
-from rewardkit.serve.scorers.base import ItemError, ScoreItem
-from rewardkit.serve.scorers.text import SeqClsScorer
+from rewardplane.core.errors import ConfigError
+from rewardplane.serve.scorers.base import ItemError, ScoreItem
+from rewardplane.serve.scorers.text import SeqClsScorer
 
 
 def scorer(**options) -> SeqClsScorer:
@@ -82,8 +82,8 @@ GROUP_RESPONSES = ["Hello there!", "\n\nHello.", " Hi", "Good day to you, friend
 def test_a_group_sharing_a_prompt_gets_the_unshared_ids_and_renders_the_prompt_once(tokenizer, tmp_path):
     """prepare_many renders and tokenises each distinct prompt once (the prompt cache), and every
     item's ids are exactly tokenize_branch's, the template's own tokens at the boundary."""
-    from rewardkit.data.tokenize import tokenize_branch
-    from rewardkit.serve.scorers.common import as_messages
+    from rewardplane.data.tokenize import tokenize_branch
+    from rewardplane.serve.scorers.common import as_messages
     from support.tokenizers import llama3_like
 
     options = {}
@@ -127,12 +127,12 @@ def test_a_group_scores_like_its_items_one_by_one_and_bad_items_fail_alone():
 
 
 def test_the_prompt_cache_is_bounded_by_entries_and_characters_least_recently_used_out():
-    from rewardkit.serve.scorers.text import PromptCache
+    from rewardplane.serve.scorers.text import PromptCache
 
     s = scorer()
 
     def rendered(text: str):
-        from rewardkit.data.tokenize import render_prompt
+        from rewardplane.data.tokenize import render_prompt
 
         return render_prompt(s.tokenizer, [{"role": "user", "content": text}])
 
@@ -161,9 +161,9 @@ def test_a_model_that_pads_with_eos_is_read_where_transformers_pools_on_both_pat
     sequence by sequence)."""
     from transformers import AutoModelForSequenceClassification
 
-    from rewardkit.data.synth import builtin_tokenizer
-    from rewardkit.models.tiny import tiny_config
-    from rewardkit.serve.config import ScorerSpec, build_scorer
+    from rewardplane.data.synth import builtin_tokenizer
+    from rewardplane.models.tiny import tiny_config
+    from rewardplane.serve.config import ScorerSpec, build_scorer
 
     tok = builtin_tokenizer()
     config = tiny_config("tiny-llama", num_labels=1, pad_token_id=tok.eos_token_id)
@@ -190,7 +190,7 @@ def test_a_model_that_pads_with_eos_is_read_where_transformers_pools_on_both_pat
             for i in batch
         ]
     assert s.score_prepared(prepared) == pytest.approx(hf, abs=1e-5)
-    import rewardkit.models.attention  # noqa: F401  (registers rk_varlen)
+    import rewardplane.models.attention  # noqa: F401  (registers rk_varlen)
 
     s.attention, s.packs_tokens = "varlen", True
     s.backbone.set_attn_implementation("rk_varlen")
@@ -198,7 +198,7 @@ def test_a_model_that_pads_with_eos_is_read_where_transformers_pools_on_both_pat
 
 
 def test_prompt_cache_keys_tell_strings_plain_messages_and_other_lists_apart():
-    from rewardkit.serve.scorers.text import PromptCache
+    from rewardplane.serve.scorers.text import PromptCache
 
     keys = [
         PromptCache.key("hi"),

@@ -1,3 +1,0 @@
-"""rewardkit: train, evaluate, serve and qualify reward models for RL post-training."""
-
-__version__ = "0.1.0"

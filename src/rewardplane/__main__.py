@@ -1,0 +1,5 @@
+import sys
+
+from rewardplane.cli import main
+
+sys.exit(main())

@@ -1,0 +1,58 @@
+"""`rewardplane <group> <command>`: the stable command-line interface.
+
+Each feature package contributes its commands through a `register(subparsers)` function so
+this file stays a thin dispatcher. Handlers import heavy libraries lazily, which keeps
+`rewardplane --help` fast. Usage and input errors print one line and exit 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from rewardplane import __version__
+from rewardplane.core.errors import UsageError
+
+COMMAND_MODULES: list[str] = [
+    # one line per feature package; each module defines register(subparsers)
+    "rewardplane.cli.data",
+    "rewardplane.cli.train",
+    "rewardplane.cli.export",
+    "rewardplane.cli.eval",
+    "rewardplane.cli.serve",
+    "rewardplane.cli.bench",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rewardplane", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"rewardplane {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="<command>")
+    for module_name in COMMAND_MODULES:
+        importlib.import_module(module_name).register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler = getattr(args, "func", None)
+    if handler is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(handler(args) or 0)
+    except UsageError as exc:
+        print(f"rewardplane: error: {exc.message}", file=sys.stderr)
+        return 2
+    except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
+        print(f"rewardplane: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,192 @@
+"""`rewardplane data validate|prepare|freeze-probe|synth`.
+
+Exit codes (a stable interface): 0 success (validate: every row valid), 1 validate found
+rejected rows (the report is still written), 2 usage or I/O error (one line, no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rewardplane.core.errors import UsageError
+
+
+def register(subparsers) -> None:
+    data = subparsers.add_parser("data", help="validate, split, probe-freeze and synthesise preference data")
+    commands = data.add_subparsers(dest="data_command", metavar="<command>")
+    data.set_defaults(func=lambda args: _help(data))
+
+    validate = commands.add_parser("validate", help="check every row; print a summary; write rejections")
+    validate.add_argument("input", metavar="IN", help="file, Hub-format folder, or FOLDER:SPLIT")
+    _tokenizer_args(validate)
+    validate.add_argument("--report", metavar="REJECTS.jsonl", help="write one JSON line per rejected row")
+    validate.set_defaults(func=cmd_validate)
+
+    prepare = commands.add_parser("prepare", help="split valid rows into train/eval with a manifest")
+    prepare.add_argument("input", metavar="IN")
+    prepare.add_argument("--out", required=True, metavar="DIR")
+    prepare.add_argument("--eval-size", required=True, type=int, metavar="N")
+    prepare.add_argument("--seed-key", required=True, metavar="KEY")
+    _tokenizer_args(prepare)
+    prepare.set_defaults(func=cmd_prepare)
+
+    probe = commands.add_parser("freeze-probe", help="freeze the probe contract of an eval set")
+    probe.add_argument("input", metavar="EVAL.jsonl")
+    _tokenizer_args(probe, required=True)
+    probe.add_argument("--out", required=True, metavar="probe.json")
+    probe.set_defaults(func=cmd_freeze_probe)
+
+    synth = commands.add_parser("synth", help="write the built-in synthetic preference task")
+    synth.add_argument("--out", required=True, metavar="FILE", help=".jsonl or .json")
+    synth.add_argument("--n", required=True, type=int, metavar="N")
+    synth.add_argument("--seed", type=int, default=0, metavar="S")
+    synth.add_argument(
+        "--corrupt", type=int, default=0, metavar="K", help="append K bad rows per reason code"
+    )
+    synth.set_defaults(func=cmd_synth)
+
+
+def _help(parser: argparse.ArgumentParser) -> int:
+    parser.print_help()
+    return 2
+
+
+def _tokenizer_args(parser: argparse.ArgumentParser, *, required: bool = False) -> None:
+    parser.add_argument(
+        "--tokenizer", required=required, metavar="DIR", help="local tokenizer directory, or 'builtin'"
+    )
+    parser.add_argument("--max-length", type=int, metavar="N", help="default 1024")
+    parser.add_argument("--max-completion-length", type=int, metavar="N", help="default 512")
+    parser.add_argument("--truncation", choices=("drop", "truncate"), help="default drop")
+    parser.add_argument(
+        "--plain-text",
+        choices=("text_eos", "chat_template"),
+        help="plain-string rows: the text + EOS as TRL (default text_eos), or through the chat"
+        " template (checkpoints trained before rewardplane followed TRL here)",
+    )
+
+
+def _tokenizer_and_settings(args: argparse.Namespace):
+    from rewardplane.data.tokenize import TokenizeSettings, load_tokenizer
+
+    given = {
+        key: value
+        for key, value in (
+            ("max_length", args.max_length),
+            ("max_completion_length", args.max_completion_length),
+            ("truncation", args.truncation),
+            ("plain_text", args.plain_text),
+        )
+        if value is not None
+    }
+    if args.tokenizer is None:
+        if given:
+            raise UsageError(
+                "--max-length/--max-completion-length/--truncation/--plain-text need --tokenizer"
+            )
+        return None, TokenizeSettings()
+    return load_tokenizer(args.tokenizer), TokenizeSettings(**given)
+
+
+def _input(path: str) -> str:
+    """A file, a Hub-format folder, or `FOLDER:SPLIT` (rewardplane.data.reader.resolve_source)."""
+    from rewardplane.data.reader import resolve_source
+
+    if not resolve_source(path)[0].exists():
+        raise UsageError(f"{path}: no such file or folder")
+    return path
+
+
+def _progress(desc: str):
+    from tqdm import tqdm
+
+    return tqdm(desc=desc, unit=" rows", file=sys.stderr, disable=None, mininterval=0.5)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from rewardplane.core.atomic import write_bytes
+    from rewardplane.core.hashing import canonical_json
+    from rewardplane.data.pipeline import Summary, iter_validated
+    from rewardplane.data.reader import UnterminatedInput
+    from rewardplane.data.reasons import Rejection
+
+    source = _input(args.input)
+    tokenizer, settings = _tokenizer_and_settings(args)
+    summary = Summary()
+    report: list[bytes] = []  # rejections only; written atomically once the pass is complete
+    unterminated = None
+    with _progress("validate") as bar:
+        try:
+            for item in iter_validated(source, tokenizer, settings):
+                summary.add(item)
+                bar.update(1)
+                if args.report and isinstance(item, Rejection):
+                    report.append(canonical_json(item.to_json()) + b"\n")
+        except UnterminatedInput as exc:  # the complete elements before the cut were checked
+            unterminated = exc
+    if args.report:
+        write_bytes(args.report, b"".join(report))
+    print(summary.table())
+    if args.report:
+        print(f"rejections written to {args.report}")
+    if unterminated is not None:
+        raise unterminated
+    return 1 if summary.rejected else 0
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from rewardplane.data.manifest import prepare
+
+    source = _input(args.input)
+    tokenizer, settings = _tokenizer_and_settings(args)
+    name = None if args.tokenizer is None else Path(args.tokenizer).name
+    with _progress("prepare") as bar:
+        manifest = prepare(
+            source,
+            args.out,
+            eval_size=args.eval_size,
+            seed_key=args.seed_key,
+            tokenizer=tokenizer,
+            tokenizer_name=name,
+            settings=settings,
+            progress=bar,
+        )
+    counts = manifest["counts"]
+    print(
+        f"{counts['rows']} rows: {counts['train']} train, {counts['eval']} eval, "
+        f"{counts['rejected']} rejected -> {args.out}"
+    )
+    return 0
+
+
+def cmd_freeze_probe(args: argparse.Namespace) -> int:
+    from rewardplane.core.atomic import write_json
+    from rewardplane.data.probe import freeze_probe_file
+
+    _input(args.input)
+    tokenizer, settings = _tokenizer_and_settings(args)
+    probe = freeze_probe_file(args.input, tokenizer, settings)
+    write_json(args.out, probe)
+    print(f"probe: {probe['count']} pairs, tokens_sha256 {probe['tokens_sha256'][:16]} -> {args.out}")
+    return 0
+
+
+def cmd_synth(args: argparse.Namespace) -> int:
+    from rewardplane.core.atomic import write_text
+    from rewardplane.data.synth import corrupt_rows, generate_rows
+
+    if args.n < 0 or args.corrupt < 0:
+        raise UsageError("--n and --corrupt must be >= 0")
+    out = Path(args.out)
+    rows = generate_rows(args.n, args.seed) + [row for _, row in corrupt_rows(args.corrupt, args.seed)]
+    if out.suffix == ".json":
+        write_text(out, json.dumps(rows, ensure_ascii=False, indent=1) + "\n")
+    elif out.suffix == ".jsonl":  # corrupt rows may hold NaN/inf margins: plain json.dumps writes them
+        write_text(out, "".join(json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n" for row in rows))
+    else:
+        raise UsageError(f"--out must end in .jsonl or .json, got {out.name!r}")
+    print(f"wrote {len(rows)} rows ({args.n} task rows, {len(rows) - args.n} validation-demo rows) -> {out}")
+    return 0

@@ -1,0 +1,213 @@
+"""Commands: `rewardplane eval`, `rewardplane compare`, `rewardplane report`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rewardplane.core import atomic
+from rewardplane.core.errors import UsageError
+from rewardplane.core.progress import DEFAULT_EVERY_S
+from rewardplane.eval.bootstrap import DEFAULT_REPLICATES, DEFAULT_SEED
+
+
+def _positive_seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from rewardplane.eval.benchmarks import is_examples_file
+    from rewardplane.eval.compare import compare_examples, compare_pairs, format_benchmark_table, format_table
+
+    if is_examples_file(args.a) or is_examples_file(args.b):
+        comparison = compare_examples(args.a, args.b, seed=args.seed, replicates=args.replicates)
+        table = format_benchmark_table(comparison)
+    else:
+        comparison = compare_pairs(args.a, args.b, seed=args.seed, replicates=args.replicates)
+        table = format_table(comparison)
+    out = Path(args.out) / "comparison.json"
+    atomic.write_json(out, comparison)
+    print(table)
+    print(f"wrote {out}")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from rewardplane.eval.report import build_report
+
+    path = build_report(args.run_dir, args.out)
+    print(f"report: {path}")
+    print(f"markdown: {path.with_suffix('.md')}")
+    return 0
+
+
+def _eval_benchmark(args: argparse.Namespace) -> int:
+    from rewardplane.eval.benchmarks import evaluate_benchmark
+
+    summary = evaluate_benchmark(
+        benchmark=args.benchmark,
+        data_path=args.data,
+        model_path=args.model,
+        out_dir=args.out,
+        batch_size=args.batch_size,
+        device=args.device,
+        reference_path=args.reference,
+        max_length=args.max_length,
+        truncation=args.truncation,
+        seed=args.seed,
+        replicates=args.replicates,
+        dtype=args.dtype,
+        max_batch_tokens=args.max_batch_tokens,
+        progress=not args.no_progress,
+        progress_every_s=args.progress_every,
+    )
+    data = summary["data"]
+    print(
+        f"{data['rows']} rows read, {data['valid']} scored, {data['rejected']} rejected "
+        f"{data['rejections'] or ''}, {data['truncated_examples']} with a truncated text"
+    )
+    for name, entry in summary["aggregates"].items():
+        block = entry["bootstrap"]
+        print(
+            f"{name:<28} {entry['score']:.4f}  95% [{block['ci_95'][0]:.4f}, {block['ci_95'][1]:.4f}]  "
+            f"lower_95 {block['lower_95']:.4f}  n {entry['n']}"
+        )
+    for name, entry in summary["subsets"].items():
+        block = entry["bootstrap"]
+        print(
+            f"  {name:<26} {entry['value']:.4f}  95% [{block['ci_95'][0]:.4f}, {block['ci_95'][1]:.4f}]  "
+            f"lower_95 {block['lower_95']:.4f}  n {entry['n']}"
+        )
+    print(summary["headline"]["sentence"])
+    print(f"wrote {Path(args.out) / 'summary.json'}")
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from rewardplane.eval.runner import evaluate
+
+    if args.benchmark is not None:
+        if args.probe is not None:
+            raise UsageError("--probe is for rewardplane's own pairs; a --benchmark evaluation takes none")
+        return _eval_benchmark(args)
+    if args.probe is None:
+        raise UsageError("--probe is required (or give --benchmark rewardbench|rewardbench2|rm-bench)")
+
+    summary = evaluate(
+        model_path=args.model,
+        probe_path=args.probe,
+        data_path=args.data,
+        out_dir=args.out,
+        batch_size=args.batch_size,
+        reference_path=args.reference,
+        device=args.device,
+        seed=args.seed,
+        replicates=args.replicates,
+        dtype=args.dtype,
+        max_batch_tokens=args.max_batch_tokens,
+        progress=not args.no_progress,
+        progress_every_s=args.progress_every,
+    )
+    strict = summary["bootstrap"]["strict"]
+    print(
+        f"{summary['n_pairs']} pairs  accuracy {summary['accuracy']:.4f} "
+        f"95% [{strict['ci_95'][0]:.4f}, {strict['ci_95'][1]:.4f}]  lower_95 {strict['lower_95']:.4f} "
+        f"({'pass' if strict['pass'] else 'no pass'})  tie-aware {summary['accuracy_tie_aware']:.4f}"
+    )
+    print(f"wrote {Path(args.out) / 'summary.json'}")
+    return 0
+
+
+def _bootstrap_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="bootstrap seed (default %(default)s)")
+    parser.add_argument(
+        "--replicates",
+        type=_positive,
+        default=DEFAULT_REPLICATES,
+        help="bootstrap replicates (default %(default)s)",
+    )
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    ev = subparsers.add_parser(
+        "eval", help="score a frozen probe or a public benchmark: artifacts + summary.json with bootstrap"
+    )
+    ev.add_argument("--model", required=True, help="rewardplane checkpoint or Hugging Face model directory")
+    ev.add_argument("--probe", help="probe.json written by rewardplane data freeze-probe")
+    ev.add_argument(
+        "--benchmark",
+        choices=("rewardbench", "rewardbench2", "rm-bench"),
+        help="evaluate a local copy of a public benchmark (--data: parquet, json, jsonl or a datasets folder)",
+    )
+    ev.add_argument(
+        "--data", required=True, help="evaluation pairs the probe was frozen from, or the benchmark data"
+    )
+    ev.add_argument("--out", required=True, help="output directory")
+    ev.add_argument(
+        "--batch-size",
+        type=_positive,
+        default=16,
+        help="DPO policies and encoder reward models: pairs per forward batch (default %(default)s)",
+    )
+    ev.add_argument(
+        "--max-batch-tokens",
+        type=_positive,
+        help="decoder reward models: tokens per forward, packed or padded (default 65536)",
+    )
+    ev.add_argument(
+        "--dtype",
+        choices=("fp32", "bf16", "fp16"),  # core.config.DTYPES (importing it would load pydantic)
+        default="fp32",
+        help="reward models: fp32 (default), bf16 or fp16; on CUDA bf16/fp16 score padding-free",
+    )
+    ev.add_argument(
+        "--reference", help="DPO only: the reference model directory, checked against the sidecar"
+    )
+    ev.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
+    ev.add_argument(
+        "--max-length",
+        type=_positive,
+        default=4096,
+        help="--benchmark: tokens per scored text; longer ones are cut from the left (default %(default)s)",
+    )
+    ev.add_argument(
+        "--truncation",
+        choices=("truncate", "drop"),
+        default="truncate",
+        help="--benchmark: cut over-long texts from the left, or reject their examples as oversize",
+    )
+    ev.add_argument(
+        "--progress-every",
+        type=_positive_seconds,
+        default=DEFAULT_EVERY_S,
+        metavar="SECONDS",
+        help="scoring progress on stderr: a live bar on a terminal, otherwise one line this often"
+        " (default %(default)s)",
+    )
+    ev.add_argument("--no-progress", action="store_true", help="no scoring progress on stderr")
+    _bootstrap_options(ev)
+    ev.set_defaults(func=_eval)
+
+    cmp_parser = subparsers.add_parser(
+        "compare", help="paired bootstrap + exact McNemar of B vs A on one probe"
+    )
+    cmp_parser.add_argument("a", help="A/pairs.jsonl or A/examples.jsonl of a benchmark (baseline)")
+    cmp_parser.add_argument("b", help="B/pairs.jsonl or B/examples.jsonl (candidate)")
+    cmp_parser.add_argument("--out", required=True, help="directory for comparison.json")
+    _bootstrap_options(cmp_parser)
+    cmp_parser.set_defaults(func=_compare)
+
+    rep = subparsers.add_parser("report", help="HTML + Markdown report of a run or an eval directory")
+    rep.add_argument("run_dir", help="run directory (metrics.jsonl, eval/step-*/, config.yaml)")
+    rep.add_argument("--out", help="output directory (default RUN_DIR/report)")
+    rep.set_defaults(func=_report)

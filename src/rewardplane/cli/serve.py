@@ -1,0 +1,273 @@
+"""`rewardplane serve` (run the service) and `rewardplane score` (score a JSONL file through it)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+from rewardplane.core.errors import UsageError
+
+DEMO_MODEL = Path("demo-run/model")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    serve = subparsers.add_parser("serve", help="serve reward scorers over HTTP (docs/serve.md)")
+    serve.add_argument(
+        "--config", type=Path, help="service YAML; default: the demo reward model at demo-run/model"
+    )
+    serve.add_argument(
+        "--deploy", type=Path, help="deploy YAML: scorers in worker processes (docs/deploy.md)"
+    )
+    serve.add_argument(
+        "--backend", default="workers", choices=["workers", "ray"], help="with --deploy: workers or Ray Serve"
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
+    serve.add_argument("--port", type=int, default=8000)
+    add_token_options(
+        serve,
+        "require the bearer token in this file (default: $REWARDPLANE_TOKEN, else the config's, else none)",
+    )
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.add_argument(
+        "--debug", action="store_true", help="debug logging, with tracebacks for scorers that fail to load"
+    )
+    serve.add_argument(
+        "--access-log",
+        action="store_true",
+        help="log one line per request (off by default: at thousands of requests/s the lines cost "
+        "event-loop time, and /metrics already counts requests by status and code)",
+    )
+    serve.set_defaults(func=cmd_serve)
+
+    score = subparsers.add_parser("score", help="score a JSONL file of items through a running service")
+    score.add_argument(
+        "file", type=Path, help="JSONL: {id, prompt, response, image?: path|{b64}, reference?}"
+    )
+    score.add_argument("--url", required=True, help="service base URL, e.g. http://127.0.0.1:8000")
+    score.add_argument(
+        "--scorers", help="comma-separated scorer names (default: every scorer the service has)"
+    )
+    score.add_argument("--out", type=Path, help="write results as JSONL here (default: stdout)")
+    score.add_argument("--batch-size", type=int, default=64, help="items per request")
+    add_token_options(score, "file holding the bearer token (default: $REWARDPLANE_TOKEN)")
+    score.add_argument("--allow-partial", action="store_true", help="exit 0 even when some items failed")
+    score.set_defaults(func=cmd_score)
+
+
+TOKEN_ARGV_HINT = (
+    "--token would show the secret to every user in `ps`; set REWARDPLANE_TOKEN or pass --token-file PATH"
+)
+
+
+def read_token_file(path: Path) -> str:
+    """The token in `path` (surrounding whitespace stripped); a one-line UsageError otherwise."""
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"--token-file {path}: {exc}") from None
+    if not token:
+        raise UsageError(f"--token-file {path} is empty")
+    return token
+
+
+def add_token_options(parser: argparse.ArgumentParser, help_text: str) -> None:
+    """`--token-file PATH`, and a hidden `--token` that `token_from_args` refuses: every command
+    that talks to a service takes its secret the same way, never on argv (visible in `ps`)."""
+    parser.add_argument("--token-file", type=Path, help=help_text)
+    parser.add_argument("--token", help=argparse.SUPPRESS)
+
+
+def token_from_args(args: argparse.Namespace) -> str | None:
+    """The `--token-file` token, else None (the caller falls back to $REWARDPLANE_TOKEN); a
+    `--token` on argv is a one-line usage error naming the alternatives."""
+    if args.token is not None:
+        raise UsageError(TOKEN_ARGV_HINT)
+    return read_token_file(args.token_file) if args.token_file else None
+
+
+def _demo_config():
+    from rewardplane.serve.config import ScorerSpec, ServiceConfig
+
+    if not DEMO_MODEL.is_dir():
+        raise UsageError(
+            f"no --config given and no demo reward model at {DEMO_MODEL}; run `make demo` first "
+            "or pass --config service.yaml (see docs/serve.md)"
+        )
+    return ServiceConfig(scorers=[ScorerSpec(name="rm", kind="rm", path=str(DEMO_MODEL))])
+
+
+def _scorer_source(config, name: str) -> str:
+    for spec in getattr(config, "scorers", []):
+        if spec.name == name:
+            if spec.path is not None:
+                return f"path {spec.path}"
+            return f"shape {spec.shape}" if spec.shape is not None else f"kind {spec.kind}"
+    return "path unknown"
+
+
+def start_failure(app, backend, config) -> str | None:
+    """One line naming every scorer that failed to load (scorer, path, cause), else None."""
+    task = getattr(app.state, "start_task", None)
+    if task is not None and task.done() and not task.cancelled() and task.exception() is not None:
+        exc = task.exception()
+        return " ".join(f"the service failed to start: {type(exc).__name__}: {exc}".split())
+    _, details = backend.ready()
+    failed = {
+        n: str(s)
+        for n, s in details.items()
+        if str(s).startswith("failed") or (str(s).startswith("worker ") and str(s).endswith(" failed"))
+    }
+    if not failed:
+        return None
+    parts = []
+    load_failure = getattr(backend, "load_failure", None)  # the deploy gateway: the worker's own words
+    for name, status in failed.items():
+        status = (load_failure(name) if load_failure is not None else None) or status
+        cause = " ".join(status.removeprefix("failed: ").removeprefix(f"{name}: ").split())
+        parts.append(f"scorer {name!r} ({_scorer_source(config, name)}) failed to load: {cause}")
+    return "; ".join(parts)[:2000]
+
+
+def run_until_loaded(app, backend, config, server) -> str | None:
+    """Serve with uvicorn; as soon as the background load finishes with a scorer that failed,
+    stop and return the one-line reason (the CLI exits 2): a service that can never become
+    ready must not sit answering 503."""
+    import asyncio
+
+    failure: str | None = None
+
+    async def main() -> None:
+        nonlocal failure
+        serving = asyncio.create_task(server.serve())
+        while not server.started and not serving.done():
+            await asyncio.sleep(0.05)
+        start_task = getattr(app.state, "start_task", None)
+        if start_task is not None and not serving.done():
+            await asyncio.wait({start_task, serving}, return_when=asyncio.FIRST_COMPLETED)
+            if start_task.done():
+                failure = start_failure(app, backend, config)
+                if failure is not None:
+                    server.should_exit = True
+        await serving
+
+    asyncio.run(main())
+    return failure
+
+
+def refuse_legacy_token() -> None:
+    """Refuse to start when only the pre-rename `REWARDKIT_TOKEN` is set.
+
+    rewardplane reads `REWARDPLANE_TOKEN` alone; a deployment upgraded from rewardkit that still
+    exports the old name would otherwise come up without authentication.
+    """
+    if os.environ.get("REWARDKIT_TOKEN") and not os.environ.get("REWARDPLANE_TOKEN"):
+        raise UsageError(
+            "REWARDKIT_TOKEN is set but rewardplane reads REWARDPLANE_TOKEN; set REWARDPLANE_TOKEN"
+            " (and unset REWARDKIT_TOKEN) so the service does not start without its token"
+        )
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from rewardplane.serve.app import create_app
+    from rewardplane.serve.backend import InProcessBackend
+    from rewardplane.serve.config import load_config
+
+    refuse_legacy_token()
+    if args.debug:
+        args.log_level = "debug"
+        os.environ["REWARDPLANE_DEBUG"] = "1"  # deploy workers inherit it
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if not 0 < args.port < 65536:
+        raise UsageError(f"--port must be 1..65535, got {args.port}")
+    if args.deploy and args.config:
+        raise UsageError("give --config or --deploy, not both (a deploy file holds the scorers too)")
+    if args.deploy:
+        from rewardplane.deploy.launch import deploy_backend
+
+        backend, config = deploy_backend(args.deploy, args.backend)
+    else:
+        config = load_config(args.config) if args.config else _demo_config()
+        backend = InProcessBackend(config)
+    if (token := token_from_args(args)) is not None:
+        config = config.model_copy(update={"token": token})
+    if args.host not in ("127.0.0.1", "localhost", "::1") and config.resolved_token() is None:
+        logging.getLogger(__name__).warning(
+            "binding %s without a token: anyone who can reach it can score", args.host
+        )
+    app = create_app(backend, config)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, host=args.host, port=args.port, log_level=args.log_level, access_log=args.access_log
+        )
+    )
+    failure = run_until_loaded(app, backend, config, server)
+    if failure is not None:
+        raise UsageError(failure)  # one line, exit 2 (`--debug` logs the tracebacks above it)
+    return 0
+
+
+def _read_items(path: Path) -> list[dict]:
+    import base64
+
+    if not path.is_file():
+        raise UsageError(f"{path} does not exist")
+    items = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"{path}:{n}: not JSON: {exc}") from None
+        if not isinstance(row, dict) or not isinstance(row.get("id"), str):
+            raise UsageError(f"{path}:{n}: each line needs an object with a string 'id'")
+        if isinstance(row.get("image"), str):
+            image_path = (path.parent / row["image"]).resolve()
+            if not image_path.is_file():
+                raise UsageError(f"{path}:{n}: image {row['image']} not found")
+            row["image"] = {"b64": base64.b64encode(image_path.read_bytes()).decode("ascii")}
+        items.append(row)
+    return items
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from rewardplane.serve.client import RewardClient, ServiceError
+
+    if args.batch_size < 1:
+        raise UsageError("--batch-size must be >= 1")
+    token = token_from_args(args)
+    items = _read_items(args.file)
+    out = args.out.open("w", encoding="utf-8") if args.out else sys.stdout
+    failed = 0
+    try:
+        with RewardClient(args.url, token=token, allow_partial=True) as client:
+            names = args.scorers.split(",") if args.scorers else [s["name"] for s in client.scorers()]
+            with tqdm(total=len(items), unit="item", file=sys.stderr) as bar:
+                for start in range(0, len(items), args.batch_size):
+                    chunk = items[start : start + args.batch_size]
+                    for r in client.score(chunk, names):
+                        failed += bool(r.errors)
+                        out.write(json.dumps({"id": r.id, "scores": r.scores, "errors": r.errors}) + "\n")
+                    bar.update(len(chunk))
+    except ServiceError as exc:
+        raise UsageError(f"service refused the request: {exc.message}") from None
+    finally:
+        if args.out:
+            out.close()
+    if failed:
+        print(
+            f"rewardplane: {failed} of {len(items)} items had scorer errors (see 'errors' in the output)",
+            file=sys.stderr,
+        )
+        return 0 if args.allow_partial else 1
+    return 0

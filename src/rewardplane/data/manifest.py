@@ -1,0 +1,130 @@
+"""`prepare`: a reproducible train/eval split of the valid rows, with a manifest.
+
+The split does not depend on input order: each valid pair is ranked by
+`sha256(seed_key + ":" + pair_id)` and the first `eval_size` in that order form the eval set
+(written in that order), the rest the train set (written in input order, so the pass stays
+streaming; training shuffles with its own seed anyway). Only the eval candidates are held in
+memory (a bounded heap); train rows are spooled to a file.
+
+The manifest holds no timestamps or absolute paths, so the same input and settings give a
+byte-identical `manifest.json`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+from pathlib import Path
+from typing import Any
+
+from rewardplane import __version__
+from rewardplane.core.atomic import staged_dir, write_json
+from rewardplane.core.errors import UsageError
+from rewardplane.core.hashing import canonical_json, sha256_file
+from rewardplane.data.pipeline import Summary, iter_validated
+from rewardplane.data.reader import detect_format, input_name, input_sha256
+from rewardplane.data.reasons import Rejection
+from rewardplane.data.tokenize import TokenizeSettings, template_sha256, tokenizer_sha256
+
+MANIFEST_FORMAT = "rewardplane.manifest/v1"
+OUTPUTS = ("train.jsonl", "eval.jsonl", "rejects.jsonl")
+
+
+def split_rank(seed_key: str, pair_id: str) -> str:
+    """The order that decides the split: hex SHA-256 of `KEY:pair_id`."""
+    return hashlib.sha256(f"{seed_key}:{pair_id}".encode()).hexdigest()
+
+
+def prepare(
+    source: str | Path,
+    out: str | Path,
+    *,
+    eval_size: int,
+    seed_key: str,
+    tokenizer=None,
+    tokenizer_name: str | None = None,
+    settings: TokenizeSettings | None = None,
+    progress=None,
+) -> dict[str, Any]:
+    """Write train/eval/rejects JSONL and manifest.json into `out` (atomically); return the manifest."""
+    if eval_size < 0:
+        raise UsageError("--eval-size must be >= 0")
+    if not seed_key:
+        raise UsageError("--seed-key must not be empty")
+    settings = settings or TokenizeSettings()
+    summary = Summary()
+    heap: list[tuple[str, int, bytes]] = []  # (inverted rank, valid index, line)
+    with staged_dir(out) as tmp:
+        spool_path = tmp / ".train.spool"
+        with open(tmp / "rejects.jsonl", "wb") as rejects, open(spool_path, "wb") as spool:
+            valid_index = 0
+            for item in iter_validated(source, tokenizer, settings):
+                summary.add(item)
+                if progress is not None:
+                    progress.update(1)
+                if isinstance(item, Rejection):
+                    rejects.write(canonical_json(item.to_json()) + b"\n")
+                    continue
+                pair, _ = item
+                line = canonical_json(pair.to_json()) + b"\n"
+                spool.write(line)
+                # keep the eval_size smallest ranks: a max-heap on rank (inverted hex digits)
+                entry = (_invert(split_rank(seed_key, pair.pair_id)), valid_index, line)
+                if len(heap) < eval_size:
+                    heapq.heappush(heap, entry)
+                elif eval_size and entry > heap[0]:
+                    heapq.heapreplace(heap, entry)
+                valid_index += 1
+        if eval_size > summary.valid:
+            raise UsageError(f"--eval-size {eval_size} exceeds the {summary.valid} valid rows")
+        eval_entries = sorted(heap, reverse=True)  # ascending rank
+        eval_indices = {index for _, index, _ in eval_entries}
+        with open(tmp / "eval.jsonl", "wb") as handle:
+            for _, _, line in eval_entries:
+                handle.write(line)
+        with open(spool_path, "rb") as spool, open(tmp / "train.jsonl", "wb") as train:
+            for index, line in enumerate(spool):
+                if index not in eval_indices:
+                    train.write(line)
+        spool_path.unlink()
+        manifest = {
+            "format": MANIFEST_FORMAT,
+            "rewardplane_version": __version__,
+            "input": {
+                "name": input_name(source),
+                "format": detect_format(source),
+                "sha256": input_sha256(source),
+            },
+            "split": {
+                "eval_size": eval_size,
+                "seed_key": seed_key,
+                "rank": "sha256(seed_key + ':' + pair_id)",
+            },
+            "tokenizer": None
+            if tokenizer is None
+            else {
+                "name": tokenizer_name,
+                "tokenizer_sha256": tokenizer_sha256(tokenizer),
+                "template_sha256": template_sha256(tokenizer),
+                "settings": settings.to_json(),
+            },
+            "counts": {
+                "rows": summary.rows,
+                "valid": summary.valid,
+                "rejected": summary.rejected,
+                "train": summary.valid - eval_size,
+                "eval": eval_size,
+            },
+            "rejections": dict(summary.rejections),
+            "outputs": {name: {"sha256": sha256_file(tmp / name)} for name in OUTPUTS},
+        }
+        write_json(tmp / "manifest.json", manifest)
+    return manifest
+
+
+_INVERT = str.maketrans("0123456789abcdef", "fedcba9876543210")
+
+
+def _invert(hex_digest: str) -> str:
+    """A string that sorts in the reverse order of `hex_digest` (turns heapq's min-heap into a max-heap)."""
+    return hex_digest.translate(_INVERT)

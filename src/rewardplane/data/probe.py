@@ -1,0 +1,138 @@
+"""The probe contract: exactly which tokenised pairs an evaluation was frozen on.
+
+`freeze_probe` records the pair ids in order, their count, one SHA-256 over the canonical
+token ids, loss masks and score indices of every pair (plus a short per-pair hash so a
+mismatch can be located), the tokenizer and chat-template hashes and the tokenisation
+settings. `check_probe` refuses data that differs in any of these, saying what differs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from rewardplane.core import legacy
+from rewardplane.core.errors import UsageError
+from rewardplane.core.hashing import canonical_json
+from rewardplane.data.pipeline import tokenize_source
+from rewardplane.data.reasons import Rejection
+from rewardplane.data.records import TokenizedBranch, TokenizedPair
+from rewardplane.data.tokenize import (
+    TokenizeSettings,
+    recorded_settings,
+    template_sha256,
+    tokenizer_sha256,
+)
+
+PROBE_FORMAT = "rewardplane.probe/v1"
+_PAIR_HASH_CHARS = 16
+
+
+class ProbeMismatch(UsageError):
+    """The data, tokenizer or settings are not the ones the probe was frozen with."""
+
+    code = "probe_mismatch"
+
+
+def pair_record(pair: TokenizedPair) -> dict[str, Any]:
+    """The canonical content of one tokenised pair that the probe hash covers."""
+
+    def branch(b: TokenizedBranch) -> dict[str, Any]:
+        return {"input_ids": list(b.input_ids), "loss_mask": list(b.loss_mask), "score_index": b.score_index}
+
+    return {"pair_id": pair.pair_id, "chosen": branch(pair.chosen), "rejected": branch(pair.rejected)}
+
+
+def _digest(pairs: Iterable[TokenizedPair]) -> tuple[list[str], list[str], str]:
+    ids: list[str] = []
+    pair_hashes: list[str] = []
+    total = hashlib.sha256()
+    for pair in pairs:
+        line = canonical_json(pair_record(pair)) + b"\n"
+        total.update(line)
+        ids.append(pair.pair_id)
+        pair_hashes.append(hashlib.sha256(line).hexdigest()[:_PAIR_HASH_CHARS])
+    return ids, pair_hashes, total.hexdigest()
+
+
+def freeze_probe(
+    tokenized_pairs: Iterable[TokenizedPair], tokenizer, settings: TokenizeSettings | None = None
+) -> dict[str, Any]:
+    """The probe document (JSON-serialisable) for these pairs, in this order."""
+    settings = settings or TokenizeSettings()
+    ids, pair_hashes, tokens_sha256 = _digest(tokenized_pairs)
+    return {
+        "format": PROBE_FORMAT,
+        "count": len(ids),
+        "pair_ids": ids,
+        "pair_sha256_prefixes": pair_hashes,
+        "tokens_sha256": tokens_sha256,
+        "tokenizer_sha256": tokenizer_sha256(tokenizer),
+        "template_sha256": template_sha256(tokenizer),
+        "settings": settings.to_json(),
+    }
+
+
+def freeze_probe_file(
+    path: str | Path, tokenizer, settings: TokenizeSettings | None = None
+) -> dict[str, Any]:
+    """The probe of an evaluation file, read through the data pipeline. A probe is frozen from
+    clean data only: the first rejected row refuses it, saying which row and why."""
+    try:
+        pairs = tokenize_source(path, tokenizer, settings, strict=True)
+    except Rejection as item:
+        raise UsageError(
+            f"{path}: row {item.source_index} rejected ({item.reason}: {item.message}); "
+            "a probe is frozen from clean data (run `rewardplane data validate`)"
+        ) from None
+    return freeze_probe(pairs, tokenizer, settings)
+
+
+def check_probe(
+    probe: dict[str, Any],
+    tokenized_pairs: Iterable[TokenizedPair],
+    *,
+    tokenizer=None,
+    settings: TokenizeSettings | None = None,
+) -> None:
+    """Raise `ProbeMismatch` unless the pairs (and tokenizer/settings, when given) match the probe."""
+    if probe.get("format") not in (PROBE_FORMAT, legacy.PROBE_FORMAT):
+        raise ProbeMismatch(f"not a {PROBE_FORMAT} document (format={probe.get('format')!r})")
+    if tokenizer is not None:
+        for key, actual in (
+            ("tokenizer_sha256", tokenizer_sha256(tokenizer)),
+            ("template_sha256", template_sha256(tokenizer)),
+        ):
+            if probe[key] != actual:
+                raise ProbeMismatch(f"{key} differs: probe {probe[key][:12]}, data {actual[:12]}")
+    if settings is not None:
+        # a probe older than a settings key was frozen with that key's legacy value
+        frozen, given = recorded_settings(probe["settings"]), settings.to_json()
+        differ = sorted(key for key in frozen.keys() | given.keys() if frozen.get(key) != given.get(key))
+        if differ:
+            raise ProbeMismatch(
+                "tokenisation settings differ: "
+                + ", ".join(f"{key} probe {frozen.get(key)!r}, data {given.get(key)!r}" for key in differ)
+            )
+    ids, pair_hashes, tokens_sha256 = _digest(tokenized_pairs)
+    if len(ids) != probe["count"]:
+        raise ProbeMismatch(f"count differs: probe has {probe['count']} pairs, data has {len(ids)}")
+    for position, (expected, actual) in enumerate(zip(probe["pair_ids"], ids, strict=True)):
+        if expected != actual:
+            raise ProbeMismatch(
+                f"pair id differs at position {position}: probe {expected!r}, data {actual!r}"
+            )
+    for position, (expected, actual) in enumerate(
+        zip(probe["pair_sha256_prefixes"], pair_hashes, strict=True)
+    ):
+        if expected != actual:
+            raise ProbeMismatch(
+                f"tokens differ for pair {ids[position]!r} at position {position}: "
+                f"pair hash probe {expected}, data {actual}"
+            )
+    if tokens_sha256 != probe["tokens_sha256"]:
+        raise ProbeMismatch(
+            f"token hash differs: probe {probe['tokens_sha256'][:12]}, data {tokens_sha256[:12]}"
+        )

@@ -1,0 +1,12 @@
+"""Adapters that let RL trainers call a rewardplane service unchanged (docs/integrations.md).
+
+- `rewardplane.integrations.trl`: `RemoteReward` / `AsyncRemoteReward`, reward functions for TRL's
+  `GRPOTrainer(reward_funcs=...)`.
+- `rewardplane.integrations.verl`: `compute_score` / `compute_score_batch` for verl's
+  `custom_reward_function` (naive and batch reward managers).
+
+None of them imports its trainer: they only follow the trainer's calling convention, so they
+import fast and work with any installed version of it that keeps that convention. Every adapter
+keeps the service's rule: a failed score raises (or, where the trainer has a documented "no
+reward" value and the caller asked for it, becomes that value); it never becomes a number.
+"""

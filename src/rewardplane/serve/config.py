@@ -1,0 +1,206 @@
+"""Service configuration: which scorers to host and the request limits, loaded from YAML.
+
+```yaml
+token: null            # or set REWARDPLANE_TOKEN
+limits: {max_body_bytes: 33554432, max_items: 1024, max_image_pixels: 16777216}
+scorers:
+  - {name: clip, kind: clip, shape: clip-vit-l-14, dtype: fp16, max_batch_size: 64}
+  - {name: rm, kind: rm, path: demo-run/model}
+```
+
+Every key is checked by the one config loader (`rewardplane.core.config`, docs/config.md): an
+unknown key, a wrong type or an unknown scorer kind is a one-line `ConfigError` naming the
+dotted key (`scorers[0].max_batch_size`), so a typo never silently falls back to a default.
+Scorer kinds come from a registry: the built-ins plus the `rewardplane.scorers` entry-point group.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from rewardplane.core.config import DTYPES, ConfigModel, Dtype, parse, read_yaml
+from rewardplane.core.errors import ConfigError
+from rewardplane.serve.scorers.base import Scorer
+
+__all__ = [
+    "BUILTIN_SCORERS",
+    "DTYPES",
+    "Limits",
+    "ScorerSpec",
+    "ServiceConfig",
+    "build_scorer",
+    "config_from_dict",
+    "load_config",
+    "register_scorer",
+    "scorer_registry",
+]
+
+BUILTIN_SCORERS: dict[str, str] = {
+    "rm": "rewardplane.serve.scorers.text:RewardModelScorer",
+    "hf_seqcls": "rewardplane.serve.scorers.text:SeqClsScorer",
+    "clip": "rewardplane.serve.scorers.clip:ClipScorer",
+    "pickscore": "rewardplane.serve.scorers.clip:PickScoreScorer",
+    "exact_match": "rewardplane.serve.scorers.rules:ExactMatchScorer",
+    "regex": "rewardplane.serve.scorers.rules:RegexScorer",
+    "length": "rewardplane.serve.scorers.rules:LengthScorer",
+    "math": "rewardplane.serve.scorers.math:MathScorer",
+    "code": "rewardplane.serve.scorers.code:CodeScorer",
+    "composite": "rewardplane.serve.scorers.composite:CompositeScorer",
+    "judge": "rewardplane.serve.scorers.judge:JudgeScorer",
+}
+
+_REGISTERED: dict[str, type[Scorer]] = {}
+
+
+class ScorerSpec(ConfigModel):
+    """One hosted scorer. Exactly one of `path` (a local model directory) or `shape` (a named
+    random-initialised shape for tests and benchmarks) is needed by model kinds; rules need neither.
+
+    `dtype` takes any of the loader's spellings (fp16, float16, half, ...) and holds the
+    canonical one ("fp32" / "fp16" / "bf16"). Frozen: a spec is the scorer's identity.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    kind: str
+    path: str | None = None
+    shape: str | None = None
+    dtype: Dtype = "fp32"
+    device: str = "auto"
+    max_batch_size: int = Field(32, ge=1)
+    max_wait_ms: float = Field(5.0, ge=0)
+    max_queue: int = Field(4096, ge=1)
+    token_budget: int | None = Field(None, ge=1)
+    options: dict[str, Any] = Field(default_factory=dict)
+    residency: Literal["resident", "per_call", "on_demand"] = "resident"
+    """When the weights are on the GPU (docs/lifecycle.md): `resident` until told to move,
+    `per_call` only while requests come, `on_demand` from the first request on."""
+    auto_onload: bool | None = None
+    """A request that finds the scorer offloaded onloads it (default: only per_call/on_demand)."""
+    idle_offload_s: float | None = Field(None, ge=0)
+    """per_call / on_demand: offload after this long without a request (per_call default 1 s)."""
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, name: str) -> str:
+        if not name or "/" in name:
+            raise ValueError(f"must be a non-empty string without '/', got {name!r}")
+        return name
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ScorerSpec:
+        if self.path is not None and self.shape is not None:
+            raise ValueError("give path or shape, not both")
+        return self
+
+    @model_validator(mode="after")
+    def _lifecycle(self) -> ScorerSpec:
+        from rewardplane.serve.lifecycle import policy_of
+
+        try:
+            policy_of(self)
+        except ConfigError as exc:
+            raise ValueError(exc.message) from None
+        return self
+
+    def resolved_device(self) -> str:
+        """`auto` means the first GPU when there is one: a service never silently picks CPU on a GPU box."""
+        if self.device != "auto":
+            return self.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class Limits(ConfigModel):
+    """Request limits with safe defaults; exceeding one is a 413, never a crash or a slow death."""
+
+    model_config = ConfigDict(frozen=True)
+
+    max_body_bytes: int = Field(32 * 1024 * 1024, gt=0)
+    max_items: int = Field(1024, gt=0)
+    max_image_pixels: int = Field(4096 * 4096, gt=0)
+    queue_timeout_s: float = Field(30.0, gt=0)
+    request_timeout_s: float = Field(120.0, gt=0)
+
+
+class ServiceConfig(ConfigModel):
+    model_config = ConfigDict(frozen=True)
+
+    scorers: list[ScorerSpec]
+    limits: Limits = Field(default_factory=Limits)
+    token: str | None = None
+    prefetch_images: bool = True
+    """Decode a request's images when it arrives (thread pool, off the event loop, once for every
+    image scorer of the process); false: each batch decodes its own images in one call."""
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> ServiceConfig:
+        names = [s.name for s in self.scorers]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"duplicate scorer names: {dupes}")
+        return self
+
+    def resolved_token(self) -> str | None:
+        """The configured token, else `REWARDPLANE_TOKEN`; empty means no authentication."""
+        return self.token or os.environ.get("REWARDPLANE_TOKEN") or None
+
+
+def config_from_dict(raw: Any) -> ServiceConfig:
+    """Validate a service document (the loader's rules) and check every scorer kind is registered."""
+    if not isinstance(raw, dict):
+        raise ConfigError("service config must be a mapping with a 'scorers' list")
+    scorers = raw.get("scorers")
+    if not isinstance(scorers, list) or not scorers:
+        raise ConfigError("service config: 'scorers' must be a non-empty list")
+    config = parse(ServiceConfig, raw)
+    registry = scorer_registry()
+    for i, spec in enumerate(config.scorers):
+        if spec.kind not in registry:
+            raise ConfigError(f"scorers[{i}].kind: unknown kind {spec.kind!r}; known: {sorted(registry)}")
+    return config
+
+
+def load_config(path: str | Path) -> ServiceConfig:
+    return config_from_dict(read_yaml(path))
+
+
+def register_scorer(kind: str, cls: type[Scorer]) -> None:
+    """Register a scorer kind in-process (tests, notebooks); packages use the entry-point group."""
+    _REGISTERED[kind] = cls
+
+
+def scorer_registry() -> dict[str, str | type[Scorer]]:
+    """kind -> class or "module:attr". Entry points may add kinds but not shadow built-ins."""
+    registry: dict[str, str | type[Scorer]] = {}
+    for ep in entry_points(group="rewardplane.scorers"):
+        registry[ep.name] = ep.value
+    registry.update(BUILTIN_SCORERS)
+    registry.update(_REGISTERED)
+    return registry
+
+
+def _resolve(target: str | type[Scorer]) -> type[Scorer]:
+    if isinstance(target, type):
+        return target
+    module_name, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+def build_scorer(spec: ScorerSpec) -> Scorer:
+    """Construct (not load) the scorer for `spec`; `Scorer.load()` does the heavy work."""
+    registry = scorer_registry()
+    if spec.kind not in registry:
+        raise ConfigError(f"scorer {spec.name!r}: unknown kind {spec.kind!r}; known: {sorted(registry)}")
+    cls = _resolve(registry[spec.kind])
+    if not (isinstance(cls, type) and issubclass(cls, Scorer)):
+        raise ConfigError(f"scorer kind {spec.kind!r} does not resolve to a Scorer subclass")
+    return cls.from_spec(spec)

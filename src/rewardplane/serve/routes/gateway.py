@@ -1,0 +1,288 @@
+"""The reward-gateway protocol "1" (UniRL's `RemoteRewardBackend` and its reward service).
+
+`POST /score` takes `{"protocol_version": "1", "requests": [...]}`; each request names its
+`required_rewards` (here: scorer names) and carries a `history` of `{text, image_b64}` turns.
+The scored turn is `history[-1]`: for image scorers its caption and image (an image-to-image
+request's earlier conditioning turn is not scored); for text scorers, as an extension, the last
+turn's text is the response and the earlier turns' texts are the prompt (user turns).
+`metadata.reference` (else `metadata.answer`) becomes the item's `reference`.
+
+The answer keeps request order: `results[i][reward] = {"score": value}` or
+`errors[i][reward] = "code: message"` (per reward, so one failing scorer leaves the others),
+and `identities[i]` echoes `request_id`, `sample_id`, `group_id`, `source_rank`,
+`policy_version` and `idempotency_key` exactly, with `scorer_version` = the scorer's identity
+(docs/serve.md "Identity"). A non-finite value is an error, never sent as a number.
+
+400 for an unknown reward, a protocol version other than "1", a `scorer_version` pin that does
+not match (or pins a request with several rewards), video or CUDA-IPC turns, and `grad_mode`.
+An `idempotency_key` seen before with the same payload replays the stored answer; with a
+different payload the request is a 409. Only fully scored requests are stored (LRU, bounded),
+so retrying after a failure scores again.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import time
+from collections import OrderedDict
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from rewardplane.serve.protocol import (
+    GATEWAY_HEALTH_ROUTE,
+    GATEWAY_METRIC,
+    GATEWAY_PROTOCOL_VERSION,
+    GATEWAY_REWARDS_ROUTE,
+    GATEWAY_SCORE_ROUTE,
+    GatewayHealth,
+    GatewayRequestItem,
+    GatewayRewards,
+    GatewayScoreRequest,
+    GatewayScoreResponse,
+    ServeError,
+    error_body,
+    parse_trainer_body,
+)
+from rewardplane.serve.routes.context import RouteContext, ready_names
+from rewardplane.serve.scorers.base import ItemError, ScoreItem
+
+IDEMPOTENCY_CACHE_SIZE = 65536
+
+
+class _GatewayError(Exception):
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+def _fingerprint(req: GatewayRequestItem) -> str:
+    payload = req.model_dump(mode="json", exclude={"idempotency_key"})
+    encoded = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return hashlib.sha256(encoded.encode()).hexdigest()
+
+
+def _identity(req: GatewayRequestItem, scorer_version: str | None) -> dict[str, Any]:
+    return {
+        "request_id": req.request_id,
+        "sample_id": req.sample_id,
+        "group_id": req.group_id,
+        "source_rank": req.source_rank,
+        "policy_version": req.policy_version,
+        "scorer_version": scorer_version,
+        "idempotency_key": req.idempotency_key,
+    }
+
+
+def _item(index: int, req: GatewayRequestItem, image_text: bool) -> ScoreItem | ItemError:
+    """The `ScoreItem` a scorer sees for request `index` (an image scorer's when `image_text`,
+    else a text or rule scorer's), or why it cannot have one."""
+    last = req.history[-1]
+    if last.video_b64 is not None or last.video_path is not None:
+        return ItemError("bad_input", "video turns are not supported by this service")
+    meta = req.metadata
+    reference = None if meta is None else meta.get("reference", meta.get("answer"))
+    group = None if req.group_id is None else str(req.group_id)
+    if not image_text:  # text and rule scorers
+        if not last.text:
+            return ItemError("bad_input", "the last turn has no text to score")
+        # The earlier turns are user messages, one or several: a conversation, never a plain
+        # string (a text scorer under `plain_text: text_eos` tokenises string prompts as text).
+        prompt: str | list[dict[str, str]] = [
+            {"role": "user", "content": t.text} for t in req.history[:-1] if t.text
+        ] or ""
+        return ScoreItem(
+            id=str(index),
+            prompt=prompt,
+            response=last.text,
+            reference=reference,
+            group_id=group,
+            metadata=req.metadata,
+        )
+    if last.image_b64 is None:
+        return ItemError("missing_image", "the last turn has no image_b64")
+    try:
+        image = base64.b64decode(last.image_b64, validate=True)
+    except (binascii.Error, ValueError):
+        return ItemError("bad_image", "image_b64 is not valid base64")
+    return ScoreItem(
+        id=str(index),
+        prompt=last.text,
+        response="",
+        image=image,
+        reference=reference,
+        group_id=group,
+        metadata=req.metadata,
+    )
+
+
+def gateway_router(ctx: RouteContext) -> APIRouter:
+    router = APIRouter()
+    cache: OrderedDict[str, tuple[str, dict[str, dict[str, float]]]] = OrderedDict()
+
+    def versions(names: list[str]) -> dict[str, str]:
+        infos = ctx.backend.scorer_infos()
+        return {n: infos[n].identity for n in names}
+
+    @router.post(
+        GATEWAY_SCORE_ROUTE, response_model=GatewayScoreResponse, summary="reward-gateway protocol 1"
+    )
+    async def score(request: Request) -> Response:
+        started = time.perf_counter()
+        try:
+            ctx.check_auth(request)
+            body = parse_trainer_body(await ctx.read_body(request), GatewayScoreRequest)
+            if body.protocol_version != GATEWAY_PROTOCOL_VERSION:
+                raise _GatewayError(
+                    400, "unsupported_protocol", f"unsupported protocol_version={body.protocol_version!r}"
+                )
+            if body.grad_mode:
+                raise _GatewayError(400, "unsupported_input", "grad_mode is not supported by this service")
+            reqs = body.requests
+            if len(reqs) > ctx.limits.max_items:
+                raise ServeError("too_many_items", f"{len(reqs)} requests exceed {ctx.limits.max_items}")
+            names = list(dict.fromkeys(n for r in reqs for n in r.required_rewards))
+            unknown, loading = ready_names(ctx, names)
+            if unknown:
+                raise _GatewayError(
+                    400,
+                    "unknown_scorer",
+                    f"unknown reward: {unknown}. available: {ctx.backend.scorer_names()}",
+                )
+            if loading:
+                raise ServeError("not_ready", f"rewards {loading} are not ready", retry_after=5)
+            version = versions(names)
+            keyed = False
+            for i, r in enumerate(reqs):  # one pass; the first bad request (in order) answers
+                for t in r.history:
+                    if t.image_ipc is not None:
+                        raise _GatewayError(
+                            400, "unsupported_input", f"requests[{i}]: image_ipc needs a handshake"
+                        )
+                if r.scorer_version is not None:
+                    pinned = [version[n] for n in r.required_rewards]
+                    if len(pinned) != 1 or pinned[0] != r.scorer_version:
+                        raise _GatewayError(
+                            400,
+                            "scorer_version_mismatch",
+                            f"requests[{i}] pins scorer_version {r.scorer_version!r}; "
+                            f"{dict(zip(r.required_rewards, pinned, strict=True))} is served "
+                            "(a pin needs exactly one required reward)",
+                        )
+                keyed = keyed or bool(r.idempotency_key)
+            results: list[dict[str, dict[str, float]] | None] = [None] * len(reqs)
+            first_of_key: dict[str, int] = {}
+            prints: list[str] = []
+            if keyed:
+                # only keyed requests are fingerprinted: a dump + sort + sha256 per request
+                # doubled this route's per-item cost for the common, unkeyed case
+                prints = [_fingerprint(r) if r.idempotency_key else "" for r in reqs]
+                for i, r in enumerate(reqs):
+                    key = r.idempotency_key
+                    if not key:
+                        continue
+                    if key in first_of_key:
+                        if prints[first_of_key[key]] != prints[i]:
+                            raise _GatewayError(
+                                409, "idempotency_conflict", f"idempotency key {key!r} reused in one batch"
+                            )
+                        continue
+                    first_of_key[key] = i
+                    if (hit := cache.get(key)) is not None:
+                        if hit[0] != prints[i]:
+                            raise _GatewayError(
+                                409,
+                                "idempotency_conflict",
+                                f"idempotency key {key!r} was used for a different payload",
+                            )
+                        cache.move_to_end(key)
+                        results[i] = {n: dict(v) for n, v in hit[1].items()}
+                todo = [
+                    i
+                    for i, r in enumerate(reqs)
+                    if results[i] is None and not (r.idempotency_key and first_of_key[r.idempotency_key] != i)
+                ]
+            else:
+                todo = list(range(len(reqs)))
+            errors: list[dict[str, str]] = [{} for _ in reqs]
+            for i in todo:
+                results[i] = {}
+            infos = ctx.backend.scorer_infos()
+            built: dict[bool, dict[int, ScoreItem | ItemError]] = {}  # one item per modality kind
+            for name in names:
+                image_text = infos[name].modality == "image_text"
+                items = built.setdefault(image_text, {})
+                rows = todo if len(names) == 1 else [i for i in todo if name in reqs[i].required_rewards]
+                ok: list[tuple[int, ScoreItem]] = []
+                for i in rows:
+                    x = items.get(i)
+                    if x is None:
+                        x = items[i] = _item(i, reqs[i], image_text)
+                    if isinstance(x, ItemError):
+                        errors[i][name] = f"{x.code}: {x.message}"
+                    else:
+                        ok.append((i, x))
+                if not ok:
+                    continue
+                scored = (await ctx.score_all([name], [x for _, x in ok]))[name]
+                for (i, _), value in zip(ok, scored, strict=True):
+                    if isinstance(value, ItemError):
+                        errors[i][name] = f"{value.code}: {value.message}"
+                    else:
+                        results[i][name] = {GATEWAY_METRIC: float(value)}
+            if keyed:
+                fresh = set(todo)
+                for i, r in enumerate(reqs):
+                    if not (key := r.idempotency_key):
+                        continue
+                    if (j := first_of_key[key]) != i:  # a key's duplicates share its answer
+                        results[i], errors[i] = dict(results[j]), dict(errors[j])
+                    elif i in fresh and not errors[i]:  # only fully scored requests are stored
+                        cache[key] = (prints[i], results[i])
+                        cache.move_to_end(key)
+                        while len(cache) > IDEMPOTENCY_CACHE_SIZE:
+                            cache.popitem(last=False)
+        except _GatewayError as err:
+            ctx.count(GATEWAY_SCORE_ROUTE, err.status, err.code, started)
+            return JSONResponse(error_body(err.code, err.message), status_code=err.status)
+        except ServeError as err:
+            ctx.count(GATEWAY_SCORE_ROUTE, err.status, err.code, started)
+            headers = {"Retry-After": str(max(1, round(err.retry_after)))} if err.retry_after else None
+            return JSONResponse(err.body(), status_code=err.status, headers=headers)
+        identities = [
+            _identity(
+                r,
+                version[r.required_rewards[0]]
+                if len(r.required_rewards) == 1
+                else ",".join(version[n] for n in r.required_rewards),
+            )
+            for r in reqs
+        ]
+        out = {
+            "protocol_version": GATEWAY_PROTOCOL_VERSION,
+            "results": results,
+            "errors": errors,
+            "identities": identities,
+        }
+        ctx.count(GATEWAY_SCORE_ROUTE, 200, "", started)
+        return Response(json.dumps(out, allow_nan=False), media_type="application/json")
+
+    @router.get(GATEWAY_HEALTH_ROUTE, response_model=GatewayHealth)
+    async def health() -> dict[str, Any]:
+        _, details = ctx.backend.ready()
+        rewards = {}
+        for name in ctx.backend.scorer_names():
+            status = details.get(name, "unknown")
+            rewards[name] = [status if isinstance(status, str) else json.dumps(status, default=str)]
+        return {"status": "ok", "rewards": rewards}
+
+    @router.get(GATEWAY_REWARDS_ROUTE, response_model=GatewayRewards)
+    async def rewards(request: Request) -> dict[str, list[str]]:
+        ctx.check_auth(request)
+        return {"rewards": list(ctx.backend.scorer_names())}
+
+    return router

@@ -1,0 +1,141 @@
+"""OpenRLHF's remote reward model protocol: `POST /get_reward` (OpenRLHF 0.11 `--remote_rm_url`).
+
+OpenRLHF's single-turn agent executor sends one sample per call,
+`{"query": [text], "prompts": [prompt], "labels": [label]}`, where `query` is the whole decoded
+sequence (prompt + response, special tokens kept) as the policy saw it, and reads `scores`
+(else `rewards`) and `extra_logs` from the answer. It has no per-item errors: on any failure it
+retries five times and then leaves the reward `None`. So here a failed item fails the whole
+request with `{"code", "message"}`, where `code` is the item's own error code (`bad_input`,
+`non_finite`, ...): never a made-up number.
+
+Modes (`?mode=`, default `raw`):
+- `raw`: each query is scored as the text it is, the way OpenRLHF's own reward-model server
+  does: text model scorers tokenise it with the reward model's tokenizer, no chat template and
+  no added special tokens (`serve.scorers.base.RAW_TEXT`), and read the reward at its last
+  token — so the end-of-sequence marker the policy emitted (`<|im_end|>`, `</s>`), kept in the
+  query, is where the score is read. Rule scorers (`length`, `regex`, `exact_match`) read the
+  response field (with `labels[i]` as `reference`).
+- `split`: the query is cut at `prompts[i]`; the prompt and the rest (the response, trailing
+  end-of-sequence markers such as `<|im_end|>` or `</s>` removed) are scored as `/v1/score`
+  scores a string prompt and response: rendered with the scorer's own chat template, or as the
+  text plus EOS under the scorer's `plain_text: text_eos` (a model trained on plain text), for a
+  policy whose chat format differs from the reward model's. A query that does not start with
+  its prompt (left-truncated by the policy) is a `bad_input`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from rewardplane.serve.protocol import (
+    OPENRLHF_MODES,
+    OPENRLHF_ROUTE,
+    OpenRLHFRewardRequest,
+    OpenRLHFRewardResponse,
+    ServeError,
+    error_body,
+    parse_trainer_body,
+)
+from rewardplane.serve.routes.context import RouteContext, ready_names
+from rewardplane.serve.scorers.base import RAW_TEXT, ItemError, ScoreItem
+
+# Item codes a caller can fix (its input); any other item failure is the service's (5xx).
+INPUT_ITEM_CODES = frozenset({"bad_input", "too_long", "missing_reference", "bad_image"})
+
+# A trailing run of special-token strings, as OpenRLHF decodes them (skip_special_tokens=False).
+_EOS_TAIL = re.compile(r"(?:\s*(?:<\|[^<>|\s]{1,64}\|>|</s>|<eos>|<\|endoftext\|>))+\s*\Z")
+
+
+def _parse(raw: bytes) -> OpenRLHFRewardRequest:
+    body = parse_trainer_body(raw, OpenRLHFRewardRequest)
+    n = len(body.query)
+    for field in ("prompts", "labels"):
+        value = getattr(body, field)
+        if value is not None and len(value) != n:
+            raise ServeError("invalid_request", f"{len(value)} {field} for {n} queries")
+    return body
+
+
+def strip_eos(text: str) -> str:
+    """`text` without a trailing run of special-token strings and whitespace."""
+    return _EOS_TAIL.sub("", text)
+
+
+def build_items(body: OpenRLHFRewardRequest, mode: str) -> list[ScoreItem | ItemError]:
+    items: list[ScoreItem | ItemError] = []
+    for i, query in enumerate(body.query):
+        label = body.labels[i] if body.labels is not None else None
+        if mode == "raw":
+            items.append(
+                ScoreItem(id=str(i), prompt="", response=query, reference=label, metadata={RAW_TEXT: True})
+            )
+            continue
+        prompt = body.prompts[i] if body.prompts is not None else None
+        if prompt is None:
+            items.append(ItemError("bad_input", "mode=split needs prompts[i]"))
+        elif not query.startswith(prompt):
+            items.append(ItemError("bad_input", "query does not start with its prompt (left-truncated?)"))
+        else:
+            items.append(
+                ScoreItem(id=str(i), prompt=prompt, response=strip_eos(query[len(prompt) :]), reference=label)
+            )
+    return items
+
+
+def openrlhf_router(ctx: RouteContext) -> APIRouter:
+    router = APIRouter()
+
+    @router.post(
+        OPENRLHF_ROUTE,
+        response_model=OpenRLHFRewardResponse,
+        summary="OpenRLHF remote reward model (--remote_rm_url http://HOST:PORT/get_reward)",
+    )
+    async def get_reward(request: Request, scorer: str | None = None, mode: str = "raw") -> Response:
+        started = time.perf_counter()
+        try:
+            ctx.check_auth(request)
+            if mode not in OPENRLHF_MODES:
+                raise ServeError(
+                    "invalid_request", f"mode must be one of {list(OPENRLHF_MODES)}, got {mode!r}"
+                )
+            body = _parse(await ctx.read_body(request))
+            if len(body.query) > ctx.limits.max_items:
+                raise ServeError("too_many_items", f"{len(body.query)} queries exceed {ctx.limits.max_items}")
+            names = ctx.backend.scorer_names()
+            name = scorer if scorer is not None else (names[0] if names else "")
+            unknown, loading = ready_names(ctx, [name])
+            if unknown:
+                raise ServeError("unknown_scorer", f"unknown scorer {name!r}; known: {sorted(names)}")
+            if loading:
+                raise ServeError("not_ready", f"scorer {name!r} is not ready", retry_after=5)
+            if ctx.backend.scorer_infos()[name].modality == "image_text":
+                raise ServeError("invalid_request", f"scorer {name!r} needs images; OpenRLHF sends text")
+            built = build_items(body, mode)
+            items = [x for x in built if isinstance(x, ScoreItem)]
+            scored = (await ctx.score_all([name], items))[name] if items else []
+        except ServeError as err:
+            ctx.count(OPENRLHF_ROUTE, err.status, err.code, started)
+            headers = {"Retry-After": str(max(1, round(err.retry_after)))} if err.retry_after else None
+            return JSONResponse(err.body(), status_code=err.status, headers=headers)
+        it = iter(scored)
+        results = [x if isinstance(x, ItemError) else next(it) for x in built]
+        failed = [(i, r) for i, r in enumerate(results) if isinstance(r, ItemError)]
+        if failed:
+            i, first = failed[0]
+            status = 422 if all(r.code in INPUT_ITEM_CODES for _, r in failed) else 500
+            more = f" (+{len(failed) - 1} more)" if len(failed) > 1 else ""
+            message = f"query {i}, scorer {name!r}: {first.message}{more}"
+            ctx.count(OPENRLHF_ROUTE, status, first.code, started)
+            return JSONResponse(error_body(first.code, message), status_code=status)
+        values: list[Any] = [float(r) for r in results]
+        ctx.count(OPENRLHF_ROUTE, 200, "", started)
+        out = {"rewards": values, "scores": values, "extra_logs": {name: values}}
+        return Response(json.dumps(out, allow_nan=False), media_type="application/json")
+
+    return router

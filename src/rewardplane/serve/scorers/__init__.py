@@ -1,0 +1,1 @@
+"""Scorers the service can host; third parties add more through the `rewardplane.scorers` entry points."""

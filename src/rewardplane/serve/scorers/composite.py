@@ -1,0 +1,368 @@
+"""`composite` scorer: several scorers combined into one reward, optionally normalised per group.
+
+```yaml
+- name: reward
+  kind: composite
+  options:
+    components:
+      - {name: correct, kind: math, weight: 1.0, options: {timeout_s: 5}}
+      - {name: format, kind: regex, weight: 0.2, options: {pattern: "\\\\boxed\\\\{"}}
+    aggregation: weighted_sum      # weighted_sum | mean | min | max
+    on_failure: fail               # fail (default) | renormalize
+    group_normalize: false         # GRPO: (r - mean_group) / std_group, by item.group_id
+    group_size: null               # required with group_normalize: items per group
+    group_scale: std               # std | none (Dr. GRPO: only subtract the mean)
+    std_ddof: 1                    # 1: sample std (torch.std, as TRL/verl); 0: population
+```
+
+Each component is configured inline (`kind` + `options`, like a top-level scorer) or names
+another scorer of the same server (`{name: rm, scorer: my_rm, weight: 0.5}`), and is scored on
+the whole batch; components run concurrently. A named scorer is loaded once and scored through
+its own path: its queue (its batches mix the composite's items with direct requests), and its
+lifecycle: a request to the composite is admitted through the named scorer's lifecycle as well,
+so while it is offloaded the request gets its 503 `offloaded` (or triggers its `auto_onload`),
+exactly as a direct request, and offloading it waits for the composite's requests in flight.
+Inline components that hold a model move with the composite's own offload/onload. Aggregation over component scores s_i with weights
+w_i (default 1): `weighted_sum` = Σ w_i s_i; `mean` = Σ w_i s_i / Σ w_i; `min`/`max` over s_i
+(weights must be left at 1).
+
+**Failures.** By default a component that fails an item (any per-item error, a non-finite or
+non-number value, or the component raising) fails the composite for that item, with the
+component's error code and a message naming the component. With `on_failure: renormalize` the
+failed components are left out and the weights of the rest are rescaled (`weighted_sum`:
+Σ_ok w_i s_i · Σ_all w / Σ_ok w; `mean`: Σ_ok w_i s_i / Σ_ok w_i; `min`/`max` over the rest),
+unless a left-out component is `required: true` or every component failed. The returned value is
+then a `CompositeScore` (a float) whose `left_out` names the components left out; the response
+carries them next to the score, as `results[i].details[<composite>] = {"left_out": [...]}`, and
+`info().extra` counts them per component.
+
+**Group normalisation** (`group_normalize: true`): after aggregation, items with the same
+`group_id` are normalised together: a_i = (r_i - mean) / std (or only - mean with
+`group_scale: none`). Degenerate groups are defined, not divided by zero: when std == 0 (every
+item in the group got the same reward, or std_ddof=1 with a group of one) every item's value is
+exactly 0.0 — no learning signal, as in GRPO. A group is normalised only when all of its
+`group_size` items are in the batch and scored: an item without `group_id` is `bad_input`; a group
+with fewer or more items than `group_size` in the batch (split across requests/batches) is
+`group_incomplete` for each of its items; a group in which any item failed is `group_incomplete`
+for the others (a mean over the survivors would be a different signal). Send whole groups in one
+request and keep `max_batch_size` a multiple of the group size.
+"""
+
+from __future__ import annotations
+
+import math
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, ClassVar
+
+from rewardplane.core.errors import ConfigError
+from rewardplane.serve.scorers.base import DetailedScore, ItemError, ScoreItem, Scorer, ScorerInfo
+from rewardplane.serve.scorers.common import VERSION, OptionsScorer, identity
+
+AGGREGATIONS = ("weighted_sum", "mean", "min", "max")
+INLINE_KEYS = frozenset({"kind", "options", "path", "shape", "dtype", "device"})
+COMPONENT_KEYS = frozenset({"name", "weight", "required", "scorer", *INLINE_KEYS})
+
+
+class CompositeScore(DetailedScore):
+    """A float that remembers which components were left out (renormalised) for this item; the
+    response carries them as `details[<composite>] = {"left_out": [...]}`."""
+
+    def __new__(cls, value: float, left_out: tuple[str, ...] = ()) -> CompositeScore:
+        return super().__new__(cls, value, {"left_out": list(left_out)} if left_out else None)
+
+    @property
+    def left_out(self) -> tuple[str, ...]:
+        return tuple(self.detail.get("left_out", ()))
+
+
+def _checked(value: object) -> float | ItemError:
+    if isinstance(value, ItemError):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return ItemError("scorer_failed", f"returned {type(value).__name__}, not a number")
+    value = float(value)
+    if not math.isfinite(value):
+        return ItemError("non_finite", f"produced {value}")
+    return value
+
+
+def group_normalize(values: list[float], *, scale: str = "std", ddof: int = 1) -> list[float]:
+    """(r - mean) / std over one group; every value is 0.0 when std is 0 or undefined."""
+    n = len(values)
+    mean = sum(values) / n
+    centred = [v - mean for v in values]
+    if scale == "none":
+        return centred
+    if n - ddof <= 0:
+        return [0.0] * n
+    std = math.sqrt(sum(c * c for c in centred) / (n - ddof))
+    if std == 0.0 or not math.isfinite(std):
+        return [0.0] * n
+    return [c / std for c in centred]
+
+
+class CompositeScorer(OptionsScorer):
+    kind: ClassVar[str] = "composite"
+    modality: ClassVar = "rule"
+    allowed_options: ClassVar[frozenset[str]] = frozenset(
+        {
+            "components",
+            "aggregation",
+            "on_failure",
+            "group_normalize",
+            "group_size",
+            "group_scale",
+            "std_ddof",
+        }
+    )
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        options: dict[str, Any] | None = None,
+        max_batch_size: int = 64,
+        max_wait_ms: float = 5.0,
+    ) -> None:
+        super().__init__(name, options=options, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms)
+        o = self.options
+        where = f"scorer {name!r} (composite)"
+        self.aggregation = o.get("aggregation", "weighted_sum")
+        if self.aggregation not in AGGREGATIONS:
+            raise ConfigError(f"{where}: options.aggregation must be one of {AGGREGATIONS}")
+        self.on_failure = o.get("on_failure", "fail")
+        if self.on_failure not in ("fail", "renormalize"):
+            raise ConfigError(f"{where}: options.on_failure must be fail or renormalize")
+        self.group_normalize = o.get("group_normalize", False)
+        if not isinstance(self.group_normalize, bool):
+            raise ConfigError(f"{where}: options.group_normalize must be true or false")
+        self.group_size = o.get("group_size")
+        if self.group_normalize and (
+            not isinstance(self.group_size, int) or isinstance(self.group_size, bool) or self.group_size < 1
+        ):
+            raise ConfigError(f"{where}: group_normalize needs options.group_size (items per group, >= 1)")
+        self.group_scale = o.get("group_scale", "std")
+        if self.group_scale not in ("std", "none"):
+            raise ConfigError(f"{where}: options.group_scale must be std or none")
+        self.std_ddof = o.get("std_ddof", 1)
+        if self.std_ddof not in (0, 1):
+            raise ConfigError(f"{where}: options.std_ddof must be 0 or 1")
+        comps = o.get("components")
+        if not isinstance(comps, list) or not comps:
+            raise ConfigError(f"{where}: options.components must be a non-empty list")
+        self.components: list[dict[str, Any]] = []
+        seen: set[str] = set()
+        for i, c in enumerate(comps):
+            cw = f"{where}: components[{i}]"
+            if not isinstance(c, dict):
+                raise ConfigError(f"{cw} must be a mapping")
+            unknown = sorted(set(c) - COMPONENT_KEYS)
+            if unknown:
+                raise ConfigError(f"{cw}: unknown keys {unknown}; known: {sorted(COMPONENT_KEYS)}")
+            cname, ckind, ref = c.get("name"), c.get("kind"), c.get("scorer")
+            if not isinstance(cname, str) or not cname or cname in seen:
+                raise ConfigError(f"{cw}: a unique non-empty name is required")
+            if ref is not None:
+                if not isinstance(ref, str) or not ref or ref == name:
+                    raise ConfigError(f"{cw}: scorer must name another scorer of this server")
+                inline = sorted(set(c) & INLINE_KEYS)
+                if inline:
+                    raise ConfigError(
+                        f"{cw}: names hosted scorer {ref!r}, which is scored as it is configured; "
+                        f"drop {inline}"
+                    )
+            elif not isinstance(ckind, str) or ckind == "composite":
+                raise ConfigError(f"{cw}: kind must name a non-composite scorer kind (or give scorer: NAME)")
+            weight = c.get("weight", 1.0)
+            if not isinstance(weight, int | float) or isinstance(weight, bool) or not math.isfinite(weight):
+                raise ConfigError(f"{cw}: weight must be a finite number")
+            if self.aggregation in ("min", "max") and weight != 1.0:
+                raise ConfigError(f"{cw}: weights have no meaning with aggregation {self.aggregation}")
+            if self.aggregation == "mean" and weight < 0:
+                raise ConfigError(f"{cw}: mean needs non-negative weights")
+            seen.add(cname)
+            self.components.append({**c, "weight": float(weight), "required": bool(c.get("required", False))})
+        if self.aggregation == "mean" and sum(c["weight"] for c in self.components) <= 0:
+            raise ConfigError(f"{where}: mean needs a positive total weight")
+        self.scorers: list[Any] = []  # per component: its own Scorer, or a hosted scorer's handle
+        self._hosted: dict[str, Any] = {}
+        self.left_out_counts: dict[str, int] = {c["name"]: 0 for c in self.components}
+        self._pool = ThreadPoolExecutor(
+            max_workers=len(self.components), thread_name_prefix=f"composite-{name}"
+        )
+        self._warmup = ScoreItem(id="warmup", prompt="", response="")
+
+    def hosted_references(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(c["scorer"] for c in self.components if c.get("scorer")))
+
+    def bind_hosted(self, hosted: dict[str, Any]) -> None:
+        self._hosted = dict(hosted)
+
+    def load(self) -> None:
+        from rewardplane.serve.config import ScorerSpec, build_scorer, scorer_registry
+
+        registry = scorer_registry()
+        scorers: list[Any] = []
+        for c in self.components:
+            if c.get("scorer"):
+                if c["scorer"] not in self._hosted:
+                    raise ConfigError(
+                        f"scorer {self.name!r} (composite): component {c['name']!r} names scorer "
+                        f"{c['scorer']!r}, which this process does not host"
+                    )
+                scorers.append(self._hosted[c["scorer"]])
+                continue
+            if c["kind"] not in registry:
+                raise ConfigError(f"scorer {self.name!r} (composite): unknown component kind {c['kind']!r}")
+            spec_kw = {k: c[k] for k in ("path", "shape", "dtype", "device") if k in c}
+            spec = ScorerSpec(
+                name=f"{self.name}.{c['name']}",
+                kind=c["kind"],
+                options=c.get("options") or {},
+                max_batch_size=self.max_batch_size,
+                **spec_kw,
+            )
+            scorers.append(build_scorer(spec))
+        for c, s in zip(self.components, scorers, strict=True):
+            if not c.get("scorer"):
+                s.load()
+        self.scorers = scorers
+
+    def _inline(self) -> list[Scorer]:
+        """The components this composite built and owns (not the hosted scorers it names)."""
+        return [s for c, s in zip(self.components, self.scorers, strict=True) if not c.get("scorer")]
+
+    def lifecycle_weights(self) -> Any:
+        """The inline components' device state (a reward model configured inside the composite)
+        moves with the composite's own offload/onload; hosted scorers keep their own lifecycle."""
+        from rewardplane.serve.lifecycle import ManyWeights, weights_of
+
+        return ManyWeights([weights_of(s) for s in self._inline()])
+
+    def close(self) -> None:
+        for s in self._inline():
+            close = getattr(s, "close", None)
+            if close is not None:
+                close()
+
+    def _component_results(self, items: list[ScoreItem]) -> list[list[float | ItemError]]:
+        def run(scorer: Scorer) -> list[float | ItemError]:
+            batch = [scorer.warmup_item() if it is self._warmup else it for it in items]
+            try:
+                values = scorer.score_batch(batch)
+            except Exception as exc:
+                err = ItemError("scorer_failed", f"raised {type(exc).__name__}: {str(exc)[:200]}")
+                return [err] * len(items)
+            if len(values) != len(items):
+                return [
+                    ItemError("scorer_failed", f"returned {len(values)} values for {len(items)} items")
+                ] * len(items)
+            return [_checked(v) for v in values]
+
+        return list(self._pool.map(run, self.scorers))
+
+    def _aggregate(self, values: list[float | ItemError]) -> float | ItemError:
+        ok = [(c, v) for c, v in zip(self.components, values, strict=True) if not isinstance(v, ItemError)]
+        failed = [(c, v) for c, v in zip(self.components, values, strict=True) if isinstance(v, ItemError)]
+        if failed:
+            first_c, first_e = failed[0]
+            err = ItemError(first_e.code, f"component {first_c['name']!r} failed: {first_e.message}")
+            if self.on_failure == "fail" or not ok or any(c["required"] for c, _ in failed):
+                return err
+        agg = self.aggregation
+        if agg == "min":
+            value = min(v for _, v in ok)
+        elif agg == "max":
+            value = max(v for _, v in ok)
+        elif agg == "mean":
+            value = sum(c["weight"] * v for c, v in ok) / sum(c["weight"] for c, _ in ok)
+        else:
+            value = sum(c["weight"] * v for c, v in ok)
+            if failed:
+                w_ok = sum(c["weight"] for c, _ in ok)
+                if w_ok == 0:
+                    return ItemError(failed[0][1].code, "the components left have zero total weight")
+                value *= sum(c["weight"] for c in self.components) / w_ok
+        if failed:
+            for c, _ in failed:
+                self.left_out_counts[c["name"]] += 1
+            return CompositeScore(value, tuple(c["name"] for c, _ in failed))
+        return value
+
+    def score_batch(self, items: list[ScoreItem]) -> list[float | ItemError]:
+        per_component = self._component_results(items)
+        out = [self._aggregate([col[i] for col in per_component]) for i in range(len(items))]
+        if not self.group_normalize:
+            return out
+        groups: dict[str, list[int]] = {}
+        for i, item in enumerate(items):
+            if item is self._warmup:
+                continue
+            if not item.group_id:
+                out[i] = ItemError("bad_input", "group_normalize needs the item's group_id")
+                continue
+            groups.setdefault(item.group_id, []).append(i)
+        for gid, idx in groups.items():
+            failed = [items[i].id for i in idx if isinstance(out[i], ItemError)]
+            if len(idx) != self.group_size:
+                reason = f"group {gid!r} has {len(idx)} of its {self.group_size} items in this batch"
+            elif failed:
+                reason = f"item(s) {failed[:5]} of group {gid!r} failed"
+            else:
+                values = group_normalize(
+                    [float(out[i]) for i in idx], scale=self.group_scale, ddof=self.std_ddof
+                )
+                for i, v in zip(idx, values, strict=True):
+                    prev = out[i]
+                    out[i] = CompositeScore(v, prev.left_out) if isinstance(prev, CompositeScore) else v
+                continue
+            for i in idx:
+                if not isinstance(out[i], ItemError):
+                    out[i] = ItemError("group_incomplete", reason)
+        return out
+
+    def warmup_item(self) -> ScoreItem:
+        return self._warmup
+
+    def info(self) -> ScorerInfo:
+        comps = []
+        for c, s in zip(self.components, self.scorers or [None] * len(self.components), strict=True):
+            entry: dict[str, Any] = {"name": c["name"], "weight": c["weight"]}
+            entry.update({"scorer": c["scorer"]} if c.get("scorer") else {"kind": c["kind"]})
+            if c["required"]:
+                entry["required"] = True
+            if s is not None:
+                ci = s.info()
+                entry["identity"] = ci.identity
+                if ci.extra:
+                    entry["extra"] = ci.extra
+            comps.append(entry)
+        return ScorerInfo(
+            name=self.name,
+            kind=self.kind,
+            modality=self.modality,
+            dtype="none",
+            device="cpu",
+            version=VERSION,
+            identity=identity(
+                kind=self.kind,
+                weights="",
+                config={"components": [(c["name"], c.get("identity", "")) for c in comps]},
+                dtype="none",
+                options=self.options,
+            ),
+            max_batch_size=self.max_batch_size,
+            max_wait_ms=self.max_wait_ms,
+            extra={
+                "backend": "in-process components",
+                "components": comps,
+                "aggregation": self.aggregation,
+                "on_failure": self.on_failure,
+                "group_normalize": (
+                    {"group_size": self.group_size, "scale": self.group_scale, "std_ddof": self.std_ddof}
+                    if self.group_normalize
+                    else False
+                ),
+                "left_out_counts": dict(self.left_out_counts),
+            },
+        )

@@ -1,0 +1,285 @@
+"""`math` scorer: is the final answer of the response equal to the item's `reference`?
+
+Built on `math-verify` (`pip install 'rewardplane[verifiers]'`): the answer is extracted from the
+response (`\\boxed{}`, LaTeX, or the last number/expression), parsed to sympy and compared with the
+parsed reference. 1.0 right, 0.0 wrong (or `format_bonus` for a wrong but boxed answer).
+
+Parsing and sympy comparison can take unbounded time or crash on adversarial text (a tower of
+exponents, thousands of nested `\\frac`). Peers run math-verify in threads with signal-based
+timeouts that do not fire off the main thread, and turn a crash or timeout into a reward of 0 —
+a broken checker then looks like a wrong answer. Here every item is verified in one of a pool of
+pre-started worker *processes* (`procpool.DeadlinePool`); the per-item wall-clock limit is
+enforced from the outside: when it passes, the worker is SIGKILLed, a warm spare takes its place
+and a new spare starts in the background. No signal is ever used inside a thread.
+
+Per-item errors (never numbers): `bad_input` (no reference, or a reference that does not parse),
+`timeout` (parse + verify exceeded `timeout_s`), `scorer_failed` (math-verify raised, the worker
+died, or ran out of `max_memory_mb`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, ClassVar
+
+from rewardplane.core.errors import ConfigError
+from rewardplane.serve.scorers.base import ItemError, ScoreItem, ScorerInfo
+from rewardplane.serve.scorers.common import VERSION, OptionsScorer, as_text, identity
+from rewardplane.serve.scorers.procpool import DeadlinePool
+
+EXTRACTION_MODES = ("auto", "boxed", "latex", "last_number")
+_NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?")
+_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
+
+
+def _extraction(mode: str) -> tuple[list[Any], list[Any]]:
+    """(prediction configs, gold configs) for an extraction mode."""
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig
+
+    if mode == "latex":
+        pred = [LatexExtractionConfig(boxed_match_priority=0)]
+    elif mode == "last_number":
+        pred = [ExprExtractionConfig()]
+    else:  # auto / boxed: \boxed first, then any LaTeX, then a plain expression
+        pred = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
+    gold = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
+    return pred, gold
+
+
+def _gold_text(reference: str) -> str:
+    """A bare reference (`1/2`, `\\frac{1}{2}`, `[1, 2)`) is read as a boxed answer."""
+    if "$" in reference or _BOXED.search(reference) or "\\(" in reference or "\\[" in reference:
+        return reference
+    return "\\boxed{" + reference + "}"
+
+
+def _numeric_close(gold: list[Any], pred: list[Any], rel_tol: float) -> bool:
+    import sympy
+
+    for g in gold:
+        for p in pred:
+            if isinstance(g, sympy.Expr) and isinstance(p, sympy.Expr) and g.is_number and p.is_number:
+                try:
+                    a, b = complex(g.evalf()), complex(p.evalf())
+                except (TypeError, ValueError):
+                    continue
+                if abs(a - b) <= rel_tol * max(1.0, abs(a)):
+                    return True
+    return False
+
+
+WARMUP: list[tuple[str, str]] = [
+    ("\\boxed{\\frac{1}{2}}", "0.5"),  # fraction vs decimal
+    ("The answer is \\boxed{\\frac{2}{4}}.", "\\frac{1}{2}"),
+    ("Thus $x = \\frac{3}{4}$", "3/4"),  # inline LaTeX
+    ("After simplifying we get 42.", "42"),  # a plain number
+    ("\\boxed{2\\sqrt{2}}", "\\sqrt{8}"),  # surds
+    ("\\boxed{[1, 2)}", "[1,2)"),  # intervals
+    ("\\boxed{(1, 2)}", "[1,2)"),
+    ("\\boxed{x^2 + 2x + 1}", "(x+1)^2"),  # polynomial identities
+    ("\\boxed{(x+3)^2}", "x^2 + 4x + 4"),
+    ("\\boxed{5\\text{ cm}}", "5"),  # units
+    ("\\boxed{\\{1, 2, 3\\}}", "\\{3, 2, 1\\}"),  # sets
+    ("\\boxed{3.14159}", "\\pi"),  # a constant
+]
+"""Run by every worker before it says ready, one of each kind of answer: sympy builds itself
+lazily, and a fresh worker that met its first polynomial identity on a real item took 1.4 s
+(the next took 40 ms), a spurious `timeout` for a right answer (procpool's docstring)."""
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask: a container's or `taskset`'s), not
+    the machine's: one worker per usable core."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
+
+
+def check_answer(response: str, reference: str, options: dict[str, Any]) -> tuple[str, Any]:
+    """("ok", score) or ("error", code, message). Runs inside a worker process (or in-thread in the
+    benchmark's reference measurement); never called with a timeout of its own."""
+    from math_verify import parse, verify
+
+    mode = options.get("extraction", "auto")
+    pred_cfg, gold_cfg = _extraction(mode)
+    gold = parse(
+        _gold_text(reference),
+        gold_cfg,
+        fallback_mode="no_fallback",
+        parsing_timeout=None,
+        raise_on_error=True,
+    )
+    if not gold:
+        return ("error", "bad_input", f"reference {reference[:80]!r} does not parse as math")
+    boxed = _BOXED.search(response) is not None
+    text = response
+    if mode == "boxed" and not boxed:
+        return ("ok", 0.0)
+    if mode == "last_number":
+        numbers = _NUMBER.findall(response)
+        if not numbers:
+            return ("ok", 0.0)
+        text = numbers[-1].replace(",", "")
+    pred = parse(text, pred_cfg, parsing_timeout=None, raise_on_error=True)
+    right = bool(pred) and verify(
+        gold,
+        pred,
+        float_rounding=int(options.get("float_rounding", 6)),
+        timeout_seconds=None,
+        raise_on_error=True,
+    )
+    if not right and pred and options.get("rel_tol"):
+        right = _numeric_close(gold, pred, float(options["rel_tol"]))
+    if right:
+        return ("ok", 1.0)
+    return ("ok", float(options.get("format_bonus", 0.0)) if boxed else 0.0)
+
+
+class MathScorer(OptionsScorer):
+    """See the module docstring. Options: `extraction` (auto|boxed|latex|last_number),
+    `format_bonus` (0.0), `rel_tol` (null: math-verify's own comparison), `float_rounding` (6),
+    `timeout_s` (per item, 5.0), `workers` (the cores this process may use), `spares` (1),
+    `max_memory_mb` (2048), `depth` (items held by each worker at once, 2)."""
+
+    kind: ClassVar[str] = "math"
+    modality: ClassVar = "rule"
+    allowed_options: ClassVar[frozenset[str]] = frozenset(
+        {
+            "extraction",
+            "format_bonus",
+            "rel_tol",
+            "float_rounding",
+            "timeout_s",
+            "workers",
+            "spares",
+            "max_memory_mb",
+            "depth",
+        }
+    )
+
+    concurrent_batches: ClassVar[int] = 4
+    """The pool is shared and thread-safe, so the batcher hands it several batches at once: the
+    next batch's items start on the workers that the current batch's slowest items leave idle."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        options: dict[str, Any] | None = None,
+        max_batch_size: int = 64,
+        max_wait_ms: float = 2.0,
+    ) -> None:
+        super().__init__(name, options=options, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms)
+        o, where = self.options, f"scorer {name!r} (math)"
+        if o.get("extraction", "auto") not in EXTRACTION_MODES:
+            raise ConfigError(f"{where}: options.extraction must be one of {EXTRACTION_MODES}")
+        for key, lo in (("format_bonus", 0.0), ("timeout_s", 1e-3), ("rel_tol", 0.0)):
+            v = o.get(key)
+            if v is not None and (not isinstance(v, int | float) or isinstance(v, bool) or v < lo):
+                raise ConfigError(f"{where}: options.{key} must be a number >= {lo}")
+        if not 0.0 <= float(o.get("format_bonus", 0.0)) < 1.0:
+            raise ConfigError(f"{where}: options.format_bonus must be in [0, 1)")
+        for key in ("workers", "spares", "max_memory_mb", "float_rounding", "depth"):
+            v = o.get(key)
+            lo = 1 if key in ("workers", "depth") else 0
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < lo):
+                raise ConfigError(f"{where}: options.{key} must be an integer >= {lo}")
+        self.timeout_s = float(o.get("timeout_s", 5.0))
+        self.workers = int(o.get("workers") or usable_cores())
+        self.spares = int(o.get("spares", 1))
+        self.max_memory_mb = int(o.get("max_memory_mb", 2048))
+        self.depth = int(o.get("depth", 2))
+        self._check_options = {
+            k: o[k] for k in ("extraction", "format_bonus", "rel_tol", "float_rounding") if k in o
+        }
+        self.pool: DeadlinePool | None = None
+
+    def load(self) -> None:
+        try:
+            import math_verify  # noqa: F401
+        except ImportError:
+            raise ConfigError(
+                f"scorer {self.name!r} (math) needs math-verify: pip install 'rewardplane[verifiers]'"
+            ) from None
+        pool = DeadlinePool(
+            "rewardplane.serve.scorers.math:check_answer",
+            self._check_options,
+            warmup=WARMUP,
+            label="math-verify",
+            workers=self.workers,
+            spares=self.spares,
+            timeout_s=self.timeout_s,
+            max_memory_mb=self.max_memory_mb,
+            depth=self.depth,
+        )
+        try:
+            pool.start()
+        except BaseException:
+            pool.close()
+            raise
+        self.pool = pool
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+
+    def score_batch(self, items: list[ScoreItem]) -> list[float | ItemError]:
+        assert self.pool is not None, "load() first"
+        out: list[float | ItemError | None] = [None] * len(items)
+        todo: list[tuple[int, tuple[str, str]]] = []
+        for i, item in enumerate(items):
+            ref = item.reference
+            if isinstance(ref, int | float) and not isinstance(ref, bool):
+                ref = str(ref)
+            if not isinstance(ref, str) or not ref.strip():
+                out[i] = ItemError(
+                    "bad_input", "math needs the item's 'reference' (the final answer, a string)"
+                )
+            else:
+                todo.append((i, (as_text(item.response), ref)))
+        for (i, _), res in zip(todo, self.pool.map([p for _, p in todo]), strict=True):
+            out[i] = float(res[1]) if res[0] == "ok" else ItemError(res[1], res[2])
+        return out  # type: ignore[return-value]
+
+    def warmup_item(self) -> ScoreItem:
+        return ScoreItem(id="warmup", prompt="1/2 = ?", response="\\boxed{\\frac{1}{2}}", reference="0.5")
+
+    def info(self) -> ScorerInfo:
+        import importlib.metadata as md
+
+        try:
+            mv = md.version("math-verify")
+        except md.PackageNotFoundError:
+            mv = "missing"
+        return ScorerInfo(
+            name=self.name,
+            kind=self.kind,
+            modality=self.modality,
+            dtype="none",
+            device="cpu",
+            version=VERSION,
+            identity=identity(
+                kind=self.kind,
+                weights="",
+                config={"math_verify": mv},
+                dtype="none",
+                options=self._check_options,
+            ),
+            max_batch_size=self.max_batch_size,
+            max_wait_ms=self.max_wait_ms,
+            extra={
+                "backend": f"math-verify {mv}, worker processes",
+                "limits": {
+                    "timeout_s": self.timeout_s,
+                    "workers": self.workers,
+                    "spares": self.spares,
+                    "max_memory_mb": self.max_memory_mb,
+                    "depth": self.depth,
+                },
+                "extraction": self.options.get("extraction", "auto"),
+                "workers_killed": self.pool.killed if self.pool else 0,
+            },
+        )
