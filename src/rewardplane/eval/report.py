@@ -35,6 +35,7 @@ from rewardplane.eval.artifacts import (
     load_summary,
     read_pairs,
 )
+from rewardplane.eval.benchmarks.rmbench import MEAN_OVER_DOMAINS
 
 CALIBRATION_BINS = 10
 BENCHMARK_SCHEMA = "rewardplane.eval.benchmark/1"
@@ -344,11 +345,13 @@ def length_bias_png(bias: dict[str, Any], label: str) -> bytes:
 
 
 def style_png(style: dict[str, Any]) -> bytes:
-    """RM-Bench: the pooled 3 × 3 accuracy matrix and easy / normal / hard per domain."""
+    """RM-Bench: the 3 × 3 accuracy matrix (the mean over domains; pooled in summaries written
+    before the released per-domain averaging was matched) and easy / normal / hard per domain."""
     plt = _pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(10.0, 3.8), gridspec_kw={"width_ratios": [1, 1.4]})
     styles = style["styles"]
-    matrix = np.array(style["(all)"]["matrix"])
+    overall = MEAN_OVER_DOMAINS if MEAN_OVER_DOMAINS in style else "(all)"
+    matrix = np.array(style[overall]["matrix"])
     image = left.imshow(matrix, vmin=0, vmax=1, cmap="RdYlGn")
     for i in range(3):
         for j in range(3):
