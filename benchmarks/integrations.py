@@ -8,7 +8,8 @@ from 16 concurrent callers (threads, closed loop, `--seconds` each after a warm-
   openrlhf   `POST /get_reward` with 64 queries, `mode=split` (prompt + response re-rendered)
   gateway    `POST /score`, protocol "1", 64 requests of one text turn pair each
   trl        `integrations.trl.RemoteReward(prompts, completions)` as GRPOTrainer calls it
-  verl       `integrations.verl.compute_score_batch(...)` as verl's batch manager calls it
+  verl       `integrations.verl.compute_score_async(...)` for each item, gathered on one event loop
+             per caller thread, as a verl 0.9 RewardLoopWorker fans a chunk out to its manager
 
 Routes are interleaved over `--rounds` rounds (rotated order) and the median kept, so drift on
 a shared machine hits every route alike. Reported per route: items/s and the ratio to `v1_score` (goal ≥ 0.95, docs/benchmarks/integrations.md).
@@ -19,6 +20,7 @@ a shared machine hits every route alike. Reported per route: items/s and the rat
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import platform
 import statistics
@@ -86,7 +88,7 @@ def gateway_body(prompts: list[str], responses: list[str]) -> dict:
 def make_calls(url: str, batch: int) -> dict:
     """route -> a function scoring `batch` items once and returning how many it scored."""
     from rewardplane.integrations.trl import RemoteReward
-    from rewardplane.integrations.verl import compute_score_batch
+    from rewardplane.integrations.verl import compute_score_async
     from rewardplane.serve.client import RewardClient
 
     prompts, responses = PROMPTS[:batch], RESPONSES[:batch]
@@ -120,11 +122,18 @@ def make_calls(url: str, batch: int) -> dict:
             local.trl = RemoteReward(url, scorer="rm")
         return len(local.trl(prompts=prompts, completions=responses))
 
-    def verl() -> int:
-        infos = [{"prompt": p} for p in prompts]
-        return len(
-            compute_score_batch(["bench"] * batch, responses, [None] * batch, infos, url=url, scorer="rm")
+    async def verl_chunk() -> list[float]:
+        return await asyncio.gather(
+            *(
+                compute_score_async("bench", r, None, {"prompt": p}, url=url, scorer="rm")
+                for p, r in zip(prompts, responses, strict=True)
+            )
         )
+
+    def verl() -> int:
+        if not hasattr(local, "loop"):  # one event loop per caller, as one per RewardLoopWorker
+            local.loop = asyncio.new_event_loop()
+        return len(local.loop.run_until_complete(verl_chunk()))
 
     return {"v1_score": v1_score, "openrlhf": openrlhf, "gateway": gateway, "trl": trl, "verl": verl}
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import re
 import shutil
 from pathlib import Path
 
@@ -23,42 +22,18 @@ from rewardplane.data.synth import builtin_tokenizer
 from rewardplane.eval import benchmarks
 from rewardplane.eval.benchmarks import rewardbench2
 from rewardplane.eval.compare import compare_examples
+from rewardplane.eval.settings import EvalSettings
 from rewardplane.objectives.base import PairScorer
+from support.benchmark_scorer import fake_scorer, read_score
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REPLICATES = 500
-_SCORE = re.compile(r"score=(-?[0-9.]+)")
-
-
-def fake_scorer(offset: dict[str, float] | None = None) -> PairScorer:
-    """Scores each branch with the last `score=X` in its completion (+ an optional per-text offset)."""
-    tok = builtin_tokenizer()
-    offset = offset or {}
-    calls = []
-
-    def read(branch) -> float:
-        ids = [t for t, m in zip(branch.input_ids, branch.loss_mask, strict=True) if m]
-        text = tok.decode(ids)
-        value = float(_SCORE.findall(text)[-1].rstrip("."))
-        return value + sum(v for k, v in offset.items() if k in text)
-
-    def score(pairs, batch_size, progress=None):
-        calls.append(len(pairs))
-        return (
-            np.array([read(p.chosen) for p in pairs]),
-            np.array([read(p.rejected) for p in pairs]),
-            None,
-        )
-
-    scorer = PairScorer("reward_model", tok, {"fake": True}, score)
-    scorer.calls = calls  # type: ignore[attr-defined]
-    return scorer
 
 
 def run(tmp_path, benchmark, data, scorer=None, **kw):
     return benchmarks.evaluate_benchmark(
-        benchmark=benchmark, data_path=data, model_path="fake", out_dir=tmp_path, device="cpu",
-        replicates=REPLICATES, scorer=scorer or fake_scorer(), **kw,
+        benchmark=benchmark, data_path=data, model_path="fake", out_dir=tmp_path,
+        options=EvalSettings(device="cpu", replicates=REPLICATES), scorer=scorer or fake_scorer(), **kw,
     )  # fmt: skip
 
 
@@ -84,14 +59,14 @@ def test_rewardbench_rules_by_hand(tmp_path):
     }  # fmt: skip
     agg = {k: v["score"] for k, v in summary["aggregates"].items()}
     chat, chat_hard = 0.5, 1.0
-    safety = (0 * 100 + 1 * 154) / (100 + 154)  # EXAMPLE_COUNTS weights
+    safety = (0 * 100 + 1 * 250) / (100 + 250)  # EXAMPLE_COUNTS weights (xstest-should-respond 250)
     reasoning = (0.5 * 984 + 1 * 164) / (984 + 164)  # math-prm upweighted to equal the code subsets
     assert agg["Chat"] == pytest.approx(chat) and agg["Chat Hard"] == pytest.approx(chat_hard)
     assert agg["Safety"] == pytest.approx(safety) and agg["Reasoning"] == pytest.approx(reasoning)
     assert agg["score"] == pytest.approx((chat + chat_hard + safety + reasoning) / 4)
     assert agg["accuracy (all examples)"] == pytest.approx(5 / 8)
     assert summary["headline"]["name"] == "score"
-    assert "RewardBench score: 0.669" in summary["headline"]["sentence"]
+    assert "RewardBench score: 0.696" in summary["headline"]["sentence"]
 
 
 def test_rewardbench_bootstrap_recomputed_independently(tmp_path):
@@ -99,7 +74,7 @@ def test_rewardbench_bootstrap_recomputed_independently(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "examples.jsonl").read_text().splitlines()]
     assert all(r["data_sha256"] == summary["data_sha256"] for r in rows)
     # the score's per-example values from the EXAMPLE_COUNTS weights, by hand
-    counts = {"alpacaeval-easy": 100, "mt-bench-hard": 37, "refusals-dangerous": 100, "xstest-should-respond": 154,
+    counts = {"alpacaeval-easy": 100, "mt-bench-hard": 37, "refusals-dangerous": 100, "xstest-should-respond": 250,
               "math-prm": 984, "hep-python": 164}  # fmt: skip
     sections = [["alpacaeval-easy"], ["mt-bench-hard"], ["refusals-dangerous", "xstest-should-respond"],
                 ["math-prm", "hep-python"]]  # fmt: skip
@@ -178,14 +153,32 @@ def test_rmbench_style_matrix_by_hand(tmp_path):
     assert summary["data"]["rejections"] == {"schema": 1}  # two chosen styles instead of three
     style = summary["details"]["style_matrix"]
     assert style["chat"]["matrix"] == [[1, 1, 0], [1, 1, 0], [1, 1, 0]]
-    assert style["safety-response"]["matrix"] == [[0, 0, 0], [1, 0, 0], [1, 1, 0]]
-    levels = {k: summary["aggregates"][f"{k} (all examples)"]["score"] for k in ("easy", "normal", "hard")}
-    assert levels == pytest.approx({"easy": 3 / 4, "normal": (2 / 3 + 1) / 4, "hard": (1 / 3 + 1) / 4})
-    assert style["(all)"]["easy"] == pytest.approx(3 / 4)
+    # Safety pools its safety-refuse row (all 0) and its safety-response row
+    assert style["safety"]["matrix"] == [[0, 0, 0], [0.5, 0, 0], [0.5, 0.5, 0]]
+    # each level is the mean over the domains present (chat, math, safety) of the domain's level,
+    # as the released compute_accuracy gives it; pooled over the four rows it would be 3/4, 5/12, 1/3
+    levels = {k: summary["aggregates"][k]["score"] for k in ("easy", "normal", "hard")}
+    assert levels == pytest.approx(
+        {"easy": (1 + 1 + 0.5) / 3, "normal": (2 / 3 + 1 + 0) / 3, "hard": (1 / 3 + 1) / 3}
+    )
+    assert style["(mean over domains)"]["easy"] == pytest.approx(5 / 6)
+    assert np.mean(list(levels.values())) == pytest.approx(summary["aggregates"]["average"]["score"])
     assert summary["aggregates"]["domain chat"]["score"] == pytest.approx(6 / 9)
     assert summary["aggregates"]["domain safety"]["score"] == pytest.approx((0 + 3 / 9) / 2)
     assert summary["aggregates"]["average"]["score"] == pytest.approx((6 / 9 + 1 + 1 / 6) / 3)
     assert summary["subsets"]["chat"]["hard"] == pytest.approx(1 / 3)
+
+
+def test_rmbench_rejects_a_domain_outside_the_four(tmp_path):
+    """The released code splits by `domain.startswith(chat|math|code|safety)` and silently drops
+    any other row; here such a row is rejected and counted instead."""
+    rows = json.loads((FIXTURES / "rmbench.json").read_text())
+    rows.append({**rows[1], "id": "poetry/1", "domain": "poetry"})
+    (tmp_path / "rmb.json").write_text(json.dumps(rows))
+    summary = run(tmp_path / "out", "rm-bench", tmp_path / "rmb.json")
+    assert summary["data"]["rejections"] == {"schema": 2}
+    assert summary["n_examples"] == 4
+    assert "poetry" not in summary["subsets"]
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "json", "datasets"])
@@ -372,15 +365,11 @@ def streaming_scorer() -> PairScorer:
     tok = scorer.tokenizer
     chunks_seen: list[int] = []
 
-    def read(branch) -> float:
-        ids = [t for t, m in zip(branch.input_ids, branch.loss_mask, strict=True) if m]
-        return float(_SCORE.findall(tok.decode(ids))[-1].rstrip("."))
-
     def score_branch_chunks(chunks, progress=None, per_unit=1):
         values = []
         for chunk in chunks:
             chunks_seen.append(len(chunk))
-            values += [read(b) for b in chunk]
+            values += [read_score(tok, b) for b in chunk]
         return np.array(values)
 
     scorer.score_branch_chunks = score_branch_chunks

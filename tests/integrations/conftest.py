@@ -29,6 +29,13 @@ def server():
 
 
 @pytest.fixture(scope="package")
+def token_server():
+    """A service that wants a bearer token ("tok")."""
+    with LiveServer(make_config([{"name": "len", "kind": "length"}], token="tok")) as live:
+        yield live
+
+
+@pytest.fixture(scope="package")
 def one_scorer_server():
     with LiveServer(make_config([{"name": "len", "kind": "length"}])) as live:
         yield live

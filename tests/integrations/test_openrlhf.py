@@ -1,10 +1,22 @@
 """OpenRLHF 0.11: its single-turn agent executor (`openrlhf.utils.agent.SingleTurnAgentExecutor`,
-what `--remote_rm_url` drives) fetches rewards from `POST /get_reward` of a live server."""
+what `--reward.remote_url` drives) fetches rewards from `POST /get_reward` of a live server.
+
+The executor is built as `train_ppo_ray` builds it: from `args.reward.remote_url` after
+OpenRLHF's own command-line parser and checks (`ppo_args`), so the flag docs/integrations.md
+gives is the one OpenRLHF accepts."""
 
 from __future__ import annotations
 
+import argparse
+import ast
 import asyncio
+import functools
+import re
+import shlex
+import sys
 import types
+from datetime import datetime
+from pathlib import Path
 
 import httpx
 import pytest
@@ -13,6 +25,7 @@ from rewardplane.data.builtin_tokenizer import build_tokenizer
 from rewardplane.serve.routes.openrlhf import strip_eos
 
 agent = pytest.importorskip("openrlhf.utils.agent")
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 PROMPT = "<|im_start|>user\nSay hello.<|im_end|>\n<|im_start|>assistant\n"
 
@@ -35,8 +48,42 @@ class FakeEngine:
         return types.SimpleNamespace(outputs=[out])
 
 
+@functools.cache
+def _ppo_main():
+    """The `if __name__ == "__main__":` block of the installed `openrlhf/cli/train_ppo_ray.py`
+    (its argparse parser, `hierarchize` and its argument checks, then `train(args)`), compiled
+    from OpenRLHF's source: the module itself cannot be imported on CPU (its Ray actors import
+    vLLM), but this block needs only argparse and datetime."""
+    import openrlhf
+
+    path = Path(openrlhf.__file__).parent / "cli" / "train_ppo_ray.py"
+    tree = ast.parse(path.read_text())
+    block = next(
+        node
+        for node in tree.body
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "__name__ == '__main__'"
+    )
+    return compile(ast.Module(body=block.body, type_ignores=[]), str(path), "exec")
+
+
+def ppo_args(argv: list[str]) -> types.SimpleNamespace:
+    """What `python -m openrlhf.cli.train_ppo_ray *argv` hands to `train(args)`."""
+    captured: list = []
+    saved = sys.argv
+    sys.argv = ["train_ppo_ray.py", *argv]
+    try:
+        exec(
+            _ppo_main(),
+            {"__name__": "__main__", "argparse": argparse, "datetime": datetime, "train": captured.append},
+        )
+    finally:
+        sys.argv = saved
+    return captured[0]
+
+
 def run_executor(url: str, tokenizer, response: str, *, label=None, prompt: str = PROMPT) -> dict:
-    executor = agent.SingleTurnAgentExecutor(url)
+    # train_ppo_ray: create_vllm_engines(remote_rm_url=args.reward.remote_url) -> SingleTurnAgentExecutor
+    executor = agent.SingleTurnAgentExecutor(ppo_args(["--reward.remote_url", url]).reward.remote_url)
     params = types.SimpleNamespace(max_tokens=16, logprobs=None)
     return asyncio.run(
         executor.execute(prompt, label, params, 256, tokenizer, FakeEngine(tokenizer, response))
@@ -130,3 +177,24 @@ def test_request_errors(server):
     r = httpx.post(f"{server.url}/get_reward", json={"query": ["x"], "prompts": []})
     assert r.status_code == 422 and r.json()["code"] == "invalid_request"
     assert httpx.post(f"{server.url}/get_reward?mode=other", json={"query": ["x"]}).status_code == 422
+
+
+def test_the_documented_flags_are_the_ones_openrlhf_0_11_parses(capsys):
+    """Every `--reward.remote_url ...` line of docs/integrations.md goes through OpenRLHF's own
+    parser to the list the executor takes; the colocation flags docs/lifecycle.md names exist;
+    the pre-0.11 `--remote_rm_url` is refused by 0.11's parser."""
+    text = (DOCS / "integrations.md").read_text()
+    lines = re.findall(r"^--reward\.remote_url .+$", text, flags=re.M)
+    assert len(lines) >= 3
+    for line in lines:
+        argv = shlex.split(line)
+        assert ppo_args(argv).reward.remote_url == [argv[1]]
+    lifecycle = (DOCS / "lifecycle.md").read_text()
+    flags = ["--train.colocate_all", "--vllm.enable_sleep", "--ds.enable_sleep"]
+    assert all(f"`{flag}" in lifecycle or f" {flag}" in lifecycle for flag in flags)
+    args = ppo_args([*flags, "--reward.remote_url", "http://h:8000/get_reward"])
+    assert args.train.colocate_all and args.vllm.enable_sleep and args.ds.enable_sleep
+    with pytest.raises(SystemExit) as exit_info:
+        ppo_args(["--remote_rm_url", "http://h:8000/get_reward"])
+    assert exit_info.value.code == 2
+    assert "unrecognized arguments: --remote_rm_url" in capsys.readouterr().err

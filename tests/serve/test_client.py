@@ -90,6 +90,66 @@ def test_async_client_retries(monkeypatch):
     assert body["items"][0]["image"] == {"b64": "iVBORw=="}
 
 
+def free_port() -> int:
+    """A loopback port nothing listens on: connecting to it is refused."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_no_answer_after_the_retries_is_a_service_error(monkeypatch):
+    """A refused connection (a real one) and a timeout reach the caller as `ServiceError`, with a
+    stable code and no HTTP status, after the retries; never as httpx's own exception."""
+    sleeps = []
+    monkeypatch.setattr("rewardplane.serve.client.time.sleep", sleeps.append)
+    url = f"http://127.0.0.1:{free_port()}"
+    with RewardClient(url, max_retries=2) as c:
+        for call in (
+            lambda: c.score([{"id": "a", "response": "x"}], ["s"]),
+            c.scorers,
+            c.lifecycle,
+            c.onload,
+        ):
+            sleeps.clear()
+            with pytest.raises(ServiceError) as exc:
+                call()
+            assert (exc.value.code, exc.value.status) == ("connection_failed", None) and len(sleeps) == 2
+            assert url in str(exc.value) and "ConnectError" in str(exc.value)
+    seen: list[httpx.Request] = []
+    timeouts = [httpx.ConnectTimeout("slow"), httpx.ReadTimeout("slow")]
+    with (
+        RewardClient(
+            "http://svc", transport=httpx.MockTransport(scripted(timeouts, seen)), max_retries=3
+        ) as c,
+        pytest.raises(ServiceError) as exc,
+    ):
+        c.score([{"id": "a"}], ["s"])
+    # a connect timeout is retried; a read timeout (the request was sent) is final
+    assert exc.value.code == "client_timeout" and exc.value.status is None and len(seen) == 2
+
+
+def test_async_client_no_answer_is_a_service_error(monkeypatch):
+    async def no_sleep(_):
+        return None
+
+    monkeypatch.setattr("rewardplane.serve.client.asyncio.sleep", no_sleep)
+    url = f"http://127.0.0.1:{free_port()}"
+
+    async def run():
+        async with AsyncRewardClient(url, max_retries=1, scorers=["s"]) as c:
+            for call in (lambda: c.score([{"id": "a"}], ["s"]), c.scorers, c.lifecycle):
+                with pytest.raises(ServiceError) as exc:
+                    await call()
+                assert exc.value.code == "connection_failed" and exc.value.status is None
+            with pytest.raises(ServiceError) as exc:
+                await c.submit({"id": "a", "response": "x"})
+            assert exc.value.code == "connection_failed"
+
+    asyncio.run(run())
+
+
 @pytest.fixture(scope="module")
 def server():
     cfg = make_config([{"name": "d", "kind": "double"}, {"name": "len", "kind": "length"}], token="tok")
@@ -110,7 +170,26 @@ def test_score_error_lists_failed_items_unless_allow_partial(server):
         assert [r.id for r in partial] == ["a", "b", "c"] and partial[1].scores == {"len": 3.0}
         with pytest.raises(ServiceError) as unauth:
             RewardClient(server.url).score(items, ["d"])
-        assert unauth.value.status == 401
+        assert (unauth.value.status, unauth.value.code) == (401, "unauthorized")
+        with pytest.raises(ServiceError) as unknown:
+            c.score(items, ["nope"])
+        assert (unknown.value.status, unknown.value.code) == (422, "unknown_scorer")
+
+
+def test_async_client_whole_request_errors_from_the_service(server):
+    async def run():
+        async with (
+            AsyncRewardClient(server.url, token="wrong") as bad,
+            AsyncRewardClient(server.url, token="tok") as c,
+        ):
+            with pytest.raises(ServiceError) as unauth:
+                await bad.score([{"id": "a", "response": "x"}], ["d"])
+            assert (unauth.value.status, unauth.value.code) == (401, "unauthorized")
+            with pytest.raises(ServiceError) as unknown:
+                await c.submit({"id": "a", "response": "x"}, ["nope"])
+            assert unknown.value.code == "unknown_scorer"
+
+    asyncio.run(run())
 
 
 def test_multipart_client_matches_json_client(server):

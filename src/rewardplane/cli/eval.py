@@ -9,6 +9,7 @@ from rewardplane.core import atomic
 from rewardplane.core.errors import UsageError
 from rewardplane.core.progress import DEFAULT_EVERY_S
 from rewardplane.eval.bootstrap import DEFAULT_REPLICATES, DEFAULT_SEED
+from rewardplane.eval.settings import EvalSettings
 
 
 def _positive_seconds(text: str) -> float:
@@ -51,6 +52,14 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _settings(args: argparse.Namespace) -> EvalSettings:
+    return EvalSettings(
+        batch_size=args.batch_size, device=args.device, reference_path=args.reference, dtype=args.dtype,
+        max_batch_tokens=args.max_batch_tokens, seed=args.seed, replicates=args.replicates,
+        progress=not args.no_progress, progress_every_s=args.progress_every,
+    )  # fmt: skip
+
+
 def _eval_benchmark(args: argparse.Namespace) -> int:
     from rewardplane.eval.benchmarks import evaluate_benchmark
 
@@ -59,17 +68,9 @@ def _eval_benchmark(args: argparse.Namespace) -> int:
         data_path=args.data,
         model_path=args.model,
         out_dir=args.out,
-        batch_size=args.batch_size,
-        device=args.device,
-        reference_path=args.reference,
+        options=_settings(args),
         max_length=args.max_length,
         truncation=args.truncation,
-        seed=args.seed,
-        replicates=args.replicates,
-        dtype=args.dtype,
-        max_batch_tokens=args.max_batch_tokens,
-        progress=not args.no_progress,
-        progress_every_s=args.progress_every,
     )
     data = summary["data"]
     print(
@@ -108,15 +109,7 @@ def _eval(args: argparse.Namespace) -> int:
         probe_path=args.probe,
         data_path=args.data,
         out_dir=args.out,
-        batch_size=args.batch_size,
-        reference_path=args.reference,
-        device=args.device,
-        seed=args.seed,
-        replicates=args.replicates,
-        dtype=args.dtype,
-        max_batch_tokens=args.max_batch_tokens,
-        progress=not args.no_progress,
-        progress_every_s=args.progress_every,
+        options=_settings(args),
     )
     strict = summary["bootstrap"]["strict"]
     print(

@@ -20,12 +20,12 @@ import numpy as np
 
 from rewardplane.core import atomic
 from rewardplane.core.errors import RewardplaneError, UsageError
-from rewardplane.core.progress import DEFAULT_EVERY_S, Progress
+from rewardplane.core.progress import Progress
 from rewardplane.data.pipeline import Summary, tokenize_source
 from rewardplane.data.records import TokenizedPair
 from rewardplane.data.tokenize import LEGACY_SETTINGS, TokenizeSettings
 from rewardplane.eval.artifacts import write_eval_artifacts
-from rewardplane.eval.bootstrap import DEFAULT_REPLICATES, DEFAULT_SEED
+from rewardplane.eval.settings import EvalSettings
 from rewardplane.objectives.base import PairScorer
 from rewardplane.objectives.registry import load_pair_scorer
 from rewardplane.objectives.reward_model import DEFAULT_MAX_BATCH_TOKENS
@@ -143,15 +143,7 @@ def evaluate(
     probe_path: str | Path,
     data_path: str | Path,
     out_dir: str | Path,
-    batch_size: int = 16,
-    reference_path: str | Path | None = None,
-    device: str | None = None,
-    seed: int = DEFAULT_SEED,
-    replicates: int = DEFAULT_REPLICATES,
-    dtype: str = "fp32",
-    max_batch_tokens: int | None = None,
-    progress: bool = True,
-    progress_every_s: float = DEFAULT_EVERY_S,
+    options: EvalSettings = EvalSettings(),
 ) -> dict[str, Any]:
     """Check the data against the probe, score every pair, write the artifacts; return the summary.
 
@@ -163,21 +155,15 @@ def evaluate(
 
     probe = load_probe(probe_path)
     settings = TokenizeSettings.from_json(probe["settings"])
-    device = _device(device)
-    scorer = load_model(
-        model_path,
-        device=device,
-        reference_path=reference_path,
-        dtype=dtype,
-        max_batch_tokens=max_batch_tokens,
-    )
+    device = _device(options.device)
+    scorer = load_model(model_path, device=device, **options.model_kwargs())
     data = Summary()
     pairs = tokenize_eval_data(data_path, scorer.tokenizer, settings, data)
     check_probe(probe, pairs, tokenizer=scorer.tokenizer, settings=settings)
     check_plain_text(scorer.metadata, settings, data_path, scorer.tokenizer, pairs, model_path)
     started = time.perf_counter()
-    with scoring_progress(len(pairs), progress, progress_every_s) as bar:
-        chosen, rejected, losses = scorer.score(pairs, batch_size, bar)
+    with scoring_progress(len(pairs), options.progress, options.progress_every_s) as bar:
+        chosen, rejected, losses = scorer.score(pairs, options.batch_size, bar)
     seconds = time.perf_counter() - started
     for name, values in (("chosen", chosen), ("rejected", rejected), ("loss", losses)):
         bad = [] if values is None else np.flatnonzero(~np.isfinite(values))
@@ -189,9 +175,9 @@ def evaluate(
                 code="non_finite_scores",
             )
     plan = {
-        "batch_size": batch_size,
+        "batch_size": options.batch_size,
         "layout": "packed" if scorer.scoring.get("attention") == "varlen" else "right",
-        "precision": dtype,
+        "precision": options.dtype,
         "device_type": device.split(":")[0],
     }
     summary = write_eval_artifacts(
@@ -204,8 +190,8 @@ def evaluate(
         objective=scorer.objective,
         model_identity={"path": str(model_path), **scorer.metadata},
         batch_plan=plan,
-        seed=seed,
-        replicates=replicates,
+        seed=options.seed,
+        replicates=options.replicates,
         pair_losses=losses,
         completion_tokens=(
             [sum(p.chosen.loss_mask) for p in pairs],
@@ -231,13 +217,8 @@ def evaluate(
             "seconds": seconds,
             "pairs_per_s": len(pairs) / seconds if seconds > 0 else None,
             "tokens_per_s": tokens / seconds if seconds > 0 else None,
-            **scoring_record(scorer, device, dtype, batch_size),
+            **options.record(device),
+            **scorer.scoring,
         },
     )
     return summary
-
-
-def scoring_record(scorer: PairScorer, device: str, dtype: str, batch_size: int) -> dict[str, Any]:
-    """The throughput record's account of how the scores were computed: the path (packed varlen
-    or padded), device, dtype, batching and the last call's token accounting."""
-    return {"device": device, "dtype": dtype, "batch_size": batch_size, **scorer.scoring}

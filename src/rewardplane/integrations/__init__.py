@@ -2,8 +2,8 @@
 
 - `rewardplane.integrations.trl`: `RemoteReward` / `AsyncRemoteReward`, reward functions for TRL's
   `GRPOTrainer(reward_funcs=...)`.
-- `rewardplane.integrations.verl`: `compute_score` / `compute_score_batch` for verl's
-  `custom_reward_function` (naive and batch reward managers).
+- `rewardplane.integrations.verl`: `compute_score_async` / `compute_score` for verl's
+  `custom_reward_function`, called by its Reward Loop's reward managers.
 
 None of them imports its trainer: they only follow the trainer's calling convention, so they
 import fast and work with any installed version of it that keeps that convention. Every adapter

@@ -1,4 +1,5 @@
-"""Helpers shared by the trainer adapters: settings from the environment, chat-message rows."""
+"""Helpers shared by the trainer adapters: settings from the environment, chat-message rows,
+the items they send and the failures they raise."""
 
 from __future__ import annotations
 
@@ -73,6 +74,15 @@ def as_turns(value: Any, where: str) -> str | list[dict[str, str]]:
             )
         return out
     raise UsageError(f"{where}: expected a string or a list of messages, got {type(value).__name__}")
+
+
+def score_item(item_id: str, prompt: Any, response: Any, reference: Any = None) -> dict[str, Any]:
+    """One `POST /v1/score` item; a trainer's ground truth, when there is one, as its `reference`."""
+    item: dict[str, Any] = {"id": item_id, "prompt": prompt, "response": response}
+    reference = as_reference(reference)
+    if reference is not None:
+        item["reference"] = reference
+    return item
 
 
 def split_results(results: list[ItemScores], scorer: str) -> tuple[list[float | None], list[ItemFailure]]:

@@ -35,10 +35,10 @@ from typing import Any, Literal
 
 from rewardplane.core.errors import UsageError
 from rewardplane.integrations._common import (
-    as_reference,
     as_turns,
     pick_scorer,
     raise_failures,
+    score_item,
     setting,
     split_results,
 )
@@ -92,17 +92,15 @@ class _RemoteRewardBase:
                     f"(columns: {sorted(k for k in kwargs if not callable(kwargs[k]))})"
                 )
             references = kwargs[self.reference_key]
-        items = []
-        for i, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
-            item: dict[str, Any] = {
-                "id": str(i),
-                "prompt": as_turns(prompt, f"prompts[{i}]"),
-                "response": as_turns(completion, f"completions[{i}]"),
-            }
-            if references is not None and references[i] is not None:
-                item["reference"] = as_reference(references[i])
-            items.append(item)
-        return items
+        return [
+            score_item(
+                str(i),
+                as_turns(prompt, f"prompts[{i}]"),
+                as_turns(completion, f"completions[{i}]"),
+                None if references is None else references[i],
+            )
+            for i, (prompt, completion) in enumerate(zip(prompts, completions, strict=True))
+        ]
 
     def _finish(self, results: list[ItemScores], log_metric: Callable | None) -> list[float | None]:
         values, failures = split_results(results, self.scorer)

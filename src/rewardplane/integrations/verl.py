@@ -1,18 +1,24 @@
-"""verl `custom_reward_function`s backed by a rewardplane service (verl 0.9; docs/integrations.md).
+"""verl `custom_reward_function`s backed by a rewardplane service (tested with verl 0.9.1;
+docs/integrations.md).
 
 ```
 reward.custom_reward_function.path=pkg://rewardplane.integrations.verl
-reward.custom_reward_function.name=compute_score          # naive manager (the default)
+reward.custom_reward_function.name=compute_score_async
 +reward.custom_reward_function.reward_kwargs.url=http://127.0.0.1:8000
 +reward.custom_reward_function.reward_kwargs.scorer=rm
 ```
 
-- `compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float`:
-  one sample, for the naive reward manager (verl runs it in a thread pool, one call per sample).
-- `compute_score_async(...)`: the same as a coroutine; verl's reward-loop managers detect it
-  (`inspect.iscoroutinefunction`) and await it on their event loop instead of a thread.
-- `compute_score_batch(data_sources, solution_strs, ground_truths, extra_infos, **kwargs) -> list[float]`:
-  the whole batch in one request per `batch_size` items, for the batch reward manager.
+verl 0.9 computes rewards in its Reward Loop: `RewardLoopWorker.compute_score` (called per
+trajectory by the agent loop as its generation ends, or per sample of a chunk by
+`RewardLoopManager.compute_rm_score`) hands one sample to the reward manager's `run_single`
+(`naive` by default), which calls the custom function:
+
+- `compute_score_async(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float`:
+  a coroutine, which the manager awaits on the worker's event loop (`inspect.iscoroutinefunction`),
+  so all of a worker's samples are in flight at once on one connection pool; the service
+  batches them.
+- `compute_score(...)`: the same, blocking; the manager runs it in the worker's thread pool, one
+  call per sample.
 
 verl passes only the response (`solution_str`, decoded with special tokens stripped), never the
 prompt. The prompt is read from `extra_info["prompt"]`, else `extra_info["question"]` (verl's
@@ -20,37 +26,32 @@ data-preparation scripts store the question there): a string, or `{role, content
 scorer that needs a prompt (every kind except the rule scorers `exact_match`, `regex`, `length`)
 raises `UsageError` when neither is there. `ground_truth` is sent as the item's `reference`.
 
-Settings: `url`, `scorer`, `token` (and `timeout`, `max_retries`, `batch_size`) from verl's
-`reward_kwargs`, else `REWARDPLANE_URL` / `REWARDPLANE_SCORER` / `REWARDPLANE_TOKEN`; with no scorer the
-service must host exactly one. Other keyword arguments verl adds are ignored.
+Settings: `url`, `scorer`, `token` (and `timeout`, `max_retries`) from verl's `reward_kwargs`,
+else `REWARDPLANE_URL` / `REWARDPLANE_SCORER` / `REWARDPLANE_TOKEN`; with no scorer the service
+must host exactly one. Other keyword arguments verl adds are ignored.
 
-A failed score raises (`ScoreError` for item errors, `ServiceError` for a whole-request error,
-httpx's error when the service cannot be reached after the retries); it is never 0.0. Beware
-verl's own wrappers that turn exceptions into 0.0: the `rate_limited` reward manager (any
-exception) and `compute_score_timeout` of the legacy naive manager (TimeoutError).
+A failed score raises, after the client's retries: `ScoreError` for an item error,
+`ServiceError` for a whole-request failure (no answer: `connection_failed` / `client_timeout`;
+the service's answer: `unauthorized`, `unknown_scorer`, ...). It is never 0.0. Beware verl's
+`rate_limited` reward manager, which turns any exception into a reward of 0.0.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from rewardplane.core.errors import UsageError
-from rewardplane.integrations._common import (
-    as_reference,
-    as_turns,
-    pick_scorer,
-    raise_failures,
-    setting,
-    split_results,
-)
-from rewardplane.serve.client import AsyncRewardClient, ItemScores, RewardClient
+from rewardplane.integrations import _common as common
+from rewardplane.serve.client import AsyncRewardClient, ItemScores, RewardClient, ServiceError
 
 # Scorer kinds that read only the response (and `reference`); every other kind needs the prompt.
 PROMPTLESS_KINDS = frozenset({"exact_match", "regex", "length"})
 PROMPT_KEYS = ("prompt", "question")
+UNKNOWN_SCORER_STATUS = 422
+"""What `POST /v1/score` answers for a scorer it does not host (`unknown_scorer`)."""
 
 _lock = threading.Lock()
 _clients: dict[tuple, RewardClient] = {}
@@ -59,18 +60,14 @@ _kinds: dict[tuple[str, str], str] = {}
 _default_scorer: dict[str, str] = {}
 
 
-def _settings(kwargs: Mapping[str, Any]) -> tuple[str, str | None, str | None, dict[str, Any], int]:
-    url = setting(kwargs.get("url"), "REWARDPLANE_URL", required=True, what="URL").rstrip("/")
-    scorer = setting(kwargs.get("scorer"), "REWARDPLANE_SCORER")
-    token = setting(kwargs.get("token"), "REWARDPLANE_TOKEN")
-    client_kwargs = {"token": token, "allow_partial": True}
+def _settings(kwargs: Mapping[str, Any]) -> tuple[str, str | None, dict[str, Any]]:
+    url = common.setting(kwargs.get("url"), "REWARDPLANE_URL", required=True, what="URL").rstrip("/")
+    scorer = common.setting(kwargs.get("scorer"), "REWARDPLANE_SCORER")
+    client_kwargs = {"token": common.setting(kwargs.get("token"), "REWARDPLANE_TOKEN"), "allow_partial": True}
     for key in ("timeout", "max_retries"):
         if kwargs.get(key) is not None:
             client_kwargs[key] = kwargs[key]
-    batch_size = int(kwargs.get("batch_size") or 256)
-    if batch_size < 1:
-        raise UsageError(f"batch_size must be >= 1, got {batch_size}")
-    return url, scorer, token, client_kwargs, batch_size
+    return url, scorer, client_kwargs
 
 
 def _client(url: str, client_kwargs: dict[str, Any]) -> RewardClient:
@@ -104,99 +101,63 @@ def _resolve(url: str, scorer: str | None, client: RewardClient) -> tuple[str, s
     listed = client.scorers()
     kinds = {s["name"]: s.get("kind", "") for s in listed}
     if scorer is None:
-        scorer = _default_scorer[url] = pick_scorer(listed, url)
+        scorer = _default_scorer[url] = common.pick_scorer(listed, url)
     if scorer not in kinds:
-        raise UsageError(f"the service at {url} has no scorer {scorer!r} (it has {sorted(kinds)})")
+        raise ServiceError(
+            UNKNOWN_SCORER_STATUS,
+            "unknown_scorer",
+            f"the service at {url} has no scorer {scorer!r} (it has {sorted(kinds)})",
+        )
     with _lock:
         _kinds.update({(url, name): kind for name, kind in kinds.items()})
     return scorer, kinds[scorer]
 
 
-def _prompt(extra_info: Any, kind: str, scorer: str, where: str) -> str | list[dict[str, str]]:
+def _prompt(extra_info: Any, kind: str, scorer: str) -> str | list[dict[str, str]]:
     if isinstance(extra_info, Mapping):
         for key in PROMPT_KEYS:
             value = extra_info.get(key)
             if value is not None and (not isinstance(value, str | list | tuple) or len(value) > 0):
                 if hasattr(value, "tolist"):
                     value = value.tolist()
-                return as_turns(value, f"{where}.extra_info[{key!r}]")
+                return common.as_turns(value, f"extra_info[{key!r}]")
     if kind in PROMPTLESS_KINDS:
         return ""
     raise UsageError(
-        f"{where}: scorer {scorer!r} ({kind}) scores the prompt too, but verl passes only the response: "
+        f"scorer {scorer!r} ({kind}) scores the prompt too, but verl passes only the response: "
         f"store the prompt in extra_info['prompt'] or extra_info['question'] when preparing the data "
         f"(docs/integrations.md)"
     )
 
 
-def _items(
-    scorer: str,
-    kind: str,
-    solution_strs: Sequence[str],
-    ground_truths: Sequence[Any],
-    extra_infos: Sequence[Any],
-) -> list[dict[str, Any]]:
-    items = []
-    for i, (response, truth, info) in enumerate(zip(solution_strs, ground_truths, extra_infos, strict=True)):
-        item: dict[str, Any] = {
-            "id": str(i),
-            "prompt": _prompt(info, kind, scorer, f"sample {i}"),
-            "response": str(response),
-        }
-        reference = as_reference(truth)
-        if reference is not None:
-            item["reference"] = reference
-        items.append(item)
-    return items
+def _item(scorer: str, kind: str, solution_str: str, ground_truth: Any, extra_info: Any) -> dict[str, Any]:
+    return common.score_item("0", _prompt(extra_info, kind, scorer), str(solution_str), ground_truth)
 
 
-def _values(results: list[ItemScores], scorer: str) -> list[float]:
-    values, failures = split_results(results, scorer)
-    raise_failures(failures, results)
-    return [float(v) for v in values if v is not None]
-
-
-def compute_score_batch(
-    data_sources: Sequence[Any],
-    solution_strs: Sequence[str],
-    ground_truths: Sequence[Any],
-    extra_infos: Sequence[Any] | None = None,
-    **kwargs: Any,
-) -> list[float]:
-    """One reward per response, scored by the service; any failure raises (never 0.0)."""
-    url, scorer, _, client_kwargs, batch_size = _settings(kwargs)
-    client = _client(url, client_kwargs)
-    scorer, kind = _resolve(url, scorer, client)
-    n = len(solution_strs)
-    infos = list(extra_infos) if extra_infos is not None else [None] * n
-    truths = list(ground_truths) if ground_truths is not None else [None] * n
-    if not (len(data_sources) == len(truths) == len(infos) == n):
-        raise UsageError(
-            f"compute_score_batch: {len(data_sources)} data_sources, {n} solution_strs, "
-            f"{len(truths)} ground_truths, {len(infos)} extra_infos"
-        )
-    items = _items(scorer, kind, solution_strs, truths, infos)
-    results: list[ItemScores] = []
-    for start in range(0, len(items), batch_size):
-        results.extend(client.score(items[start : start + batch_size], [scorer]))
-    return _values(results, scorer)
+def _value(results: list[ItemScores], scorer: str) -> float:
+    values, failures = common.split_results(results, scorer)
+    common.raise_failures(failures, results)
+    return float(values[0])  # type: ignore[arg-type]
 
 
 def compute_score(
     data_source: Any, solution_str: str, ground_truth: Any, extra_info: Any = None, **kwargs: Any
 ) -> float:
-    """The service's score for one response (the naive reward manager's call); failures raise."""
-    return compute_score_batch([data_source], [solution_str], [ground_truth], [extra_info], **kwargs)[0]
+    """The service's score for one response (the reward loop runs it in a thread); failures raise."""
+    url, scorer, client_kwargs = _settings(kwargs)
+    client = _client(url, client_kwargs)
+    scorer, kind = _resolve(url, scorer, client)
+    return _value(
+        client.score([_item(scorer, kind, solution_str, ground_truth, extra_info)], [scorer]), scorer
+    )
 
 
 async def compute_score_async(
     data_source: Any, solution_str: str, ground_truth: Any, extra_info: Any = None, **kwargs: Any
 ) -> float:
-    """`compute_score` as a coroutine, for verl's reward-loop managers (no thread per sample)."""
-    url, scorer, _, client_kwargs, _ = _settings(kwargs)
+    """`compute_score` as a coroutine: verl's Reward Loop awaits it (no thread per sample)."""
+    url, scorer, client_kwargs = _settings(kwargs)
     if scorer is None or (url, scorer) not in _kinds:  # the one-time look-up, off the event loop
         scorer, _kind = await asyncio.to_thread(_resolve, url, scorer, _client(url, client_kwargs))
-    kind = _kinds[(url, scorer)]
-    items = _items(scorer, kind, [solution_str], [ground_truth], [extra_info])
-    results = await _async_client(url, client_kwargs).score(items, [scorer])
-    return _values(results, scorer)[0]
+    item = _item(scorer, _kinds[(url, scorer)], solution_str, ground_truth, extra_info)
+    return _value(await _async_client(url, client_kwargs).score([item], [scorer]), scorer)

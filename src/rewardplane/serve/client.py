@@ -1,12 +1,15 @@
 """Clients for the reward service: `RewardClient` (sync) and `AsyncRewardClient` (asyncio).
 
 Both reuse one HTTP connection pool, retry 429 / 503 / connection failures with exponential
-backoff and jitter (a `Retry-After` from the server wins over the computed delay), and send one
-`Idempotency-Key` per logical request, the same on every retry, so server logs can tie retries
-together (scoring is side-effect free, so a retried request cannot double-count anything).
+backoff and jitter (`serve/retries.py`: a `Retry-After` from the server wins over the computed
+delay), and send one `Idempotency-Key` per logical request, the same on every retry, so server
+logs can tie retries together (scoring is side-effect free, so a retried request cannot
+double-count anything).
 
 A failed item never comes back as a number: unless `allow_partial=True`, any per-item error
-raises `ScoreError` listing every failed (item, scorer) with its code.
+raises `ScoreError` listing every failed (item, scorer) with its code. A whole request that
+fails raises `ServiceError`: the service's error answer (401, `unknown_scorer`, 429 after the
+retries, ...), or, when no answer came, `connection_failed` / `client_timeout` after the retries.
 """
 
 from __future__ import annotations
@@ -14,10 +17,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import itertools
 import json
 import os
-import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
@@ -37,17 +38,13 @@ from rewardplane.serve.protocol import (
     encode_score_request,
     lifecycle_route,
 )
+from rewardplane.serve.retries import RetryPolicy
 from rewardplane.serve.scorers.base import ScoreItem
 
-RETRY_STATUS = (429, 503)
-RETRY_EXCEPTIONS = (
-    httpx.ConnectError,
-    httpx.ConnectTimeout,
-    httpx.RemoteProtocolError,
-    httpx.ReadError,
-    httpx.WriteError,
-    httpx.PoolTimeout,
-)
+CONNECTION_FAILED = "connection_failed"
+"""`ServiceError.code` when no answer came: refused, reset or unresolvable, after the retries."""
+CLIENT_TIMEOUT = "client_timeout"
+"""`ServiceError.code` when no answer came within the client's `timeout` (after the retries)."""
 
 
 @dataclass(frozen=True)
@@ -69,11 +66,20 @@ class ItemScores:
 
 
 class ServiceError(RewardplaneError):
-    """A whole-request error from the service (4xx/5xx with `{"code", "message"}`), after retries."""
+    """A whole request failed, after the retries: the service's error answer (4xx/5xx with
+    `{"code", "message"}`; `status` is its HTTP status), or no answer at all (`status` None,
+    `code` `connection_failed` or `client_timeout`)."""
 
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(f"HTTP {status} {code}: {message}", code=code)
+    def __init__(self, status: int | None, code: str, message: str) -> None:
+        super().__init__(
+            f"HTTP {status} {code}: {message}" if status is not None else f"{code}: {message}", code=code
+        )
         self.status = status
+
+
+def _no_answer(exc: httpx.TransportError, url: str) -> ServiceError:
+    code = CLIENT_TIMEOUT if isinstance(exc, httpx.TimeoutException) else CONNECTION_FAILED
+    return ServiceError(None, code, f"no answer from {url} ({type(exc).__name__}: {exc})")
 
 
 class ScoreError(RewardplaneError):
@@ -154,9 +160,7 @@ class _Base:
         token = token or os.environ.get("REWARDPLANE_TOKEN")
         self.headers = {"authorization": f"Bearer {token}"} if token else {}
         self.timeout = timeout
-        self.max_retries = max_retries
-        self.backoff_s = backoff_s
-        self.max_backoff_s = max_backoff_s
+        self.retry = RetryPolicy(max_retries, backoff_s, max_backoff_s)
         self.allow_partial = allow_partial
         self.multipart = multipart
 
@@ -165,18 +169,6 @@ class _Base:
         kwargs = score_request_kwargs(items, scorers, pin, self.multipart)
         kwargs["headers"] = {**kwargs.get("headers", {}), IDEMPOTENCY_KEY_HEADER: uuid.uuid4().hex}
         return kwargs
-
-    def _retry_delay(self, attempt: int, response: httpx.Response | None) -> float | None:
-        """Seconds to wait before retrying, or None when `response` is final. `None` response:
-        a connection error. `Retry-After` wins over exponential backoff with ±50% jitter."""
-        if response is not None and (response.status_code not in RETRY_STATUS or attempt >= self.max_retries):
-            return None
-        if response is not None and (retry_after := response.headers.get("retry-after")):
-            try:
-                return min(self.max_backoff_s, float(retry_after)) + random.random() * self.backoff_s
-            except ValueError:
-                pass
-        return min(self.max_backoff_s, self.backoff_s * 2**attempt) * (0.5 + random.random() / 2)
 
 
 class RewardClient(_Base):
@@ -197,11 +189,15 @@ class RewardClient(_Base):
     def close(self) -> None:
         self._http.close()
 
+    def _send(self, method: str, route: str, **kwargs: Any) -> httpx.Response:
+        """The answer to one request under the retry policy; no answer is `ServiceError`."""
+        try:
+            return self.retry.retrying()(self._http.request, method, route, **kwargs)
+        except httpx.TransportError as exc:
+            raise _no_answer(exc, self.url) from exc
+
     def scorers(self) -> list[dict[str, Any]]:
-        response = self._http.get(SCORERS_ROUTE)
-        if response.status_code != 200:
-            _parse(response, True)
-        return response.json()["scorers"]
+        return _json(self._send("GET", SCORERS_ROUTE))["scorers"]
 
     def score(
         self,
@@ -211,32 +207,16 @@ class RewardClient(_Base):
         pin: Mapping[str, str] | None = None,
         allow_partial: bool | None = None,
     ) -> list[ItemScores]:
-        kwargs = self._prepare(items, scorers, pin)
-        for attempt in itertools.count():
-            response = None
-            try:
-                response = self._http.post(SCORE_ROUTE, **kwargs)
-            except RETRY_EXCEPTIONS:
-                if attempt >= self.max_retries:
-                    raise
-            if (delay := self._retry_delay(attempt, response)) is None:
-                return _parse(response, self.allow_partial if allow_partial is None else allow_partial)
-            time.sleep(delay)
+        response = self._send("POST", SCORE_ROUTE, **self._prepare(items, scorers, pin))
+        return _parse(response, self.allow_partial if allow_partial is None else allow_partial)
 
     # --- lifecycle: share the GPU with a trainer over time (docs/lifecycle.md)
 
     def _lifecycle(self, action: str, scorers: Sequence[str] | None, timeout_s: float | None) -> dict:
-        kwargs = {"json": _lifecycle_body(scorers, timeout_s)}
-        for attempt in itertools.count():  # 503s (onload_failed, drain_timeout) retry like scores
-            response = None
-            try:
-                response = self._http.post(lifecycle_route(action), **kwargs)
-            except RETRY_EXCEPTIONS:
-                if attempt >= self.max_retries:
-                    raise
-            if (delay := self._retry_delay(attempt, response)) is None:
-                return _json(response)["results"]
-            time.sleep(delay)
+        # 503s (onload_failed, drain_timeout) retry like scores
+        return _json(self._send("POST", lifecycle_route(action), json=_lifecycle_body(scorers, timeout_s)))[
+            "results"
+        ]
 
     def offload(self, scorers: Sequence[str] | None = None, *, timeout_s: float | None = None) -> dict:
         """Drain, then move the scorers' weights (None: every scorer) to host memory and free the
@@ -254,7 +234,7 @@ class RewardClient(_Base):
 
     def lifecycle(self) -> dict[str, Any]:
         """`GET /v1/lifecycle`: state, bytes on the GPU and transition times per scorer."""
-        return _json(self._http.get(LIFECYCLE_ROUTE))
+        return _json(self._send("GET", LIFECYCLE_ROUTE))
 
     @contextlib.contextmanager
     def resident(self, scorers: Sequence[str] | None = None) -> Iterator[RewardClient]:
@@ -324,11 +304,14 @@ class AsyncRewardClient(_Base):
         """Send every queued item now and wait until every submitted future is resolved."""
         await self._stream.drain()
 
+    async def _send(self, method: str, route: str, **kwargs: Any) -> httpx.Response:
+        try:
+            return await self.retry.async_retrying()(self._http.request, method, route, **kwargs)
+        except httpx.TransportError as exc:
+            raise _no_answer(exc, self.url) from exc
+
     async def scorers(self) -> list[dict[str, Any]]:
-        response = await self._http.get(SCORERS_ROUTE)
-        if response.status_code != 200:
-            _parse(response, True)
-        return response.json()["scorers"]
+        return _json(await self._send("GET", SCORERS_ROUTE))["scorers"]
 
     async def score(
         self,
@@ -338,32 +321,14 @@ class AsyncRewardClient(_Base):
         pin: Mapping[str, str] | None = None,
         allow_partial: bool | None = None,
     ) -> list[ItemScores]:
-        kwargs = self._prepare(items, scorers, pin)
-        for attempt in itertools.count():
-            response = None
-            try:
-                response = await self._http.post(SCORE_ROUTE, **kwargs)
-            except RETRY_EXCEPTIONS:
-                if attempt >= self.max_retries:
-                    raise
-            if (delay := self._retry_delay(attempt, response)) is None:
-                return _parse(response, self.allow_partial if allow_partial is None else allow_partial)
-            await asyncio.sleep(delay)
+        response = await self._send("POST", SCORE_ROUTE, **self._prepare(items, scorers, pin))
+        return _parse(response, self.allow_partial if allow_partial is None else allow_partial)
 
     # --- lifecycle (docs/lifecycle.md): as RewardClient's
 
     async def _lifecycle(self, action: str, scorers: Sequence[str] | None, timeout_s: float | None) -> dict:
-        kwargs = {"json": _lifecycle_body(scorers, timeout_s)}
-        for attempt in itertools.count():
-            response = None
-            try:
-                response = await self._http.post(lifecycle_route(action), **kwargs)
-            except RETRY_EXCEPTIONS:
-                if attempt >= self.max_retries:
-                    raise
-            if (delay := self._retry_delay(attempt, response)) is None:
-                return _json(response)["results"]
-            await asyncio.sleep(delay)
+        response = await self._send("POST", lifecycle_route(action), json=_lifecycle_body(scorers, timeout_s))
+        return _json(response)["results"]
 
     async def offload(self, scorers: Sequence[str] | None = None, *, timeout_s: float | None = None) -> dict:
         return await self._lifecycle("offload", scorers, timeout_s)
@@ -375,7 +340,7 @@ class AsyncRewardClient(_Base):
         return await self._lifecycle("drain", scorers, timeout_s)
 
     async def lifecycle(self) -> dict[str, Any]:
-        return _json(await self._http.get(LIFECYCLE_ROUTE))
+        return _json(await self._send("GET", LIFECYCLE_ROUTE))
 
     @contextlib.asynccontextmanager
     async def resident(self, scorers: Sequence[str] | None = None) -> AsyncIterator[AsyncRewardClient]:
@@ -405,7 +370,7 @@ class _Stream:
     pauses every send for its `Retry-After`, each success widens it by one (up to
     `max_in_flight`), so a saturated service slows the submitters instead of being retried
     harder. Each item's future gets its `ItemScores`, or `ScoreError` for that item alone, or the
-    request's `ServiceError` / connection error."""
+    request's `ServiceError` (with no answer: `connection_failed` / `client_timeout`)."""
 
     def __init__(
         self, client: AsyncRewardClient, max_batch: int, max_wait_s: float, max_in_flight: int
@@ -473,27 +438,28 @@ class _Stream:
         # Submitters choose their ids independently: the wire gets positions, the futures the ids.
         ids = [_item_id(item, n) for n, (item, _) in enumerate(live)]
         kwargs = client._prepare([_with_id(item, str(n)) for n, (item, _) in enumerate(live)], scorers, None)
+
+        async def attempt() -> httpx.Response:
+            if (wait := self.paused_until - time.monotonic()) > 0:
+                await asyncio.sleep(wait)
+            await self._slot()
+            ok = None
+            try:
+                response = await client._http.post(SCORE_ROUTE, **kwargs)
+                ok = response.status_code != 429
+                return response
+            finally:
+                await self._release(ok)
+
+        def pause_all(state: Any) -> None:  # a 429 holds back every send of this client, not only this one
+            if not state.outcome.failed and state.outcome.result().status_code == 429:
+                self.paused_until = max(self.paused_until, time.monotonic() + state.upcoming_sleep)
+
         try:
-            for attempt in itertools.count():
-                if (wait := self.paused_until - time.monotonic()) > 0:
-                    await asyncio.sleep(wait)
-                await self._slot()
-                response, ok = None, None
-                try:
-                    response = await client._http.post(SCORE_ROUTE, **kwargs)
-                    ok = response.status_code != 429
-                except RETRY_EXCEPTIONS:
-                    if attempt >= client.max_retries:
-                        raise
-                finally:
-                    await self._release(ok)
-                delay = client._retry_delay(attempt, response)
-                if delay is None:
-                    break
-                if response is not None and response.status_code == 429:
-                    self.paused_until = max(self.paused_until, time.monotonic() + delay)
-                else:
-                    await asyncio.sleep(delay)
+            try:
+                response = await client.retry.async_retrying(before_sleep=pause_all)(attempt)
+            except httpx.TransportError as exc:
+                raise _no_answer(exc, client.url) from exc
             results = _parse(response, True)
         except Exception as exc:  # the whole request failed: every item of it
             for _, fut in live:

@@ -33,13 +33,13 @@ from rewardplane.core import atomic
 from rewardplane.core.background import ahead
 from rewardplane.core.errors import UsageError
 from rewardplane.core.hashing import sha256_bytes
-from rewardplane.core.progress import DEFAULT_EVERY_S
 from rewardplane.data import reasons as R
 from rewardplane.data.reasons import Rejection
 from rewardplane.data.records import TokenizedBranch, TokenizedPair
 from rewardplane.eval import bootstrap
 from rewardplane.eval.benchmarks import common, loader, rewardbench, rewardbench2, rmbench
 from rewardplane.eval.benchmarks.loader import Item
+from rewardplane.eval.settings import EvalSettings
 
 log = logging.getLogger(__name__)
 
@@ -294,32 +294,21 @@ def evaluate_benchmark(
     data_path: str | Path,
     model_path: str | Path,
     out_dir: str | Path,
-    batch_size: int = 16,
-    device: str | None = None,
-    reference_path: str | Path | None = None,
+    options: EvalSettings = EvalSettings(),
     max_length: int = DEFAULT_MAX_LENGTH,
     truncation: str = "truncate",
-    seed: int = bootstrap.DEFAULT_SEED,
-    replicates: int = bootstrap.DEFAULT_REPLICATES,
     scorer: Any = None,
-    dtype: str = "fp32",
-    max_batch_tokens: int | None = None,
-    progress: bool = True,
-    progress_every_s: float = DEFAULT_EVERY_S,
 ) -> dict[str, Any]:
     """Read, score, apply the released rules, bootstrap, write the artifacts; return the summary."""
-    from rewardplane.eval.runner import _device, load_model, scoring_progress, scoring_record
+    from rewardplane.eval.runner import _device, load_model, scoring_progress
 
     module = get(benchmark)
     if truncation not in TRUNCATION:
         raise UsageError(f"truncation must be one of {TRUNCATION}, got {truncation!r}")
     items, data = read_items(module, data_path)
-    device = _device(device)
+    device = _device(options.device)
     if scorer is None:
-        scorer = load_model(
-            model_path, device=device, reference_path=reference_path, dtype=dtype,
-            max_batch_tokens=max_batch_tokens,
-        )  # fmt: skip
+        scorer = load_model(model_path, device=device, **options.model_kwargs())
 
     index: dict[tuple[str, str], int] = {}
     for item in items:
@@ -330,8 +319,8 @@ def evaluate_benchmark(
         items, index, scorer.tokenizer, data, max_length=max_length, truncation=truncation
     )  # fmt: skip
     started = time.perf_counter()
-    with scoring_progress((len(index) + 1) // 2, progress, progress_every_s) as bar:
-        used_scores, tokens = score_branch_stream(scorer, ahead(chunks), batch_size, bar)
+    with scoring_progress((len(index) + 1) // 2, options.progress, options.progress_every_s) as bar:
+        used_scores, tokens = score_branch_stream(scorer, ahead(chunks), options.batch_size, bar)
         bar.retotal((len(texts.order) + 1) // 2)
     seconds = time.perf_counter() - started
     items, used = texts.kept, texts.order
@@ -384,7 +373,7 @@ def evaluate_benchmark(
         subset_sizes[item.subset] = subset_sizes.get(item.subset, 0) + 1
     stats = common.statistics_block(
         rows, module.SUBSET_STATISTICS, module.aggregates(subset_sizes), module.CHANCE,
-        seed=seed, replicates=replicates,
+        seed=options.seed, replicates=options.replicates,
     )  # fmt: skip
     examples_bytes = common.example_lines(rows)
     summary: dict[str, Any] = {
@@ -416,9 +405,14 @@ def evaluate_benchmark(
             "texts_per_s": len(used) / seconds if seconds > 0 else None,
             "pairs_per_s": len(used) / 2 / seconds if seconds > 0 else None,
             "tokens_per_s": tokens / seconds if seconds > 0 else None,
-            **scoring_record(scorer, device, dtype, batch_size),
+            **options.record(device),
+            **scorer.scoring,
         },
-        "bootstrap": {"seed": seed, "replicates": replicates, "generator": bootstrap.GENERATOR},
+        "bootstrap": {
+            "seed": options.seed,
+            "replicates": options.replicates,
+            "generator": bootstrap.GENERATOR,
+        },
         "examples_file": common.EXAMPLES_FILE,
         "examples_sha256": sha256_bytes(examples_bytes),
         "worst_file": WORST_FILE,
@@ -448,14 +442,7 @@ def details(module: ModuleType, items: list[Item], rows: list[dict[str, Any]]) -
     if module is rewardbench2:
         return {"ties": rewardbench2.subset_details(items, rows)}
     if module is rmbench:
-        out: dict[str, Any] = {"styles": list(rmbench.STYLES)}
-        groups: dict[str, list[dict[str, Any]]] = {"(all)": rows}
-        for row in rows:
-            groups.setdefault(row["subset"], []).append(row)
-        for name, group in groups.items():
-            m = np.mean([np.array(r["matrix"], dtype=np.float64) for r in group], axis=0)
-            out[name] = {"matrix": m.tolist(), **rmbench.accuracy_levels(m), "n": len(group)}
-        return {"style_matrix": out}
+        return {"style_matrix": rmbench.style_matrices(rows)}
     return {"sections": rewardbench.section_weights({it.subset for it in items})}
 
 
