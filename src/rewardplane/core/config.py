@@ -217,14 +217,12 @@ def parse(model_cls: type[M], data: Any, where: str = "") -> M:
     `where` is the dotted prefix of this mapping inside a larger document (`"scorers[0]"`), so
     error messages name the key as the user would find it.
     """
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where or 'config'} must be a mapping, got {type(data).__name__}")
     try:
-        return model_cls.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(_one_line(model_cls, exc, where)) from None
+        return validate_section(model_cls, data)
+    except _SectionInvalid as exc:
+        raise ConfigError(_one_line(model_cls, exc.error, where)) from None
+    except ValueError as exc:  # not a mapping
+        raise ConfigError(f"{where or 'config'} {exc}") from None
 
 
 class FieldError(ValueError):

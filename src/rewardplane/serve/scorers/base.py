@@ -113,17 +113,14 @@ class Scorer(abc.ABC):
     modality: ClassVar[Modality]
     Options: ClassVar[type[ScorerOptions]] = ScorerOptions
     """The kind's options model; the base takes none (docs/serve.md, third-party scorers)."""
-    default_max_batch_size: ClassVar[int] = 32
-    default_max_wait_ms: ClassVar[float] = 5.0
-    """Batching when the scorer is built directly (tests, notebooks); a spec always sets both."""
 
     def __init__(
         self,
         name: str,
         options: ScorerOptions | dict[str, Any] | None = None,
         *,
-        max_batch_size: int | None = None,
-        max_wait_ms: float | None = None,
+        max_batch_size: int = 32,
+        max_wait_ms: float = 5.0,
         path: str | None = None,
         shape: str | None = None,
         dtype: str = "fp32",
@@ -131,8 +128,7 @@ class Scorer(abc.ABC):
     ) -> None:
         self.name = name
         self.options = self._typed_options(options)
-        self.max_batch_size = self.default_max_batch_size if max_batch_size is None else max_batch_size
-        self.max_wait_ms = self.default_max_wait_ms if max_wait_ms is None else max_wait_ms
+        self.max_batch_size, self.max_wait_ms = max_batch_size, max_wait_ms
         self.path, self.shape, self.dtype, self.device = path, shape, dtype, device
         self._weights = ""  # what identifies the weights (a digest), set by `load()` where there are any
         try:

@@ -25,6 +25,7 @@ network + PID namespaces with rlimits; a resource boundary, not a security bound
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -142,16 +143,23 @@ class CodeOptions(ScorerOptions):
 
 
 class CodeScorer(Scorer):
+    """Each item's program against the tests in its reference, in the local sandbox or on a
+    SandboxFusion server, `concurrency` items at a time (see the module docstring)."""
+
     kind: ClassVar[str] = "code"
     modality: ClassVar = "rule"
     Options = CodeOptions
-    default_max_wait_ms: ClassVar[float] = 2.0
 
-    def __init__(self, name: str, *args: Any, **kwargs: Any) -> None:
-        super().__init__(name, *args, **kwargs)
-        self.concurrency = self.options.concurrency or os.cpu_count() or 1
-        self.sandbox: Any = None
-        self._pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix=f"code-{name}")
+    sandbox: Any = None
+
+    @property
+    def concurrency(self) -> int:
+        """Items run at once: the option, else the machine's CPU count."""
+        return self.options.concurrency or os.cpu_count() or 1
+
+    @functools.cached_property
+    def _pool(self) -> ThreadPoolExecutor:
+        return ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix=f"code-{self.name}")
 
     def load(self) -> None:
         o = self.options

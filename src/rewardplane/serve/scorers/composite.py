@@ -177,10 +177,11 @@ class CompositeOptions(ScorerOptions):
 
 
 class CompositeScorer(Scorer):
+    """The components scored on the whole batch at once, then aggregated per item (module docstring)."""
+
     kind: ClassVar[str] = "composite"
     modality: ClassVar = "rule"
     Options = CompositeOptions
-    default_max_batch_size: ClassVar[int] = 64
 
     def __init__(self, name: str, *args: Any, **kwargs: Any) -> None:
         super().__init__(name, *args, **kwargs)

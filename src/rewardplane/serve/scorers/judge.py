@@ -171,11 +171,13 @@ class JudgeOptions(ScorerOptions):
 
 
 class JudgeScorer(Scorer):
+    """An LLM judge's rating (pointwise) or verdict (pairwise) for each item, asked of an
+    OpenAI-compatible endpoint on the scorer's own asyncio loop, or of a local model in one
+    batched generation (module docstring)."""
+
     kind: ClassVar[str] = "judge"
     modality: ClassVar = "text"
     Options = JudgeOptions
-    default_max_batch_size: ClassVar[int] = 256
-    default_max_wait_ms: ClassVar[float] = 10.0
 
     def __init__(self, name: str, *args: Any, **kwargs: Any) -> None:
         super().__init__(name, *args, **kwargs)

@@ -172,17 +172,16 @@ class MathScorer(Scorer):
     kind: ClassVar[str] = "math"
     modality: ClassVar = "rule"
     Options = MathOptions
-    default_max_batch_size: ClassVar[int] = 64
-    default_max_wait_ms: ClassVar[float] = 2.0
 
     concurrent_batches: ClassVar[int] = 4
     """The pool is shared and thread-safe, so the batcher hands it several batches at once: the
     next batch's items start on the workers that the current batch's slowest items leave idle."""
 
-    def __init__(self, name: str, *args: Any, **kwargs: Any) -> None:
-        super().__init__(name, *args, **kwargs)
-        self.workers = self.options.workers or usable_cores()
-        self.pool: DeadlinePool | None = None
+    pool: DeadlinePool | None = None
+
+    @property
+    def workers(self) -> int:
+        return self.options.workers or usable_cores()
 
     def load(self) -> None:
         try:

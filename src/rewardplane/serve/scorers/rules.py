@@ -9,8 +9,9 @@
 
 from __future__ import annotations
 
+import functools
 import re
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -22,8 +23,6 @@ from rewardplane.serve.scorers.options import ScorerOptions
 
 class _RuleScorer(Scorer):
     modality: ClassVar = "rule"
-    default_max_batch_size: ClassVar[int] = 256
-    default_max_wait_ms: ClassVar[float] = 0.0
 
     def load(self) -> None:
         """Nothing to load."""
@@ -83,10 +82,10 @@ class RegexScorer(_RuleScorer):
     kind: ClassVar[str] = "regex"
     Options = RegexOptions
 
-    def __init__(self, name: str, *args, **kwargs) -> None:
-        super().__init__(name, *args, **kwargs)
+    @functools.cached_property
+    def _match(self) -> Any:
         regex = self.options.compiled()
-        self._match = regex.fullmatch if self.options.mode == "fullmatch" else regex.search
+        return regex.fullmatch if self.options.mode == "fullmatch" else regex.search
 
     def score_batch(self, items: list[ScoreItem]) -> list[float | ItemError]:
         return [float(self._match(as_text(item.response)) is not None) for item in items]

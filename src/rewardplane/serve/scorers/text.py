@@ -534,23 +534,7 @@ class RewardModelScorer(SeqClsScorer):
     def _forward(self, input_ids, attention_mask, lengths):
         if self.shape is not None:
             return super()._forward(input_ids, attention_mask, lengths)
-        import torch
-
         from rewardplane.data.collate import Batch
 
-        rows = input_ids.shape[0]
-        positions = (
-            torch.arange(input_ids.shape[1], device=input_ids.device).expand(rows, -1) * attention_mask
-        )
-        batch = Batch(
-            layout="right",
-            input_ids=input_ids,
-            position_ids=positions,
-            attention_mask=attention_mask,
-            segment_ids=None,
-            score_rows=torch.arange(rows, device=input_ids.device),
-            score_cols=lengths - 1,
-            num_pairs=0,
-            num_tokens=int(lengths.sum()),
-        )
+        batch = Batch.scored_at_last_token(input_ids, attention_mask, lengths)
         return self.model(batch)
