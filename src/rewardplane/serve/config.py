@@ -70,15 +70,20 @@ class KindSpec(ConfigModel):
     (`scorers[2].options.timeout_s must be > 0`) like every other key; the kind's rules on
     `path` / `shape` run here too (`Scorer.check_spec`)."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, use_attribute_docstrings=True)
 
     kind: str
+    """The scorer kind (the registry: built-ins and the `rewardplane.scorers` entry points)."""
     options: SerializeAsAny[ScorerOptions] = Field(default_factory=dict, validate_default=True)
-    """The kind's options, typed (docs/serve.md has one table per kind)."""
+    """The kind's options (its table in docs/serve.md)."""
     path: str | None = None
+    """Model kinds: a local model directory."""
     shape: str | None = None
+    """Model kinds, instead of `path`: a named random-initialised shape (tests, benchmarks)."""
     dtype: Dtype = "fp32"
+    """Model kinds: fp32, fp16 or bf16 (or another of the loader's spellings)."""
     device: str = "auto"
+    """Model kinds: `auto` (the first GPU when there is one), `cuda:1`, `cpu`, ..."""
 
     @field_validator("kind")
     @classmethod

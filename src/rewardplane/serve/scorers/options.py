@@ -32,6 +32,7 @@ class ScorerOptions(ConfigModel):
     under its `options:` is refused, as a typo would be."""
 
     model_config = ConfigDict(frozen=True, use_attribute_docstrings=True)
+    schema_name: ClassVar[str] = "mapping"
 
     not_in_identity: ClassVar[frozenset[str]] = frozenset()
     """Options that change how the work is done (pool sizes, caches, limits on the way to a
@@ -67,7 +68,7 @@ def _type_name(annotation: Any) -> str:
     return getattr(annotation, "__name__", str(annotation))
 
 
-def option_schema(model: type[ScorerOptions]) -> list[dict[str, Any]]:
+def option_schema(model: type[BaseModel]) -> list[dict[str, Any]]:
     """One entry per option, in declaration order: name, type, required, default (JSON; absent
     when required), meaning (the attribute docstring) and whether the identity includes it."""
     out = []
@@ -80,7 +81,7 @@ def option_schema(model: type[ScorerOptions]) -> list[dict[str, Any]]:
             entry["required"] = False
             entry["default"] = None if default is PydanticUndefined else _json(default)
         entry["description"] = " ".join((field.description or "").split())
-        entry["identity"] = name not in model.not_in_identity
+        entry["identity"] = name not in getattr(model, "not_in_identity", ())
         out.append(entry)
     return out
 
@@ -95,7 +96,7 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def options_table(model: type[ScorerOptions]) -> str:
+def options_table(model: type[BaseModel]) -> str:
     """The markdown table docs/serve.md shows for one kind (generated; a test compares them)."""
     rows = ["| option | type | default | meaning |", "| --- | --- | --- | --- |"]
     for o in option_schema(model):

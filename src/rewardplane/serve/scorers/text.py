@@ -160,14 +160,15 @@ class TextOptions(ScorerOptions):
     plain_text: Literal["text_eos", "chat_template"] | None = None
     """How items whose prompt and response are both strings are tokenised: `text_eos` (TRL's
     plain text + EOS) or `chat_template`; null: what the model directory records, else
-    `chat_template`. One that contradicts the record is refused at load."""
+    `chat_template` (the identity holds the convention in use). One that contradicts the record
+    is refused at load."""
     seed: int = 0
     """Named shapes: the seed of the random initialisation."""
     tokenizer: str | None = None
     """Named shapes: a local tokenizer directory instead of the built-in one."""
 
     not_in_identity: ClassVar[frozenset[str]] = frozenset(
-        {"prompt_cache", "pipeline_depth", "plain_text", "trust_remote_code"}
+        {"prompt_cache", "pipeline_depth", "trust_remote_code"}
     )
 
 
@@ -496,9 +497,7 @@ class SeqClsScorer(ModelScorer):
         return results
 
     def identity_options(self) -> dict[str, Any]:
-        """The prompt cache and the pipeline save work, never change a score: not part of the
-        identity. The plain-text convention in use is, whether set or recorded by the model
-        directory."""
+        """The plain-text convention in use, whether set or recorded by the model directory."""
         return {**super().identity_options(), "plain_text": self.plain_text}
 
     def info_extra(self) -> dict[str, Any]:
