@@ -6,9 +6,10 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from rewardplane.cli.serve import add_token_options, token_from_args
-from rewardplane.core.errors import UsageError
+from rewardplane.core.errors import ConfigError, UsageError
 
 
 def _ints(text: str) -> list[int]:
@@ -41,33 +42,84 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bench.add_argument(
         "--scorers", required=True, help="comma-separated scorer names requested on every item"
     )
-    bench.add_argument("--batch", type=_ints, default=[1, 4, 8], help="items per request (default 1,4,8)")
     bench.add_argument(
-        "--concurrency", type=_ints, default=[1, 4, 16], help="closed-loop clients (default 1,4,16)"
+        "--batch", type=_ints, default=_Default("batch"), help="items per request (default %(default)s)"
     )
     bench.add_argument(
-        "--requests", type=int, default=60, help="minimum measured requests per client (default 60)"
+        "--concurrency",
+        type=_ints,
+        default=_Default("concurrency"),
+        help="closed-loop clients (default %(default)s)",
     )
     bench.add_argument(
-        "--warmup", type=int, default=5, help="excluded warm-up requests per client (default 5)"
+        "--requests",
+        type=int,
+        default=_Default("requests"),
+        help="minimum measured requests per client (default %(default)s)",
     )
-    bench.add_argument("--repetitions", type=int, default=1, help="measurements per point (default 1)")
+    bench.add_argument(
+        "--warmup",
+        type=int,
+        default=_Default("warmup"),
+        help="excluded warm-up requests per client (default %(default)s)",
+    )
+    bench.add_argument(
+        "--repetitions",
+        type=int,
+        default=_Default("repetitions"),
+        help="measurements per point (default %(default)s)",
+    )
     bench.add_argument("--rate", type=_floats, help="open loop: Poisson arrival rate(s), requests/s")
     bench.add_argument(
-        "--duration", type=float, default=30.0, help="open loop: seconds per rate (default 30)"
+        "--duration",
+        type=float,
+        default=_Default("duration_s"),
+        help="open loop: seconds per rate (default %(default)s)",
     )
-    bench.add_argument("--window-s", type=float, default=5.0, help="measurement window (default 5 s)")
-    bench.add_argument("--stable-windows", type=int, default=3, help="windows that must agree (default 3)")
-    bench.add_argument("--tolerance", type=float, default=0.10, help="stability tolerance (default 0.10)")
-    bench.add_argument("--max-windows", type=int, default=10, help="give up (flag unstable) after this many")
+    bench.add_argument(
+        "--window-s",
+        type=float,
+        default=_Default("window_s"),
+        help="measurement window (default %(default)s s)",
+    )
+    bench.add_argument(
+        "--stable-windows",
+        type=int,
+        default=_Default("stable_windows"),
+        help="windows that must agree (default %(default)s)",
+    )
+    bench.add_argument(
+        "--tolerance",
+        type=float,
+        default=_Default("tolerance"),
+        help="stability tolerance (default %(default)s)",
+    )
+    bench.add_argument(
+        "--max-windows",
+        type=int,
+        default=_Default("max_windows"),
+        help="give up (flag unstable) after this many (default %(default)s)",
+    )
     bench.add_argument("--slo-ms", type=float, help="latency target for goodput")
-    bench.add_argument("--timeout-s", type=float, default=60.0, help="per-request timeout (default 60)")
+    bench.add_argument(
+        "--timeout-s",
+        type=float,
+        default=_Default("timeout_s"),
+        help="per-request timeout (default %(default)s)",
+    )
     add_token_options(bench, "file holding the bearer token (default: $REWARDPLANE_TOKEN)")
     bench.add_argument(
         "--inputs", type=Path, help="JSON lines of {id, prompt, response, image_path|image_b64}"
     )
-    bench.add_argument("--corpus-size", type=int, default=256, help="generated corpus size (default 256)")
-    bench.add_argument("--seed", type=int, default=0, help="corpus and arrival seed (default 0)")
+    bench.add_argument(
+        "--corpus-size",
+        type=int,
+        default=_Default("corpus_size"),
+        help="generated corpus size (default %(default)s)",
+    )
+    bench.add_argument(
+        "--seed", type=int, default=_Default("seed"), help="corpus and arrival seed (default %(default)s)"
+    )
     bench.add_argument(
         "--no-images", action="store_true", help="generated corpus without images (text scorers)"
     )
@@ -100,46 +152,74 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     qualify.set_defaults(func=run_qualify_cli)
 
 
+SWEEP_FLAGS = (
+    "batch", "concurrency", "requests", "warmup", "repetitions", "window_s", "stable_windows",
+    "tolerance", "max_windows", "slo_ms", "timeout_s", "corpus_size", "seed",
+)  # fmt: skip
+"""The `bench` flags that are `Sweep` keys (bench/sweep.py holds their one definition and defaults)."""
+
+
+class _Default:
+    """An unset flag: `Sweep`'s default (or `BenchConfig`'s, for `duration_s`), read only when
+    `--help` prints it, so every CLI start does not import the bench package (about a second)."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    def __str__(self) -> str:
+        from rewardplane.bench.sweep import BenchConfig, Sweep
+
+        if self.key in Sweep.model_fields:
+            value = Sweep.model_fields[self.key].get_default(call_default_factory=True)
+        else:
+            value = BenchConfig.__dataclass_fields__[self.key].default
+        return (
+            ",".join(map(str, value))
+            if isinstance(value, list)
+            else f"{value:g}"
+            if isinstance(value, float)
+            else str(value)
+        )
+
+
+def sweep_from_args(args: argparse.Namespace) -> Any:
+    """The `Sweep` the flags ask for (unset flags keep its defaults); a bad value is one line
+    naming the flag, exit 2."""
+    from rewardplane.bench.sweep import Sweep
+    from rewardplane.core.config import parse
+
+    given = {k: v for k in SWEEP_FLAGS if (v := getattr(args, k)) is not None and not isinstance(v, _Default)}
+    try:
+        return parse(Sweep, {**given, "images": not args.no_images})
+    except ConfigError as exc:
+        key, _, rest = exc.message.partition(" ")
+        colon = ":" if key.endswith(":") else ""
+        raise UsageError(f"--{key.rstrip(':').replace('_', '-')}{colon} {rest}") from None
+
+
 def run_bench_cli(args: argparse.Namespace) -> int:
     from rewardplane.bench.corpus import generate_corpus, load_inputs
     from rewardplane.bench.report import csv_rows, point_table, write_csv
     from rewardplane.bench.sweep import BenchConfig, run_bench
-    from rewardplane.bench.windows import WindowPolicy
     from rewardplane.core.atomic import write_json
 
     token = token_from_args(args) or os.environ.get("REWARDPLANE_TOKEN")  # never argv: `ps` shows it
-    for name in ("requests", "repetitions", "corpus_size", "stable_windows", "max_windows"):
-        if getattr(args, name) < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be >= 1")
-    if args.warmup < 0:
-        raise UsageError("--warmup must be >= 0")
-    try:
-        policy = WindowPolicy(args.window_s, args.stable_windows, args.tolerance, args.max_windows)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    sweep = sweep_from_args(args)
     if args.inputs is not None:
         corpus, info = load_inputs(args.inputs), {"source": str(args.inputs)}
     else:
-        corpus = generate_corpus(args.corpus_size, seed=args.seed, images=not args.no_images)
-        info = {"source": "generated", "seed": args.seed, "images": not args.no_images}
+        corpus = generate_corpus(sweep.corpus_size, seed=sweep.seed, images=sweep.images)
+        info = {"source": "generated", "seed": sweep.seed, "images": sweep.images}
     config = BenchConfig(
         url=args.url,
         scorers=[s.strip() for s in args.scorers.split(",") if s.strip()],
-        batches=args.batch,
-        concurrencies=args.concurrency,
+        sweep=sweep,
         rates=args.rate or [],
-        duration_s=args.duration,
-        requests=args.requests,
-        warmup=args.warmup,
-        repetitions=args.repetitions,
-        policy=policy,
-        slo_ms=args.slo_ms,
         token=token,
-        timeout_s=args.timeout_s,
-        seed=args.seed,
         gpu_indices=args.gpus,
         mode=args.mode,
         coverage_pass=args.coverage_pass,
+        **({} if isinstance(args.duration, _Default) else {"duration_s": args.duration}),
     )
     run = run_bench(config, corpus, info)
     write_json(args.out, run)
