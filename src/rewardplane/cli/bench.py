@@ -32,6 +32,49 @@ def _floats(text: str) -> list[float]:
     return values
 
 
+SWEEP_ARGS = (
+    ("--batch", _ints, "items per request (default %(default)s)"),
+    ("--concurrency", _ints, "closed-loop clients (default %(default)s)"),
+    ("--requests", int, "minimum measured requests per client (default %(default)s)"),
+    ("--warmup", int, "excluded warm-up requests per client (default %(default)s)"),
+    ("--repetitions", int, "measurements per point (default %(default)s)"),
+    ("--window-s", float, "measurement window (default %(default)s s)"),
+    ("--stable-windows", int, "windows that must agree (default %(default)s)"),
+    ("--tolerance", float, "stability tolerance (default %(default)s)"),
+    ("--max-windows", int, "give up (flag unstable) after this many (default %(default)s)"),
+    ("--slo-ms", float, "latency target for goodput"),
+    ("--timeout-s", float, "per-request timeout (default %(default)s)"),
+    ("--corpus-size", int, "generated corpus size (default %(default)s)"),
+    ("--seed", int, "corpus and arrival seed (default %(default)s)"),
+)
+"""The `bench` flags that are `Sweep` keys (bench/sweep.py holds their one definition and
+defaults; `--no-images` is its `images`)."""
+SWEEP_FLAGS = tuple(flag[2:].replace("-", "_") for flag, _, _ in SWEEP_ARGS)
+
+
+class _Default:
+    """An unset flag: `Sweep`'s default (or `BenchConfig`'s, for `duration_s`), read only when
+    `--help` prints it, so every CLI start does not import the bench package (about a second)."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    def __str__(self) -> str:
+        from rewardplane.bench.sweep import BenchConfig, Sweep
+
+        if self.key in Sweep.model_fields:
+            value = Sweep.model_fields[self.key].get_default(call_default_factory=True)
+        else:
+            value = BenchConfig.__dataclass_fields__[self.key].default
+        return (
+            ",".join(map(str, value))
+            if isinstance(value, list)
+            else f"{value:g}"
+            if isinstance(value, float)
+            else str(value)
+        )
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     bench = subparsers.add_parser(
         "bench",
@@ -42,33 +85,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bench.add_argument(
         "--scorers", required=True, help="comma-separated scorer names requested on every item"
     )
-    bench.add_argument(
-        "--batch", type=_ints, default=_Default("batch"), help="items per request (default %(default)s)"
-    )
-    bench.add_argument(
-        "--concurrency",
-        type=_ints,
-        default=_Default("concurrency"),
-        help="closed-loop clients (default %(default)s)",
-    )
-    bench.add_argument(
-        "--requests",
-        type=int,
-        default=_Default("requests"),
-        help="minimum measured requests per client (default %(default)s)",
-    )
-    bench.add_argument(
-        "--warmup",
-        type=int,
-        default=_Default("warmup"),
-        help="excluded warm-up requests per client (default %(default)s)",
-    )
-    bench.add_argument(
-        "--repetitions",
-        type=int,
-        default=_Default("repetitions"),
-        help="measurements per point (default %(default)s)",
-    )
+    for flag, kind, meaning in SWEEP_ARGS:
+        default = None if flag == "--slo-ms" else _Default(flag[2:].replace("-", "_"))
+        bench.add_argument(flag, type=kind, default=default, help=meaning)
     bench.add_argument("--rate", type=_floats, help="open loop: Poisson arrival rate(s), requests/s")
     bench.add_argument(
         "--duration",
@@ -76,49 +95,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=_Default("duration_s"),
         help="open loop: seconds per rate (default %(default)s)",
     )
-    bench.add_argument(
-        "--window-s",
-        type=float,
-        default=_Default("window_s"),
-        help="measurement window (default %(default)s s)",
-    )
-    bench.add_argument(
-        "--stable-windows",
-        type=int,
-        default=_Default("stable_windows"),
-        help="windows that must agree (default %(default)s)",
-    )
-    bench.add_argument(
-        "--tolerance",
-        type=float,
-        default=_Default("tolerance"),
-        help="stability tolerance (default %(default)s)",
-    )
-    bench.add_argument(
-        "--max-windows",
-        type=int,
-        default=_Default("max_windows"),
-        help="give up (flag unstable) after this many (default %(default)s)",
-    )
-    bench.add_argument("--slo-ms", type=float, help="latency target for goodput")
-    bench.add_argument(
-        "--timeout-s",
-        type=float,
-        default=_Default("timeout_s"),
-        help="per-request timeout (default %(default)s)",
-    )
     add_token_options(bench, "file holding the bearer token (default: $REWARDPLANE_TOKEN)")
     bench.add_argument(
         "--inputs", type=Path, help="JSON lines of {id, prompt, response, image_path|image_b64}"
-    )
-    bench.add_argument(
-        "--corpus-size",
-        type=int,
-        default=_Default("corpus_size"),
-        help="generated corpus size (default %(default)s)",
-    )
-    bench.add_argument(
-        "--seed", type=int, default=_Default("seed"), help="corpus and arrival seed (default %(default)s)"
     )
     bench.add_argument(
         "--no-images", action="store_true", help="generated corpus without images (text scorers)"
@@ -150,36 +129,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--dry-run", action="store_true", help="write the deploy files, print the plan, run nothing"
     )
     qualify.set_defaults(func=run_qualify_cli)
-
-
-SWEEP_FLAGS = (
-    "batch", "concurrency", "requests", "warmup", "repetitions", "window_s", "stable_windows",
-    "tolerance", "max_windows", "slo_ms", "timeout_s", "corpus_size", "seed",
-)  # fmt: skip
-"""The `bench` flags that are `Sweep` keys (bench/sweep.py holds their one definition and defaults)."""
-
-
-class _Default:
-    """An unset flag: `Sweep`'s default (or `BenchConfig`'s, for `duration_s`), read only when
-    `--help` prints it, so every CLI start does not import the bench package (about a second)."""
-
-    def __init__(self, key: str) -> None:
-        self.key = key
-
-    def __str__(self) -> str:
-        from rewardplane.bench.sweep import BenchConfig, Sweep
-
-        if self.key in Sweep.model_fields:
-            value = Sweep.model_fields[self.key].get_default(call_default_factory=True)
-        else:
-            value = BenchConfig.__dataclass_fields__[self.key].default
-        return (
-            ",".join(map(str, value))
-            if isinstance(value, list)
-            else f"{value:g}"
-            if isinstance(value, float)
-            else str(value)
-        )
 
 
 def sweep_from_args(args: argparse.Namespace) -> Any:
