@@ -38,22 +38,36 @@ class Sweep(ConfigModel):
     `sweep:` (docs/qualify.md). Batch sizes 1, 8, 32 by default: 1 is the latency floor, 8 a
     GRPO group (TRL's default `num_generations`), 32 several groups in one request."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, use_attribute_docstrings=True)
 
     batch: list[int] = Field(default_factory=lambda: [1, 8, 32], min_length=1)
+    """Items per request."""
     concurrency: list[int] = Field(default_factory=lambda: [1, 4, 16], min_length=1)
+    """Closed loop: clients, each waiting for its reply before sending the next request."""
     requests: int = Field(60, ge=1)
+    """The fewest measured requests per client."""
     warmup: int = Field(5, ge=0)
+    """Warm-up requests per client, validated but left out of the statistics."""
     repetitions: int = Field(1, ge=1)
+    """Measurements per point, pooled."""
     window_s: float = Field(WindowPolicy.window_s, gt=0)
+    """The measurement window, seconds."""
     stable_windows: int = Field(WindowPolicy.stable_windows, ge=1)
+    """Consecutive windows that must agree for a point to be stable."""
     tolerance: float = Field(WindowPolicy.tolerance, ge=0)
+    """How far the agreeing windows' throughput and p95 may differ (max/min - 1)."""
     max_windows: int = Field(WindowPolicy.max_windows, ge=1)
+    """Windows before a point that never settles is reported unstable."""
     slo_ms: float | None = Field(None, gt=0)
+    """The latency target for goodput; null: none."""
     corpus_size: int = Field(256, ge=1)
+    """Items in the generated corpus."""
     seed: int = 0
+    """The corpus and arrival seed."""
     images: bool = True
+    """A generated corpus with images (false: text only)."""
     timeout_s: float = Field(60.0, gt=0)
+    """Per-request timeout; a timeout is a failed request (`timeout`)."""
 
     @field_validator("batch", "concurrency")
     @classmethod

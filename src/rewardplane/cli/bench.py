@@ -32,47 +32,61 @@ def _floats(text: str) -> list[float]:
     return values
 
 
-SWEEP_ARGS = (
-    ("--batch", _ints, "items per request (default %(default)s)"),
-    ("--concurrency", _ints, "closed-loop clients (default %(default)s)"),
-    ("--requests", int, "minimum measured requests per client (default %(default)s)"),
-    ("--warmup", int, "excluded warm-up requests per client (default %(default)s)"),
-    ("--repetitions", int, "measurements per point (default %(default)s)"),
-    ("--window-s", float, "measurement window (default %(default)s s)"),
-    ("--stable-windows", int, "windows that must agree (default %(default)s)"),
-    ("--tolerance", float, "stability tolerance (default %(default)s)"),
-    ("--max-windows", int, "give up (flag unstable) after this many (default %(default)s)"),
-    ("--slo-ms", float, "latency target for goodput"),
-    ("--timeout-s", float, "per-request timeout (default %(default)s)"),
-    ("--corpus-size", int, "generated corpus size (default %(default)s)"),
-    ("--seed", int, "corpus and arrival seed (default %(default)s)"),
-)
-"""The `bench` flags that are `Sweep` keys (bench/sweep.py holds their one definition and
-defaults; `--no-images` is its `images`)."""
-SWEEP_FLAGS = tuple(flag[2:].replace("-", "_") for flag, _, _ in SWEEP_ARGS)
+SWEEP_FLAGS = (
+    "batch", "concurrency", "requests", "warmup", "repetitions", "window_s", "stable_windows",
+    "tolerance", "max_windows", "slo_ms", "timeout_s", "corpus_size", "seed",
+)  # fmt: skip
+"""The `bench` flags that are `Sweep` keys (`--no-images` is its `images`). Their types, meanings
+and defaults come from the model (bench/sweep.py), read only when a flag is parsed or `--help`
+prints: importing the bench package at every CLI start would cost about a second."""
+
+
+def _sweep_field(key: str) -> Any:
+    from rewardplane.bench.sweep import BenchConfig, Sweep
+
+    return Sweep.model_fields.get(key) or BenchConfig.__dataclass_fields__[key]
 
 
 class _Default:
-    """An unset flag: `Sweep`'s default (or `BenchConfig`'s, for `duration_s`), read only when
-    `--help` prints it, so every CLI start does not import the bench package (about a second)."""
+    """An unset flag: its `Sweep` (or, for `duration_s`, `BenchConfig`) default."""
 
     def __init__(self, key: str) -> None:
         self.key = key
 
     def __str__(self) -> str:
-        from rewardplane.bench.sweep import BenchConfig, Sweep
-
-        if self.key in Sweep.model_fields:
-            value = Sweep.model_fields[self.key].get_default(call_default_factory=True)
-        else:
-            value = BenchConfig.__dataclass_fields__[self.key].default
+        field = _sweep_field(self.key)
+        value = (
+            field.get_default(call_default_factory=True) if hasattr(field, "get_default") else field.default
+        )
         return (
             ",".join(map(str, value))
             if isinstance(value, list)
+            else "none"
+            if value is None
             else f"{value:g}"
-            if isinstance(value, float)
-            else str(value)
         )
+
+
+class _Value:
+    """The flag's type: comma-separated positive integers for a list, else the field's number type."""
+
+    def __init__(self, key: str) -> None:
+        self.key = self.__name__ = key
+
+    def __call__(self, text: str) -> Any:
+        annotation = str(_sweep_field(self.key).annotation)
+        return _ints(text) if "list" in annotation else float(text) if "float" in annotation else int(text)
+
+
+class _SweepHelp(argparse.HelpFormatter):
+    """A sweep flag's help (its `help` is the key) is its `Sweep` field's meaning and default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if isinstance(action.default, _Default):
+            field = _sweep_field(action.default.key)
+            meaning = getattr(field, "description", None) or "Open loop: seconds per rate."
+            return f"{meaning} (default {str(action.default).replace('%', '%%')})"
+        return super()._get_help_string(action)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -80,21 +94,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "bench",
         help="load-test a running scoring service (closed or open loop)",
         description="Closed loop by default; --rate switches to open loop (Poisson arrivals). See docs/qualify.md.",
+        formatter_class=_SweepHelp,
     )
     bench.add_argument("--url", required=True, help="service base URL, e.g. http://127.0.0.1:8000")
     bench.add_argument(
         "--scorers", required=True, help="comma-separated scorer names requested on every item"
     )
-    for flag, kind, meaning in SWEEP_ARGS:
-        default = None if flag == "--slo-ms" else _Default(flag[2:].replace("-", "_"))
-        bench.add_argument(flag, type=kind, default=default, help=meaning)
+    for key in SWEEP_FLAGS:
+        bench.add_argument("--" + key.replace("_", "-"), type=_Value(key), default=_Default(key), help=key)
     bench.add_argument("--rate", type=_floats, help="open loop: Poisson arrival rate(s), requests/s")
-    bench.add_argument(
-        "--duration",
-        type=float,
-        default=_Default("duration_s"),
-        help="open loop: seconds per rate (default %(default)s)",
-    )
+    bench.add_argument("--duration", type=float, default=_Default("duration_s"), help="duration_s")
     add_token_options(bench, "file holding the bearer token (default: $REWARDPLANE_TOKEN)")
     bench.add_argument(
         "--inputs", type=Path, help="JSON lines of {id, prompt, response, image_path|image_b64}"
