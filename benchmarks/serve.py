@@ -55,8 +55,10 @@ def parse_args(argv=None):
     p.add_argument("--out", type=Path, required=False, help="write the JSON result here")
     p.add_argument("--shapes", default=None, help="comma list (default clip-vit-l-14,clip-vit-h-14)")
     p.add_argument("--dtypes", default=None, help="comma list (default fp16,bf16)")
-    p.add_argument("--batches", default=None, help="items per request (default 1,4,8)")
-    p.add_argument("--concurrency", default=None, help="concurrent clients (default 1,4,16)")
+    p.add_argument(
+        "--batches", default=None, help="items per request (default: the bench sweep's, bench/sweep.py)"
+    )
+    p.add_argument("--concurrency", default=None, help="concurrent clients (default: the bench sweep's)")
     p.add_argument("--modes", default="naive,http,inproc")
     p.add_argument(
         "--transport",
@@ -96,8 +98,19 @@ def parse_args(argv=None):
     smoke = args.smoke
     args.shapes = (args.shapes or ("tiny-clip" if smoke else "clip-vit-l-14,clip-vit-h-14")).split(",")
     args.dtypes = (args.dtypes or ("fp32" if smoke else "fp16,bf16")).split(",")
-    args.batches = [int(x) for x in (args.batches or ("1,4" if smoke else "1,4,8")).split(",")]
-    args.concurrency = [int(x) for x in (args.concurrency or ("1,4" if smoke else "1,4,16")).split(",")]
+    from rewardplane.bench.sweep import Sweep  # the one definition of the load and its defaults
+
+    sweep = Sweep()
+    args.batches = (
+        [int(x) for x in args.batches.split(",")] if args.batches else [1, 4] if smoke else sweep.batch
+    )
+    args.concurrency = (
+        [int(x) for x in args.concurrency.split(",")]
+        if args.concurrency
+        else [1, 4]
+        if smoke
+        else sweep.concurrency
+    )
     args.modes = args.modes.split(",")
     if args.server_backend == "workers" and "naive" in args.modes:
         p.error("--server-backend workers has no naive routes: drop naive from --modes")

@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 import torch
 
 from rewardplane.models.tiny import tiny_config
-from rewardplane.serve.scorers.text import SeqClsScorer
+from rewardplane.serve.scorers.text import SeqClsOptions, SeqClsScorer
 
 KIND = "host_standin"
 """The scorer kind serve_text.py registers for this class."""
@@ -63,19 +63,23 @@ class _StandInModel(torch.nn.Module):
         torch.nn.init.zeros_(self.score.bias)
 
 
+class StandInOptions(SeqClsOptions):
+    simulate_us_per_token: float | None = None
+    """Simulate a device: each batch sleeps this many microseconds per token, one batch at a time."""
+    simulate_batch_ms: float | None = None
+    """With a simulated device: the host time of planning, copying and launching a batch."""
+
+
 class StandInScorer(SeqClsScorer):
     """`hf_seqcls` over a named shape's tokenizer and config, forward replaced (module docstring)."""
 
     kind: ClassVar[str] = KIND
-    allowed_options: ClassVar[frozenset[str]] = SeqClsScorer.allowed_options | {
-        "simulate_us_per_token",
-        "simulate_batch_ms",
-    }
+    Options = StandInOptions
 
     @property
     def concurrent_batches(self) -> int:  # type: ignore[override]
         """Pipelined as the real scorer on CUDA, once a device is simulated."""
-        return self.pipeline_depth if self.options.get("simulate_us_per_token") else 1
+        return self.pipeline_depth if self.options.simulate_us_per_token else 1
 
     @property
     def queues_on_device(self) -> bool:  # type: ignore[override]
@@ -90,10 +94,10 @@ class StandInScorer(SeqClsScorer):
         `RK_BATCH_LOG` names a file that gets one JSON line per batch (tokens, items, waits)."""
         t0 = time.perf_counter()
         out = super().score_prepared(batch)
-        us = float(self.options.get("simulate_us_per_token") or 0)
+        us = self.options.simulate_us_per_token or 0.0
         tokens = sum(len(p) for p in batch if isinstance(p, list))
-        if us and self.options.get("simulate_batch_ms"):
-            time.sleep(float(self.options["simulate_batch_ms"]) / 1e3)  # plan, copies, launches
+        if us and self.options.simulate_batch_ms:
+            time.sleep(self.options.simulate_batch_ms / 1e3)  # plan, copies, launches
         t1 = time.perf_counter()
         if us:
             with _DEVICE:
@@ -117,9 +121,9 @@ class StandInScorer(SeqClsScorer):
     def _load_model(self):
         from transformers import AutoTokenizer
 
-        if self.shape is None or not self.options.get("tokenizer"):
+        if self.shape is None or not self.options.tokenizer:
             raise ValueError(f"{KIND} needs a shape and options.tokenizer")
-        tokenizer = AutoTokenizer.from_pretrained(self.options["tokenizer"], local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(self.options.tokenizer, local_files_only=True)
         config = tiny_config(
             "tiny-llama" if self.shape == "tiny-text-rm" else self.shape,
             num_labels=1,

@@ -6,7 +6,7 @@ import pytest
 
 from rewardplane.bench.corpus import generate_corpus
 from rewardplane.bench.loadgen import CallResult, LoadGenerator, timed_closed_loop
-from rewardplane.bench.sweep import SCHEMA_VERSION, BenchConfig, load_schema, run_bench
+from rewardplane.bench.sweep import SCHEMA_VERSION, BenchConfig, Sweep, load_schema, run_bench
 from rewardplane.bench.windows import WindowPolicy
 from rewardplane.core.errors import UsageError
 from support.bench_fake_server import fake_score, make_app, serve_in_thread
@@ -16,12 +16,16 @@ FAST = WindowPolicy(window_s=0.15, stable_windows=3, tolerance=0.5, max_windows=
 ONE_WINDOW = WindowPolicy(window_s=0.15, stable_windows=1, max_windows=1)  # failing points never settle
 
 
-def config(url, scorers, **kw):
-    base = dict(
-        url=url, scorers=scorers, batches=[3], concurrencies=[2], requests=2, warmup=1,
-        policy=FAST, monitor_interval_s=0.05, slo_ms=10_000,
-    )  # fmt: skip
-    return BenchConfig(**{**base, **kw})
+def config(url, scorers, *, policy=FAST, rates=(), duration_s=None, token=None, **sweep):
+    window = dict(window_s=policy.window_s, stable_windows=policy.stable_windows,
+                  tolerance=policy.tolerance, max_windows=policy.max_windows)  # fmt: skip
+    load = Sweep(
+        **{"batch": [3], "concurrency": [2], "requests": 2, "warmup": 1, "slo_ms": 10_000, **window, **sweep}
+    )
+    extra = {"duration_s": duration_s} if duration_s is not None else {}
+    return BenchConfig(
+        url=url, scorers=scorers, sweep=load, rates=list(rates), token=token, monitor_interval_s=0.05, **extra
+    )
 
 
 def validate_schema(run):
@@ -31,9 +35,7 @@ def validate_schema(run):
 
 def test_closed_loop_run_is_valid_and_captures_every_score():
     with serve_in_thread(make_app(["a", "b"], mode="shared")) as url:
-        run = run_bench(
-            config(url, ["a", "b"], batches=[1, 3], concurrencies=[1, 2]), CORPUS, {"source": "t"}
-        )
+        run = run_bench(config(url, ["a", "b"], batch=[1, 3], concurrency=[1, 2]), CORPUS, {"source": "t"})
     validate_schema(run)
     assert run["schema_version"] == SCHEMA_VERSION and run["mode"] == "shared"
     assert [(p["batch"], p["concurrency"]) for p in run["points"]] == [(1, 1), (1, 2), (3, 1), (3, 2)]
@@ -74,7 +76,7 @@ def test_closed_loop_run_is_valid_and_captures_every_score():
 )
 def test_every_injected_fault_fails_by_reason(fault, reason):
     with serve_in_thread(make_app(["good", "bad"], faults={"bad": fault})) as url:
-        cfg = config(url, ["good", "bad"], batches=[2], concurrencies=[1], policy=ONE_WINDOW)
+        cfg = config(url, ["good", "bad"], batch=[2], concurrency=[1], policy=ONE_WINDOW)
         run = run_bench(cfg, CORPUS, {"source": "t"})
     validate_schema(run)
     totals = run["totals"]
@@ -89,8 +91,8 @@ def test_every_injected_fault_fails_by_reason(fault, reason):
 
 def test_bearer_token_is_sent():
     with serve_in_thread(make_app(["a"], token="s3cret")) as url:
-        denied = run_bench(config(url, ["a"], concurrencies=[1]), CORPUS, {"source": "t"})
-        allowed = run_bench(config(url, ["a"], concurrencies=[1], token="s3cret"), CORPUS, {"source": "t"})
+        denied = run_bench(config(url, ["a"], concurrency=[1]), CORPUS, {"source": "t"})
+        allowed = run_bench(config(url, ["a"], concurrency=[1], token="s3cret"), CORPUS, {"source": "t"})
     assert set(denied["totals"]["failures_by_reason"]) == {"http_401"}
     assert allowed["totals"]["failed"] == 0
 
@@ -130,7 +132,7 @@ def test_open_loop_point_and_schema():
 
 def test_batch_larger_than_corpus_and_unreachable_service_are_usage_errors():
     with serve_in_thread(make_app(["a"])) as url, pytest.raises(UsageError, match="larger than the corpus"):
-        run_bench(config(url, ["a"], batches=[13]), CORPUS, {"source": "t"})
+        run_bench(config(url, ["a"], batch=[13]), CORPUS, {"source": "t"})
     with pytest.raises(UsageError, match="cannot reach"):
         run_bench(config("http://127.0.0.1:9", ["a"]), CORPUS, {"source": "t"})
 

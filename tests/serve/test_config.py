@@ -40,7 +40,7 @@ def test_loads_yaml_with_defaults(tmp_path, monkeypatch):
         ({"scorers": [{"name": "a", "kind": "clip", "path": "x", "shape": "y"}]}, "not both"),
         ({"scorers": [{"name": "a", "kind": "length", "max_batch_size": 0}]}, "max_batch_size"),
         (
-            {"scorers": [{"name": "a", "kind": "length"}, {"name": "a", "kind": "regex"}]},
+            {"scorers": [{"name": "a", "kind": "length"}, {"name": "a", "kind": "exact_match"}]},
             "duplicate scorer names",
         ),
         ({"scorers": [{"kind": "length"}]}, "name"),
@@ -62,19 +62,25 @@ def test_bad_yaml_and_missing_file(tmp_path):
         load_config(tmp_path / "bad.yaml")
 
 
-def test_registry_has_builtins_and_validates_options():
+def test_registry_has_builtins_and_options_are_checked_when_the_config_is_read():
     assert {"rm", "hf_seqcls", "clip", "pickscore", "exact_match", "regex", "length"} <= set(
         scorer_registry()
     )
-    cfg = config_from_dict(
-        {
-            "scorers": [
-                {"name": "r", "kind": "regex", "options": {"pattern": "("}},
-                {"name": "c", "kind": "clip", "shape": "clip-vit-q-99"},
-                {"name": "l", "kind": "length", "options": {"unit": "lines"}},
-            ]
-        }
-    )
-    for spec, message in zip(cfg.scorers, ("bad pattern", "unknown shape", "chars or words"), strict=True):
-        with pytest.raises(ConfigError, match=message):
-            build_scorer(spec)
+    for spec, message in (
+        (
+            {"name": "r", "kind": "regex", "options": {"pattern": "("}},
+            "scorers[0].options.pattern: does not compile",
+        ),
+        (
+            {"name": "c", "kind": "clip", "shape": "clip-vit-q-99"},
+            "scorers[0].shape: unknown shape 'clip-vit-q-99'",
+        ),
+        ({"name": "c", "kind": "clip"}, "scorers[0].path: kind clip needs path"),
+        (
+            {"name": "l", "kind": "length", "options": {"unit": "lines"}},
+            "scorers[0].options.unit: 'lines' is not one of",
+        ),
+    ):
+        with pytest.raises(ConfigError) as info:
+            config_from_dict({"scorers": [spec]})
+        assert str(info.value).startswith(message), str(info.value)

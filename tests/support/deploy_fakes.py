@@ -24,6 +24,7 @@ from rewardplane.deploy.config import DeviceProbe
 from rewardplane.deploy.supervisor import SupervisorSettings
 from rewardplane.serve.config import register_scorer
 from rewardplane.serve.scorers.base import ScoreItem, Scorer, ScorerInfo
+from rewardplane.serve.scorers.options import ScorerOptions
 
 FAKE_CONTROL = r"""#!{python}
 import json, os, subprocess, sys
@@ -78,27 +79,25 @@ def pid_alive(pid: int) -> bool:
         return f.read().split(")")[-1].split()[0] != "Z"
 
 
+class SleepOptions(ScorerOptions):
+    delay_s: float = 0.0
+    """Seconds every batch sleeps."""
+    fail_load: bool = False
+    """`load()` raises."""
+
+
 class SleepScorer(Scorer):
     """Scores len(response) (+ image bytes); sleeps `options.delay_s` per batch so items stay in
     flight long enough to be hit by a kill; `options.fail_load` makes `load()` raise."""
 
     kind = "rk_test_sleep"
     modality = "rule"
+    Options = SleepOptions
 
-    def __init__(self, name: str, *, delay_s: float = 0.0, fail_load: bool = False, **kw: Any) -> None:
-        super().__init__(name, **kw)
-        self.delay_s = delay_s
-        self.fail_load = fail_load
-
-    @classmethod
-    def from_spec(cls, spec) -> SleepScorer:
-        return cls(
-            spec.name,
-            delay_s=float(spec.options.get("delay_s", 0.0)),
-            fail_load=bool(spec.options.get("fail_load", False)),
-            max_batch_size=spec.max_batch_size,
-            max_wait_ms=spec.max_wait_ms,
-        )
+    def __init__(self, name: str, *args: Any, **kw: Any) -> None:
+        super().__init__(name, *args, **kw)
+        self.delay_s = self.options.delay_s
+        self.fail_load = self.options.fail_load
 
     def load(self) -> None:
         if self.fail_load:

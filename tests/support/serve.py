@@ -17,6 +17,14 @@ from rewardplane.serve.backend import InProcessBackend
 from rewardplane.serve.config import ServiceConfig, config_from_dict, register_scorer
 from rewardplane.serve.scorers.base import ItemError, ScoreItem, Scorer, ScorerInfo
 from rewardplane.serve.scorers.common import as_text
+from rewardplane.serve.scorers.options import ScorerOptions
+
+
+class DoubleOptions(ScorerOptions):
+    sleep_s: float = 0.0
+    """Seconds every batch sleeps."""
+    fail_warmup: bool = False
+    """Score the warm-up item NaN."""
 
 
 class DoubleScorer(Scorer):
@@ -26,15 +34,8 @@ class DoubleScorer(Scorer):
 
     kind: ClassVar[str] = "double"
     modality: ClassVar = "text"
+    Options = DoubleOptions
     batches: ClassVar[list[int]] = []
-
-    def __init__(self, name: str, options: dict[str, Any], **kw: Any) -> None:
-        super().__init__(name, **kw)
-        self.options = options
-
-    @classmethod
-    def from_spec(cls, spec: Any) -> Scorer:
-        return cls(spec.name, spec.options, max_batch_size=spec.max_batch_size, max_wait_ms=spec.max_wait_ms)
 
     def load(self) -> None:
         pass
@@ -44,11 +45,11 @@ class DoubleScorer(Scorer):
 
     def score_batch(self, items: list[ScoreItem]) -> list[Any]:
         DoubleScorer.batches.append(len(items))
-        time.sleep(self.options.get("sleep_s", 0.0))
+        time.sleep(self.options.sleep_s)
         out: list[Any] = []
         for item in items:
             text = as_text(item.response)
-            if self.options.get("fail_warmup") and item.id == "warmup":
+            if self.options.fail_warmup and item.id == "warmup":
                 out.append(math.nan)
             elif "RAISE" in text:
                 raise RuntimeError("double told to raise")

@@ -6,9 +6,10 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from rewardplane.cli.serve import add_token_options, token_from_args
-from rewardplane.core.errors import UsageError
+from rewardplane.core.errors import ConfigError, UsageError
 
 
 def _ints(text: str) -> list[int]:
@@ -31,43 +32,82 @@ def _floats(text: str) -> list[float]:
     return values
 
 
+SWEEP_FLAGS = (
+    "batch", "concurrency", "requests", "warmup", "repetitions", "window_s", "stable_windows",
+    "tolerance", "max_windows", "slo_ms", "timeout_s", "corpus_size", "seed",
+)  # fmt: skip
+"""The `bench` flags that are `Sweep` keys (`--no-images` is its `images`). Their types, meanings
+and defaults come from the model (bench/sweep.py), read only when a flag is parsed or `--help`
+prints: importing the bench package at every CLI start would cost about a second."""
+
+
+def _sweep_field(key: str) -> Any:
+    from rewardplane.bench.sweep import BenchConfig, Sweep
+
+    return Sweep.model_fields.get(key) or BenchConfig.__dataclass_fields__[key]
+
+
+class _Default:
+    """An unset flag: its `Sweep` (or, for `duration_s`, `BenchConfig`) default."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    def __str__(self) -> str:
+        field = _sweep_field(self.key)
+        value = (
+            field.get_default(call_default_factory=True) if hasattr(field, "get_default") else field.default
+        )
+        return (
+            ",".join(map(str, value))
+            if isinstance(value, list)
+            else "none"
+            if value is None
+            else f"{value:g}"
+        )
+
+
+class _Value:
+    """The flag's type: comma-separated positive integers for a list, else the field's number type."""
+
+    def __init__(self, key: str) -> None:
+        self.key = self.__name__ = key
+
+    def __call__(self, text: str) -> Any:
+        annotation = str(_sweep_field(self.key).annotation)
+        return _ints(text) if "list" in annotation else float(text) if "float" in annotation else int(text)
+
+
+class _SweepHelp(argparse.HelpFormatter):
+    """A sweep flag's help (its `help` is the key) is its `Sweep` field's meaning and default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if isinstance(action.default, _Default):
+            field = _sweep_field(action.default.key)
+            meaning = getattr(field, "description", None) or "Open loop: seconds per rate."
+            return f"{meaning} (default {str(action.default).replace('%', '%%')})"
+        return super()._get_help_string(action)
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     bench = subparsers.add_parser(
         "bench",
         help="load-test a running scoring service (closed or open loop)",
         description="Closed loop by default; --rate switches to open loop (Poisson arrivals). See docs/qualify.md.",
+        formatter_class=_SweepHelp,
     )
     bench.add_argument("--url", required=True, help="service base URL, e.g. http://127.0.0.1:8000")
     bench.add_argument(
         "--scorers", required=True, help="comma-separated scorer names requested on every item"
     )
-    bench.add_argument("--batch", type=_ints, default=[1, 4, 8], help="items per request (default 1,4,8)")
-    bench.add_argument(
-        "--concurrency", type=_ints, default=[1, 4, 16], help="closed-loop clients (default 1,4,16)"
-    )
-    bench.add_argument(
-        "--requests", type=int, default=60, help="minimum measured requests per client (default 60)"
-    )
-    bench.add_argument(
-        "--warmup", type=int, default=5, help="excluded warm-up requests per client (default 5)"
-    )
-    bench.add_argument("--repetitions", type=int, default=1, help="measurements per point (default 1)")
+    for key in SWEEP_FLAGS:
+        bench.add_argument("--" + key.replace("_", "-"), type=_Value(key), default=_Default(key), help=key)
     bench.add_argument("--rate", type=_floats, help="open loop: Poisson arrival rate(s), requests/s")
-    bench.add_argument(
-        "--duration", type=float, default=30.0, help="open loop: seconds per rate (default 30)"
-    )
-    bench.add_argument("--window-s", type=float, default=5.0, help="measurement window (default 5 s)")
-    bench.add_argument("--stable-windows", type=int, default=3, help="windows that must agree (default 3)")
-    bench.add_argument("--tolerance", type=float, default=0.10, help="stability tolerance (default 0.10)")
-    bench.add_argument("--max-windows", type=int, default=10, help="give up (flag unstable) after this many")
-    bench.add_argument("--slo-ms", type=float, help="latency target for goodput")
-    bench.add_argument("--timeout-s", type=float, default=60.0, help="per-request timeout (default 60)")
+    bench.add_argument("--duration", type=float, default=_Default("duration_s"), help="duration_s")
     add_token_options(bench, "file holding the bearer token (default: $REWARDPLANE_TOKEN)")
     bench.add_argument(
         "--inputs", type=Path, help="JSON lines of {id, prompt, response, image_path|image_b64}"
     )
-    bench.add_argument("--corpus-size", type=int, default=256, help="generated corpus size (default 256)")
-    bench.add_argument("--seed", type=int, default=0, help="corpus and arrival seed (default 0)")
     bench.add_argument(
         "--no-images", action="store_true", help="generated corpus without images (text scorers)"
     )
@@ -100,46 +140,44 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     qualify.set_defaults(func=run_qualify_cli)
 
 
+def sweep_from_args(args: argparse.Namespace) -> Any:
+    """The `Sweep` the flags ask for (unset flags keep its defaults); a bad value is one line
+    naming the flag, exit 2."""
+    from rewardplane.bench.sweep import Sweep
+    from rewardplane.core.config import parse
+
+    given = {k: v for k in SWEEP_FLAGS if (v := getattr(args, k)) is not None and not isinstance(v, _Default)}
+    try:
+        return parse(Sweep, {**given, "images": not args.no_images})
+    except ConfigError as exc:
+        key, _, rest = exc.message.partition(" ")
+        colon = ":" if key.endswith(":") else ""
+        raise UsageError(f"--{key.rstrip(':').replace('_', '-')}{colon} {rest}") from None
+
+
 def run_bench_cli(args: argparse.Namespace) -> int:
     from rewardplane.bench.corpus import generate_corpus, load_inputs
     from rewardplane.bench.report import csv_rows, point_table, write_csv
     from rewardplane.bench.sweep import BenchConfig, run_bench
-    from rewardplane.bench.windows import WindowPolicy
     from rewardplane.core.atomic import write_json
 
     token = token_from_args(args) or os.environ.get("REWARDPLANE_TOKEN")  # never argv: `ps` shows it
-    for name in ("requests", "repetitions", "corpus_size", "stable_windows", "max_windows"):
-        if getattr(args, name) < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be >= 1")
-    if args.warmup < 0:
-        raise UsageError("--warmup must be >= 0")
-    try:
-        policy = WindowPolicy(args.window_s, args.stable_windows, args.tolerance, args.max_windows)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    sweep = sweep_from_args(args)
     if args.inputs is not None:
         corpus, info = load_inputs(args.inputs), {"source": str(args.inputs)}
     else:
-        corpus = generate_corpus(args.corpus_size, seed=args.seed, images=not args.no_images)
-        info = {"source": "generated", "seed": args.seed, "images": not args.no_images}
+        corpus = generate_corpus(sweep.corpus_size, seed=sweep.seed, images=sweep.images)
+        info = {"source": "generated", "seed": sweep.seed, "images": sweep.images}
     config = BenchConfig(
         url=args.url,
         scorers=[s.strip() for s in args.scorers.split(",") if s.strip()],
-        batches=args.batch,
-        concurrencies=args.concurrency,
+        sweep=sweep,
         rates=args.rate or [],
-        duration_s=args.duration,
-        requests=args.requests,
-        warmup=args.warmup,
-        repetitions=args.repetitions,
-        policy=policy,
-        slo_ms=args.slo_ms,
         token=token,
-        timeout_s=args.timeout_s,
-        seed=args.seed,
         gpu_indices=args.gpus,
         mode=args.mode,
         coverage_pass=args.coverage_pass,
+        **({} if isinstance(args.duration, _Default) else {"duration_s": args.duration}),
     )
     run = run_bench(config, corpus, info)
     write_json(args.out, run)

@@ -28,10 +28,13 @@ Porting a config onto it (a qualify plan, say)::
     plan = load(Plan, "plan.yaml", ["repeats=5"])    # file + overrides, validated
     plan = parse(Plan, doc, where="plans[2]")        # an already-read mapping; keys read plans[2].name
 
-Validators raise `ValueError("must ...")` (the loader prefixes the dotted key) or, for checks
-whose message names keys of its own, `ConfigError` directly (passed through unchanged).
-Constructing a model directly (`Plan(name=...)`) raises `ConfigError` too, never pydantic's
-`ValidationError`.
+Validators raise `ValueError("must ...")` (the loader prefixes the dotted key), `FieldError(key,
+...)` from a model validator whose rule is about one of the model's keys (reported at that key),
+or, for checks whose message names keys of its own, `ConfigError` directly (passed through
+unchanged). A section whose model is only known once another key is read (a scorer's `options`,
+by its `kind`) is validated with `validate_section` from a validator of the field, and its errors
+still read `scorers[2].options.timeout_s must be > 0`. Constructing a model directly
+(`Plan(name=...)`) raises `ConfigError` too, never pydantic's `ValidationError`.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ __all__ = [
     "DTYPES",
     "ConfigModel",
     "Dtype",
+    "FieldError",
     "apply_overrides",
     "canonical_dtype",
     "dump_yaml",
@@ -60,6 +64,7 @@ __all__ = [
     "read_config_data",
     "read_yaml",
     "to_dict",
+    "validate_section",
 ]
 
 # ---- dtypes ------------------------------------------------------------------------------
@@ -212,14 +217,53 @@ def parse(model_cls: type[M], data: Any, where: str = "") -> M:
     `where` is the dotted prefix of this mapping inside a larger document (`"scorers[0]"`), so
     error messages name the key as the user would find it.
     """
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where or 'config'} must be a mapping, got {type(data).__name__}")
     try:
-        return model_cls.model_validate(data)
+        return validate_section(model_cls, data)
+    except _SectionInvalid as exc:
+        raise ConfigError(_one_line(model_cls, exc.error, where)) from None
+    except ValueError as exc:  # not a mapping
+        raise ConfigError(f"{where or 'config'} {exc}") from None
+
+
+class FieldError(ValueError):
+    """Raised by a model validator about one of the model's own keys, so the loader reports it at
+    that key: `FieldError("pattern", "needs exactly one capture group")` in the options of
+    `scorers[0]` reads `scorers[0].options.pattern: needs exactly one capture group` (a message that
+    starts with "must" follows the key without a colon, as for every validator)."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+    def line(self, where: str = "") -> str:
+        """The one line the loader prints, for this error at `where` (its model's dotted key)."""
+        return _keyed(_join(where, self.key), str(self))
+
+
+class _SectionInvalid(ValueError):
+    """A section validated inside a validator (`validate_section`) failed: the loader reports the
+    inner problem at the field's dotted key followed by the inner key."""
+
+    def __init__(self, model_cls: type[BaseModel], error: ValidationError) -> None:
+        super().__init__(_one_line(model_cls, error, ""))
+        self.model_cls, self.error = model_cls, error
+
+
+def validate_section(model_cls: type[M], value: Any) -> M:
+    """`value` (a mapping, None for all defaults, or already a `model_cls`) as `model_cls`, from
+    inside a field validator: for a section whose model depends on another key (a scorer's
+    `options` on its `kind`). Its errors read as if the field were annotated with `model_cls`:
+    `scorers[2].options.timeout_s must be > 0`, unknown keys with the nearest valid one."""
+    if isinstance(value, model_cls):
+        return value
+    if value is None:
+        value = {}
+    if not isinstance(value, dict):
+        raise ValueError(f"must be a mapping, got {type(value).__name__}")
+    try:
+        return model_cls.model_validate(value)
     except ValidationError as exc:
-        raise ConfigError(_one_line(model_cls, exc, where)) from None
+        raise _SectionInvalid(model_cls, exc) from None
 
 
 def load(model_cls: type[M], path: str | Path | None, overrides: Iterable[str] = ()) -> M:
@@ -309,7 +353,13 @@ def _join(where: str, key: str) -> str:
 
 def _one_line(model_cls: type[BaseModel], exc: ValidationError, where: str) -> str:
     """One line for the first problem (+ how many more), starting with the dotted key."""
-    errors = exc.errors(include_url=False)
+    return _with_more(*_describe(model_cls, exc, where))
+
+
+def _describe(model_cls: type[BaseModel], exc: ValidationError, where: str) -> tuple[str, int]:
+    """The first problem's line and how many other keys have problems."""
+    # an unknown key first: a misspelt required key is also "missing", and the typo is the news
+    errors = sorted(exc.errors(include_url=False), key=lambda e: e["type"] != "extra_forbidden")
     first = errors[0]
     key, owner = _walk(model_cls, tuple(first["loc"]))
     # a union reports once per member: count problems by key, not by error
@@ -328,7 +378,7 @@ def _one_line(model_cls: type[BaseModel], exc: ValidationError, where: str) -> s
         close = difflib.get_close_matches(name, list(owner.model_fields) if owner else [], n=1, cutoff=0.6)
         hint = f" (did you mean {_join(section, close[0])}?)" if close else ""
         message = f"unknown config key {key}{hint}; {section or 'the top level'} has unknown keys {unknown}"
-        return _with_more(message, more - len(unknown) + 1)
+        return message, more - len(unknown) + 1
     if kind == "missing":
         message = f"{key}: required key is missing"
     elif kind in _EXPECTED:
@@ -342,12 +392,22 @@ def _one_line(model_cls: type[BaseModel], exc: ValidationError, where: str) -> s
         message = f"{key}: this config is frozen; make a changed copy with .model_copy(update=...)"
     elif kind == "too_short" and first["ctx"].get("min_length") == 1:
         message = f"{key} must be a non-empty list"
+    elif kind == "value_error" and isinstance(first["ctx"]["error"], _SectionInvalid):
+        inner = first["ctx"]["error"]
+        message, inner_more = _describe(inner.model_cls, inner.error, key)
+        return message, more + inner_more
     elif kind in ("value_error", "assertion_error"):
-        text = str(first["ctx"]["error"])
-        message = f"{key or where or 'config'} {text}" if text.startswith("must") else _join_text(key, text)
+        error = first["ctx"]["error"]
+        key = _join(key, error.key) if isinstance(error, FieldError) else key
+        message = _keyed(key or where, str(error))
     else:
         message = _join_text(key, f"{first['msg']}, got {got!r}")
-    return _with_more(message, more)
+    return message, more
+
+
+def _keyed(key: str, text: str) -> str:
+    """A validator's message at its key: `key must ...`, `key: text`."""
+    return f"{key or 'config'} {text}" if text.startswith("must") else _join_text(key, text)
 
 
 def _join_text(key: str, text: str) -> str:

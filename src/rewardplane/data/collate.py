@@ -40,6 +40,19 @@ class Batch:
     num_pairs: int
     num_tokens: int  # real (non-pad) tokens
 
+    @classmethod
+    def scored_at_last_token(
+        cls, input_ids: torch.Tensor, attention_mask: torch.Tensor, lengths: torch.Tensor
+    ) -> Batch:
+        """Right-padded rows already on their device (a scorer's bucket), each read at its last
+        token (`lengths - 1`); no pairs."""
+        rows = input_ids.shape[0]
+        columns = torch.arange(input_ids.shape[1], device=input_ids.device).expand(rows, -1)
+        return cls(layout="right", input_ids=input_ids, position_ids=columns * attention_mask,
+                   attention_mask=attention_mask, segment_ids=None,
+                   score_rows=torch.arange(rows, device=input_ids.device), score_cols=lengths - 1,
+                   num_pairs=0, num_tokens=int(lengths.sum()))  # fmt: skip
+
     @property
     def num_slots(self) -> int:
         return self.input_ids.numel()

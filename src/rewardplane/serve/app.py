@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from rewardplane import __version__
 from rewardplane.serve.backend import ScoringBackend
 from rewardplane.serve.batcher import check_value
-from rewardplane.serve.config import ServiceConfig
+from rewardplane.serve.config import ServiceConfig, kind_option_schemas
 from rewardplane.serve.lifecycle import install_routes as install_lifecycle_routes
 from rewardplane.serve.metrics import CountEveryResponse, ServeMetrics, mark_counted
 from rewardplane.serve.multipart import parse_multipart
@@ -82,6 +82,7 @@ def _info_json(info: ScorerInfo) -> dict[str, Any]:
         "max_batch_size": info.max_batch_size,
         "max_wait_ms": info.max_wait_ms,
         **({"extra": info.extra} if info.extra else {}),
+        "options": info.options,
     }
 
 
@@ -349,6 +350,8 @@ def create_app(
     # OpenRLHF /get_reward and the reward-gateway /score, /health, /rewards (docs/integrations.md)
     app.include_router(trainer_routes(RouteContext(backend, limits, check_auth, read_body, score_all, count)))
 
+    kinds = kind_option_schemas(config.scorers)  # the models do not change while the app runs
+
     @app.get(
         SCORERS_ROUTE,
         response_model=ScorersResponse,
@@ -361,6 +364,7 @@ def create_app(
         _, details = backend.ready()
         return {
             "scorers": [_info_json(infos[n]) for n in backend.scorer_names() if n in infos],
+            "kinds": kinds,
             "status": details,
         }
 

@@ -10,8 +10,9 @@ scorers:
 
 Every key is checked by the one config loader (`rewardplane.core.config`, docs/config.md): an
 unknown key, a wrong type or an unknown scorer kind is a one-line `ConfigError` naming the
-dotted key (`scorers[0].max_batch_size`), so a typo never silently falls back to a default.
-Scorer kinds come from a registry: the built-ins plus the `rewardplane.scorers` entry-point group.
+dotted key (`scorers[0].max_batch_size`, `scorers[2].options.timeout_s`), so a typo never
+silently falls back to a default. Scorer kinds come from a registry: the built-ins plus the
+`rewardplane.scorers` entry-point group; each kind's `Scorer.Options` model types its options.
 """
 
 from __future__ import annotations
@@ -22,22 +23,26 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, SerializeAsAny, ValidationInfo, field_validator, model_validator
 
-from rewardplane.core.config import DTYPES, ConfigModel, Dtype, parse, read_yaml
+from rewardplane.core.config import DTYPES, ConfigModel, Dtype, parse, read_yaml, validate_section
 from rewardplane.core.errors import ConfigError
 from rewardplane.serve.scorers.base import Scorer
+from rewardplane.serve.scorers.options import ScorerOptions, option_schema
 
 __all__ = [
     "BUILTIN_SCORERS",
     "DTYPES",
+    "KindSpec",
     "Limits",
     "ScorerSpec",
     "ServiceConfig",
     "build_scorer",
     "config_from_dict",
+    "kind_option_schemas",
     "load_config",
     "register_scorer",
+    "scorer_class",
     "scorer_registry",
 ]
 
@@ -58,27 +63,71 @@ BUILTIN_SCORERS: dict[str, str] = {
 _REGISTERED: dict[str, type[Scorer]] = {}
 
 
-class ScorerSpec(ConfigModel):
-    """One hosted scorer. Exactly one of `path` (a local model directory) or `shape` (a named
-    random-initialised shape for tests and benchmarks) is needed by model kinds; rules need neither.
+class KindSpec(ConfigModel):
+    """A scorer kind with its options and model source: what a scorer spec and a composite's
+    inline component share. `options` is validated by the kind's own model (`Scorer.Options`),
+    read from the registry by `kind`, so its errors name the dotted key
+    (`scorers[2].options.timeout_s must be > 0`) like every other key; the kind's rules on
+    `path` / `shape` run here too (`Scorer.check_spec`)."""
+
+    model_config = ConfigDict(frozen=True, use_attribute_docstrings=True)
+
+    kind: str
+    """The scorer kind (the registry: built-ins and the `rewardplane.scorers` entry points)."""
+    options: SerializeAsAny[ScorerOptions] = Field(default_factory=dict, validate_default=True)
+    """The kind's options (its table in docs/serve.md)."""
+    path: str | None = None
+    """Model kinds: a local model directory."""
+    shape: str | None = None
+    """Model kinds, instead of `path`: a named random-initialised shape (tests, benchmarks)."""
+    dtype: Dtype = "fp32"
+    """Model kinds: fp32, fp16 or bf16 (or another of the loader's spellings)."""
+    device: str = "auto"
+    """Model kinds: `auto` (the first GPU when there is one), `cuda:1`, `cpu`, ..."""
+
+    @field_validator("kind")
+    @classmethod
+    def _registered(cls, kind: str | None) -> str | None:
+        if kind is not None:
+            scorer_class(kind)  # ValueError: unknown, or not a Scorer
+        return kind
+
+    @field_validator("options", mode="before")
+    @classmethod
+    def _kind_options(cls, value: Any, info: ValidationInfo) -> Any:
+        kind = info.data.get("kind")
+        if kind is None:  # no kind (a hosted component) or an unknown one, reported on its own
+            return ScorerOptions()
+        return validate_section(scorer_class(kind).Options, value)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> KindSpec:
+        if self.path is not None and self.shape is not None:
+            raise ValueError("give path or shape, not both")
+        if self.kind is not None:
+            scorer_class(self.kind).check_spec(self)
+        return self
+
+    def resolved_device(self) -> str:
+        """`auto` means the first GPU when there is one: a service never silently picks CPU on a GPU box."""
+        from rewardplane.serve.scorers.common import resolve_device
+
+        return resolve_device(self.device)
+
+
+class ScorerSpec(KindSpec):
+    """One hosted scorer. Model kinds need exactly one of `path` (a local model directory) or
+    `shape` (a named random-initialised shape for tests and benchmarks); rules need neither.
 
     `dtype` takes any of the loader's spellings (fp16, float16, half, ...) and holds the
     canonical one ("fp32" / "fp16" / "bf16"). Frozen: a spec is the scorer's identity.
     """
 
-    model_config = ConfigDict(frozen=True)
-
     name: str
-    kind: str
-    path: str | None = None
-    shape: str | None = None
-    dtype: Dtype = "fp32"
-    device: str = "auto"
     max_batch_size: int = Field(32, ge=1)
     max_wait_ms: float = Field(5.0, ge=0)
     max_queue: int = Field(4096, ge=1)
     token_budget: int | None = Field(None, ge=1)
-    options: dict[str, Any] = Field(default_factory=dict)
     residency: Literal["resident", "per_call", "on_demand"] = "resident"
     """When the weights are on the GPU (docs/lifecycle.md): `resident` until told to move,
     `per_call` only while requests come, `on_demand` from the first request on."""
@@ -95,12 +144,6 @@ class ScorerSpec(ConfigModel):
         return name
 
     @model_validator(mode="after")
-    def _one_source(self) -> ScorerSpec:
-        if self.path is not None and self.shape is not None:
-            raise ValueError("give path or shape, not both")
-        return self
-
-    @model_validator(mode="after")
     def _lifecycle(self) -> ScorerSpec:
         from rewardplane.serve.lifecycle import policy_of
 
@@ -109,14 +152,6 @@ class ScorerSpec(ConfigModel):
         except ConfigError as exc:
             raise ValueError(exc.message) from None
         return self
-
-    def resolved_device(self) -> str:
-        """`auto` means the first GPU when there is one: a service never silently picks CPU on a GPU box."""
-        if self.device != "auto":
-            return self.device
-        import torch
-
-        return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 class Limits(ConfigModel):
@@ -155,18 +190,14 @@ class ServiceConfig(ConfigModel):
 
 
 def config_from_dict(raw: Any) -> ServiceConfig:
-    """Validate a service document (the loader's rules) and check every scorer kind is registered."""
+    """Validate a service document by the loader's rules: every scorer's kind registered, its
+    options parsed by the kind's model."""
     if not isinstance(raw, dict):
         raise ConfigError("service config must be a mapping with a 'scorers' list")
     scorers = raw.get("scorers")
     if not isinstance(scorers, list) or not scorers:
         raise ConfigError("service config: 'scorers' must be a non-empty list")
-    config = parse(ServiceConfig, raw)
-    registry = scorer_registry()
-    for i, spec in enumerate(config.scorers):
-        if spec.kind not in registry:
-            raise ConfigError(f"scorers[{i}].kind: unknown kind {spec.kind!r}; known: {sorted(registry)}")
-    return config
+    return parse(ServiceConfig, raw)
 
 
 def load_config(path: str | Path) -> ServiceConfig:
@@ -188,19 +219,35 @@ def scorer_registry() -> dict[str, str | type[Scorer]]:
     return registry
 
 
-def _resolve(target: str | type[Scorer]) -> type[Scorer]:
-    if isinstance(target, type):
-        return target
-    module_name, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module_name), attr)
+def scorer_class(kind: str) -> type[Scorer]:
+    """The `Scorer` subclass registered for `kind` (its module imported: scorer modules keep
+    torch and model libraries out of import time, so reading a config stays light). ValueError
+    for an unknown kind or one that is not a Scorer: the loader reports it at the key."""
+    registry = scorer_registry()
+    if kind not in registry:
+        raise ValueError(f"unknown kind {kind!r}; known: {sorted(registry)}")
+    target = registry[kind]
+    if isinstance(target, str):
+        module_name, _, attr = target.partition(":")
+        try:
+            target = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"kind {kind!r} does not load ({target}): {type(exc).__name__}: {exc}") from None
+    if not (isinstance(target, type) and issubclass(target, Scorer)):
+        raise ValueError(f"kind {kind!r} does not resolve to a Scorer subclass")
+    return target
+
+
+def kind_option_schemas(specs: list[ScorerSpec]) -> dict[str, list[dict[str, Any]]]:
+    """kind -> its options' schema (`option_schema`), for every kind these specs host, the
+    kinds of composites' inline components included: what `GET /v1/scorers` lists."""
+    kinds: list[str] = []
+    for spec in specs:
+        kinds.append(spec.kind)
+        kinds += [c.kind for c in getattr(spec.options, "components", ()) if getattr(c, "kind", None)]
+    return {kind: option_schema(scorer_class(kind).Options) for kind in dict.fromkeys(kinds)}
 
 
 def build_scorer(spec: ScorerSpec) -> Scorer:
     """Construct (not load) the scorer for `spec`; `Scorer.load()` does the heavy work."""
-    registry = scorer_registry()
-    if spec.kind not in registry:
-        raise ConfigError(f"scorer {spec.name!r}: unknown kind {spec.kind!r}; known: {sorted(registry)}")
-    cls = _resolve(registry[spec.kind])
-    if not (isinstance(cls, type) and issubclass(cls, Scorer)):
-        raise ConfigError(f"scorer kind {spec.kind!r} does not resolve to a Scorer subclass")
-    return cls.from_spec(spec)
+    return scorer_class(spec.kind).from_spec(spec)

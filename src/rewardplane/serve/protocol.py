@@ -303,10 +303,25 @@ class ScorerOut(BaseModel):
     max_batch_size: int
     max_wait_ms: float
     extra: dict[str, Any] | None = Field(default=None, description="kind-specific details; absent if none")
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="every option of the scorer's kind with the value in effect"
+    )
+
+
+class OptionOut(BaseModel):
+    name: str
+    type: str
+    required: bool
+    default: Any = Field(default=None, description="the value when the option is not set; absent if required")
+    description: str = Field(description="what the option means")
+    identity: bool = Field(description="whether the option is part of the scorer's identity")
 
 
 class ScorersResponse(BaseModel):
     scorers: list[ScorerOut]
+    kinds: dict[str, list[OptionOut]] = Field(
+        default_factory=dict, description="each hosted kind's options (name, type, default, meaning)"
+    )
     status: dict[str, Any] = Field(description="every configured scorer's load status")
 
 

@@ -100,6 +100,14 @@ def test_goals_default_to_the_issue_targets_and_a_plan_can_change_them():
         (plan_doc(scorers=[{**SCORERS[0], "dtype": "fp16"}]), "via `dtypes:`"),
         (plan_doc(scorers=[SCORERS[0], SCORERS[0]]), "unique name"),
         (plan_doc(sweep={"batchsize": [1]}), "unknown keys"),
+        (
+            plan_doc(sweep={"stable_windows": 4, "max_windows": 3}),
+            "sweep.stable_windows must be <= max_windows",
+        ),
+        (
+            plan_doc(scorers=[{**SCORERS[0], "options": {"divisr": 100}}]),
+            r"unknown config key scorers\[0\]\.options\.divisr \(did you mean scorers\[0\]\.options\.divisor\?\)",
+        ),
         (plan_doc(typo=1), "unknown keys"),
         (plan_doc(goals={"mps_vs_shared": 1.2}), "unknown keys"),
     ],
@@ -107,3 +115,44 @@ def test_goals_default_to_the_issue_targets_and_a_plan_can_change_them():
 def test_bad_plans_are_config_errors(doc, message):
     with pytest.raises(ConfigError, match=message):
         parse_plan(doc)
+
+
+def test_bench_qualify_and_the_benchmarks_share_one_sweep_definition():
+    """`rewardplane bench`'s flags, a plan's `sweep:` and benchmarks/serve.py take their load
+    settings and defaults from one model (bench/sweep.py `Sweep`)."""
+    import argparse
+    import importlib.util
+
+    from rewardplane.bench.qualify import Sweep
+    from rewardplane.bench.sweep import Sweep as BenchSweep
+    from rewardplane.cli.bench import SWEEP_FLAGS, register, sweep_from_args
+
+    no_sweep = {k: v for k, v in plan_doc().items() if k != "sweep"}
+    assert Sweep is BenchSweep and parse_plan(no_sweep).sweep == Sweep()
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(["bench", "--url", "u", "--scorers", "a", "--out", "o.json"])
+    assert sweep_from_args(args) == Sweep()  # no flag: the model's defaults, batch 1, 8, 32
+    assert Sweep().batch == [1, 8, 32] and set(SWEEP_FLAGS) <= set(Sweep.model_fields)
+    args = parser.parse_args(["bench", "--url", "u", "--scorers", "a", "--out", "o", "--requests", "7"])
+    assert sweep_from_args(args) == Sweep(requests=7)
+    spec = importlib.util.spec_from_file_location("serve_bench", ROOT / "benchmarks" / "serve.py")
+    serve_bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(serve_bench)
+    defaults = serve_bench.parse_args([])
+    assert defaults.batches == Sweep().batch and defaults.concurrency == Sweep().concurrency
+
+
+def test_bench_flags_are_checked_by_the_sweep_model():
+    import argparse
+
+    from rewardplane.cli.bench import register, sweep_from_args
+    from rewardplane.core.errors import UsageError
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    base = ["bench", "--url", "u", "--scorers", "a", "--out", "o"]
+    with pytest.raises(UsageError, match="^--requests must be >= 1, got 0$"):
+        sweep_from_args(parser.parse_args([*base, "--requests", "0"]))
+    with pytest.raises(UsageError, match="^--stable-windows must be <= max_windows"):
+        sweep_from_args(parser.parse_args([*base, "--stable-windows", "5", "--max-windows", "4"]))

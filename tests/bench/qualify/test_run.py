@@ -81,7 +81,7 @@ def test_cli_exit_codes(tmp_path):
     env = {"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"}
     dry = subprocess.run([*cmd, "--dry-run"], capture_output=True, text=True, env=env, timeout=120)
     assert dry.returncode == 0 and "dedicated:a/fp16" in dry.stdout
-    plan.write_text("modes: [shared]\nscorers: [{name: a, kind: clip}]\n")
+    plan.write_text("modes: [shared]\nscorers: [{name: a, kind: clip, shape: tiny-clip}]\n")
     bad = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
     assert bad.returncode == 2 and "must include dedicated" in bad.stderr
 

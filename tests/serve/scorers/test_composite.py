@@ -4,6 +4,7 @@ components), GRPO group normalisation with its degenerate cases, and one pass th
 from __future__ import annotations
 
 import math
+import re
 import statistics
 import time
 
@@ -115,19 +116,41 @@ def test_group_normalize_degenerate_and_incomplete_groups():
     assert got[5].code == "bad_input"
 
 
-def test_config_is_checked():
-    with pytest.raises(ConfigError, match="aggregation"):
-        CompositeScorer("c", options={"components": [LEN], "aggregation": "median"})
-    with pytest.raises(ConfigError, match="group_size"):
-        CompositeScorer("c", options={"components": [LEN], "group_normalize": True})
-    with pytest.raises(ConfigError, match="weights have no meaning"):
-        CompositeScorer("c", options={"components": [{**LEN, "weight": 2}], "aggregation": "min"})
-    with pytest.raises(ConfigError, match="unique"):
-        CompositeScorer("c", options={"components": [LEN, LEN]})
-    with pytest.raises(ConfigError, match="components"):
-        CompositeScorer("c", options={})
-    with pytest.raises(ConfigError, match="unknown component kind"):
-        build(components=[{"name": "x", "kind": "nope"}])
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"components": [LEN], "aggregation": "median"}, "options.aggregation: 'median' is not one of"),
+        (
+            {"components": [LEN], "group_normalize": True},
+            "options.group_size must be set with group_normalize",
+        ),
+        (
+            {"components": [{**LEN, "weight": 2}], "aggregation": "min"},
+            "options.components[0].weight: weights have no meaning with aggregation min",
+        ),
+        ({"components": [LEN, LEN]}, "options.components: component names must be unique"),
+        ({}, "options.components: required key is missing"),
+        ({"components": [{"name": "x", "kind": "nope"}]}, "options.components[0].kind: unknown kind 'nope'"),
+        (
+            {"components": [{"name": "x", "kind": "composite"}]},
+            "options.components[0].kind must name a non-composite",
+        ),
+        ({"components": [{"name": "x"}]}, "options.components[0].kind must be set"),
+        (
+            {"components": [{"name": "x", "kind": "math", "options": {"timeout_s": 0}}]},
+            "options.components[0].options.timeout_s must be >= 0.001, got 0",
+        ),
+        (
+            {"components": [{"name": "x", "kind": "regex", "options": {"patern": "a"}}]},
+            "unknown config key options.components[0].options.patern (did you mean "
+            "options.components[0].options.pattern?)",
+        ),
+    ],
+)
+def test_config_is_checked_and_names_the_dotted_key(options, message):
+    with pytest.raises(ConfigError) as info:
+        CompositeScorer("c", options=options)
+    assert str(info.value).startswith(f"scorer 'c' (composite): {message}"), str(info.value)
 
 
 def test_through_http_with_groups():
@@ -162,7 +185,7 @@ def test_through_http_with_groups():
             s for s in httpx.get(server.url + "/v1/scorers").json()["scorers"] if s["name"] == "reward"
         )
         assert [c["name"] for c in info["extra"]["components"]] == ["exact", "short"]
-        assert info["extra"]["group_normalize"]["group_size"] == 2
+        assert info["options"]["group_normalize"] is True and info["options"]["group_size"] == 2
 
 
 def test_left_out_reaches_the_http_response_and_the_python_client():
@@ -284,10 +307,21 @@ def test_a_hosted_component_with_auto_onload_is_onloaded_by_the_composites_reque
 
 
 def test_hosted_references_are_checked():
-    with pytest.raises(ConfigError, match="drop \\['kind'\\]"):
+    with pytest.raises(
+        ConfigError,
+        match=re.escape(
+            "options.components[0]: names hosted scorer 'rm', which is scored as it is configured; drop ['kind']"
+        ),
+    ):
         CompositeScorer("c", options={"components": [{"name": "a", "scorer": "rm", "kind": "length"}]})
-    with pytest.raises(ConfigError, match="another scorer"):
+    with pytest.raises(ConfigError, match=re.escape("options.components[0].scorer must name another scorer")):
         CompositeScorer("c", options={"components": [{"name": "a", "scorer": "c"}]})
+    with pytest.raises(
+        ConfigError, match=re.escape("scorers[0].options.components[0].scorer must name another")
+    ):
+        make_config(
+            [{"name": "c", "kind": "composite", "options": {"components": [{"name": "a", "scorer": "c"}]}}]
+        )
     with pytest.raises(ConfigError, match="does not host"):
         build(components=[{"name": "a", "scorer": "rm"}])  # no server to resolve it
     missing = {"name": "c", "kind": "composite", "options": {"components": [{"name": "a", "scorer": "nope"}]}}

@@ -180,7 +180,9 @@ def test_concurrent_batches_share_the_pool(scorer):
 def test_options_are_checked():
     with pytest.raises(ConfigError, match="extraction"):
         MathScorer("m", options={"extraction": "guess"})
-    with pytest.raises(ConfigError, match="unknown options"):
+    with pytest.raises(
+        ConfigError, match=r"unknown config key options.timeout \(did you mean options.timeout_s\?\)"
+    ):
         MathScorer("m", options={"timeout": 3})
     with pytest.raises(ConfigError, match="format_bonus"):
         MathScorer("m", options={"format_bonus": 1.5})

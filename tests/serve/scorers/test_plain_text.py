@@ -189,7 +189,9 @@ def test_the_option_overrides_where_nothing_is_recorded_and_a_contradiction_is_r
         assert f"tokenised as {recorded!r}" in message and str(path) in message
     same = scorer(checkpoint, plain_text="text_eos")  # agreeing with the record is fine
     assert same.info().identity == scorer(checkpoint).info().identity
-    with pytest.raises(ConfigError, match="plain_text must be"):
+    with pytest.raises(
+        ConfigError, match="options.plain_text: .trl. is not one of .text_eos. or .chat_template."
+    ):
         build_scorer(ScorerSpec(name="s", kind="rm", path=str(checkpoint), options={"plain_text": "trl"}))
 
     # a Hugging Face directory records nothing: chat_template, as hf_seqcls always served strings

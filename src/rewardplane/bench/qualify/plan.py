@@ -17,12 +17,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, field_validator, model_validator
 
-from rewardplane.core.config import ConfigModel, Dtype, canonical_dtype, load, parse
+from rewardplane.bench.sweep import Sweep
+from rewardplane.core.config import ConfigModel, Dtype, canonical_dtype, load, parse, validate_section
 from rewardplane.core.errors import ConfigError
+from rewardplane.deploy.config import PLACEMENT_KEYS
+from rewardplane.serve.config import ScorerSpec
 
 DEFAULT_ATOL = {"fp16": 1e-3, "bf16": 1e-3, "fp32": 1e-5}
 MODE_ORDER = ("dedicated", "shared", "mps", "consolidated")
@@ -41,34 +44,6 @@ class Goals(ConfigModel):
     """Each mps<pct> mode's mean items/s over shared's, on the load points GPU-bound in both."""
     consolidated_vs_dedicated_per_gpu_hour: float = Field(2.0, gt=0)
     """Consolidated's rewards per GPU-hour over dedicated's (items/s scaled by GPUs held)."""
-
-
-class Sweep(ConfigModel):
-    """The load every deployment gets (bench/sweep.py); the keys mirror `rewardplane bench` flags."""
-
-    model_config = _FROZEN
-
-    batch: list[int] = Field(default_factory=lambda: [1, 8, 32], min_length=1)
-    concurrency: list[int] = Field(default_factory=lambda: [1, 4, 16], min_length=1)
-    requests: int = Field(60, ge=1)
-    warmup: int = Field(5, ge=0)
-    repetitions: int = Field(1, ge=1)
-    window_s: float = Field(5.0, gt=0)
-    stable_windows: int = Field(3, ge=1)
-    tolerance: float = Field(0.10, ge=0)
-    max_windows: int = Field(10, ge=1)
-    slo_ms: float | None = Field(None, gt=0)
-    corpus_size: int = Field(256, ge=1)
-    seed: int = 0
-    images: bool = True
-    timeout_s: float = Field(60.0, gt=0)
-
-    @field_validator("batch", "concurrency")
-    @classmethod
-    def _positive(cls, values: list[int]) -> list[int]:
-        if min(values) < 1:
-            raise ValueError(f"must be positive integers, got {values}")
-        return values
 
 
 class Server(ConfigModel):
@@ -114,18 +89,26 @@ class ModePlan(ConfigModel):
         return tuple(self.active_thread_percentages)
 
 
+def _serve_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """A plan's scorer, checked as the serve spec it becomes (kind, options, path or shape) when
+    the plan is read, not when its deployment starts minutes later."""
+    validate_section(ScorerSpec, {k: v for k, v in spec.items() if k not in PLACEMENT_KEYS})
+    return spec
+
+
 class Plan(ConfigModel):
     """A qualify plan (docs/qualify.md, "Plan keys"). Unknown keys are errors: a misspelt key
     silently falling back to a default would measure the wrong thing."""
 
     model_config = _FROZEN
 
-    scorers: list[dict[str, Any]] = Field(min_length=1)
+    scorers: list[Annotated[dict[str, Any], AfterValidator(_serve_spec)]] = Field(min_length=1)
     """serve scorer specs WITHOUT dtype (deploy keys such as memory_fraction pass through)."""
     dtypes: list[Dtype] = Field(default_factory=lambda: ["fp32"], min_length=1)
     modes: list[ModePlan] = Field(default_factory=lambda: [ModePlan(mode=m) for m in MODE_ORDER])
     gpus: list[int] = Field(default_factory=lambda: [0])
     sweep: Sweep = Field(default_factory=Sweep)
+    """The load every deployment gets: `rewardplane bench`'s sweep (bench/sweep.py), one definition."""
     server: Server = Field(default_factory=Server)
     atol: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_ATOL))
     """Parity tolerance per dtype; the ones given replace DEFAULT_ATOL's."""

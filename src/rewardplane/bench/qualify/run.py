@@ -27,7 +27,6 @@ from rewardplane.bench.qualify.report import render_report, write_plots
 from rewardplane.bench.qualify.summary import summarize
 from rewardplane.bench.server import running_server
 from rewardplane.bench.sweep import BenchConfig, run_bench
-from rewardplane.bench.windows import WindowPolicy
 from rewardplane.core.atomic import write_json, write_text
 from rewardplane.core.errors import RewardplaneError
 
@@ -55,20 +54,11 @@ def _write_deploy_file(dep: Deployment, workdir: Path) -> Path:
 
 
 def bench_config(plan: Plan, dep: Deployment, url: str) -> BenchConfig:
-    s = plan.sweep
     return BenchConfig(
         url=url,
         scorers=dep.scorers,
-        batches=list(s.batch),
-        concurrencies=list(s.concurrency),
-        requests=s.requests,
-        warmup=s.warmup,
-        repetitions=s.repetitions,
-        policy=WindowPolicy(s.window_s, s.stable_windows, s.tolerance, s.max_windows),
-        slo_ms=s.slo_ms,
+        sweep=plan.sweep,
         token=plan.server.token or os.environ.get("REWARDPLANE_TOKEN"),
-        timeout_s=s.timeout_s,
-        seed=s.seed,
         gpu_indices=[g for g in plan.gpus[: dep.gpus_held]] or None,  # what the sampler watches
         mode=dep.group,
         coverage_pass=True,  # parity needs every corpus item scored

@@ -12,7 +12,12 @@ import abc
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+from rewardplane import __version__
+from rewardplane.core.config import FieldError, parse
+from rewardplane.core.errors import ConfigError
+from rewardplane.core.hashing import sha256_json
 from rewardplane.data.records import Message
+from rewardplane.serve.scorers.options import ScorerOptions
 
 Modality = Literal["text", "image_text", "rule"]
 
@@ -80,22 +85,87 @@ class ScorerInfo:
     max_batch_size: int
     max_wait_ms: float
     extra: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
+    """Every option of the scorer's kind with the value in effect (defaults filled in)."""
+
+
+VERSION = __version__
+
+
+def identity(*, kind: str, weights: str, config: dict[str, Any], dtype: str, options: dict[str, Any]) -> str:
+    """Stable id a client can pin: same weights + model config + dtype + scoring options -> same hash."""
+    return sha256_json(
+        {"kind": kind, "weights": weights, "config": config, "dtype": dtype, "options": options}
+    )
 
 
 class Scorer(abc.ABC):
     """Base class for every scorer kind (`rm`, `hf_seqcls`, `clip`, `pickscore`, rules, ...).
 
-    Subclasses set `kind` and `modality`, load weights in `load()`, and implement
-    `score_batch`. `identity()` must be stable for the same weights, config and dtype.
+    Subclasses set `kind`, `modality` and `Options` (the kind's options model), load weights in
+    `load()` and implement `score_batch`. `info()` is built here from the options and a few
+    kind-specific hooks (`placement`, `identity_config`, `identity_options`, `info_extra`), so
+    the identity is computed one way for every kind: stable for the same weights, model config,
+    dtype and score-changing options.
     """
 
     kind: ClassVar[str]
     modality: ClassVar[Modality]
+    Options: ClassVar[type[ScorerOptions]] = ScorerOptions
+    """The kind's options model; the base takes none (docs/serve.md, third-party scorers)."""
 
-    def __init__(self, name: str, *, max_batch_size: int = 32, max_wait_ms: float = 5.0) -> None:
+    def __init__(
+        self,
+        name: str,
+        options: ScorerOptions | dict[str, Any] | None = None,
+        *,
+        max_batch_size: int = 32,
+        max_wait_ms: float = 5.0,
+        path: str | None = None,
+        shape: str | None = None,
+        dtype: str = "fp32",
+        device: str = "cpu",
+    ) -> None:
         self.name = name
-        self.max_batch_size = max_batch_size
-        self.max_wait_ms = max_wait_ms
+        self.options = self._typed_options(options)
+        self.max_batch_size, self.max_wait_ms = max_batch_size, max_wait_ms
+        self.path, self.shape, self.dtype, self.device = path, shape, dtype, device
+        self._weights = ""  # what identifies the weights (a digest), set by `load()` where there are any
+        try:
+            self.check_spec(self)  # the spec's rules hold for a scorer built directly too
+        except FieldError as exc:
+            raise ConfigError(f"scorer {name!r} ({self.kind}): {exc.line()}") from None
+
+    def _typed_options(self, options: ScorerOptions | dict[str, Any] | None) -> Any:
+        """The spec's options as they come (already this kind's model), or a mapping validated by
+        the one loader (direct construction): one-line errors naming `options.<key>`."""
+        if isinstance(options, self.Options):
+            return options
+        try:
+            return parse(self.Options, options, where="options")
+        except ConfigError as exc:
+            raise ConfigError(f"scorer {self.name!r} ({self.kind}): {exc.message}") from None
+
+    @classmethod
+    def from_spec(cls, spec: Any) -> Scorer:
+        """Build from a `rewardplane.serve.config.ScorerSpec` (options already typed)."""
+        return cls(
+            spec.name,
+            spec.options,
+            max_batch_size=spec.max_batch_size,
+            max_wait_ms=spec.max_wait_ms,
+            path=spec.path,
+            shape=spec.shape,
+            dtype=spec.dtype,
+            device=spec.device,
+        )
+
+    @classmethod
+    def check_spec(cls, spec: Any) -> None:
+        """Rules between the kind and the spec's own keys (`name`, `path`, `shape`, `options`),
+        checked when the spec is read and when a scorer is built directly (`spec` is then the
+        scorer): raise `rewardplane.core.config.FieldError(key, ...)` naming the spec key."""
+        return None  # no rules by default
 
     @abc.abstractmethod
     def load(self) -> None:
@@ -106,14 +176,44 @@ class Scorer(abc.ABC):
         """Return one float (or `ItemError`) per item, in order. NaN/inf are allowed here; raising
         fails the batch."""
 
-    @abc.abstractmethod
     def info(self) -> ScorerInfo:
         """Describe the loaded scorer, including its stable identity hash."""
+        dtype, device = self.placement()
+        return ScorerInfo(
+            name=self.name,
+            kind=self.kind,
+            modality=self.modality,
+            dtype=dtype,
+            device=device,
+            version=VERSION,
+            identity=identity(
+                kind=self.kind,
+                weights=self._weights,
+                config=self.identity_config(),
+                dtype=dtype,
+                options=self.identity_options(),
+            ),
+            max_batch_size=self.max_batch_size,
+            max_wait_ms=self.max_wait_ms,
+            extra=self.info_extra(),
+            options=self.options.in_effect(),
+        )
 
-    @classmethod
-    def from_spec(cls, spec: Any) -> Scorer:
-        """Build from a `rewardplane.serve.config.ScorerSpec`. Kinds with options override this."""
-        return cls(spec.name, max_batch_size=spec.max_batch_size, max_wait_ms=spec.max_wait_ms)
+    def placement(self) -> tuple[str, str]:
+        """(dtype, device) as `info()` reports them: no weights, no dtype, by default."""
+        return "none", "cpu"
+
+    def identity_config(self) -> dict[str, Any]:
+        """What else identifies the scorer's behaviour (a model's config, a library version)."""
+        return {}
+
+    def identity_options(self) -> dict[str, Any]:
+        """The options in the identity: those that can change a score."""
+        return self.options.for_identity()
+
+    def info_extra(self) -> dict[str, Any]:
+        """Kind-specific details for `GET /v1/scorers` (resolved limits, counters, ...)."""
+        return {}
 
     def item_tokens(self, item: ScoreItem) -> int | None:
         """Approximate token count, for the batcher's token budget. None: the scorer has no budget."""

@@ -32,7 +32,9 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field
 
 from rewardplane.core.errors import ConfigError
 from rewardplane.serve.graphs import BucketGraphs, bucket_sizes
@@ -46,12 +48,8 @@ from rewardplane.serve.images import (
     inspect_image,
 )
 from rewardplane.serve.scorers.base import ItemError, ScoreItem
-from rewardplane.serve.scorers.common import (
-    ModelScorer,
-    as_text,
-    torch_dtype,
-    weights_digest,
-)
+from rewardplane.serve.scorers.common import ModelScorer, as_text, torch_dtype, weights_digest
+from rewardplane.serve.scorers.options import ScorerOptions
 
 log = logging.getLogger(__name__)
 
@@ -161,34 +159,42 @@ def shape_config(shape: str, tokenizer):
     return CLIPConfig(text_config=text, vision_config=dims["vision"], projection_dim=dims["projection_dim"])
 
 
+class ImageOptions(ScorerOptions):
+    seed: int = 0
+    """Named shapes: the seed of the random initialisation."""
+    decode: Literal["device", "host"] = "device"
+    """Where images decode: `device` (nvJPEG through torchvision on a CUDA box, else the host) or
+    `host` (Pillow threads, then one copy to the device); they round a few pixels differently."""
+    decode_threads: int = Field(4, ge=1)
+    """Host decoding threads."""
+    cuda_graphs: bool = False
+    """CUDA only: replay both towers as CUDA graphs captured at bucket batch sizes (texts padded
+    to 77 positions)."""
+    max_image_aspect: float = Field(DEFAULT_MAX_ASPECT, ge=1)
+    """An image whose longer side is over this many times its shorter one is `bad_input`, never decoded."""
+
+    not_in_identity: ClassVar[frozenset[str]] = frozenset({"decode_threads", "max_image_aspect"})
+
+
+class ClipOptions(ImageOptions):
+    divisor: float = Field(1.0, gt=0)
+    """score = exp(logit_scale) · cos / divisor: 1.0 is CLIP's own `logits_per_image`; 100 a
+    plain cosine with OpenAI weights."""
+
+
 class ClipScorer(ModelScorer):
     kind: ClassVar[str] = "clip"
     modality: ClassVar = "image_text"
-    allowed_options: ClassVar[frozenset[str]] = frozenset(
-        {"divisor", "seed", "decode_threads", "decode", "cuda_graphs", "max_image_aspect"}
-    )
+    Options = ClipOptions
     shapes: ClassVar[tuple[str, ...]] = tuple(CLIP_SHAPES)
-    default_divisor: ClassVar[float] = 1.0
 
-    def __init__(self, name: str, **kwargs: Any) -> None:
-        super().__init__(name, **kwargs)
-        self.divisor = float(self.options.get("divisor", self.default_divisor))
-        if not self.divisor > 0:
-            raise ConfigError(f"scorer {name!r}: options.divisor must be > 0")
-        self.decode = self.options.get("decode", "device")
-        if self.decode not in ("device", "host"):
-            raise ConfigError(f"scorer {name!r}: options.decode must be 'device' or 'host'")
-        self.cuda_graphs = self.options.get("cuda_graphs", False)
-        if not isinstance(self.cuda_graphs, bool):
-            raise ConfigError(f"scorer {name!r}: options.cuda_graphs must be true or false")
-        if self.cuda_graphs and not str(self.device).startswith("cuda"):
+    def __init__(self, name: str, *args: Any, **kwargs: Any) -> None:
+        super().__init__(name, *args, **kwargs)
+        self.divisor = getattr(self.options, "divisor", 1.0)
+        if self.options.cuda_graphs and not str(self.device).startswith("cuda"):
             raise ConfigError(
                 f"scorer {name!r}: options.cuda_graphs needs a CUDA device, not {self.device!r}"
             )
-        aspect = self.options.get("max_image_aspect", DEFAULT_MAX_ASPECT)
-        if isinstance(aspect, bool) or not isinstance(aspect, int | float) or not aspect >= 1:
-            raise ConfigError(f"scorer {name!r}: options.max_image_aspect must be a number >= 1")
-        self.max_image_aspect = float(aspect)
         self.max_image_pixels = DEFAULT_MAX_PIXELS
         self.preprocess = self.decoder = None
         self._graphs: dict[str, BucketGraphs] = {}
@@ -207,7 +213,7 @@ class ClipScorer(ModelScorer):
         if self.shape is not None:
             tokenizer = shape_tokenizer()
             config = shape_config(self.shape, tokenizer)
-            seed = int(self.options.get("seed", 0))
+            seed = self.options.seed
             torch.manual_seed(seed)
             # Initialise on the CPU, in fp32, then move: CUDA's random kernels size their grid
             # from the SM count, so the same seed gives other weights under an MPS partition
@@ -224,12 +230,12 @@ class ClipScorer(ModelScorer):
         self.preprocess = Preprocess.from_model_dir(self.path, model.config.vision_config.image_size)
         self.decoder = ImageDecoder(
             self.device,
-            threads=int(self.options.get("decode_threads", 4)),
-            on_device=self.decode == "device",
+            threads=self.options.decode_threads,
+            on_device=self.options.decode == "device",
             max_pixels=self.max_image_pixels,
-            max_aspect=self.max_image_aspect,
+            max_aspect=self.options.max_image_aspect,
         )
-        if self.cuda_graphs:
+        if self.options.cuda_graphs:
             self._capture_graphs()
 
     def _capture_graphs(self) -> None:
@@ -261,7 +267,7 @@ class ClipScorer(ModelScorer):
 
     def after_onload(self) -> None:
         """Lifecycle: the weights are back at new addresses; capture the graphs again."""
-        if self.cuda_graphs:
+        if self.options.cuda_graphs:
             self._capture_graphs()
 
     def warmup_item(self) -> ScoreItem:
@@ -275,10 +281,10 @@ class ClipScorer(ModelScorer):
 
     def _text_inputs(self, texts: list[str]) -> tuple:
         """Token ids (and, eager, the padding mask) on the device; graphs need all 77 positions."""
-        padding = "max_length" if self.cuda_graphs else True
+        padding = "max_length" if self.options.cuda_graphs else True
         enc = self.tokenizer(texts, padding=padding, truncation=True, max_length=77, return_tensors="pt")
         ids = enc["input_ids"].to(self.device)
-        return (ids,) if self.cuda_graphs else (ids, enc["attention_mask"].to(self.device))
+        return (ids,) if self.options.cuda_graphs else (ids, enc["attention_mask"].to(self.device))
 
     def _text_tower(self, ids, mask=None):
         pooled = self.model.text_model(input_ids=ids, attention_mask=mask).pooler_output
@@ -303,7 +309,9 @@ class ClipScorer(ModelScorer):
         if item.image is None:
             return ItemError("bad_input", "item has no image")
         try:
-            inspect_image(item.image, max_pixels=self.max_image_pixels, max_aspect=self.max_image_aspect)
+            inspect_image(
+                item.image, max_pixels=self.max_image_pixels, max_aspect=self.options.max_image_aspect
+            )
         except ImageRejected as exc:
             return ItemError("bad_input", str(exc)[:300])
         holds = getattr(self.decoder, "holds", None)
@@ -315,7 +323,7 @@ class ClipScorer(ModelScorer):
         # Not held: check with a full Pillow decode here (CPU, this admission thread), never with
         # nvJPEG, which the scorer thread and the prefetch drainer may be using at this moment.
         try:
-            decode_rgb(item.image, max_pixels=self.max_image_pixels, max_aspect=self.max_image_aspect)
+            decode_rgb(item.image, max_pixels=self.max_image_pixels, max_aspect=self.options.max_image_aspect)
         except ImageRejected as exc:
             return ItemError("bad_input", str(exc)[:300])
         return item
@@ -348,16 +356,9 @@ class ClipScorer(ModelScorer):
             results[k] = s
         return results
 
-    def identity_options(self) -> dict[str, Any]:
-        kept = {"seed": self.options["seed"]} if "seed" in self.options else {}
-        if self.decode == "host":  # `device` falls back to the host where it must
-            kept["decode"] = "host"
-        if self.cuda_graphs:  # padded bucket shapes: other GEMM shapes, other rounding
-            kept["cuda_graphs"] = True
-        return {"divisor": self.divisor, **kept}
-
     def info_extra(self) -> dict[str, Any]:
         return {
+            **super().info_extra(),
             "divisor": self.divisor,
             "image_size": self.preprocess.size,
             "decode_on_device": self.decoder.on_device,
@@ -369,4 +370,4 @@ class PickScoreScorer(ClipScorer):
     """PickScore: exp(logit_scale)·cos on a CLIP-H/14 model; the divisor is fixed at 1."""
 
     kind: ClassVar[str] = "pickscore"
-    allowed_options = frozenset({"seed", "decode_threads", "decode", "cuda_graphs", "max_image_aspect"})
+    Options = ImageOptions

@@ -25,15 +25,20 @@ network + PID namespaces with rlimits; a resource boundary, not a security bound
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
+from pydantic import Field, model_validator
+
+from rewardplane.core.config import FieldError
 from rewardplane.core.errors import ConfigError
-from rewardplane.serve.scorers.base import ItemError, ScoreItem, ScorerInfo
-from rewardplane.serve.scorers.common import VERSION, OptionsScorer, as_text, identity
+from rewardplane.serve.scorers.base import ItemError, ScoreItem, Scorer
+from rewardplane.serve.scorers.common import as_text
+from rewardplane.serve.scorers.options import ScorerOptions
 from rewardplane.serve.scorers.sandbox import _split_tests as split_tests
 
 _FENCE = re.compile(r"```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)```", re.DOTALL)
@@ -91,84 +96,86 @@ def outputs_match(got: str, want: str, how: str) -> bool:
     return a == b
 
 
-class CodeScorer(OptionsScorer):
+class CodeOptions(ScorerOptions):
+    backend: Literal["local", "sandbox_fusion"] = "local"
+    """`local`: this host's sandbox (warm runners in namespaces with rlimits); `sandbox_fusion`:
+    a SandboxFusion server's `POST {url}/run_code`."""
+    isolation: Literal["namespaces", "rlimits"] = "namespaces"
+    """local: user + mount + network + PID namespaces with rlimits, or rlimits only (no
+    filesystem or network isolation; only when set explicitly)."""
+    scoring: Literal["fraction", "all_or_nothing"] = "fraction"
+    """The fraction of test cases passed, or 1.0 only when every case passes."""
+    compare: Literal["lines", "tokens", "exact"] = "lines"
+    """stdin/stdout cases: per line with trailing whitespace and blank lines ignored,
+    whitespace-separated tokens, or byte for byte."""
+    timeout_s: float = Field(5.0, gt=0)
+    """Wall-clock and CPU-time limit per run: `timeout`."""
+    memory_mb: int = Field(1024, ge=1)
+    """Memory limit per run: `memory_limit`."""
+    max_output_bytes: int = Field(1 << 20, ge=1)
+    """stdout limit per run: `output_limit`."""
+    max_file_mb: int = Field(16, ge=1)
+    """local: largest file a run may write: `output_limit`."""
+    max_open_files: int = Field(64, ge=1)
+    """local: open file descriptors per run."""
+    max_processes: int = Field(64, ge=1)
+    """local: processes and threads per run."""
+    tmpfs_mb: int = Field(64, ge=1)
+    """local: size of the run's private /tmp."""
+    prefork: int | None = Field(None, ge=1)
+    """local: warm runners kept forked; null: min(4, concurrency)."""
+    concurrency: int | None = Field(None, ge=1)
+    """Items run at once; null: the machine's CPU count."""
+    url: str | None = None
+    """sandbox_fusion: the server's base URL (required there)."""
+    language: str = "python"
+    """sandbox_fusion: the `language` sent with each run."""
+    request_timeout_s: float | None = Field(None, gt=0)
+    """sandbox_fusion: HTTP timeout per request; null: timeout_s + 30."""
+
+    not_in_identity: ClassVar[frozenset[str]] = frozenset({"prefork", "concurrency"})
+
+    @model_validator(mode="after")
+    def _url(self) -> CodeOptions:
+        if self.backend == "sandbox_fusion" and not self.url:
+            raise FieldError("url", "must be set with backend sandbox_fusion")
+        return self
+
+
+class CodeScorer(Scorer):
+    """Each item's program against the tests in its reference, in the local sandbox or on a
+    SandboxFusion server, `concurrency` items at a time (see the module docstring)."""
+
     kind: ClassVar[str] = "code"
     modality: ClassVar = "rule"
-    allowed_options: ClassVar[frozenset[str]] = frozenset(
-        {
-            "backend",
-            "isolation",
-            "scoring",
-            "compare",
-            "timeout_s",
-            "memory_mb",
-            "max_output_bytes",
-            "max_file_mb",
-            "max_open_files",
-            "max_processes",
-            "tmpfs_mb",
-            "prefork",
-            "concurrency",
-            "url",
-            "language",
-            "request_timeout_s",
-        }
-    )
+    Options = CodeOptions
 
-    def __init__(
-        self,
-        name: str,
-        *,
-        options: dict[str, Any] | None = None,
-        max_batch_size: int = 32,
-        max_wait_ms: float = 2.0,
-    ) -> None:
-        super().__init__(name, options=options, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms)
-        o = self.options
-        where = f"scorer {name!r} (code)"
-        self.backend = o.get("backend", "local")
-        if self.backend not in ("local", "sandbox_fusion"):
-            raise ConfigError(f"{where}: options.backend must be local or sandbox_fusion")
-        self.isolation = o.get("isolation", "namespaces")
-        if self.isolation not in ("namespaces", "rlimits"):
-            raise ConfigError(f"{where}: options.isolation must be namespaces or rlimits")
-        self.scoring = o.get("scoring", "fraction")
-        if self.scoring not in ("fraction", "all_or_nothing"):
-            raise ConfigError(f"{where}: options.scoring must be fraction or all_or_nothing")
-        self.compare = o.get("compare", "lines")
-        if self.compare not in ("lines", "tokens", "exact"):
-            raise ConfigError(f"{where}: options.compare must be lines, tokens or exact")
-        if self.backend == "sandbox_fusion" and not isinstance(o.get("url"), str):
-            raise ConfigError(f"{where}: backend sandbox_fusion needs options.url")
-        for key in ("timeout_s", "request_timeout_s"):
-            v = o.get(key)
-            if v is not None and (not isinstance(v, int | float) or isinstance(v, bool) or v <= 0):
-                raise ConfigError(f"{where}: options.{key} must be a positive number")
-        ints = ("memory_mb", "max_output_bytes", "max_file_mb", "max_open_files", "max_processes")
-        for key in (*ints, "tmpfs_mb", "prefork", "concurrency"):
-            v = o.get(key)
-            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
-                raise ConfigError(f"{where}: options.{key} must be a positive integer")
-        self.timeout_s = float(o.get("timeout_s", 5.0))
-        self.concurrency = int(o.get("concurrency") or os.cpu_count() or 1)
-        self.sandbox: Any = None
-        self._pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix=f"code-{name}")
+    sandbox: Any = None
+
+    @property
+    def concurrency(self) -> int:
+        """Items run at once: the option, else the machine's CPU count."""
+        return self.options.concurrency or os.cpu_count() or 1
+
+    @functools.cached_property
+    def _pool(self) -> ThreadPoolExecutor:
+        return ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix=f"code-{self.name}")
 
     def load(self) -> None:
         o = self.options
-        if self.backend == "sandbox_fusion":
+        if o.backend == "sandbox_fusion":
             self.sandbox = SandboxFusionClient(
-                o["url"],
-                timeout_s=self.timeout_s,
-                memory_mb=int(o.get("memory_mb", 1024)),
-                language=o.get("language", "python"),
-                request_timeout_s=float(o.get("request_timeout_s", self.timeout_s + 30)),
-                max_output_bytes=int(o.get("max_output_bytes", 1 << 20)),
+                o.url,
+                timeout_s=o.timeout_s,
+                memory_mb=o.memory_mb,
+                language=o.language,
+                request_timeout_s=o.request_timeout_s or o.timeout_s + 30,
+                max_output_bytes=o.max_output_bytes,
             )
             return
         from rewardplane.serve.scorers.sandbox import LocalSandbox, probe
 
-        if self.isolation == "namespaces":
+        if o.isolation == "namespaces":
             ok, why = probe("namespaces")
             if not ok:
                 raise ConfigError(
@@ -177,15 +184,15 @@ class CodeScorer(OptionsScorer):
                     "config sets options.isolation: rlimits explicitly"
                 )
         self.sandbox = LocalSandbox(
-            isolation=self.isolation,
-            timeout_s=self.timeout_s,
-            memory_mb=int(o.get("memory_mb", 1024)),
-            max_output_bytes=int(o.get("max_output_bytes", 1 << 20)),
-            max_file_mb=int(o.get("max_file_mb", 16)),
-            max_open_files=int(o.get("max_open_files", 64)),
-            max_processes=int(o.get("max_processes", 64)),
-            tmpfs_mb=int(o.get("tmpfs_mb", 64)),
-            prefork=int(o.get("prefork", min(4, self.concurrency))),
+            isolation=o.isolation,
+            timeout_s=o.timeout_s,
+            memory_mb=o.memory_mb,
+            max_output_bytes=o.max_output_bytes,
+            max_file_mb=o.max_file_mb,
+            max_open_files=o.max_open_files,
+            max_processes=o.max_processes,
+            tmpfs_mb=o.tmpfs_mb,
+            prefork=o.prefork or min(4, self.concurrency),
         )
         self.sandbox.start()
 
@@ -199,6 +206,7 @@ class CodeScorer(OptionsScorer):
         if isinstance(ref, ItemError):
             return ref
         code = extract_code(as_text(item.response))
+        all_or_nothing = self.options.scoring == "all_or_nothing"
         if ref["mode"] == "assert":
             r = self.sandbox.run({"mode": "assert", "code": code, "tests": ref["tests"]})
             if r.status != "ok":
@@ -207,20 +215,20 @@ class CodeScorer(OptionsScorer):
                 passed, total = int(r.report.get("passed", 0)), int(r.report.get("total", 1))
             else:  # the program ended the process before the tests could report: all failed
                 passed, total = 0, len(split_tests(ref["tests"])[1]) or 1
-            return float(passed == total) if self.scoring == "all_or_nothing" else passed / max(1, total)
+            return float(passed == total) if all_or_nothing else passed / max(1, total)
         passed = 0
         for stdin, want in zip(ref["inputs"], ref["outputs"], strict=True):
             r = self.sandbox.run({"mode": "stdin", "code": code, "stdin": stdin})
             if r.status != "ok":
                 return ItemError(r.status, r.message)
             ok = not r.report.get("error") and outputs_match(
-                r.stdout.decode("utf-8", "replace"), want, self.compare
+                r.stdout.decode("utf-8", "replace"), want, self.options.compare
             )
             passed += ok
-            if not ok and self.scoring == "all_or_nothing":
+            if not ok and all_or_nothing:
                 return 0.0
         n = len(ref["inputs"])
-        return float(passed == n) if self.scoring == "all_or_nothing" else passed / n
+        return float(passed == n) if all_or_nothing else passed / n
 
     def score_batch(self, items: list[ScoreItem]) -> list[float | ItemError]:
         assert self.sandbox is not None, "load() first"
@@ -234,32 +242,22 @@ class CodeScorer(OptionsScorer):
             reference={"inputs": ["hi\n"], "outputs": ["hi\n"]},
         )
 
-    def info(self) -> ScorerInfo:
+    def info_extra(self) -> dict[str, Any]:
         o = self.options
-        extra: dict[str, Any] = {"backend": self.backend, "scoring": self.scoring, "compare": self.compare}
-        if self.backend == "local" and self.sandbox is not None:
-            extra["isolation"] = (
+        if self.sandbox is None:
+            return {}
+        if o.backend == "sandbox_fusion":
+            return {"backend": o.backend, "limits": {"timeout_s": o.timeout_s, "memory_mb": o.memory_mb}}
+        return {
+            "backend": o.backend,
+            "isolation": (
                 "user+mount+network+pid+ipc namespaces, read-only /, private tmpfs /tmp, rlimits"
-                if self.isolation == "namespaces"
+                if o.isolation == "namespaces"
                 else "rlimits only (no namespaces): no filesystem or network isolation"
-            )
-            extra["process_limit"] = self.sandbox.process_limit()
-            extra["limits"] = self.sandbox.limits()
-        elif self.sandbox is not None:
-            extra["url"] = o["url"]
-            extra["limits"] = {"timeout_s": self.timeout_s, "memory_mb": int(o.get("memory_mb", 1024))}
-        return ScorerInfo(
-            name=self.name,
-            kind=self.kind,
-            modality=self.modality,
-            dtype="none",
-            device="cpu",
-            version=VERSION,
-            identity=identity(kind=self.kind, weights="", config={}, dtype="none", options=o),
-            max_batch_size=self.max_batch_size,
-            max_wait_ms=self.max_wait_ms,
-            extra=extra,
-        )
+            ),
+            "process_limit": self.sandbox.process_limit(),
+            "limits": self.sandbox.limits(),
+        }
 
 
 _REPORT = "__rewardplane_report__"

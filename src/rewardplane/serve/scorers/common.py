@@ -1,14 +1,13 @@
-"""Pieces every model scorer shares: dtype names, weight hashing, identity, text flattening."""
+"""Pieces every model scorer shares: dtype names, devices, weight hashing, text flattening."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, ClassVar
 
-from rewardplane import __version__
-from rewardplane.core.errors import ConfigError
+from rewardplane.core.config import FieldError
 from rewardplane.core.hashing import sha256_file, sha256_json
-from rewardplane.serve.scorers.base import Scorer, ScorerInfo
+from rewardplane.serve.scorers.base import Scorer
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
@@ -27,13 +26,6 @@ def weights_digest(path: str | Path) -> str:
     if not files:
         raise FileNotFoundError(f"no weight files ({', '.join(WEIGHT_SUFFIXES)}) under {root}")
     return sha256_json({str(p.relative_to(root)): sha256_file(p) for p in files})
-
-
-def identity(*, kind: str, weights: str, config: dict[str, Any], dtype: str, options: dict[str, Any]) -> str:
-    """Stable id a client can pin: same weights + model config + dtype + scoring options -> same hash."""
-    return sha256_json(
-        {"kind": kind, "weights": weights, "config": config, "dtype": dtype, "options": options}
-    )
 
 
 def json_config(config: Any) -> dict[str, Any]:
@@ -61,108 +53,36 @@ def as_text(value: str | list[dict[str, str]]) -> str:
     return value if isinstance(value, str) else "\n".join(m.get("content", "") for m in value)
 
 
-VERSION = __version__
+def resolve_device(device: str) -> str:
+    """`auto` means the first GPU when there is one: a service never silently picks CPU on a GPU box."""
+    if device != "auto":
+        return device
+    import torch
 
-
-def check_options(
-    name: str, kind: str, options: dict[str, Any] | None, allowed: frozenset[str]
-) -> dict[str, Any]:
-    """A copy of `options`; an unknown key is a ConfigError (a typo must not become a default)."""
-    options = dict(options or {})
-    unknown = sorted(set(options) - allowed)
-    if unknown:
-        raise ConfigError(f"scorer {name!r} ({kind}): unknown options {unknown}; known: {sorted(allowed)}")
-    return options
-
-
-class OptionsScorer(Scorer):
-    """A scorer configured by its `options` alone (rules, verifiers, judges, composites): the
-    options are checked against `allowed_options` and `from_spec` passes them on."""
-
-    allowed_options: ClassVar[frozenset[str]] = frozenset()
-
-    def __init__(
-        self,
-        name: str,
-        *,
-        options: dict[str, Any] | None = None,
-        max_batch_size: int = 64,
-        max_wait_ms: float = 5.0,
-    ) -> None:
-        super().__init__(name, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms)
-        self.options = check_options(name, self.kind, options, self.allowed_options)
-
-    @classmethod
-    def from_spec(cls, spec: Any) -> Scorer:
-        return cls(
-            spec.name, options=spec.options, max_batch_size=spec.max_batch_size, max_wait_ms=spec.max_wait_ms
-        )
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 class ModelScorer(Scorer):
     """A scorer backed by model weights: from a local directory (`path`) or a named shape."""
 
-    allowed_options: ClassVar[frozenset[str]] = frozenset()
     shapes: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(
-        self,
-        name: str,
-        *,
-        path: str | None = None,
-        shape: str | None = None,
-        dtype: str = "fp32",
-        device: str = "cpu",
-        options: dict[str, Any] | None = None,
-        max_batch_size: int = 32,
-        max_wait_ms: float = 5.0,
-    ) -> None:
-        super().__init__(name, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms)
-        self.options = check_options(name, self.kind, options, self.allowed_options)
-        if (path is None) == (shape is None):
-            raise ConfigError(f"scorer {name!r} ({self.kind}): give exactly one of path or shape")
-        if shape is not None and shape not in self.shapes:
-            raise ConfigError(f"scorer {name!r}: unknown shape {shape!r}; known: {sorted(self.shapes)}")
-        self.path, self.shape, self.dtype, self.device = path, shape, dtype, device
+    def __init__(self, name: str, options: Any = None, *, device: str = "cpu", **kwargs: Any) -> None:
+        super().__init__(name, options, device=resolve_device(device), **kwargs)
         self.model = self.tokenizer = None
-        self._weights = ""
 
     @classmethod
-    def from_spec(cls, spec: Any) -> Scorer:
-        return cls(
-            spec.name,
-            path=spec.path,
-            shape=spec.shape,
-            dtype=spec.dtype,
-            device=spec.resolved_device(),
-            options=spec.options,
-            max_batch_size=spec.max_batch_size,
-            max_wait_ms=spec.max_wait_ms,
-        )
+    def check_spec(cls, spec: Any) -> None:
+        if spec.path is None and spec.shape is None:
+            raise FieldError("path", f"kind {cls.kind} needs path (a local model directory) or shape")
+        if spec.shape is not None and spec.shape not in cls.shapes:
+            raise FieldError("shape", f"unknown shape {spec.shape!r}; known: {sorted(cls.shapes)}")
 
-    def identity_options(self) -> dict[str, Any]:
-        """The options that change scores (and so the identity); trust_remote_code does not."""
-        return {k: v for k, v in self.options.items() if k != "trust_remote_code"}
+    def placement(self) -> tuple[str, str]:
+        return self.dtype, self.device
+
+    def identity_config(self) -> dict[str, Any]:
+        return json_config(self.model.config)
 
     def info_extra(self) -> dict[str, Any]:
-        return {}
-
-    def info(self) -> ScorerInfo:
-        return ScorerInfo(
-            name=self.name,
-            kind=self.kind,
-            modality=self.modality,
-            dtype=self.dtype,
-            device=self.device,
-            version=VERSION,
-            identity=identity(
-                kind=self.kind,
-                weights=self._weights,
-                config=json_config(self.model.config),
-                dtype=self.dtype,
-                options=self.identity_options(),
-            ),
-            max_batch_size=self.max_batch_size,
-            max_wait_ms=self.max_wait_ms,
-            extra={"path": self.path, "shape": self.shape, **self.info_extra()},
-        )
+        return {"path": self.path, "shape": self.shape}

@@ -52,15 +52,17 @@ from __future__ import annotations
 
 import math
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from rewardplane.core.config import FieldError
 from rewardplane.core.errors import ConfigError
-from rewardplane.serve.scorers.base import DetailedScore, ItemError, ScoreItem, Scorer, ScorerInfo
-from rewardplane.serve.scorers.common import VERSION, OptionsScorer, identity
+from rewardplane.serve.config import KindSpec, ScorerSpec, build_scorer
+from rewardplane.serve.scorers.base import DetailedScore, ItemError, ScoreItem, Scorer
+from rewardplane.serve.scorers.options import ScorerOptions
 
-AGGREGATIONS = ("weighted_sum", "mean", "min", "max")
 INLINE_KEYS = frozenset({"kind", "options", "path", "shape", "dtype", "device"})
-COMPONENT_KEYS = frozenset({"name", "weight", "required", "scorer", *INLINE_KEYS})
 
 
 class CompositeScore(DetailedScore):
@@ -101,136 +103,135 @@ def group_normalize(values: list[float], *, scale: str = "std", ddof: int = 1) -
     return [c / std for c in centred]
 
 
-class CompositeScorer(OptionsScorer):
+class Component(KindSpec):
+    """One component: configured inline (`kind` and `options`, plus `path`, `shape`, `dtype`,
+    `device` for a model kind, exactly as a top-level scorer) or a scorer this server hosts
+    (`scorer: NAME`), scored as that scorer is configured."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+    schema_name: ClassVar[str] = "component"
+
+    name: str = Field(min_length=1)
+    """The component's name: in `details.left_out`, in `GET /v1/scorers`, unique in the composite."""
+    kind: str | None = None
+    """The scorer kind of an inline component (any kind but `composite`)."""
+    scorer: str | None = Field(None, min_length=1)
+    """Instead of `kind`: another scorer of this server, scored through its own queue and lifecycle."""
+    weight: float = Field(1.0, allow_inf_nan=False)
+    """The component's weight (`weighted_sum`, `mean`); must stay 1 with `min` / `max`."""
+    required: bool = False
+    """With `on_failure: renormalize`: this component's failure still fails the item."""
+
+    @field_validator("kind")
+    @classmethod
+    def _not_nested(cls, kind: str | None) -> str | None:
+        if kind == "composite":
+            raise ValueError("must name a non-composite scorer kind (components do not nest)")
+        return kind
+
+    @model_validator(mode="after")
+    def _inline_or_hosted(self) -> Component:
+        if self.scorer is not None:
+            inline = sorted(self.model_fields_set & INLINE_KEYS)
+            if inline:
+                raise ValueError(
+                    f"names hosted scorer {self.scorer!r}, which is scored as it is configured; drop {inline}"
+                )
+        elif self.kind is None:
+            raise FieldError("kind", "must be set (or scorer: NAME, a scorer of this server)")
+        return self
+
+
+class CompositeOptions(ScorerOptions):
+    components: list[Component] = Field(min_length=1)
+    """The scorers combined (keys in the component table below)."""
+    aggregation: Literal["weighted_sum", "mean", "min", "max"] = "weighted_sum"
+    """Σ w·s, Σ w·s / Σ w, or the min / max over the components' scores."""
+    on_failure: Literal["fail", "renormalize"] = "fail"
+    """A failed component fails the item, or is left out and the rest reweighted (unless `required`)."""
+    group_normalize: bool = False
+    """After aggregation, (r - mean) / std over the items of one `group_id` (GRPO)."""
+    group_size: int | None = Field(None, ge=1)
+    """Items per group; required with `group_normalize` (a group not whole in a batch fails)."""
+    group_scale: Literal["std", "none"] = "std"
+    """Divide by the group's std, or only subtract its mean (Dr. GRPO)."""
+    std_ddof: Literal[0, 1] = 1
+    """1: sample std (torch.std, as TRL and verl); 0: population std."""
+
+    @model_validator(mode="after")
+    def _rules(self) -> CompositeOptions:
+        names = [c.name for c in self.components]
+        if len(set(names)) != len(names):
+            raise FieldError("components", f"component names must be unique, got {names}")
+        if self.group_normalize and self.group_size is None:
+            raise FieldError("group_size", "must be set with group_normalize (items per group, >= 1)")
+        agg = self.aggregation
+        for i, c in enumerate(self.components):
+            if agg in ("min", "max") and c.weight != 1.0:
+                raise FieldError(f"components[{i}].weight", f"weights have no meaning with aggregation {agg}")
+            if agg == "mean" and c.weight < 0:
+                raise FieldError(f"components[{i}].weight", "must be >= 0 with aggregation mean")
+        if agg == "mean" and sum(c.weight for c in self.components) <= 0:
+            raise FieldError("components", "mean needs a positive total weight")
+        return self
+
+
+class CompositeScorer(Scorer):
+    """The components scored on the whole batch at once, then aggregated per item (module docstring)."""
+
     kind: ClassVar[str] = "composite"
     modality: ClassVar = "rule"
-    allowed_options: ClassVar[frozenset[str]] = frozenset(
-        {
-            "components",
-            "aggregation",
-            "on_failure",
-            "group_normalize",
-            "group_size",
-            "group_scale",
-            "std_ddof",
-        }
-    )
+    Options = CompositeOptions
 
-    def __init__(
-        self,
-        name: str,
-        *,
-        options: dict[str, Any] | None = None,
-        max_batch_size: int = 64,
-        max_wait_ms: float = 5.0,
-    ) -> None:
-        super().__init__(name, options=options, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms)
-        o = self.options
-        where = f"scorer {name!r} (composite)"
-        self.aggregation = o.get("aggregation", "weighted_sum")
-        if self.aggregation not in AGGREGATIONS:
-            raise ConfigError(f"{where}: options.aggregation must be one of {AGGREGATIONS}")
-        self.on_failure = o.get("on_failure", "fail")
-        if self.on_failure not in ("fail", "renormalize"):
-            raise ConfigError(f"{where}: options.on_failure must be fail or renormalize")
-        self.group_normalize = o.get("group_normalize", False)
-        if not isinstance(self.group_normalize, bool):
-            raise ConfigError(f"{where}: options.group_normalize must be true or false")
-        self.group_size = o.get("group_size")
-        if self.group_normalize and (
-            not isinstance(self.group_size, int) or isinstance(self.group_size, bool) or self.group_size < 1
-        ):
-            raise ConfigError(f"{where}: group_normalize needs options.group_size (items per group, >= 1)")
-        self.group_scale = o.get("group_scale", "std")
-        if self.group_scale not in ("std", "none"):
-            raise ConfigError(f"{where}: options.group_scale must be std or none")
-        self.std_ddof = o.get("std_ddof", 1)
-        if self.std_ddof not in (0, 1):
-            raise ConfigError(f"{where}: options.std_ddof must be 0 or 1")
-        comps = o.get("components")
-        if not isinstance(comps, list) or not comps:
-            raise ConfigError(f"{where}: options.components must be a non-empty list")
-        self.components: list[dict[str, Any]] = []
-        seen: set[str] = set()
-        for i, c in enumerate(comps):
-            cw = f"{where}: components[{i}]"
-            if not isinstance(c, dict):
-                raise ConfigError(f"{cw} must be a mapping")
-            unknown = sorted(set(c) - COMPONENT_KEYS)
-            if unknown:
-                raise ConfigError(f"{cw}: unknown keys {unknown}; known: {sorted(COMPONENT_KEYS)}")
-            cname, ckind, ref = c.get("name"), c.get("kind"), c.get("scorer")
-            if not isinstance(cname, str) or not cname or cname in seen:
-                raise ConfigError(f"{cw}: a unique non-empty name is required")
-            if ref is not None:
-                if not isinstance(ref, str) or not ref or ref == name:
-                    raise ConfigError(f"{cw}: scorer must name another scorer of this server")
-                inline = sorted(set(c) & INLINE_KEYS)
-                if inline:
-                    raise ConfigError(
-                        f"{cw}: names hosted scorer {ref!r}, which is scored as it is configured; "
-                        f"drop {inline}"
-                    )
-            elif not isinstance(ckind, str) or ckind == "composite":
-                raise ConfigError(f"{cw}: kind must name a non-composite scorer kind (or give scorer: NAME)")
-            weight = c.get("weight", 1.0)
-            if not isinstance(weight, int | float) or isinstance(weight, bool) or not math.isfinite(weight):
-                raise ConfigError(f"{cw}: weight must be a finite number")
-            if self.aggregation in ("min", "max") and weight != 1.0:
-                raise ConfigError(f"{cw}: weights have no meaning with aggregation {self.aggregation}")
-            if self.aggregation == "mean" and weight < 0:
-                raise ConfigError(f"{cw}: mean needs non-negative weights")
-            seen.add(cname)
-            self.components.append({**c, "weight": float(weight), "required": bool(c.get("required", False))})
-        if self.aggregation == "mean" and sum(c["weight"] for c in self.components) <= 0:
-            raise ConfigError(f"{where}: mean needs a positive total weight")
+    def __init__(self, name: str, *args: Any, **kwargs: Any) -> None:
+        super().__init__(name, *args, **kwargs)
+        self.components: list[Component] = list(self.options.components)
         self.scorers: list[Any] = []  # per component: its own Scorer, or a hosted scorer's handle
         self._hosted: dict[str, Any] = {}
-        self.left_out_counts: dict[str, int] = {c["name"]: 0 for c in self.components}
+        self.left_out_counts: dict[str, int] = {c.name: 0 for c in self.components}
         self._pool = ThreadPoolExecutor(
             max_workers=len(self.components), thread_name_prefix=f"composite-{name}"
         )
         self._warmup = ScoreItem(id="warmup", prompt="", response="")
 
+    @classmethod
+    def check_spec(cls, spec: Any) -> None:
+        for i, c in enumerate(spec.options.components):
+            if c.scorer == spec.name:
+                raise FieldError(
+                    f"options.components[{i}].scorer", "must name another scorer of this server, not itself"
+                )
+
     def hosted_references(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(c["scorer"] for c in self.components if c.get("scorer")))
+        return tuple(dict.fromkeys(c.scorer for c in self.components if c.scorer))
 
     def bind_hosted(self, hosted: dict[str, Any]) -> None:
         self._hosted = dict(hosted)
 
     def load(self) -> None:
-        from rewardplane.serve.config import ScorerSpec, build_scorer, scorer_registry
-
-        registry = scorer_registry()
         scorers: list[Any] = []
         for c in self.components:
-            if c.get("scorer"):
-                if c["scorer"] not in self._hosted:
+            if c.scorer:
+                if c.scorer not in self._hosted:
                     raise ConfigError(
-                        f"scorer {self.name!r} (composite): component {c['name']!r} names scorer "
-                        f"{c['scorer']!r}, which this process does not host"
+                        f"scorer {self.name!r} (composite): component {c.name!r} names scorer "
+                        f"{c.scorer!r}, which this process does not host"
                     )
-                scorers.append(self._hosted[c["scorer"]])
+                scorers.append(self._hosted[c.scorer])
                 continue
-            if c["kind"] not in registry:
-                raise ConfigError(f"scorer {self.name!r} (composite): unknown component kind {c['kind']!r}")
-            spec_kw = {k: c[k] for k in ("path", "shape", "dtype", "device") if k in c}
+            inline = c.model_dump(include=set(INLINE_KEYS - {"options"}))
             spec = ScorerSpec(
-                name=f"{self.name}.{c['name']}",
-                kind=c["kind"],
-                options=c.get("options") or {},
-                max_batch_size=self.max_batch_size,
-                **spec_kw,
+                name=f"{self.name}.{c.name}", max_batch_size=self.max_batch_size, options=c.options, **inline
             )
             scorers.append(build_scorer(spec))
         for c, s in zip(self.components, scorers, strict=True):
-            if not c.get("scorer"):
+            if not c.scorer:
                 s.load()
         self.scorers = scorers
 
     def _inline(self) -> list[Scorer]:
         """The components this composite built and owns (not the hosted scorers it names)."""
-        return [s for c, s in zip(self.components, self.scorers, strict=True) if not c.get("scorer")]
+        return [s for c, s in zip(self.components, self.scorers, strict=True) if not c.scorer]
 
     def lifecycle_weights(self) -> Any:
         """The inline components' device state (a reward model configured inside the composite)
@@ -266,33 +267,34 @@ class CompositeScorer(OptionsScorer):
         failed = [(c, v) for c, v in zip(self.components, values, strict=True) if isinstance(v, ItemError)]
         if failed:
             first_c, first_e = failed[0]
-            err = ItemError(first_e.code, f"component {first_c['name']!r} failed: {first_e.message}")
-            if self.on_failure == "fail" or not ok or any(c["required"] for c, _ in failed):
+            err = ItemError(first_e.code, f"component {first_c.name!r} failed: {first_e.message}")
+            if self.options.on_failure == "fail" or not ok or any(c.required for c, _ in failed):
                 return err
-        agg = self.aggregation
+        agg = self.options.aggregation
         if agg == "min":
             value = min(v for _, v in ok)
         elif agg == "max":
             value = max(v for _, v in ok)
         elif agg == "mean":
-            value = sum(c["weight"] * v for c, v in ok) / sum(c["weight"] for c, _ in ok)
+            value = sum(c.weight * v for c, v in ok) / sum(c.weight for c, _ in ok)
         else:
-            value = sum(c["weight"] * v for c, v in ok)
+            value = sum(c.weight * v for c, v in ok)
             if failed:
-                w_ok = sum(c["weight"] for c, _ in ok)
+                w_ok = sum(c.weight for c, _ in ok)
                 if w_ok == 0:
                     return ItemError(failed[0][1].code, "the components left have zero total weight")
-                value *= sum(c["weight"] for c in self.components) / w_ok
+                value *= sum(c.weight for c in self.components) / w_ok
         if failed:
             for c, _ in failed:
-                self.left_out_counts[c["name"]] += 1
-            return CompositeScore(value, tuple(c["name"] for c, _ in failed))
+                self.left_out_counts[c.name] += 1
+            return CompositeScore(value, tuple(c.name for c, _ in failed))
         return value
 
     def score_batch(self, items: list[ScoreItem]) -> list[float | ItemError]:
         per_component = self._component_results(items)
         out = [self._aggregate([col[i] for col in per_component]) for i in range(len(items))]
-        if not self.group_normalize:
+        o = self.options
+        if not o.group_normalize:
             return out
         groups: dict[str, list[int]] = {}
         for i, item in enumerate(items):
@@ -304,14 +306,12 @@ class CompositeScorer(OptionsScorer):
             groups.setdefault(item.group_id, []).append(i)
         for gid, idx in groups.items():
             failed = [items[i].id for i in idx if isinstance(out[i], ItemError)]
-            if len(idx) != self.group_size:
-                reason = f"group {gid!r} has {len(idx)} of its {self.group_size} items in this batch"
+            if len(idx) != o.group_size:
+                reason = f"group {gid!r} has {len(idx)} of its {o.group_size} items in this batch"
             elif failed:
                 reason = f"item(s) {failed[:5]} of group {gid!r} failed"
             else:
-                values = group_normalize(
-                    [float(out[i]) for i in idx], scale=self.group_scale, ddof=self.std_ddof
-                )
+                values = group_normalize([float(out[i]) for i in idx], scale=o.group_scale, ddof=o.std_ddof)
                 for i, v in zip(idx, values, strict=True):
                     prev = out[i]
                     out[i] = CompositeScore(v, prev.left_out) if isinstance(prev, CompositeScore) else v
@@ -324,12 +324,12 @@ class CompositeScorer(OptionsScorer):
     def warmup_item(self) -> ScoreItem:
         return self._warmup
 
-    def info(self) -> ScorerInfo:
+    def _component_infos(self) -> list[dict[str, Any]]:
         comps = []
         for c, s in zip(self.components, self.scorers or [None] * len(self.components), strict=True):
-            entry: dict[str, Any] = {"name": c["name"], "weight": c["weight"]}
-            entry.update({"scorer": c["scorer"]} if c.get("scorer") else {"kind": c["kind"]})
-            if c["required"]:
+            entry: dict[str, Any] = {"name": c.name, "weight": c.weight}
+            entry.update({"scorer": c.scorer} if c.scorer else {"kind": c.kind})
+            if c.required:
                 entry["required"] = True
             if s is not None:
                 ci = s.info()
@@ -337,32 +337,14 @@ class CompositeScorer(OptionsScorer):
                 if ci.extra:
                     entry["extra"] = ci.extra
             comps.append(entry)
-        return ScorerInfo(
-            name=self.name,
-            kind=self.kind,
-            modality=self.modality,
-            dtype="none",
-            device="cpu",
-            version=VERSION,
-            identity=identity(
-                kind=self.kind,
-                weights="",
-                config={"components": [(c["name"], c.get("identity", "")) for c in comps]},
-                dtype="none",
-                options=self.options,
-            ),
-            max_batch_size=self.max_batch_size,
-            max_wait_ms=self.max_wait_ms,
-            extra={
-                "backend": "in-process components",
-                "components": comps,
-                "aggregation": self.aggregation,
-                "on_failure": self.on_failure,
-                "group_normalize": (
-                    {"group_size": self.group_size, "scale": self.group_scale, "std_ddof": self.std_ddof}
-                    if self.group_normalize
-                    else False
-                ),
-                "left_out_counts": dict(self.left_out_counts),
-            },
-        )
+        return comps
+
+    def identity_config(self) -> dict[str, Any]:
+        return {"components": [(c["name"], c.get("identity", "")) for c in self._component_infos()]}
+
+    def info_extra(self) -> dict[str, Any]:
+        return {
+            "backend": "in-process components",
+            "components": self._component_infos(),
+            "left_out_counts": dict(self.left_out_counts),
+        }

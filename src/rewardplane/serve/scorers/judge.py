@@ -21,63 +21,40 @@ the expectation of the rating over the top log-probabilities at the rating's tok
 sampled rating; an endpoint without logprobs gives `judge_unparseable`, never a fallback.
 
 Both backends share everything but the answering: the messages (`_conversations`), the parsers
-(`parse_answer`, `expected_score`, over the text and the endpoint-shaped logprobs) and the
-pairwise combination (`_combine`). The local backend generates greedily, so its HTTP options
-(url, retries, limits, deadline) are refused there rather than silently ignored.
+(`judge_answers.py`: `parse_answer`, `expected_score`, over the text and the endpoint-shaped
+logprobs) and the pairwise combination (`_combine`). The local backend generates greedily, so
+its HTTP options (url, retries, limits, deadline) are refused there rather than silently
+ignored. The options are `JudgeOptions` (docs/serve.md has the table).
 """
 
 from __future__ import annotations
 
 import asyncio
-import bisect
-import itertools
 import json
 import os
 import random
 import re
 import threading
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
+from pydantic import Field, model_validator
+
+from rewardplane.core.config import FieldError
 from rewardplane.core.errors import ConfigError
-from rewardplane.serve.scorers.base import ItemError, ScoreItem, ScorerInfo
-from rewardplane.serve.scorers.common import VERSION, OptionsScorer, as_text, identity, json_config
+from rewardplane.serve.scorers.base import ItemError, ScoreItem, Scorer
+from rewardplane.serve.scorers.common import as_text, json_config, resolve_device
+from rewardplane.serve.scorers.judge_answers import (
+    DEFAULT_PATTERNS,
+    PAIRWISE_TEMPLATE,
+    POINTWISE_TEMPLATE,
+    Unparseable,
+    expected_score,
+    parse_answer,
+)
+from rewardplane.serve.scorers.options import ScorerOptions
 
-POINTWISE_TEMPLATE = """You are a strict grader. Rate the quality of the assistant's response to the user's \
-prompt on a scale of {lo} to {hi}.
-{reference_block}
-[Prompt]
-{prompt}
-
-[Response]
-{response}
-
-Reply with a short justification, then a final line exactly of the form "Score: N" with N an integer \
-from {lo} to {hi}."""
-
-PAIRWISE_TEMPLATE = """You are a strict judge. Compare two responses to the user's prompt and decide which is better.
-
-[Prompt]
-{prompt}
-
-[Response A]
-{a}
-
-[Response B]
-{b}
-
-Reply with a short justification, then a final line "[[A]]" if A is better, "[[B]]" if B is better, \
-or "[[TIE]]"."""
-
-DEFAULT_PATTERNS = {
-    "pointwise": r"(?i)score\s*[:=]\s*\**\s*(-?\d+(?:\.\d+)?)",
-    "pairwise": r"\[\[\s*(A|B|TIE)\s*\]\]",
-}
-_JSON_OBJECT = re.compile(r"\{[^{}]*\}")
-BACKENDS = ("openai", "transformers")
-HTTP_OPTIONS = frozenset(
+HTTP_LIMITS = frozenset(
     {
-        "url",
-        "api_key_env",
         "concurrency",
         "rate_limit_rps",
         "max_retries",
@@ -87,11 +64,8 @@ HTTP_OPTIONS = frozenset(
         "request_timeout_s",
     }
 )
-"""Options of the OpenAI-compatible backend only: refused with `backend: transformers`."""
-
-
-class Unparseable(Exception):
-    pass
+"""The OpenAI-compatible backend's transport limits: refused with `backend: transformers`, and
+not part of the identity (they decide when an item times out, never its score)."""
 
 
 class Retryable(Exception):
@@ -104,231 +78,145 @@ class Fatal(Exception):
     pass
 
 
-def parse_answer(
-    text: str, *, mode: str, parse: str, pattern: re.Pattern[str], scale: tuple[float, float]
-) -> float:
-    """The judge's answer → a score in [0, 1] (pointwise) or {0, 0.5, 1} (pairwise, A's view)."""
-    if not text or not text.strip():
-        raise Unparseable("empty answer")
-    if parse == "json":
-        raw: Any = None
-        for candidate in reversed(_JSON_OBJECT.findall(text)):
-            try:
-                obj = json.loads(candidate)
-            except ValueError:
-                continue
-            key = "score" if mode == "pointwise" else "winner"
-            if isinstance(obj, dict) and key in obj:
-                raw = obj[key]
-                break
-        if raw is None:
-            raise Unparseable("no JSON object with the expected key")
-    else:
-        matches = pattern.findall(text)
-        if not matches:
-            raise Unparseable(f"no match for {pattern.pattern!r}")
-        raw = matches[-1]
-    if mode == "pairwise":
-        verdict = str(raw).strip().upper()
-        if verdict not in ("A", "B", "TIE"):
-            raise Unparseable(f"verdict {raw!r} is not A, B or TIE")
-        return {"A": 1.0, "B": 0.0, "TIE": 0.5}[verdict]
-    try:
-        value = float(raw)
-    except (TypeError, ValueError):
-        raise Unparseable(f"score {raw!r} is not a number") from None
-    lo, hi = scale
-    if not lo <= value <= hi:
-        raise Unparseable(f"score {value:g} is outside the scale {lo:g}..{hi:g}")
-    return (value - lo) / (hi - lo)
+class JudgeOptions(ScorerOptions):
+    backend: Literal["openai", "transformers"] = "openai"
+    """`openai`: an OpenAI-compatible `/v1/chat/completions` endpoint; `transformers`: a local
+    causal LM in this process (the scorer's `path`), generating greedily."""
+    url: str | None = None
+    """openai: the endpoint's base URL (`/v1/chat/completions` is appended as needed); required there."""
+    model: str | None = None
+    """The model name sent with each request (required with openai; transformers: the directory's name)."""
+    api_key_env: str | None = None
+    """openai: the environment variable holding the API key (sent as a bearer token); it must be set."""
+    trust_remote_code: bool = False
+    """transformers: run Python code shipped in the model directory."""
+    mode: Literal["pointwise", "pairwise"] = "pointwise"
+    """`pointwise`: rate the response on `scale`; `pairwise`: compare it (A) with the item's
+    `reference` (B): A wins 1.0, tie 0.5, B wins 0.0."""
+    template: str | None = None
+    """The user message, a `str.format` template (`{prompt}`, `{response}`, `{reference}`, `{a}`,
+    `{b}`, `{lo}`, `{hi}`, `{reference_block}`); null: the built-in one for the mode."""
+    system: str | None = None
+    """A system message sent before the user message."""
+    parse: Literal["regex", "json"] = "regex"
+    """How the answer is read: the last match of `pattern`, or the last JSON object's `score` / `winner`."""
+    pattern: str | None = None
+    """regex: the pattern with exactly one capture group; null: the built-in one for the mode."""
+    scale: list[float] = Field(default_factory=lambda: [1.0, 10.0], min_length=2, max_length=2)
+    """pointwise: [lo, hi], lo < hi; the rating r scores (r - lo) / (hi - lo)."""
+    both_orders: bool = False
+    """pairwise: also ask with A and B swapped and average (against position bias)."""
+    max_tokens: int = Field(512, ge=1)
+    """Tokens the judge may generate per answer."""
+    temperature: float = Field(0.0, ge=0)
+    """Sampling temperature (transformers: must be 0, it generates greedily)."""
+    score_from: Literal["text", "logprobs"] = "text"
+    """`logprobs`: the expected rating over the top log-probabilities at the rating's token
+    (pointwise, regex, an integer scale within 0..9), not the sampled rating."""
+    top_logprobs: int = Field(20, ge=1)
+    """score_from logprobs: the alternatives asked for at each token."""
+    concurrency: int = Field(16, ge=1)
+    """openai: requests in flight at once."""
+    rate_limit_rps: float | None = Field(None, gt=0)
+    """openai: requests per second (a token bucket); null: no limit."""
+    max_retries: int = Field(4, ge=0)
+    """openai: retries on 429, 5xx and connection errors (exponential backoff with jitter)."""
+    backoff_s: float = Field(0.5, ge=0)
+    """openai: the first retry's wait."""
+    max_backoff_s: float = Field(20.0, ge=0)
+    """openai: the longest wait between retries (and the cap on a `Retry-After`)."""
+    deadline_s: float = Field(120.0, ge=1e-3)
+    """openai: per item, every retry included; past it the item is `timeout`."""
+    request_timeout_s: float = Field(60.0, ge=1e-3)
+    """openai: per HTTP request."""
 
+    not_in_identity: ClassVar[frozenset[str]] = HTTP_LIMITS | {"api_key_env", "trust_remote_code"}
 
-def expected_score(
-    text: str, logprobs: Any, *, pattern: re.Pattern[str], scale: tuple[float, float]
-) -> float:
-    """The expectation of the rating over the judge's token probabilities at the rating's position
-    (G-Eval style), mapped to [0, 1]. The rating must be readable in the text (the regex's last
-    match) and its token must carry `top_logprobs`; only single-token integer ratings inside the
-    scale count, renormalised over themselves."""
-    import math
-
-    matches = list(pattern.finditer(text or ""))
-    if not matches:
-        raise Unparseable(f"no match for {pattern.pattern!r}")
-    start = matches[-1].start(1)
-    if not isinstance(logprobs, list) or not logprobs:
-        raise Unparseable("the endpoint returned no logprobs (does it support logprobs/top_logprobs?)")
-    tokens = [t.get("token", "") if isinstance(t, dict) else "" for t in logprobs]
-    if "".join(tokens) != text:
-        raise Unparseable("the logprobs' tokens do not spell the answer's text")
-    ends = list(itertools.accumulate(len(t) for t in tokens))
-    entry = logprobs[bisect.bisect_right(ends, start)]  # the token holding the rating's first char
-    lo, hi = scale
-    mass = weighted = 0.0
-    for cand in entry.get("top_logprobs") or []:
-        word = str(cand.get("token", "")).strip()
-        if word.isdigit() and lo <= int(word) <= hi and isinstance(cand.get("logprob"), int | float):
-            p = math.exp(cand["logprob"])
-            mass += p
-            weighted += p * int(word)
-    if mass <= 0.0:
-        raise Unparseable("no rating inside the scale among the top logprobs at the rating's token")
-    return (weighted / mass - lo) / (hi - lo)
-
-
-class JudgeScorer(OptionsScorer):
-    kind: ClassVar[str] = "judge"
-    modality: ClassVar = "text"
-    allowed_options: ClassVar[frozenset[str]] = frozenset(
-        {
-            "backend",
-            "trust_remote_code",
-            "model",
-            "mode",
-            "template",
-            "system",
-            "parse",
-            "pattern",
-            "scale",
-            "both_orders",
-            "max_tokens",
-            "temperature",
-            "score_from",
-            "top_logprobs",
-        }
-        | HTTP_OPTIONS
-    )
-
-    def __init__(
-        self,
-        name: str,
-        *,
-        options: dict[str, Any] | None = None,
-        max_batch_size: int = 256,
-        max_wait_ms: float = 10.0,
-        path: str | None = None,
-        dtype: str = "fp32",
-        device: str = "cpu",
-    ) -> None:
-        super().__init__(name, options=options, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms)
-        o = self.options
-        where = f"scorer {name!r} (judge)"
-        self.backend = o.get("backend", "openai")
-        if self.backend not in BACKENDS:
-            raise ConfigError(f"{where}: options.backend must be one of {BACKENDS}")
-        self.path, self.dtype, self.device = path, dtype, device
-        self.engine: Any = None
-        self.model: Any = None  # backend transformers: the loaded LM, which the lifecycle moves
-        self._weights = ""
-        if self.backend == "transformers":
-            if not path:
-                raise ConfigError(
-                    f"{where}: backend transformers needs the scorer's path (a local model directory)"
-                )
-            http_only = sorted(set(o) & HTTP_OPTIONS)
-            if http_only:
-                raise ConfigError(f"{where}: options {http_only} apply to backend openai only")
-            if o.get("temperature", 0.0) != 0.0:
-                raise ConfigError(f"{where}: backend transformers generates greedily: temperature must be 0")
-            o.setdefault("model", os.path.basename(os.path.normpath(path)))
-            self.url = ""
-        else:
-            if path is not None:
-                raise ConfigError(
-                    f"{where}: path is for backend transformers; the openai backend takes options.url"
-                )
+    @model_validator(mode="after")
+    def _rules(self) -> JudgeOptions:
+        if self.backend == "openai":
             for key in ("url", "model"):
-                if not isinstance(o.get(key), str) or not o[key]:
-                    raise ConfigError(f"{where}: options.{key} (a string) is required")
-            self.url = o["url"].rstrip("/")
-            if not self.url.endswith("/chat/completions"):
-                self.url += "/chat/completions" if self.url.endswith("/v1") else "/v1/chat/completions"
-        self.mode = o.get("mode", "pointwise")
-        if self.mode not in ("pointwise", "pairwise"):
-            raise ConfigError(f"{where}: options.mode must be pointwise or pairwise")
-        self.parse = o.get("parse", "regex")
-        if self.parse not in ("regex", "json"):
-            raise ConfigError(f"{where}: options.parse must be regex or json")
+                if not getattr(self, key):
+                    raise FieldError(key, "must be set with backend openai")
+        else:
+            http_only = sorted(self.model_fields_set & (HTTP_LIMITS | {"url", "api_key_env"}))
+            if http_only:
+                raise FieldError(http_only[0], "applies to backend openai only")
+            if self.temperature != 0.0:
+                raise FieldError("temperature", "must be 0 with backend transformers (it generates greedily)")
+        lo, hi = self.scale
+        if lo >= hi:
+            raise FieldError("scale", f"must be [lo, hi] with lo < hi, got {self.scale}")
         try:
-            self.pattern = re.compile(o.get("pattern", DEFAULT_PATTERNS[self.mode]))
+            pattern = self.compiled_pattern()
         except re.error as exc:
-            raise ConfigError(f"{where}: bad options.pattern: {exc}") from None
-        if self.parse == "regex" and self.pattern.groups != 1:
-            raise ConfigError(f"{where}: options.pattern needs exactly one capture group")
-        scale = o.get("scale", [1, 10])
-        if (
-            not isinstance(scale, list | tuple)
-            or len(scale) != 2
-            or not all(isinstance(x, int | float) and not isinstance(x, bool) for x in scale)
-            or scale[0] >= scale[1]
-        ):
-            raise ConfigError(f"{where}: options.scale must be [lo, hi] with lo < hi")
-        self.scale = (float(scale[0]), float(scale[1]))
-        self.template = o.get(
-            "template", POINTWISE_TEMPLATE if self.mode == "pointwise" else PAIRWISE_TEMPLATE
-        )
-        if not isinstance(self.template, str):
-            raise ConfigError(f"{where}: options.template must be a string")
-        api_env = o.get("api_key_env")
-        self.api_key = os.environ.get(api_env) if api_env else None
-        if api_env and not self.api_key:
-            raise ConfigError(f"{where}: options.api_key_env names {api_env!r}, which is not set")
-
-        def num(key: str, default: float, lo: float = 0.0) -> float:
-            v = o.get(key, default)
-            if not isinstance(v, int | float) or isinstance(v, bool) or v < lo:
-                raise ConfigError(f"{where}: options.{key} must be a number >= {lo}")
-            return float(v)
-
-        self.concurrency = int(num("concurrency", 16, 1))
-        self.rate_limit_rps = o.get("rate_limit_rps")
-        if self.rate_limit_rps is not None:
-            num("rate_limit_rps", 1, 1e-6)
-        self.max_retries = int(num("max_retries", 4))
-        self.backoff_s = num("backoff_s", 0.5)
-        self.max_backoff_s = num("max_backoff_s", 20.0)
-        self.deadline_s = num("deadline_s", 120.0, 1e-3)
-        self.request_timeout_s = num("request_timeout_s", 60.0, 1e-3)
-        self.max_tokens = int(num("max_tokens", 512, 1))
-        self.temperature = num("temperature", 0.0)
-        self.both_orders = bool(o.get("both_orders", False))
-        self.score_from = o.get("score_from", "text")
-        if self.score_from not in ("text", "logprobs"):
-            raise ConfigError(f"{where}: options.score_from must be text or logprobs")
-        self.top_logprobs = int(num("top_logprobs", 20, 1))
+            raise FieldError("pattern", f"does not compile: {exc}") from None
+        if self.parse == "regex" and pattern.groups != 1:
+            raise FieldError("pattern", "needs exactly one capture group")
         if self.score_from == "logprobs" and (
             self.mode != "pointwise"
             or self.parse != "regex"
-            or not (0 <= self.scale[0] < self.scale[1] <= 9)
-            or self.scale != (int(self.scale[0]), int(self.scale[1]))
+            or not (0 <= lo < hi <= 9)
+            or lo != int(lo)
+            or hi != int(hi)
         ):
+            raise FieldError(
+                "score_from",
+                "logprobs needs mode pointwise, parse regex and an integer scale within 0..9 (every rating one token)",
+            )
+        return self
+
+    def compiled_pattern(self) -> re.Pattern[str]:
+        return re.compile(self.pattern or DEFAULT_PATTERNS[self.mode])
+
+
+class JudgeScorer(Scorer):
+    """An LLM judge's rating (pointwise) or verdict (pairwise) for each item, asked of an
+    OpenAI-compatible endpoint on the scorer's own asyncio loop, or of a local model in one
+    batched generation (module docstring)."""
+
+    kind: ClassVar[str] = "judge"
+    modality: ClassVar = "text"
+    Options = JudgeOptions
+
+    def __init__(self, name: str, *args: Any, **kwargs: Any) -> None:
+        super().__init__(name, *args, **kwargs)
+        o = self.options
+        self.local = o.backend == "transformers"
+        self.engine: Any = None
+        self.model: Any = None  # backend transformers: the loaded LM, which the lifecycle moves
+        if self.local:
+            self.device = resolve_device(self.device)
+            self.model_name = o.model or os.path.basename(os.path.normpath(self.path))
+            self.url = ""
+            self.counters = {"prompts": 0, "generated_tokens": 0, "unparseable": 0}
+        else:
+            self.model_name = o.model
+            self.url = o.url.rstrip("/")
+            if not self.url.endswith("/chat/completions"):
+                self.url += "/chat/completions" if self.url.endswith("/v1") else "/v1/chat/completions"
+            self.counters = {"requests": 0, "retries": 0, "unparseable": 0, "errors": 0, "timeouts": 0}
+        self.pattern, self.scale = o.compiled_pattern(), (o.scale[0], o.scale[1])
+        self.template = o.template or (POINTWISE_TEMPLATE if o.mode == "pointwise" else PAIRWISE_TEMPLATE)
+        self.api_key = os.environ.get(o.api_key_env) if o.api_key_env else None
+        if o.api_key_env and not self.api_key:
             raise ConfigError(
-                f"{where}: score_from: logprobs needs mode pointwise, parse regex and an integer scale "
-                "within 0..9 (every rating one token)"
+                f"scorer {name!r} (judge): options.api_key_env names {o.api_key_env!r}, which is not set"
             )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self.counters = {"requests": 0, "retries": 0, "unparseable": 0, "errors": 0, "timeouts": 0}
-        if self.backend == "transformers":
-            self.counters = {"prompts": 0, "generated_tokens": 0, "unparseable": 0}
 
     @classmethod
-    def from_spec(cls, spec: Any) -> JudgeScorer:
-        backend = (spec.options or {}).get("backend", "openai")
-        local = {"dtype": spec.dtype, "device": spec.resolved_device()} if backend == "transformers" else {}
-        return cls(
-            spec.name,
-            options=spec.options,
-            max_batch_size=spec.max_batch_size,
-            max_wait_ms=spec.max_wait_ms,
-            path=spec.path,
-            **local,
-        )
+    def check_spec(cls, spec: Any) -> None:
+        if spec.options.backend == "transformers" and not spec.path:
+            raise FieldError("path", "must be set with backend transformers (a local model directory)")
+        if spec.options.backend == "openai" and spec.path is not None:
+            raise FieldError("path", "is for backend transformers; the openai backend takes options.url")
 
     # ------------------------------------------------------------------ lifecycle
 
     def load(self) -> None:
-        if self.backend == "transformers":
+        if self.local:
             from rewardplane.serve.scorers.common import weights_digest
             from rewardplane.serve.scorers.judge_transformers import LocalJudgeModel
 
@@ -336,7 +224,7 @@ class JudgeScorer(OptionsScorer):
                 self.path,
                 dtype=self.dtype,
                 device=self.device,
-                trust_remote_code=bool(self.options.get("trust_remote_code", False)),
+                trust_remote_code=self.options.trust_remote_code,
             )
             self.model = self.engine.model  # what the lifecycle offloads and onloads
             self._weights = weights_digest(self.path)
@@ -353,18 +241,15 @@ class JudgeScorer(OptionsScorer):
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name=f"judge-{self.name}")
         self._thread.start()
 
+        o = self.options
+
         async def setup() -> None:
-            limits = httpx.Limits(
-                max_connections=self.concurrency, max_keepalive_connections=self.concurrency
-            )
+            limits = httpx.Limits(max_connections=o.concurrency, max_keepalive_connections=o.concurrency)
             headers = {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-            self._http = httpx.AsyncClient(timeout=self.request_timeout_s, limits=limits, headers=headers)
-            self._sem = asyncio.Semaphore(self.concurrency)
-            self._limiter = (
-                aiolimiter.AsyncLimiter(float(self.rate_limit_rps), 1.0)
-                if self.rate_limit_rps is not None
-                else None
-            )
+            self._http = httpx.AsyncClient(timeout=o.request_timeout_s, limits=limits, headers=headers)
+            self._sem = asyncio.Semaphore(o.concurrency)
+            rps = o.rate_limit_rps
+            self._limiter = aiolimiter.AsyncLimiter(rps, 1.0) if rps is not None else None
 
         asyncio.run_coroutine_threadsafe(setup(), self._loop).result()
 
@@ -383,12 +268,13 @@ class JudgeScorer(OptionsScorer):
         prompt, response = as_text(item.prompt), as_text(item.response)
         ref = item.reference
         ref_text = ref if isinstance(ref, str) or ref is None else json.dumps(ref)
-        if self.mode == "pairwise" and not ref_text:
+        pairwise = self.options.mode == "pairwise"
+        if pairwise and not ref_text:
             return ItemError(
                 "bad_input", "pairwise judging needs the item's 'reference' (the answer to beat)"
             )
         first = self._messages(prompt, response, ref_text)
-        if self.mode == "pairwise" and self.both_orders:
+        if pairwise and self.options.both_orders:
             return [first, self._messages(prompt, ref_text, response)]
         return [first]
 
@@ -398,9 +284,10 @@ class JudgeScorer(OptionsScorer):
 
     def _parsed(self, text: str, logprobs: Any) -> float:
         """An answer → its score, by the configured parser; raises `Unparseable`."""
-        if self.score_from == "logprobs":
+        o = self.options
+        if o.score_from == "logprobs":
             return expected_score(text, logprobs, pattern=self.pattern, scale=self.scale)
-        return parse_answer(text, mode=self.mode, parse=self.parse, pattern=self.pattern, scale=self.scale)
+        return parse_answer(text, mode=o.mode, parse=o.parse, pattern=self.pattern, scale=self.scale)
 
     def _messages(self, prompt: str, a: str, b: str | None) -> list[dict[str, str]]:
         lo, hi = (f"{x:g}" for x in self.scale)
@@ -415,7 +302,8 @@ class JudgeScorer(OptionsScorer):
             "reference_block": f"\n[Reference answer]\n{b}\n" if b else "",
         }
         content = self.template.format(**fields)
-        msgs = [{"role": "system", "content": self.options["system"]}] if self.options.get("system") else []
+        system = self.options.system
+        msgs = [{"role": "system", "content": system}] if system else []
         return [*msgs, {"role": "user", "content": content}]
 
     async def _post_once(self, body: dict[str, Any]) -> tuple[str, Any]:
@@ -447,26 +335,27 @@ class JudgeScorer(OptionsScorer):
     async def _ask(self, messages: list[dict[str, str]]) -> float:
         from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
 
+        o = self.options
         body = {
-            "model": self.options["model"],
+            "model": self.model_name,
             "messages": messages,
-            "max_tokens": self.max_tokens,
-            "temperature": self.temperature,
+            "max_tokens": o.max_tokens,
+            "temperature": o.temperature,
         }
-        if self.score_from == "logprobs":
-            body.update(logprobs=True, top_logprobs=self.top_logprobs)
+        if o.score_from == "logprobs":
+            body.update(logprobs=True, top_logprobs=o.top_logprobs)
 
         def wait(state: Any) -> float:
             exc = state.outcome.exception()
-            backoff = min(self.max_backoff_s, self.backoff_s * 2 ** (state.attempt_number - 1))
+            backoff = min(o.max_backoff_s, o.backoff_s * 2 ** (state.attempt_number - 1))
             backoff *= 0.5 + random.random()  # jitter: retries of a rate-limited batch do not march in step
             if isinstance(exc, Retryable) and exc.retry_after is not None:
-                backoff = max(backoff, min(exc.retry_after, self.max_backoff_s))
+                backoff = max(backoff, min(exc.retry_after, o.max_backoff_s))
             self.counters["retries"] += 1
             return backoff
 
         async for attempt in AsyncRetrying(
-            stop=stop_after_attempt(self.max_retries + 1),
+            stop=stop_after_attempt(o.max_retries + 1),
             wait=wait,
             retry=retry_if_exception_type(Retryable),
             reraise=True,
@@ -483,11 +372,13 @@ class JudgeScorer(OptionsScorer):
         if isinstance(conversations, ItemError):
             return conversations
         try:
-            async with asyncio.timeout(self.deadline_s):
+            async with asyncio.timeout(self.options.deadline_s):
                 return self._combine([await self._ask(messages) for messages in conversations])
         except TimeoutError:
             self.counters["timeouts"] += 1
-            return ItemError("timeout", f"no parsed judge answer within deadline_s={self.deadline_s:g}")
+            return ItemError(
+                "timeout", f"no parsed judge answer within deadline_s={self.options.deadline_s:g}"
+            )
         except Unparseable as exc:
             self.counters["unparseable"] += 1
             return ItemError("judge_unparseable", str(exc)[:300])
@@ -499,7 +390,7 @@ class JudgeScorer(OptionsScorer):
         return list(await asyncio.gather(*(self._score_item(i) for i in items)))
 
     def score_batch(self, items: list[ScoreItem]) -> list[float | ItemError]:
-        if self.backend == "transformers":
+        if self.local:
             return self._score_local(items)
         assert self._loop is not None, "load() first"
         return asyncio.run_coroutine_threadsafe(self._score_all(items), self._loop).result()
@@ -514,9 +405,9 @@ class JudgeScorer(OptionsScorer):
         answers = iter(
             self.engine.generate(
                 prompts,
-                max_new_tokens=self.max_tokens,
+                max_new_tokens=self.options.max_tokens,
                 batch_size=self.max_batch_size,
-                top_logprobs=self.top_logprobs if self.score_from == "logprobs" else None,
+                top_logprobs=self.options.top_logprobs if self.options.score_from == "logprobs" else None,
             )
             if prompts
             else []
@@ -539,42 +430,23 @@ class JudgeScorer(OptionsScorer):
     def warmup_item(self) -> ScoreItem:
         return ScoreItem(id="warmup", prompt="What is 2 + 2?", response="2 + 2 = 4.", reference="4")
 
-    def info(self) -> ScorerInfo:
+    def placement(self) -> tuple[str, str]:
+        return (self.dtype, self.device) if self.local else ("none", "remote")
+
+    def identity_config(self) -> dict[str, Any]:
+        if self.local and self.engine is not None:
+            return json_config(self.engine.model.config)
+        return {} if self.local else {"model": self.model_name}
+
+    def info_extra(self) -> dict[str, Any]:
         o = self.options
-        public = {k: v for k, v in o.items() if k not in ("api_key_env", "trust_remote_code")}
-        extra: dict[str, Any] = {
-            "model": o["model"],
-            "mode": self.mode,
-            "parse": self.parse,
-            "score_from": self.score_from,
-            "scale": list(self.scale),
-            "counters": dict(self.counters),
-        }
-        if self.backend == "transformers":
-            model = self.engine.model if self.engine is not None else None
-            weights, config = self._weights, json_config(model.config) if model is not None else {}
-            dtype, device = self.dtype, self.device
-            extra = {"backend": "transformers (in-process, greedy)", "path": self.path, **extra}
-            extra["limits"] = {"max_new_tokens": self.max_tokens, "batch_size": self.max_batch_size}
+        if self.local:
+            limits: dict[str, Any] = {"max_new_tokens": o.max_tokens, "batch_size": self.max_batch_size}
+            backend = {"backend": "transformers (in-process, greedy)", "path": self.path}
         else:
-            weights, config, dtype, device = "", {"model": o["model"]}, "none", "remote"
-            extra = {"backend": f"openai-compatible {self.url}", **extra}
-            extra["limits"] = {
-                "concurrency": self.concurrency,
-                "rate_limit_rps": self.rate_limit_rps,
-                "max_retries": self.max_retries,
-                "deadline_s": self.deadline_s,
-                "request_timeout_s": self.request_timeout_s,
+            limits = {
+                k: getattr(o, k)
+                for k in ("concurrency", "rate_limit_rps", "max_retries", "deadline_s", "request_timeout_s")
             }
-        return ScorerInfo(
-            name=self.name,
-            kind=self.kind,
-            modality=self.modality,
-            dtype=dtype,
-            device=device,
-            version=VERSION,
-            identity=identity(kind=self.kind, weights=weights, config=config, dtype=dtype, options=public),
-            max_batch_size=self.max_batch_size,
-            max_wait_ms=self.max_wait_ms,
-            extra=extra,
-        )
+            backend = {"backend": f"openai-compatible {self.url}"}
+        return {**backend, "model": self.model_name, "counters": dict(self.counters), "limits": limits}

@@ -21,14 +21,16 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field
 
 from rewardplane.core.errors import ConfigError
-from rewardplane.serve.scorers.base import ItemError, ScoreItem, ScorerInfo
-from rewardplane.serve.scorers.common import VERSION, OptionsScorer, as_text, identity
+from rewardplane.serve.scorers.base import ItemError, ScoreItem, Scorer
+from rewardplane.serve.scorers.common import as_text
+from rewardplane.serve.scorers.options import ScorerOptions
 from rewardplane.serve.scorers.procpool import DeadlinePool
 
-EXTRACTION_MODES = ("auto", "boxed", "latex", "last_number")
 _NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?")
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 
@@ -99,7 +101,8 @@ def usable_cores() -> int:
 
 def check_answer(response: str, reference: str, options: dict[str, Any]) -> tuple[str, Any]:
     """("ok", score) or ("error", code, message). Runs inside a worker process (or in-thread in the
-    benchmark's reference measurement); never called with a timeout of its own."""
+    benchmark's reference measurement); never called with a timeout of its own. `options`: the
+    score-deciding `MathOptions` as JSON (absent keys take their defaults)."""
     from math_verify import parse, verify
 
     mode = options.get("extraction", "auto")
@@ -137,64 +140,48 @@ def check_answer(response: str, reference: str, options: dict[str, Any]) -> tupl
     return ("ok", float(options.get("format_bonus", 0.0)) if boxed else 0.0)
 
 
-class MathScorer(OptionsScorer):
-    """See the module docstring. Options: `extraction` (auto|boxed|latex|last_number),
-    `format_bonus` (0.0), `rel_tol` (null: math-verify's own comparison), `float_rounding` (6),
-    `timeout_s` (per item, 5.0), `workers` (the cores this process may use), `spares` (1),
-    `max_memory_mb` (2048), `depth` (items held by each worker at once, 2)."""
+class MathOptions(ScorerOptions):
+    extraction: Literal["auto", "boxed", "latex", "last_number"] = "auto"
+    """Where the answer is read: `auto` (`\\boxed{}` first, then any LaTeX, then a plain
+    expression), `boxed` (only a boxed answer counts), `latex`, or `last_number`."""
+    format_bonus: float = Field(0.0, ge=0, lt=1)
+    """The score of a wrong answer that is boxed (0: wrong is wrong)."""
+    rel_tol: float | None = Field(None, ge=0)
+    """Also accept numbers within this relative tolerance; null: math-verify's own comparison."""
+    float_rounding: int = Field(6, ge=0)
+    """Decimal places math-verify rounds floats to before comparing."""
+    timeout_s: float = Field(5.0, ge=1e-3)
+    """Wall-clock limit per item (parse + verify); past it the worker is killed: `timeout`."""
+    workers: int | None = Field(None, ge=1)
+    """Worker processes; null: one per core this process may use."""
+    spares: int = Field(1, ge=0)
+    """Warm workers kept ready to replace a killed one."""
+    max_memory_mb: int = Field(2048, ge=0)
+    """Address-space limit per worker (0: none); past it the item is `scorer_failed`."""
+    depth: int = Field(2, ge=1)
+    """Items handed to each worker at once."""
+
+    not_in_identity: ClassVar[frozenset[str]] = frozenset(
+        {"timeout_s", "workers", "spares", "max_memory_mb", "depth"}
+    )
+
+
+class MathScorer(Scorer):
+    """See the module docstring; the options are `MathOptions`."""
 
     kind: ClassVar[str] = "math"
     modality: ClassVar = "rule"
-    allowed_options: ClassVar[frozenset[str]] = frozenset(
-        {
-            "extraction",
-            "format_bonus",
-            "rel_tol",
-            "float_rounding",
-            "timeout_s",
-            "workers",
-            "spares",
-            "max_memory_mb",
-            "depth",
-        }
-    )
+    Options = MathOptions
 
     concurrent_batches: ClassVar[int] = 4
     """The pool is shared and thread-safe, so the batcher hands it several batches at once: the
     next batch's items start on the workers that the current batch's slowest items leave idle."""
 
-    def __init__(
-        self,
-        name: str,
-        *,
-        options: dict[str, Any] | None = None,
-        max_batch_size: int = 64,
-        max_wait_ms: float = 2.0,
-    ) -> None:
-        super().__init__(name, options=options, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms)
-        o, where = self.options, f"scorer {name!r} (math)"
-        if o.get("extraction", "auto") not in EXTRACTION_MODES:
-            raise ConfigError(f"{where}: options.extraction must be one of {EXTRACTION_MODES}")
-        for key, lo in (("format_bonus", 0.0), ("timeout_s", 1e-3), ("rel_tol", 0.0)):
-            v = o.get(key)
-            if v is not None and (not isinstance(v, int | float) or isinstance(v, bool) or v < lo):
-                raise ConfigError(f"{where}: options.{key} must be a number >= {lo}")
-        if not 0.0 <= float(o.get("format_bonus", 0.0)) < 1.0:
-            raise ConfigError(f"{where}: options.format_bonus must be in [0, 1)")
-        for key in ("workers", "spares", "max_memory_mb", "float_rounding", "depth"):
-            v = o.get(key)
-            lo = 1 if key in ("workers", "depth") else 0
-            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < lo):
-                raise ConfigError(f"{where}: options.{key} must be an integer >= {lo}")
-        self.timeout_s = float(o.get("timeout_s", 5.0))
-        self.workers = int(o.get("workers") or usable_cores())
-        self.spares = int(o.get("spares", 1))
-        self.max_memory_mb = int(o.get("max_memory_mb", 2048))
-        self.depth = int(o.get("depth", 2))
-        self._check_options = {
-            k: o[k] for k in ("extraction", "format_bonus", "rel_tol", "float_rounding") if k in o
-        }
-        self.pool: DeadlinePool | None = None
+    pool: DeadlinePool | None = None
+
+    @property
+    def workers(self) -> int:
+        return self.options.workers or usable_cores()
 
     def load(self) -> None:
         try:
@@ -203,16 +190,17 @@ class MathScorer(OptionsScorer):
             raise ConfigError(
                 f"scorer {self.name!r} (math) needs math-verify: pip install 'rewardplane[verifiers]'"
             ) from None
+        o = self.options
         pool = DeadlinePool(
             "rewardplane.serve.scorers.math:check_answer",
-            self._check_options,
+            o.for_identity(),  # what check_answer reads: the options that decide a score
             warmup=WARMUP,
             label="math-verify",
             workers=self.workers,
-            spares=self.spares,
-            timeout_s=self.timeout_s,
-            max_memory_mb=self.max_memory_mb,
-            depth=self.depth,
+            spares=o.spares,
+            timeout_s=o.timeout_s,
+            max_memory_mb=o.max_memory_mb,
+            depth=o.depth,
         )
         try:
             pool.start()
@@ -247,39 +235,28 @@ class MathScorer(OptionsScorer):
     def warmup_item(self) -> ScoreItem:
         return ScoreItem(id="warmup", prompt="1/2 = ?", response="\\boxed{\\frac{1}{2}}", reference="0.5")
 
-    def info(self) -> ScorerInfo:
-        import importlib.metadata as md
+    def identity_config(self) -> dict[str, Any]:
+        return {"math_verify": _math_verify_version()}
 
-        try:
-            mv = md.version("math-verify")
-        except md.PackageNotFoundError:
-            mv = "missing"
-        return ScorerInfo(
-            name=self.name,
-            kind=self.kind,
-            modality=self.modality,
-            dtype="none",
-            device="cpu",
-            version=VERSION,
-            identity=identity(
-                kind=self.kind,
-                weights="",
-                config={"math_verify": mv},
-                dtype="none",
-                options=self._check_options,
-            ),
-            max_batch_size=self.max_batch_size,
-            max_wait_ms=self.max_wait_ms,
-            extra={
-                "backend": f"math-verify {mv}, worker processes",
-                "limits": {
-                    "timeout_s": self.timeout_s,
-                    "workers": self.workers,
-                    "spares": self.spares,
-                    "max_memory_mb": self.max_memory_mb,
-                    "depth": self.depth,
-                },
-                "extraction": self.options.get("extraction", "auto"),
-                "workers_killed": self.pool.killed if self.pool else 0,
+    def info_extra(self) -> dict[str, Any]:
+        o = self.options
+        return {
+            "backend": f"math-verify {_math_verify_version()}, worker processes",
+            "limits": {
+                "timeout_s": o.timeout_s,
+                "workers": self.workers,
+                "spares": o.spares,
+                "max_memory_mb": o.max_memory_mb,
+                "depth": o.depth,
             },
-        )
+            "workers_killed": self.pool.killed if self.pool else 0,
+        }
+
+
+def _math_verify_version() -> str:
+    import importlib.metadata as md
+
+    try:
+        return md.version("math-verify")
+    except md.PackageNotFoundError:
+        return "missing"

@@ -9,51 +9,36 @@
 
 from __future__ import annotations
 
+import functools
 import re
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
-from rewardplane.core.errors import ConfigError
-from rewardplane.serve.scorers.base import ItemError, ScoreItem, ScorerInfo
-from rewardplane.serve.scorers.common import VERSION, OptionsScorer, as_text, identity
+from pydantic import Field, model_validator
+
+from rewardplane.core.config import FieldError
+from rewardplane.serve.scorers.base import ItemError, ScoreItem, Scorer
+from rewardplane.serve.scorers.common import as_text
+from rewardplane.serve.scorers.options import ScorerOptions
 
 
-class _RuleScorer(OptionsScorer):
+class _RuleScorer(Scorer):
     modality: ClassVar = "rule"
-    allowed_options: ClassVar[frozenset[str]] = frozenset()
-
-    def __init__(
-        self,
-        name: str,
-        *,
-        options: dict[str, Any] | None = None,
-        max_batch_size: int = 256,
-        max_wait_ms: float = 0.0,
-    ) -> None:
-        super().__init__(name, options=options, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms)
 
     def load(self) -> None:
         """Nothing to load."""
 
-    def info(self) -> ScorerInfo:
-        return ScorerInfo(
-            name=self.name,
-            kind=self.kind,
-            modality=self.modality,
-            dtype="none",
-            device="cpu",
-            version=VERSION,
-            identity=identity(kind=self.kind, weights="", config={}, dtype="none", options=self.options),
-            max_batch_size=self.max_batch_size,
-            max_wait_ms=self.max_wait_ms,
-        )
+
+class ExactMatchOptions(ScorerOptions):
+    normalize: bool = True
+    """Strip, collapse whitespace and casefold both the response and the reference before comparing."""
 
 
 class ExactMatchScorer(_RuleScorer):
     kind: ClassVar[str] = "exact_match"
-    allowed_options = frozenset({"normalize"})
+    Options = ExactMatchOptions
 
     def _norm(self, text: str) -> str:
-        return " ".join(text.split()).casefold() if self.options.get("normalize", True) else text
+        return " ".join(text.split()).casefold() if self.options.normalize else text
 
     def score_batch(self, items: list[ScoreItem]) -> list[float | ItemError]:
         out: list[float | ItemError] = []
@@ -70,42 +55,51 @@ class ExactMatchScorer(_RuleScorer):
         return ScoreItem(id="warmup", prompt="", response="ok", reference="ok")
 
 
+class RegexOptions(ScorerOptions):
+    pattern: str
+    """The regular expression (Python `re` syntax) the response must match for 1.0."""
+    mode: Literal["search", "fullmatch"] = "search"
+    """`search`: a match anywhere in the response; `fullmatch`: the whole response."""
+    flags: list[Literal["IGNORECASE", "MULTILINE", "DOTALL"]] = Field(default_factory=list)
+    """`re` flags applied to `pattern`."""
+
+    @model_validator(mode="after")
+    def _compiles(self) -> RegexOptions:
+        try:
+            self.compiled()
+        except re.error as exc:
+            raise FieldError("pattern", f"does not compile: {exc}") from None
+        return self
+
+    def compiled(self) -> re.Pattern[str]:
+        flags = 0
+        for flag in self.flags:
+            flags |= getattr(re, flag)
+        return re.compile(self.pattern, flags)
+
+
 class RegexScorer(_RuleScorer):
     kind: ClassVar[str] = "regex"
-    allowed_options = frozenset({"pattern", "mode", "flags"})
+    Options = RegexOptions
 
-    def __init__(self, name: str, **kwargs: Any) -> None:
-        super().__init__(name, **kwargs)
-        pattern = self.options.get("pattern")
-        if not isinstance(pattern, str):
-            raise ConfigError(f"scorer {name!r} (regex): options.pattern (a string) is required")
-        mode = self.options.get("mode", "search")
-        if mode not in ("search", "fullmatch"):
-            raise ConfigError(f"scorer {name!r} (regex): options.mode must be search or fullmatch")
-        flags = 0
-        for flag in self.options.get("flags", []):
-            if flag not in ("IGNORECASE", "MULTILINE", "DOTALL"):
-                raise ConfigError(f"scorer {name!r} (regex): unsupported flag {flag!r}")
-            flags |= getattr(re, flag)
-        try:
-            self._regex = re.compile(pattern, flags)
-        except re.error as exc:
-            raise ConfigError(f"scorer {name!r} (regex): bad pattern: {exc}") from None
-        self._match = self._regex.fullmatch if mode == "fullmatch" else self._regex.search
+    @functools.cached_property
+    def _match(self) -> Any:
+        regex = self.options.compiled()
+        return regex.fullmatch if self.options.mode == "fullmatch" else regex.search
 
     def score_batch(self, items: list[ScoreItem]) -> list[float | ItemError]:
         return [float(self._match(as_text(item.response)) is not None) for item in items]
 
 
+class LengthOptions(ScorerOptions):
+    unit: Literal["chars", "words"] = "chars"
+    """What is counted: characters, or whitespace-separated words."""
+
+
 class LengthScorer(_RuleScorer):
     kind: ClassVar[str] = "length"
-    allowed_options = frozenset({"unit"})
-
-    def __init__(self, name: str, **kwargs: Any) -> None:
-        super().__init__(name, **kwargs)
-        if self.options.get("unit", "chars") not in ("chars", "words"):
-            raise ConfigError(f"scorer {name!r} (length): options.unit must be chars or words")
+    Options = LengthOptions
 
     def score_batch(self, items: list[ScoreItem]) -> list[float | ItemError]:
-        words = self.options.get("unit", "chars") == "words"
+        words = self.options.unit == "words"
         return [float(len(as_text(i.response).split()) if words else len(as_text(i.response))) for i in items]

@@ -25,19 +25,8 @@ thread only packs and runs forwards. On CUDA in bf16/fp16, for decoder families 
 prompt a group of responses shares (GRPO) is computed once. Elsewhere (CPU, fp32, other
 families) batches run as length-sorted padded buckets. `/v1/scorers` says which (`attention`).
 
-Options: `trust_remote_code` (default false; only honoured when set in the config),
-`max_length` (default 2048 tokens: longer items lose their oldest prompt tokens, as training's
-truncation does; a response alone longer than that is a `too_long` item error),
-`max_batch_tokens` (default 65536 tokens per forward), `attention` (`auto` | `varlen` |
-`padded`), `prefix_sharing` (default false) and `min_prefix` (default 16 tokens shared before a
-group forms), `empty_response` (`error`, the default: an empty or whitespace-only response is a
-`bad_input`; `score`: score it as given; a number: that fixed reward), `prompt_cache` (default
-1024 rendered prompts kept, 0 for none; scores do not depend on it), `pipeline_depth` (default
-2 batches in flight on the packed CUDA path: the next one queued behind the running forward, so
-the GPU need not wait for the host between forwards; 1 for one at a time; scores do not depend
-on it), `plain_text` (`text_eos` |
-`chat_template`; default above), `seed` and `tokenizer` (a local tokenizer directory) for named
-shapes.
+Options: `TextOptions` below (`SeqClsOptions` adds `trust_remote_code`), one table per kind in
+docs/serve.md.
 """
 
 from __future__ import annotations
@@ -45,24 +34,15 @@ from __future__ import annotations
 import collections
 import json
 import threading
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import Field
 
 from rewardplane.core.errors import ConfigError, RewardplaneError
-from rewardplane.data.tokenize import CHAT_TEMPLATE, PLAIN_TEXT_MODES, TEXT_EOS
-from rewardplane.models.packed_scoring import (
-    VARLEN_FAMILIES,
-    last_token_forward,
-    score_sequences,
-    varlen_supported,
-)
+from rewardplane.data.tokenize import CHAT_TEMPLATE, TEXT_EOS
 from rewardplane.serve.scorers.base import RAW_TEXT, ItemError, ScoreItem
-from rewardplane.serve.scorers.common import (
-    ModelScorer,
-    as_messages,
-    as_text,
-    torch_dtype,
-    weights_digest,
-)
+from rewardplane.serve.scorers.common import ModelScorer, as_messages, as_text, torch_dtype, weights_digest
+from rewardplane.serve.scorers.options import ScorerOptions
 
 TEXT_SHAPES = ("tiny-text-rm", "qwen2-0.5b", "llama-3.2-1b", "llama-3.1-8b")
 """`tiny-text-rm` for tests; the others are real model shapes, random-initialised on the device."""
@@ -154,54 +134,65 @@ class PromptCache:
                 self._chars -= self._size(evicted, value)
 
 
+class TextOptions(ScorerOptions):
+    """The options of `rm` (and, with `trust_remote_code`, of `hf_seqcls`)."""
+
+    max_length: int = Field(2048, ge=1)
+    """Tokens per item: longer items lose their oldest prompt tokens (training's truncation); a
+    response alone longer than this is `too_long`."""
+    max_batch_tokens: int = Field(65536, ge=1)
+    """Tokens per packed forward (the padding-free CUDA path)."""
+    attention: Literal["auto", "varlen", "padded"] = "auto"
+    """`auto`: padding-free packed forwards where `rk_varlen` serves the model (CUDA, bf16/fp16,
+    Llama/Qwen2/3/Mistral/Gemma), padded buckets elsewhere; `varlen` refuses to load otherwise."""
+    prefix_sharing: bool = False
+    """Packed path: compute the prompt a group of responses shares (GRPO) once."""
+    min_prefix: int = Field(16, ge=0)
+    """Tokens two items must share before their prefix is computed once."""
+    empty_response: Literal["error", "score"] | Annotated[float, Field(allow_inf_nan=False)] = "error"
+    """An empty or whitespace-only response: `error` (`bad_input`), `score` (scored as given), or
+    a number (that fixed reward)."""
+    prompt_cache: int = Field(PROMPT_CACHE_ENTRIES, ge=0)
+    """Rendered prompts kept for the rest of their group (0: none); scores do not depend on it."""
+    pipeline_depth: int = Field(PIPELINE_DEPTH, ge=1, le=4)
+    """Batches in flight on the packed CUDA path (the next queued behind the running forward);
+    scores do not depend on it."""
+    plain_text: Literal["text_eos", "chat_template"] | None = None
+    """How items whose prompt and response are both strings are tokenised: `text_eos` (TRL's
+    plain text + EOS) or `chat_template`; null: what the model directory records, else
+    `chat_template` (the identity holds the convention in use). One that contradicts the record
+    is refused at load."""
+    seed: int = 0
+    """Named shapes: the seed of the random initialisation."""
+    tokenizer: str | None = None
+    """Named shapes: a local tokenizer directory instead of the built-in one."""
+
+    not_in_identity: ClassVar[frozenset[str]] = frozenset(
+        {"prompt_cache", "pipeline_depth", "trust_remote_code"}
+    )
+
+
+class SeqClsOptions(TextOptions):
+    trust_remote_code: bool = False
+    """Run Python code shipped in the model directory (transformers' `trust_remote_code`)."""
+
+
 class SeqClsScorer(ModelScorer):
     kind: ClassVar[str] = "hf_seqcls"
     modality: ClassVar = "text"
-    allowed_options: ClassVar[frozenset[str]] = frozenset(
-        {
-            "trust_remote_code",
-            "max_length",
-            "chat_template",
-            "seed",
-            "tokenizer",
-            "max_batch_tokens",
-            "attention",
-            "prefix_sharing",
-            "min_prefix",
-            "empty_response",
-            "prompt_cache",
-            "pipeline_depth",
-            "plain_text",
-        }
-    )
+    Options = SeqClsOptions
     shapes: ClassVar[tuple[str, ...]] = TEXT_SHAPES
 
-    def __init__(self, name: str, **kwargs: Any) -> None:
-        super().__init__(name, **kwargs)
-        self.max_length = int(self.options.get("max_length", 2048))
-        self.max_batch_tokens = int(self.options.get("max_batch_tokens", 65536))
-        self.prefix_sharing = self.options.get("prefix_sharing", False) is True
-        self.min_prefix = int(self.options.get("min_prefix", 16))
-        self.attention_option = self.options.get("attention", "auto")
-        if self.attention_option not in ("auto", "varlen", "padded"):
-            raise ConfigError(f"scorer {name!r}: attention must be auto, varlen or padded")
-        empty = self.options.get("empty_response", "error")
-        if empty not in ("error", "score") and (
-            isinstance(empty, bool) or not isinstance(empty, int | float)
-        ):
-            raise ConfigError(f"scorer {name!r}: empty_response must be error, score or a number")
-        self.empty_response = empty
-        self.prompts = PromptCache(int(self.options.get("prompt_cache", PROMPT_CACHE_ENTRIES)))
-        depth = self.options.get("pipeline_depth", PIPELINE_DEPTH)
-        if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= 4:
-            raise ConfigError(f"scorer {name!r}: pipeline_depth must be an integer from 1 to 4")
-        self.pipeline_depth = depth
-        plain = self.options.get("plain_text")
-        if plain is not None and plain not in PLAIN_TEXT_MODES:
-            raise ConfigError(
-                f"scorer {name!r}: plain_text must be {' or '.join(PLAIN_TEXT_MODES)}, got {plain!r}"
-            )
-        self.plain_text = plain or CHAT_TEMPLATE  # settled in load(), against what the model records
+    def __init__(self, name: str, *args: Any, **kwargs: Any) -> None:
+        super().__init__(name, *args, **kwargs)
+        o = self.options
+        self.max_length, self.empty_response, self.pipeline_depth = (
+            o.max_length,
+            o.empty_response,
+            o.pipeline_depth,
+        )
+        self.prompts = PromptCache(o.prompt_cache)
+        self.plain_text = o.plain_text or CHAT_TEMPLATE  # settled in load(), against what the model records
         self.attention = "padded"
         self.backbone = self.head = None
         self.pooled_pad: int | None = None
@@ -216,8 +207,8 @@ class SeqClsScorer(ModelScorer):
             from rewardplane.data.builtin_tokenizer import build_tokenizer
             from rewardplane.models.tiny import tiny_config
 
-            if self.options.get("tokenizer"):
-                tokenizer = AutoTokenizer.from_pretrained(self.options["tokenizer"], local_files_only=True)
+            if self.options.tokenizer:
+                tokenizer = AutoTokenizer.from_pretrained(self.options.tokenizer, local_files_only=True)
             else:
                 tokenizer = build_tokenizer(_CORPUS, vocab_size=512)
             tiny = self.shape == "tiny-text-rm"
@@ -225,12 +216,12 @@ class SeqClsScorer(ModelScorer):
                 "tiny-llama" if tiny else self.shape, num_labels=1, pad_token_id=tokenizer.pad_token_id
             )
             config.vocab_size = len(tokenizer) if tiny else max(config.vocab_size, len(tokenizer))
-            torch.manual_seed(int(self.options.get("seed", 0)))
+            torch.manual_seed(self.options.seed)
             # real shapes are initialised on the device: an 8B random init on the host takes minutes
             with torch.device("cpu" if tiny else self.device):
                 model = AutoModelForSequenceClassification.from_config(config, dtype=torch_dtype(self.dtype))
-            return model, tokenizer, f"shape:{self.shape}:seed={int(self.options.get('seed', 0))}"
-        trust = self.options.get("trust_remote_code", False) is True
+            return model, tokenizer, f"shape:{self.shape}:seed={self.options.seed}"
+        trust = self.options.trust_remote_code
         tokenizer = AutoTokenizer.from_pretrained(self.path, local_files_only=True, trust_remote_code=trust)
         model = AutoModelForSequenceClassification.from_pretrained(
             self.path, local_files_only=True, trust_remote_code=trust, dtype=torch_dtype(self.dtype)
@@ -274,7 +265,7 @@ class SeqClsScorer(ModelScorer):
         that contradicts the record is a one-line ConfigError naming both."""
         from rewardplane.models.loading import recorded_plain_text
 
-        option = self.options.get("plain_text")
+        option = self.options.plain_text
         recorded = None if self.path is None else recorded_plain_text(self.path)
         if option is not None and recorded is not None and option != recorded:
             raise ConfigError(
@@ -290,14 +281,17 @@ class SeqClsScorer(ModelScorer):
         return last_token_parts(self.model)
 
     def _choose_attention(self) -> str:
+        from rewardplane.models.packed_scoring import VARLEN_FAMILIES, varlen_supported
+
         config = self.backbone.config if self.backbone is not None else None
         able = varlen_supported(config, self.device, torch_dtype(self.dtype))
-        if self.attention_option == "varlen" and not able:
+        option = self.options.attention
+        if option == "varlen" and not able:
             raise ConfigError(
                 f"scorer {self.name!r}: attention varlen needs CUDA, bf16/fp16 and a model family in"
                 f" {sorted(VARLEN_FAMILIES)}"
             )
-        return "varlen" if able and self.attention_option != "padded" else "padded"
+        return "varlen" if able and option != "padded" else "padded"
 
     def encode(self, item: ScoreItem) -> list[int] | ItemError:
         """Token ids of prompt + response, or the per-item reason they cannot be scored."""
@@ -465,6 +459,8 @@ class SeqClsScorer(ModelScorer):
         reads it: HF's own pooling would look for the pad id instead, which the scorer may have
         set to EOS. A model whose head is not `score(last hidden)` pools itself."""
         if self.backbone is not None:
+            from rewardplane.models.packed_scoring import last_token_forward
+
             return last_token_forward(self.backbone, self.head)(input_ids, attention_mask, lengths)
         return self.model(input_ids=input_ids, attention_mask=attention_mask).logits[:, 0]
 
@@ -476,6 +472,8 @@ class SeqClsScorer(ModelScorer):
         the varlen path, length-sorted padded buckets otherwise."""
         import torch
 
+        from rewardplane.models.packed_scoring import score_sequences
+
         results: list[Any] = list(batch)
         rows = [k for k, r in enumerate(results) if isinstance(r, list)]
         if not rows:
@@ -485,35 +483,28 @@ class SeqClsScorer(ModelScorer):
             scores, self._local.stats = score_sequences(
                 seqs,
                 varlen=self.attention == "varlen",
-                max_batch_tokens=self.max_batch_tokens,
+                max_batch_tokens=self.options.max_batch_tokens,
                 backbone=self.backbone,
                 head=self.head,
                 forward=self._forward,
                 pad_token_id=self.tokenizer.pad_token_id,
                 device=self.device,
-                share_prefixes=self.prefix_sharing,
-                min_prefix=self.min_prefix,
+                share_prefixes=self.options.prefix_sharing,
+                min_prefix=self.options.min_prefix,
             )
         for k, v in zip(rows, scores.tolist(), strict=True):
             results[k] = v
         return results
 
     def identity_options(self) -> dict[str, Any]:
-        """The prompt cache and the pipeline save work, never change a score: not part of the
-        identity. The plain-text convention in use is, whether set or recorded by the model
-        directory; as `text_eos` only, so a scorer that tokenises as before issue 24 keeps its
-        identity."""
-        skip = ("prompt_cache", "pipeline_depth", "plain_text")
-        options = {k: v for k, v in super().identity_options().items() if k not in skip}
-        return options if self.plain_text == CHAT_TEMPLATE else {**options, "plain_text": self.plain_text}
+        """The plain-text convention in use, whether set or recorded by the model directory."""
+        return {**super().identity_options(), "plain_text": self.plain_text}
 
     def info_extra(self) -> dict[str, Any]:
         return {
-            "max_length": self.max_length,
+            **super().info_extra(),
             "attention": self.attention,
-            "prefix_sharing": self.prefix_sharing and self.attention == "varlen",
-            "max_batch_tokens": self.max_batch_tokens,
-            "empty_response": self.empty_response,
+            "prefix_sharing": self.options.prefix_sharing and self.attention == "varlen",
             "pipeline_depth": self.concurrent_batches,
             "plain_text": self.plain_text,
         }
@@ -525,6 +516,7 @@ class RewardModelScorer(SeqClsScorer):
     `forward(batch)` contract: rewardplane heads stay fp32 whatever the backbone dtype."""
 
     kind: ClassVar[str] = "rm"
+    Options = TextOptions
 
     def _pooled_pad(self, model: Any) -> int | None:
         """None: a reward-model checkpoint is read at its last token, whatever that token is."""
@@ -541,23 +533,7 @@ class RewardModelScorer(SeqClsScorer):
     def _forward(self, input_ids, attention_mask, lengths):
         if self.shape is not None:
             return super()._forward(input_ids, attention_mask, lengths)
-        import torch
-
         from rewardplane.data.collate import Batch
 
-        rows = input_ids.shape[0]
-        positions = (
-            torch.arange(input_ids.shape[1], device=input_ids.device).expand(rows, -1) * attention_mask
-        )
-        batch = Batch(
-            layout="right",
-            input_ids=input_ids,
-            position_ids=positions,
-            attention_mask=attention_mask,
-            segment_ids=None,
-            score_rows=torch.arange(rows, device=input_ids.device),
-            score_cols=lengths - 1,
-            num_pairs=0,
-            num_tokens=int(lengths.sum()),
-        )
+        batch = Batch.scored_at_last_token(input_ids, attention_mask, lengths)
         return self.model(batch)
