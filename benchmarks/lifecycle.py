@@ -167,7 +167,7 @@ class ClipCase:
         from PIL import Image
 
         from rewardplane.serve.lifecycle import ModelWeights
-        from rewardplane.serve.scorers.base import ScoreItem
+        from rewardplane.serve.protocol import ScoreItem
         from rewardplane.serve.scorers.clip import ClipScorer
 
         shape, _, variant = name.partition("+")

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from rewardplane.serve.client import AsyncRewardClient, RewardClient, ScoreError, ServiceError
-from rewardplane.serve.scorers.base import ScoreItem
+from rewardplane.serve.protocol import ScoreItem
 from support.serve import LiveServer, make_config
 
 OK = {

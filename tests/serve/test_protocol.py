@@ -20,6 +20,7 @@ from rewardplane.serve.protocol import (
     GatewayScoreRequest,
     ItemIn,
     RequestErrorCode,
+    ScoreItem,
     ServeError,
     encode_score_request,
     item_fields,
@@ -31,7 +32,6 @@ from rewardplane.serve.protocol import (
     parse_score_request,
     parse_trainer_body,
 )
-from rewardplane.serve.scorers.base import ScoreItem
 from rewardplane.serve.scorers.rules import ExactMatchScorer
 from support.serve import LiveServer, RecordingScorer, make_config, png_bytes
 

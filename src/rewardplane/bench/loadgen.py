@@ -44,11 +44,11 @@ from rewardplane.serve.protocol import (
     QUEUE_TIME_HEADER,
     SCORE_ROUTE,
     TOTAL_TIME_HEADER,
+    ScoreItem,
     header_ms,
     item_to_wire,
     join_score_request,
 )
-from rewardplane.serve.scorers.base import ScoreItem
 
 REASONS = {
     "timeout": "the request did not complete within --timeout-s",

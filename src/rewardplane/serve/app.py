@@ -43,11 +43,14 @@ from rewardplane.serve.protocol import (
     SCORE_ROUTE,
     SCORERS_ROUTE,
     ErrorOut,
+    ItemError,
     LiveOut,
     NotReadyOut,
     ReadyOut,
+    ScoreItem,
     ScoreRequest,
     ScoreResponse,
+    ScorerInfo,
     ScorersResponse,
     ServeError,
     error_body,
@@ -57,7 +60,6 @@ from rewardplane.serve.protocol import (
     timing_headers,
 )
 from rewardplane.serve.routes import RouteContext, trainer_routes
-from rewardplane.serve.scorers.base import ItemError, ScoreItem, ScorerInfo
 from rewardplane.serve.timing import RequestTiming, current_timing
 
 log = logging.getLogger(__name__)

@@ -34,10 +34,10 @@ from rewardplane.serve.protocol import (
     MULTIPART_REQUEST_PART,
     SCORE_ROUTE,
     SCORERS_ROUTE,
+    ScoreItem,
     encode_score_request,
     lifecycle_route,
 )
-from rewardplane.serve.scorers.base import ScoreItem
 
 RETRY_STATUS = (429, 503)
 RETRY_EXCEPTIONS = (

@@ -589,7 +589,7 @@ def policy_of(spec: Any) -> LifecyclePolicy:
 async def warm_up(scorer: Any, run: Callable[[Callable[[], Any]], Awaitable[Any]]) -> None:
     """Score the scorer's warm-up item on its thread; raise unless the value is finite."""
     from rewardplane.serve.batcher import check_value
-    from rewardplane.serve.scorers.base import ItemError
+    from rewardplane.serve.protocol import ItemError
 
     warm = await run(lambda: scorer.score_batch([scorer.warmup_item()]))
     ok = isinstance(warm, list | tuple) and len(warm) == 1

@@ -15,7 +15,7 @@ import torch
 from rewardplane.core.errors import ConfigError
 from rewardplane.data.builtin_tokenizer import build_tokenizer
 from rewardplane.models.tiny import scripted_causal_lm, tiny_config
-from rewardplane.serve.scorers.base import ItemError, ScoreItem
+from rewardplane.serve.protocol import ItemError, ScoreItem
 from rewardplane.serve.scorers.judge import JudgeScorer
 from support.serve import LiveServer, make_config
 

@@ -9,7 +9,7 @@ from fastapi import Request
 
 from rewardplane.serve.backend import ScoringBackend
 from rewardplane.serve.config import Limits
-from rewardplane.serve.scorers.base import ItemError, ScoreItem
+from rewardplane.serve.protocol import ItemError, ScoreItem
 
 
 @dataclass(frozen=True)

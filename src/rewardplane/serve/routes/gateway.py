@@ -44,12 +44,13 @@ from rewardplane.serve.protocol import (
     GatewayRewards,
     GatewayScoreRequest,
     GatewayScoreResponse,
+    ItemError,
+    ScoreItem,
     ServeError,
     error_body,
     parse_trainer_body,
 )
 from rewardplane.serve.routes.context import RouteContext, ready_names
-from rewardplane.serve.scorers.base import ItemError, ScoreItem
 
 IDEMPOTENCY_CACHE_SIZE = 65536
 

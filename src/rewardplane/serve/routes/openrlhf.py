@@ -11,7 +11,7 @@ request with `{"code", "message"}`, where `code` is the item's own error code (`
 Modes (`?mode=`, default `raw`):
 - `raw`: each query is scored as the text it is, the way OpenRLHF's own reward-model server
   does: text model scorers tokenise it with the reward model's tokenizer, no chat template and
-  no added special tokens (`serve.scorers.base.RAW_TEXT`), and read the reward at its last
+  no added special tokens (`serve.protocol.RAW_TEXT`), and read the reward at its last
   token — so the end-of-sequence marker the policy emitted (`<|im_end|>`, `</s>`), kept in the
   query, is where the score is read. Rule scorers (`length`, `regex`, `exact_match`) read the
   response field (with `labels[i]` as `reference`).
@@ -36,14 +36,16 @@ from fastapi.responses import JSONResponse, Response
 from rewardplane.serve.protocol import (
     OPENRLHF_MODES,
     OPENRLHF_ROUTE,
+    RAW_TEXT,
+    ItemError,
     OpenRLHFRewardRequest,
     OpenRLHFRewardResponse,
+    ScoreItem,
     ServeError,
     error_body,
     parse_trainer_body,
 )
 from rewardplane.serve.routes.context import RouteContext, ready_names
-from rewardplane.serve.scorers.base import RAW_TEXT, ItemError, ScoreItem
 
 # Item codes a caller can fix (its input); any other item failure is the service's (5xx).
 INPUT_ITEM_CODES = frozenset({"bad_input", "too_long", "missing_reference", "bad_image"})

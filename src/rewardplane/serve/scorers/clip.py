@@ -45,7 +45,7 @@ from rewardplane.serve.images import (
     decode_rgb,
     inspect_image,
 )
-from rewardplane.serve.scorers.base import ItemError, ScoreItem
+from rewardplane.serve.protocol import ItemError, ScoreItem
 from rewardplane.serve.scorers.common import (
     ModelScorer,
     as_text,

@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
 from rewardplane.core.errors import ConfigError
-from rewardplane.serve.scorers.base import ItemError, ScoreItem, ScorerInfo
+from rewardplane.serve.protocol import ItemError, ScoreItem, ScorerInfo
 from rewardplane.serve.scorers.common import VERSION, OptionsScorer, as_text, identity
 from rewardplane.serve.scorers.sandbox import _split_tests as split_tests
 

@@ -8,7 +8,8 @@ from typing import Any, ClassVar
 from rewardplane import __version__
 from rewardplane.core.errors import ConfigError
 from rewardplane.core.hashing import sha256_file, sha256_json
-from rewardplane.serve.scorers.base import Scorer, ScorerInfo
+from rewardplane.serve.protocol import ScorerInfo
+from rewardplane.serve.scorers.base import Scorer
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 

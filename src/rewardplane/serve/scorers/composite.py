@@ -55,7 +55,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
 from rewardplane.core.errors import ConfigError
-from rewardplane.serve.scorers.base import DetailedScore, ItemError, ScoreItem, Scorer, ScorerInfo
+from rewardplane.serve.protocol import DetailedScore, ItemError, ScoreItem, ScorerInfo
+from rewardplane.serve.scorers.base import Scorer
 from rewardplane.serve.scorers.common import VERSION, OptionsScorer, identity
 
 AGGREGATIONS = ("weighted_sum", "mean", "min", "max")

@@ -39,7 +39,7 @@ import threading
 from typing import Any, ClassVar
 
 from rewardplane.core.errors import ConfigError
-from rewardplane.serve.scorers.base import ItemError, ScoreItem, ScorerInfo
+from rewardplane.serve.protocol import ItemError, ScoreItem, ScorerInfo
 from rewardplane.serve.scorers.common import VERSION, OptionsScorer, as_text, identity, json_config
 
 POINTWISE_TEMPLATE = """You are a strict grader. Rate the quality of the assistant's response to the user's \

@@ -24,7 +24,7 @@ import re
 from typing import Any, ClassVar
 
 from rewardplane.core.errors import ConfigError
-from rewardplane.serve.scorers.base import ItemError, ScoreItem, ScorerInfo
+from rewardplane.serve.protocol import ItemError, ScoreItem, ScorerInfo
 from rewardplane.serve.scorers.common import VERSION, OptionsScorer, as_text, identity
 from rewardplane.serve.scorers.procpool import DeadlinePool
 

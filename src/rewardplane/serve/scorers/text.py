@@ -55,7 +55,7 @@ from rewardplane.models.packed_scoring import (
     score_sequences,
     varlen_supported,
 )
-from rewardplane.serve.scorers.base import RAW_TEXT, ItemError, ScoreItem
+from rewardplane.serve.protocol import RAW_TEXT, ItemError, ScoreItem
 from rewardplane.serve.scorers.common import (
     ModelScorer,
     as_messages,

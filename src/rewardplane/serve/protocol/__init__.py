@@ -32,7 +32,14 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, TypeAdapter, ValidationError
 
 from rewardplane.core.errors import RewardplaneError
-from rewardplane.serve.scorers.base import DetailedScore, ItemError, ScoreItem
+from rewardplane.serve.protocol.items import (  # noqa: F401 (re-exported)
+    RAW_TEXT,
+    DetailedScore,
+    ItemError,
+    Modality,
+    ScoreItem,
+    ScorerInfo,
+)
 
 # ------------------------------------------------------------------------- 1. routes and headers
 
