@@ -50,13 +50,13 @@ from rewardplane.serve.protocol import (
     ScoreItem,
     ScoreRequest,
     ScoreResponse,
-    ScorerInfo,
     ScorersResponse,
     ServeError,
     error_body,
     items_from_request,
     parse_score_request,
     score_response,
+    scorer_info_json,
     timing_headers,
 )
 from rewardplane.serve.routes import RouteContext, trainer_routes
@@ -70,21 +70,6 @@ def _error_response(err: ServeError, headers: dict[str, str] | None = None) -> J
     if err.retry_after is not None:
         headers[RETRY_AFTER_HEADER] = str(max(1, round(err.retry_after)))
     return JSONResponse(err.body(), status_code=err.status, headers=headers)
-
-
-def _info_json(info: ScorerInfo) -> dict[str, Any]:
-    return {
-        "name": info.name,
-        "kind": info.kind,
-        "modality": info.modality,
-        "dtype": info.dtype,
-        "device": info.device,
-        "version": info.version,
-        "identity": info.identity,
-        "max_batch_size": info.max_batch_size,
-        "max_wait_ms": info.max_wait_ms,
-        **({"extra": info.extra} if info.extra else {}),
-    }
 
 
 class RequireToken:
@@ -362,7 +347,7 @@ def create_app(
         infos = backend.scorer_infos()
         _, details = backend.ready()
         return {
-            "scorers": [_info_json(infos[n]) for n in backend.scorer_names() if n in infos],
+            "scorers": [scorer_info_json(infos[n]) for n in backend.scorer_names() if n in infos],
             "status": details,
         }
 

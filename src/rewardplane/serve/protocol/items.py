@@ -4,6 +4,12 @@
 These are the protocol's own types: the HTTP app, the client, the deploy transport, the load
 generator and every scorer speak them. They live here, not beside the `Scorer` base class, so
 that a speaker of the protocol (the client, the bench) never imports a scorer module.
+
+`ScoreItem` is the one definition of an item. Each field says how it looks on the wire in its
+`wire(...)` metadata (a type when the JSON form differs, pydantic `Field` settings), and
+everything else is derived from the dataclass: the request model `ItemIn`, the JSON codec, the
+deploy transport's frames, the items file reader (`codec.py`). A new item field is one line
+here (and its row in docs/serve.md).
 """
 
 from __future__ import annotations
@@ -11,27 +17,60 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from pydantic import Field, JsonValue
+
 from rewardplane.data.records import Message
+from rewardplane.serve.protocol.guards import Strict
 
 Modality = Literal["text", "image_text", "rule"]
+
+WIRE = "wire"
+"""The dataclass field metadata key that holds a field's wire form (see `wire`)."""
+
+
+def wire(type_: Any = None, **settings: Any) -> dict[str, Any]:
+    """Field metadata: the field's JSON type when it differs from its Python one, and the
+    pydantic `Field` settings (`default`, limits, `description`) of its wire form."""
+    return {WIRE: (type_, settings)}
+
+
+class MessageIn(Strict):
+    role: str
+    content: str
+
+
+class ImageIn(Strict):
+    b64: str | None = Field(default=None, description="base64 of the encoded image bytes (JPEG/PNG/WebP)")
+    part: str | None = Field(default=None, description="name of a multipart file part holding the bytes")
 
 
 @dataclass(frozen=True)
 class ScoreItem:
-    """One item to score. `image` is raw encoded bytes (JPEG/PNG/...), decoded by the scorer.
+    """One item to score. `image` is raw encoded bytes (JPEG/PNG/...), decoded by the scorer."""
 
-    The fields mirror the wire item (`rewardplane.serve.protocol.ItemIn`) one to one."""
-
-    id: str
-    prompt: str | list[Message]
-    response: str | list[Message]
-    image: bytes | None = None
-    reference: str | dict[str, Any] | list[Any] | int | float | bool | None = None
+    id: str = field(metadata=wire(min_length=1, max_length=512))
+    prompt: str | list[Message] = field(metadata=wire(str | list[MessageIn], default=""))
+    response: str | list[Message] = field(metadata=wire(str | list[MessageIn], default=""))
+    image: bytes | None = field(default=None, metadata=wire(ImageIn | None))
+    reference: str | dict[str, Any] | list[Any] | int | float | bool | None = field(
+        default=None,
+        metadata=wire(
+            JsonValue, description="reference answer for verifier/rule scorers: a string or any JSON value"
+        ),
+    )
     """A reference answer (a string or any JSON value) for rule and verifier scorers such as
     `exact_match`; ignored by model scorers."""
-    group_id: str | None = None
+    group_id: str | None = field(
+        default=None,
+        metadata=wire(max_length=512, description="items of one group (e.g. GRPO samples of a prompt)"),
+    )
     """Items that belong together (e.g. the GRPO samples of one prompt); scorers may compare them."""
-    metadata: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = field(
+        default=None,
+        metadata=wire(
+            dict[str, JsonValue] | None, description="free-form JSON object passed to scorers unchanged"
+        ),
+    )
     """A free-form JSON object from the request, passed through unchanged."""
 
 
