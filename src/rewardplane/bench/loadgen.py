@@ -34,7 +34,6 @@ from typing import Any, NamedTuple
 import httpx
 import numpy as np
 
-from rewardplane.bench.corpus import CorpusItem
 from rewardplane.bench.gpu_monitor import ResourceMonitor
 from rewardplane.bench.windows import Window, WindowPolicy, is_stable, make_window
 from rewardplane.core.errors import UsageError
@@ -180,13 +179,11 @@ def validate_response(
 class RequestFactory:
     """Request bodies over the corpus in a fixed order, pre-encoded so the client stays cheap."""
 
-    def __init__(self, corpus: Sequence[CorpusItem], scorers: Sequence[str], batch: int) -> None:
+    def __init__(self, corpus: Sequence[ScoreItem], scorers: Sequence[str], batch: int) -> None:
         if batch > len(corpus):
             raise UsageError(f"batch {batch} is larger than the corpus ({len(corpus)} items)")
         self._ids = [item.id for item in corpus]
-        self._encoded = [
-            json.dumps(item_to_wire(ScoreItem(c.id, c.prompt, c.response, c.image))).encode() for c in corpus
-        ]
+        self._encoded = [json.dumps(item_to_wire(item)).encode() for item in corpus]
         self._scorers = list(scorers)
         self.batch = batch
         self._next = 0
@@ -219,7 +216,7 @@ class LoadGenerator:
         self,
         url: str,
         scorers: Sequence[str],
-        corpus: Sequence[CorpusItem],
+        corpus: Sequence[ScoreItem],
         *,
         token: str | None = None,
         timeout_s: float = 60.0,
