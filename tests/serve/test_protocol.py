@@ -19,11 +19,15 @@ from rewardplane.serve.protocol import (
     ITEM_ERROR_CODES,
     MAX_JSON_DEPTH,
     ROUTE_ERROR_CODES,
+    DetailedScore,
     GatewayScoreRequest,
+    ItemError,
     ItemIn,
+    ItemScores,
     RequestErrorCode,
     ScoreItem,
     ServeError,
+    decode_score_response,
     encode_score_request,
     item_fields,
     item_from_fields,
@@ -34,6 +38,7 @@ from rewardplane.serve.protocol import (
     parse_score_request,
     parse_trainer_body,
     read_items,
+    score_response,
 )
 from rewardplane.serve.scorers.rules import ExactMatchScorer
 from support.serve import LiveServer, RecordingScorer, make_config, png_bytes
@@ -112,6 +117,24 @@ def test_an_items_file_refuses_a_bad_line_naming_it(tmp_path, line, message):
     with pytest.raises(UsageError) as info:
         read_items(path)
     assert str(info.value).startswith(str(path)) and message in str(info.value)
+
+
+def test_a_response_decodes_to_what_was_encoded():
+    """One encoder (the app's) and one decoder (the client's and the load generator's)."""
+    items = [RICH, dataclasses.replace(RICH, id="b")]
+    by_scorer = {
+        "s": [DetailedScore(0.5, {"left_out": ["rm"]}), ItemError("non_finite", "NaN")],
+        "t": [1.0, -2.0],
+    }
+    body = json.dumps(score_response(items, by_scorer, {"s": ("v", "i"), "t": ("v", "j")}))
+    decoded = decode_score_response(body, ["a", "b"], ["s", "t"])
+    assert decoded.problems == ()
+    assert decoded.results == [
+        ItemScores("a", {"s": 0.5, "t": 1.0}, {}, {"s": {"left_out": ["rm"]}}),
+        ItemScores("b", {"t": -2.0}, {"s": {"code": "non_finite", "message": "NaN"}}, {}),
+    ]
+    assert decode_score_response(body, ["b", "a"], ["s", "t"]).problems == ("order_mismatch",)
+    assert decode_score_response(body, ["a", "b"], ["s"]).problems == ("extra_scorer",)
 
 
 def test_pre_encoded_items_join_into_a_valid_request():

@@ -59,6 +59,9 @@ ROUTE_ERROR_CODES: dict[int, str] = {404: "not_found", 405: "method_not_allowed"
 """Codes for routing failures, which the framework raises before any handler runs."""
 HTTP_ERROR_CODE = "http_error"
 """Any other framework-level HTTP error; clients also use it for a body without a code."""
+INVALID_RESPONSE_CODE = "invalid_response"
+"""A client's code for a 200 whose body does not answer what was asked (a missing id, a score
+that is not a finite number, ...): the service never sends one; a proxy or a bug might."""
 
 
 class ItemErrorCode(_Code):

@@ -45,18 +45,14 @@ class GatewayIdentity(BaseModel):
     idempotency_key: str | None = None
 
 
-class GatewayRequestItem(BaseModel):
+class GatewayRequestItem(GatewayIdentity):
+    # One request: what to score (`history`), with which rewards, and the identity to echo.
+    # (No docstring: the OpenAPI document describes it as it always has.)
     model_config = ConfigDict(extra="ignore")
 
     history: list[GatewayTurn] = Field(min_length=1)
     required_rewards: list[str] = Field(min_length=1)
     metadata: dict[str, JsonValue] | None = None
-    request_id: str | int | None = None
-    sample_id: str | int | None = None
-    group_id: str | int | None = None
-    source_rank: int | None = None
-    policy_version: int | None = None
-    scorer_version: str | None = None
     idempotency_key: str | None = Field(default=None, max_length=512)
 
 

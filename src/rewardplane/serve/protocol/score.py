@@ -9,13 +9,16 @@ generator alike, so a field the server adds reaches both.
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Annotated, Any, get_type_hints
 
 from pydantic import BaseModel, Field, JsonValue, TypeAdapter, ValidationError, create_model
 
 from rewardplane.serve.protocol.codec import ItemIn, image_bytes
-from rewardplane.serve.protocol.errors import ErrorOut, ServeError, error_body
+from rewardplane.serve.protocol.errors import HTTP_ERROR_CODE, ErrorOut, ServeError, error_body
 from rewardplane.serve.protocol.guards import (
     Strict,
     first_error,
@@ -157,6 +160,119 @@ def score_response(
         results.append(result)
     scorers = {n: {"version": version, "identity": identity} for n, (version, identity) in refs.items()}
     return {"results": results, "scorers": scorers}
+
+
+@dataclass(frozen=True)
+class ItemScores:
+    """One item of a decoded `ScoreResponse`: only finite numbers in `scores`; each failed
+    scorer in `errors` as `{"code", "message"}`."""
+
+    id: str
+    scores: dict[str, float]
+    errors: dict[str, dict[str, str]] = field(default_factory=dict)
+    details: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Scorer → what its score leaves unsaid for this item, e.g. `{"reward": {"left_out": ["rm"]}}`
+    when a renormalising composite scored without a component; empty for most items."""
+
+
+RESPONSE_PROBLEMS = {
+    "invalid_json": "the body is not JSON",
+    "invalid_body": "the JSON does not have the documented shape",
+    "missing_id": "a requested item id is absent from results",
+    "extra_id": "results contain an id that was not requested",
+    "duplicate_id": "an id appears more than once in results",
+    "order_mismatch": "all ids present, but not in request order",
+    "missing_scorer": "a requested scorer has neither a score nor an error for an item",
+    "extra_scorer": "an item has a score from a scorer that was not requested",
+    "score_none": "a score is null",
+    "score_bool": "a score is true/false (JSON booleans are not rewards)",
+    "score_non_numeric": "a score is a string, list or object",
+    "score_non_finite": "a score is NaN or +-Infinity",
+}
+"""What `decode_score_response` finds wrong with a 200 body, by the name it reports."""
+
+
+@dataclass(frozen=True)
+class DecodedResponse:
+    results: list[ItemScores]
+    """Every well-formed result of a requested id, first occurrence, in the body's order."""
+    problems: tuple[str, ...] = ()
+    """Sorted `RESPONSE_PROBLEMS` names; empty: the body answers exactly what was asked."""
+
+
+def _score_problem(value: Any) -> str | None:
+    if value is None:
+        return "score_none"
+    if isinstance(value, bool):
+        return "score_bool"
+    if not isinstance(value, int | float):
+        return "score_non_numeric"
+    if not math.isfinite(value):
+        return "score_non_finite"
+    return None
+
+
+def _error(value: Any) -> dict[str, str]:
+    if isinstance(value, dict):
+        return {"code": str(value.get("code", HTTP_ERROR_CODE)), "message": str(value.get("message", ""))}
+    return {"code": str(value), "message": ""}
+
+
+def decode_score_response(
+    body: bytes | str, ids: Sequence[str] | None = None, scorers: Sequence[str] | None = None
+) -> DecodedResponse:
+    """A `POST /v1/score` 200 body → per-item scores, errors and details, and what is wrong with
+    it (`RESPONSE_PROBLEMS`). Given the request's `ids` and `scorers`, every id must come back
+    once, in order, each requested scorer with a score or an error, every score a finite number:
+    a value that is not one is left out of `scores` and named, never passed on as a reward.
+    The one decoder of the client and the load generator."""
+    try:
+        payload = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return DecodedResponse([], ("invalid_json",))
+    raw_results = payload.get("results") if isinstance(payload, dict) else None
+    if not isinstance(raw_results, list):
+        return DecodedResponse([], ("invalid_body",))
+    problems: set[str] = set()
+    wanted = None if ids is None else set(ids)
+    seen: dict[str, None] = {}  # ids in the order they came
+    results: list[ItemScores] = []
+    for raw in raw_results:
+        if not isinstance(raw, dict) or not isinstance(raw.get("id"), str):
+            problems.add("invalid_body")
+            continue
+        item_id, scores, errors = raw["id"], raw.get("scores") or {}, raw.get("errors") or {}
+        details = raw.get("details") or {}
+        if wanted is not None and item_id not in wanted:
+            problems.add("extra_id")
+            continue
+        if item_id in seen:
+            problems.add("duplicate_id")
+            continue
+        seen[item_id] = None
+        if not all(isinstance(x, dict) for x in (scores, errors, details)):
+            problems.add("invalid_body")
+            continue
+        if scorers is not None and set(scores) - set(scorers):
+            problems.add("extra_scorer")
+        valid: dict[str, float] = {}
+        for name in scores if scorers is None else scorers:
+            if name not in scores:
+                if name not in errors:
+                    problems.add("missing_scorer")
+                continue
+            problem = _score_problem(scores[name])
+            if problem is None:
+                valid[name] = float(scores[name])
+            else:
+                problems.add(problem)
+        results.append(ItemScores(item_id, valid, {k: _error(v) for k, v in errors.items()}, details))
+    if ids is not None:
+        if wanted - seen.keys():
+            problems.add("missing_id")
+        elif not problems.intersection({"duplicate_id", "extra_id"}) and list(seen) != list(ids):
+            problems.add("order_mismatch")
+    return DecodedResponse(results, tuple(sorted(problems)))
 
 
 # --- GET /v1/scorers
