@@ -236,7 +236,7 @@ class CompositeScorer(OptionsScorer):
     def lifecycle_weights(self) -> Any:
         """The inline components' device state (a reward model configured inside the composite)
         moves with the composite's own offload/onload; hosted scorers keep their own lifecycle."""
-        from rewardplane.serve.lifecycle import ManyWeights, weights_of
+        from rewardplane.serve.weights import ManyWeights, weights_of
 
         return ManyWeights([weights_of(s) for s in self._inline()])
 
