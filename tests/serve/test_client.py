@@ -71,25 +71,6 @@ def test_gives_up_after_max_retries_and_does_not_retry_4xx(monkeypatch):
     assert exc.value.code == "unknown_scorer" and len(seen) == 1
 
 
-def test_async_client_retries(monkeypatch):
-    async def no_sleep(_):
-        return None
-
-    monkeypatch.setattr("rewardplane.serve.client.asyncio.sleep", no_sleep)
-    seen: list[httpx.Request] = []
-    responses = [httpx.ReadError("reset"), httpx.Response(200, json=OK)]
-
-    async def run():
-        async with AsyncRewardClient(
-            "http://svc", transport=httpx.MockTransport(scripted(responses, seen))
-        ) as c:
-            return await c.score([ScoreItem("a", "p", "r", image=b"\x89PNG")], ["s"])
-
-    assert asyncio.run(run())[0].id == "a"
-    body = json.loads(seen[0].content)
-    assert body["items"][0]["image"] == {"b64": "iVBORw=="}
-
-
 @pytest.mark.parametrize(
     ("results", "found"),
     [
@@ -112,6 +93,25 @@ def test_a_200_that_does_not_answer_the_request_raises_and_never_becomes_a_score
     ):
         c.score([{"id": "a", "response": "x"}], ["s"], allow_partial=True)
     assert exc.value.code == "invalid_response" and found in exc.value.message
+
+
+def test_async_client_retries(monkeypatch):
+    async def no_sleep(_):
+        return None
+
+    monkeypatch.setattr("rewardplane.serve.client.asyncio.sleep", no_sleep)
+    seen: list[httpx.Request] = []
+    responses = [httpx.ReadError("reset"), httpx.Response(200, json=OK)]
+
+    async def run():
+        async with AsyncRewardClient(
+            "http://svc", transport=httpx.MockTransport(scripted(responses, seen))
+        ) as c:
+            return await c.score([ScoreItem("a", "p", "r", image=b"\x89PNG")], ["s"])
+
+    assert asyncio.run(run())[0].id == "a"
+    body = json.loads(seen[0].content)
+    assert body["items"][0]["image"] == {"b64": "iVBORw=="}
 
 
 @pytest.fixture(scope="module")

@@ -43,9 +43,6 @@ from rewardplane.serve.protocol import (
     lifecycle_route,
 )
 
-Items = Iterable[ScoreItem | Mapping[str, Any]]
-"""What `score` takes: `ScoreItem`s, or wire items as mappings (raw image bytes allowed)."""
-Pins = Mapping[str, str] | None
 RETRY_STATUS = (429, 503)
 RETRY_EXCEPTIONS = (
     httpx.ConnectError,
@@ -86,52 +83,42 @@ class ScoreError(RewardplaneError):
         self.results = results
 
 
-def score_request_kwargs(items: Items, scorers: list[str], pin: Pins, multipart: bool) -> dict[str, Any]:
+def score_request_kwargs(
+    items: Iterable[ScoreItem | Mapping[str, Any]],
+    scorers: list[str],
+    pin: Mapping[str, str] | None,
+    multipart: bool,
+) -> dict[str, Any]:
     """httpx keyword arguments for one POST /v1/score (the body from `protocol.encode_score_request`)."""
-    return _score_request(items, scorers, pin, multipart)[0]
-
-
-def _score_request(
-    items: Items, scorers: Sequence[str], pin: Pins, multipart: bool
-) -> tuple[dict[str, Any], list[str]]:
-    """(httpx keyword arguments, the ids sent, in order: what the answer must hold)."""
     payload, parts = encode_score_request(items, scorers, pin, multipart=multipart)
-    ids = [str(entry.get("id")) for entry in payload["items"]]
     if not multipart:
-        return {"content": json.dumps(payload), "headers": {"content-type": "application/json"}}, ids
+        return {"content": json.dumps(payload), "headers": {"content-type": "application/json"}}
     files = [(name, (name, data, "application/octet-stream")) for name, data in parts.items()]
-    return {"files": [(MULTIPART_REQUEST_PART, (None, json.dumps(payload), "application/json")), *files]}, ids
+    return {"files": [(MULTIPART_REQUEST_PART, (None, json.dumps(payload), "application/json")), *files]}
 
 
-def _raise_unless_ok(response: httpx.Response) -> None:
-    """`ServiceError` with the body's code for anything but a 200."""
-    if response.status_code == 200:
-        return
-    try:
-        body = response.json()
-        code, message = str(body.get("code", HTTP_ERROR_CODE)), str(body.get("message", ""))
-    except (ValueError, AttributeError):
-        code, message = HTTP_ERROR_CODE, response.text[:200]
-    raise ServiceError(response.status_code, code, message)
-
-
-def _results(response: httpx.Response, ids: Sequence[str], scorers: Sequence[str]) -> list[ItemScores]:
-    """The decoded answer (`protocol.decode_score_response`): every id back once, in order,
-    every score a finite number, or `ServiceError` with code `invalid_response`."""
-    _raise_unless_ok(response)
+def _parse(
+    response: httpx.Response,
+    allow_partial: bool,
+    ids: Sequence[str] | None = None,
+    scorers: Sequence[str] | None = None,
+) -> list[ItemScores]:
+    """The answer to a request for `ids` × `scorers`, decoded by `protocol.decode_score_response`
+    (the load generator's decoder): every id back once, in order, every score a finite number,
+    or `ServiceError` (`invalid_response` for a 200 that is not that answer)."""
+    if response.status_code != 200:
+        try:
+            body = response.json()
+            code, message = str(body.get("code", HTTP_ERROR_CODE)), str(body.get("message", ""))
+        except (ValueError, AttributeError):
+            code, message = HTTP_ERROR_CODE, response.text[:200]
+        raise ServiceError(response.status_code, code, message)
     decoded = decode_score_response(response.content, ids, scorers)
     if decoded.problems:
         found = "; ".join(RESPONSE_PROBLEMS[p] for p in decoded.problems)
         raise ServiceError(200, INVALID_RESPONSE_CODE, f"the answer is not what was asked: {found}")
-    return decoded.results
-
-
-def _failures(result: ItemScores) -> list[ItemFailure]:
-    return [ItemFailure(result.id, s, e["code"], e["message"]) for s, e in result.errors.items()]
-
-
-def _checked(results: list[ItemScores], allow_partial: bool) -> list[ItemScores]:
-    failures = [f for r in results for f in _failures(r)]
+    results = decoded.results
+    failures = [ItemFailure(r.id, s, e["code"], e["message"]) for r in results for s, e in r.errors.items()]
     if failures and not allow_partial:
         raise ScoreError(failures, results)
     return results
@@ -148,23 +135,43 @@ def _lifecycle_body(scorers: Sequence[str] | None, timeout_s: float | None) -> d
 
 
 def _json(response: httpx.Response) -> dict[str, Any]:
-    _raise_unless_ok(response)
+    if response.status_code != 200:
+        _parse(response, True)  # raises ServiceError with the body's code
     return response.json()
 
 
-@dataclass(frozen=True)
-class Retry:
-    """When a request is sent again: on 429, 503 and connection failures, at most
-    `max_retries` times, after the server's `Retry-After` when it sends one, else after an
-    exponential backoff with ±50% jitter."""
+class _Base:
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout: float = 120.0,
+        token: str | None = None,
+        max_retries: int = 6,
+        backoff_s: float = 0.25,
+        max_backoff_s: float = 30.0,
+        allow_partial: bool = False,
+        multipart: bool = False,
+    ) -> None:
+        self.url = url.rstrip("/")
+        token = token or os.environ.get("REWARDPLANE_TOKEN")
+        self.headers = {"authorization": f"Bearer {token}"} if token else {}
+        self.timeout = timeout
+        self.max_retries = max_retries
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.allow_partial = allow_partial
+        self.multipart = multipart
 
-    max_retries: int = 6
-    backoff_s: float = 0.25
-    max_backoff_s: float = 30.0
+    def _prepare(self, items, scorers: list[str], pin: Mapping[str, str] | None) -> dict[str, Any]:
+        """The POST's arguments, with one idempotency key for this request and all its retries."""
+        kwargs = score_request_kwargs(items, scorers, pin, self.multipart)
+        kwargs["headers"] = {**kwargs.get("headers", {}), IDEMPOTENCY_KEY_HEADER: uuid.uuid4().hex}
+        return kwargs
 
-    def delay(self, attempt: int, response: httpx.Response | None) -> float | None:
+    def _retry_delay(self, attempt: int, response: httpx.Response | None) -> float | None:
         """Seconds to wait before retrying, or None when `response` is final. `None` response:
-        a connection error."""
+        a connection error. `Retry-After` wins over exponential backoff with ±50% jitter."""
         if response is not None and (response.status_code not in RETRY_STATUS or attempt >= self.max_retries):
             return None
         if response is not None and (retry_after := response.headers.get("retry-after")):
@@ -173,49 +180,6 @@ class Retry:
             except ValueError:
                 pass
         return min(self.max_backoff_s, self.backoff_s * 2**attempt) * (0.5 + random.random() / 2)
-
-    @contextlib.contextmanager
-    def connection_errors(self, attempt: int) -> Iterator[None]:
-        """Swallows a connection failure that is retried; the last one raises."""
-        try:
-            yield
-        except RETRY_EXCEPTIONS:
-            if attempt >= self.max_retries:
-                raise
-
-
-class _Base:
-    """What both clients share: the URL, the token, the retry policy and the request bodies."""
-
-    def __init__(
-        self,
-        url: str,
-        *,
-        timeout: float = 120.0,
-        token: str | None = None,
-        allow_partial: bool = False,
-        multipart: bool = False,
-        **retry: Any,
-    ) -> None:
-        """`retry`: `Retry`'s settings (`max_retries`, `backoff_s`, `max_backoff_s`)."""
-        self.url = url.rstrip("/")
-        token = token or os.environ.get("REWARDPLANE_TOKEN")
-        self.headers = {"authorization": f"Bearer {token}"} if token else {}
-        self.timeout = timeout
-        self.retry = Retry(**retry)
-        self.allow_partial, self.multipart = allow_partial, multipart
-
-    def _prepare(
-        self, items, scorers: Sequence[str], pin: Mapping[str, str] | None
-    ) -> tuple[dict, list[str]]:
-        """The POST's arguments, with one idempotency key for this request and all its retries,
-        and the ids sent."""
-        kwargs, ids = _score_request(items, scorers, pin, self.multipart)
-        kwargs["headers"] = {**kwargs.get("headers", {}), IDEMPOTENCY_KEY_HEADER: uuid.uuid4().hex}
-        return kwargs, ids
-
-    def _partial(self, allow_partial: bool | None) -> bool:
-        return self.allow_partial if allow_partial is None else allow_partial
 
 
 class RewardClient(_Base):
@@ -236,33 +200,49 @@ class RewardClient(_Base):
     def close(self) -> None:
         self._http.close()
 
-    def _post(self, path: str, **kwargs: Any) -> httpx.Response:
-        """POST, sent again as `self.retry` says; the final response."""
-        for attempt in itertools.count():
-            response = None
-            with self.retry.connection_errors(attempt):
-                response = self._http.post(path, **kwargs)
-            if (delay := self.retry.delay(attempt, response)) is None:
-                return response
-            time.sleep(delay)
-
     def scorers(self) -> list[dict[str, Any]]:
-        return _json(self._http.get(SCORERS_ROUTE))["scorers"]
+        response = self._http.get(SCORERS_ROUTE)
+        if response.status_code != 200:
+            _parse(response, True)
+        return response.json()["scorers"]
 
     def score(
-        self, items: Items, scorers: list[str], *, pin: Pins = None, allow_partial: bool | None = None
+        self,
+        items: Iterable[ScoreItem | Mapping[str, Any]],
+        scorers: list[str],
+        *,
+        pin: Mapping[str, str] | None = None,
+        allow_partial: bool | None = None,
     ) -> list[ItemScores]:
-        """Scores of `items` by `scorers` (`pin`: scorer → identity it must have), in order;
-        `ScoreError` if an item failed, unless `allow_partial` (default: the client's)."""
-        kwargs, ids = self._prepare(items, scorers, pin)
-        response = self._post(SCORE_ROUTE, **kwargs)
-        return _checked(_results(response, ids, scorers), self._partial(allow_partial))
+        items = list(items)
+        ids = [_item_id(item, n) for n, item in enumerate(items)]
+        kwargs = self._prepare(items, scorers, pin)
+        for attempt in itertools.count():
+            response = None
+            try:
+                response = self._http.post(SCORE_ROUTE, **kwargs)
+            except RETRY_EXCEPTIONS:
+                if attempt >= self.max_retries:
+                    raise
+            if (delay := self._retry_delay(attempt, response)) is None:
+                partial = self.allow_partial if allow_partial is None else allow_partial
+                return _parse(response, partial, ids, scorers)
+            time.sleep(delay)
 
     # --- lifecycle: share the GPU with a trainer over time (docs/lifecycle.md)
 
     def _lifecycle(self, action: str, scorers: Sequence[str] | None, timeout_s: float | None) -> dict:
-        # 503s (onload_failed, drain_timeout) retry like scores
-        return _json(self._post(lifecycle_route(action), json=_lifecycle_body(scorers, timeout_s)))["results"]
+        kwargs = {"json": _lifecycle_body(scorers, timeout_s)}
+        for attempt in itertools.count():  # 503s (onload_failed, drain_timeout) retry like scores
+            response = None
+            try:
+                response = self._http.post(lifecycle_route(action), **kwargs)
+            except RETRY_EXCEPTIONS:
+                if attempt >= self.max_retries:
+                    raise
+            if (delay := self._retry_delay(attempt, response)) is None:
+                return _json(response)["results"]
+            time.sleep(delay)
 
     def offload(self, scorers: Sequence[str] | None = None, *, timeout_s: float | None = None) -> dict:
         """Drain, then move the scorers' weights (None: every scorer) to host memory and free the
@@ -328,16 +308,6 @@ class AsyncRewardClient(_Base):
         await self._stream.aclose()  # what was submitted is still sent
         await self._http.aclose()
 
-    async def _post(self, path: str, **kwargs: Any) -> httpx.Response:
-        """As `RewardClient._post`, without blocking the event loop."""
-        for attempt in itertools.count():
-            response = None
-            with self.retry.connection_errors(attempt):
-                response = await self._http.post(path, **kwargs)
-            if (delay := self.retry.delay(attempt, response)) is None:
-                return response
-            await asyncio.sleep(delay)
-
     def submit(
         self, item: ScoreItem | Mapping[str, Any], scorers: Sequence[str] | None = None
     ) -> asyncio.Future[ItemScores]:
@@ -361,20 +331,48 @@ class AsyncRewardClient(_Base):
         await self._stream.drain()
 
     async def scorers(self) -> list[dict[str, Any]]:
-        return _json(await self._http.get(SCORERS_ROUTE))["scorers"]
+        response = await self._http.get(SCORERS_ROUTE)
+        if response.status_code != 200:
+            _parse(response, True)
+        return response.json()["scorers"]
 
     async def score(
-        self, items: Items, scorers: list[str], *, pin: Pins = None, allow_partial: bool | None = None
+        self,
+        items: Iterable[ScoreItem | Mapping[str, Any]],
+        scorers: list[str],
+        *,
+        pin: Mapping[str, str] | None = None,
+        allow_partial: bool | None = None,
     ) -> list[ItemScores]:
-        kwargs, ids = self._prepare(items, scorers, pin)
-        response = await self._post(SCORE_ROUTE, **kwargs)
-        return _checked(_results(response, ids, scorers), self._partial(allow_partial))
+        items = list(items)
+        ids = [_item_id(item, n) for n, item in enumerate(items)]
+        kwargs = self._prepare(items, scorers, pin)
+        for attempt in itertools.count():
+            response = None
+            try:
+                response = await self._http.post(SCORE_ROUTE, **kwargs)
+            except RETRY_EXCEPTIONS:
+                if attempt >= self.max_retries:
+                    raise
+            if (delay := self._retry_delay(attempt, response)) is None:
+                partial = self.allow_partial if allow_partial is None else allow_partial
+                return _parse(response, partial, ids, scorers)
+            await asyncio.sleep(delay)
 
     # --- lifecycle (docs/lifecycle.md): as RewardClient's
 
     async def _lifecycle(self, action: str, scorers: Sequence[str] | None, timeout_s: float | None) -> dict:
-        response = await self._post(lifecycle_route(action), json=_lifecycle_body(scorers, timeout_s))
-        return _json(response)["results"]
+        kwargs = {"json": _lifecycle_body(scorers, timeout_s)}
+        for attempt in itertools.count():
+            response = None
+            try:
+                response = await self._http.post(lifecycle_route(action), **kwargs)
+            except RETRY_EXCEPTIONS:
+                if attempt >= self.max_retries:
+                    raise
+            if (delay := self._retry_delay(attempt, response)) is None:
+                return _json(response)["results"]
+            await asyncio.sleep(delay)
 
     async def offload(self, scorers: Sequence[str] | None = None, *, timeout_s: float | None = None) -> dict:
         return await self._lifecycle("offload", scorers, timeout_s)
@@ -483,9 +481,7 @@ class _Stream:
         client = self.client
         # Submitters choose their ids independently: the wire gets positions, the futures the ids.
         ids = [_item_id(item, n) for n, (item, _) in enumerate(live)]
-        kwargs, wire_ids = client._prepare(
-            [_with_id(item, str(n)) for n, (item, _) in enumerate(live)], scorers, None
-        )
+        kwargs = client._prepare([_with_id(item, str(n)) for n, (item, _) in enumerate(live)], scorers, None)
         try:
             for attempt in itertools.count():
                 if (wait := self.paused_until - time.monotonic()) > 0:
@@ -493,29 +489,32 @@ class _Stream:
                 await self._slot()
                 response, ok = None, None
                 try:
-                    with client.retry.connection_errors(attempt):
-                        response = await client._http.post(SCORE_ROUTE, **kwargs)
-                        ok = response.status_code != 429
+                    response = await client._http.post(SCORE_ROUTE, **kwargs)
+                    ok = response.status_code != 429
+                except RETRY_EXCEPTIONS:
+                    if attempt >= client.max_retries:
+                        raise
                 finally:
                     await self._release(ok)
-                delay = client.retry.delay(attempt, response)
+                delay = client._retry_delay(attempt, response)
                 if delay is None:
                     break
                 if response is not None and response.status_code == 429:
                     self.paused_until = max(self.paused_until, time.monotonic() + delay)
                 else:
                     await asyncio.sleep(delay)
-            results = _results(response, wire_ids, scorers)
+            results = _parse(response, True, [str(n) for n in range(len(live))], scorers)
         except Exception as exc:  # the whole request failed: every item of it
             for _, fut in live:
                 if not fut.done():
                     fut.set_exception(exc)
             return
         for (_, fut), item_id, wire in zip(live, ids, results, strict=True):
-            result = dataclasses.replace(wire, id=item_id)
+            result = ItemScores(item_id, wire.scores, wire.errors, wire.details)
             if fut.done():
                 continue
-            if (failures := _failures(result)) and not client.allow_partial:
+            failures = [ItemFailure(result.id, s, e["code"], e["message"]) for s, e in result.errors.items()]
+            if failures and not client.allow_partial:
                 fut.set_exception(ScoreError(failures, [result]))
             else:
                 fut.set_result(result)
