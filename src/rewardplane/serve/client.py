@@ -14,13 +14,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import itertools
 import json
 import os
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +43,11 @@ from rewardplane.serve.protocol import (
     encode_score_request,
     lifecycle_route,
 )
+
+Items = Iterable[ScoreItem | Mapping[str, Any]]
+"""What `score` takes: `ScoreItem`s, or wire items as mappings (raw image bytes allowed)."""
+Pins = Mapping[str, str] | None
+"""Scorer name → the identity it must have (409 `identity_mismatch` otherwise)."""
 
 RETRY_STATUS = (429, 503)
 RETRY_EXCEPTIONS = (
@@ -169,6 +175,17 @@ class _Base:
         kwargs["headers"] = {**kwargs.get("headers", {}), IDEMPOTENCY_KEY_HEADER: uuid.uuid4().hex}
         return kwargs
 
+    def _score_call(
+        self, items: Items, scorers: list[str], pin: Pins, allow_partial: bool | None
+    ) -> tuple[dict[str, Any], Callable[[httpx.Response], list[ItemScores]]]:
+        """(the POST's arguments, how to read its answer): the answer must hold the ids sent."""
+        items = list(items)
+        ids = [_item_id(item, n) for n, item in enumerate(items)]
+        partial = self.allow_partial if allow_partial is None else allow_partial
+        return self._prepare(items, scorers, pin), functools.partial(
+            _parse, allow_partial=partial, ids=ids, scorers=scorers
+        )
+
     def _retry_delay(self, attempt: int, response: httpx.Response | None) -> float | None:
         """Seconds to wait before retrying, or None when `response` is final. `None` response:
         a connection error. `Retry-After` wins over exponential backoff with ±50% jitter."""
@@ -207,16 +224,9 @@ class RewardClient(_Base):
         return response.json()["scorers"]
 
     def score(
-        self,
-        items: Iterable[ScoreItem | Mapping[str, Any]],
-        scorers: list[str],
-        *,
-        pin: Mapping[str, str] | None = None,
-        allow_partial: bool | None = None,
+        self, items: Items, scorers: list[str], *, pin: Pins = None, allow_partial: bool | None = None
     ) -> list[ItemScores]:
-        items = list(items)
-        ids = [_item_id(item, n) for n, item in enumerate(items)]
-        kwargs = self._prepare(items, scorers, pin)
+        kwargs, finish = self._score_call(items, scorers, pin, allow_partial)
         for attempt in itertools.count():
             response = None
             try:
@@ -225,8 +235,7 @@ class RewardClient(_Base):
                 if attempt >= self.max_retries:
                     raise
             if (delay := self._retry_delay(attempt, response)) is None:
-                partial = self.allow_partial if allow_partial is None else allow_partial
-                return _parse(response, partial, ids, scorers)
+                return finish(response)
             time.sleep(delay)
 
     # --- lifecycle: share the GPU with a trainer over time (docs/lifecycle.md)
@@ -337,16 +346,9 @@ class AsyncRewardClient(_Base):
         return response.json()["scorers"]
 
     async def score(
-        self,
-        items: Iterable[ScoreItem | Mapping[str, Any]],
-        scorers: list[str],
-        *,
-        pin: Mapping[str, str] | None = None,
-        allow_partial: bool | None = None,
+        self, items: Items, scorers: list[str], *, pin: Pins = None, allow_partial: bool | None = None
     ) -> list[ItemScores]:
-        items = list(items)
-        ids = [_item_id(item, n) for n, item in enumerate(items)]
-        kwargs = self._prepare(items, scorers, pin)
+        kwargs, finish = self._score_call(items, scorers, pin, allow_partial)
         for attempt in itertools.count():
             response = None
             try:
@@ -355,8 +357,7 @@ class AsyncRewardClient(_Base):
                 if attempt >= self.max_retries:
                     raise
             if (delay := self._retry_delay(attempt, response)) is None:
-                partial = self.allow_partial if allow_partial is None else allow_partial
-                return _parse(response, partial, ids, scorers)
+                return finish(response)
             await asyncio.sleep(delay)
 
     # --- lifecycle (docs/lifecycle.md): as RewardClient's
