@@ -108,6 +108,11 @@ def test_an_items_file_reads_as_the_wire_items(tmp_path):
         ('{"id": "a", "response": "r", "image": {"part": "p"}}', ":1: image.part 'p' not in body"),
         ('{"id": "a", "response": "r", "group_id": 3}', ":1: group_id: Input should be a valid string"),
         ('["a"]', ":1: expected a JSON object"),
+        ("not json", ":1: line is not valid JSON"),
+        ('{"id": ""}', ":1: id: String should have at least 1 character"),
+        ('{"id": "a", "prompt": 3}', ":1: prompt."),
+        ('{"id": "a", "label": 1}', ":1: label: Extra inputs are not permitted"),
+        ('{"id": "a", "image_b64": "%%%"}', ":1: image.b64 is not valid base64"),
         ("", ": no items"),
     ],
 )
