@@ -62,7 +62,7 @@ def make_items(n: int, with_image: bool) -> list[Any]:
     import numpy as np
     from PIL import Image
 
-    from rewardplane.serve.scorers.base import ScoreItem
+    from rewardplane.serve.protocol import ScoreItem
 
     rng = np.random.default_rng(0)
     items = []

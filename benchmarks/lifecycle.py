@@ -158,7 +158,7 @@ class LlmCase:
 
 
 class ClipCase:
-    """The `clip` scorer itself (its weights through serve.lifecycle's ModelWeights, so CUDA
+    """The `clip` scorer itself (its weights through serve.weights' ModelWeights, so CUDA
     graphs are dropped and re-captured exactly as the service does); ready = one scored batch."""
 
     def __init__(self, name: str, dtype: str, device: str, batch: int) -> None:
@@ -166,9 +166,9 @@ class ClipCase:
 
         from PIL import Image
 
-        from rewardplane.serve.lifecycle import ModelWeights
-        from rewardplane.serve.scorers.base import ScoreItem
+        from rewardplane.serve.protocol import ScoreItem
         from rewardplane.serve.scorers.clip import ClipScorer
+        from rewardplane.serve.weights import ModelWeights
 
         shape, _, variant = name.partition("+")
         options = {"cuda_graphs": True, "decode": "host"} if variant == "graphs" else {"decode": "host"}

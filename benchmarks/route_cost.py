@@ -114,7 +114,7 @@ class InstantBackend:
     """A backend that answers 1.0 per item at once: what is left is the route's own cost."""
 
     def __init__(self) -> None:
-        from rewardplane.serve.scorers.base import ScorerInfo
+        from rewardplane.serve.protocol import ScorerInfo
 
         self.info = ScorerInfo("rm", "instant", "text", "none", "cpu", "0", "instant-0", 1024, 0.0)
 

@@ -301,8 +301,7 @@ def encode_request(items: list[dict], scorer: str, transport: str) -> tuple[byte
 
 async def run_cells(args, url: str, backend, images: list[bytes]) -> list[dict]:
     from rewardplane.bench.loadgen import CallResult, timed_closed_loop
-    from rewardplane.serve.protocol import SCORE_ROUTE
-    from rewardplane.serve.scorers.base import ScoreItem
+    from rewardplane.serve.protocol import SCORE_ROUTE, ScoreItem
 
     cells = []
     async with HttpLoad(url, max(args.concurrency) + 4) as load:

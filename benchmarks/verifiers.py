@@ -223,7 +223,7 @@ def bench_math_pool(data: list[tuple[str, str]], workers: int, clients: int, bat
     """The worker pool alone, as the batcher drives it (several batches at once), no HTTP."""
     import resource
 
-    from rewardplane.serve.scorers.base import ScoreItem
+    from rewardplane.serve.protocol import ScoreItem
     from rewardplane.serve.scorers.math import MathScorer
 
     scorer = MathScorer("math", options={"workers": workers, "spares": 1, "timeout_s": 5.0})
@@ -542,7 +542,7 @@ def bench_judge_engine(args: argparse.Namespace) -> dict:
     import torch
 
     from rewardplane.bench.server import running_server
-    from rewardplane.serve.scorers.base import ScoreItem
+    from rewardplane.serve.protocol import ScoreItem
     from rewardplane.serve.scorers.judge import JudgeScorer, Unparseable
 
     smoke = args.smoke

@@ -107,6 +107,38 @@ def layering_violations(graph: dict[str, dict[str, int]]) -> list[str]:
     return found
 
 
+def within(module: str, prefixes: tuple[str, ...]) -> bool:
+    """`module` is one of `prefixes` or inside one of them (a package prefix)."""
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+SCORERS = ("rewardplane.serve.scorers",)
+SPEAKERS = ("rewardplane.bench", "rewardplane.serve.client")
+"""Speakers of the wire: they say what the protocol says and import no scorer module."""
+PROTOCOL = ("rewardplane.serve.protocol",)
+PROTOCOL_MAY_IMPORT = ("rewardplane.core", "rewardplane.data", *PROTOCOL)
+"""The protocol is the bottom of serve: it imports no scorer, route, backend or app."""
+
+
+def scorer_imports(graph: dict[str, dict[str, int]]) -> list[str]:
+    """Imports that break "bench and the client import no scorer module" or "the protocol
+    imports nothing of serve but itself"."""
+    found = []
+    for module, edges in sorted(graph.items()):
+        for target, line in sorted(edges.items()):
+            if within(module, SPEAKERS) and within(target, SCORERS):
+                found.append(f"{module}:{line} imports {target} (a speaker of the wire imports no scorer)")
+            elif within(module, PROTOCOL) and not within(target, PROTOCOL_MAY_IMPORT):
+                found.append(
+                    f"{module}:{line} imports {target} (the protocol imports only core, data, itself)"
+                )
+    return found
+
+
+def test_bench_and_the_client_import_no_scorer_module_and_the_protocol_nothing_above_it():
+    assert scorer_imports(import_graph(PACKAGE)) == []
+
+
 def test_no_import_cycles():
     cycle = find_cycle(import_graph(PACKAGE))
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
@@ -134,6 +166,23 @@ def test_the_checks_catch_a_cycle_and_an_upward_import(tmp_path):
     )
     assert layering_violations(graph) == [
         "rewardplane.core.c:1 imports rewardplane.serve.app (core may not import the higher layer serve)"
+    ]
+
+
+def test_the_scorer_rule_catches_a_speaker_or_the_protocol_importing_a_scorer(tmp_path):
+    pkg = tmp_path / "rewardplane"
+    for sub in ("bench", "serve", "serve/scorers", "serve/protocol"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "serve" / "scorers" / "base.py").write_text("")
+    (pkg / "serve" / "client.py").write_text("def f():\n    from rewardplane.serve.scorers import base\n")
+    (pkg / "bench" / "loadgen.py").write_text("from rewardplane.serve.protocol import items\n")
+    (pkg / "serve" / "protocol" / "items.py").write_text("from ..scorers.base import Scorer\n")
+    assert scorer_imports(import_graph(pkg)) == [
+        "rewardplane.serve.client:2 imports rewardplane.serve.scorers.base (a speaker of the wire imports no scorer)",
+        "rewardplane.serve.protocol.items:1 imports rewardplane.serve.scorers.base"
+        " (the protocol imports only core, data, itself)",
     ]
 
 

@@ -1,12 +1,14 @@
 import base64
+import dataclasses
 import io
 import json
 
 import pytest
 from PIL import Image
 
-from rewardplane.bench.corpus import IMAGE_SIZES, corpus_digest, generate_corpus, load_inputs
+from rewardplane.bench.corpus import IMAGE_SIZES, corpus_digest, generate_corpus, item_digest, load_inputs
 from rewardplane.core.errors import UsageError
+from rewardplane.serve.protocol import ScoreItem, item_to_wire
 
 
 def test_same_seed_same_bytes_other_seed_differs():
@@ -18,24 +20,29 @@ def test_same_seed_same_bytes_other_seed_differs():
 def test_items_are_distinct_and_varied():
     items = generate_corpus(40, seed=0)
     assert len({i.id for i in items}) == 40
-    assert len({i.content_digest() for i in items}) == 40
+    assert len({item_digest(i) for i in items}) == 40
     assert len({i.prompt for i in items}) > 20
-    assert {i.image_format for i in items} == {"jpeg", "png"}
-    assert len({i.image_size for i in items}) >= 3
-    for item in items:
-        decoded = Image.open(io.BytesIO(item.image))
-        assert decoded.format == item.image_format.upper()
-        assert decoded.size == item.image_size
-        assert decoded.size in IMAGE_SIZES
+    decoded = [Image.open(io.BytesIO(item.image)) for item in items]
+    assert {d.format for d in decoded} == {"JPEG", "PNG"}
+    assert len({d.size for d in decoded}) >= 3
+    assert {d.size for d in decoded} <= set(IMAGE_SIZES)
 
 
-def test_payload_is_the_wire_format():
+def test_items_are_the_protocols_own_and_encode_as_the_wire_item():
     item = generate_corpus(1, seed=0)[0]
-    payload = json.loads(json.dumps(item.payload()))
+    assert isinstance(item, ScoreItem)
+    payload = json.loads(json.dumps(item_to_wire(item)))
     assert set(payload) == {"id", "prompt", "response", "image"}
     assert base64.b64decode(payload["image"]["b64"]) == item.image
     text_only = generate_corpus(1, seed=0, images=False)[0]
-    assert text_only.payload()["image"] is None
+    assert "image" not in item_to_wire(text_only)
+
+
+def test_a_field_beyond_prompt_response_and_image_changes_the_digest_only_when_set():
+    item = generate_corpus(1, seed=0)[0]
+    with_reference = dataclasses.replace(item, reference="4")
+    assert item_digest(dataclasses.replace(item, id="other")) == item_digest(item)
+    assert item_digest(with_reference) != item_digest(item)
 
 
 def test_load_inputs(tmp_path):
@@ -54,22 +61,9 @@ def test_load_inputs(tmp_path):
     assert items[0].image == b"\x89PNG fake" and items[1].image == b"jpg" and items[2].image is None
 
 
-@pytest.mark.parametrize(
-    ("content", "message"),
-    [
-        (
-            '{"id": "a", "prompt": "p", "response": "r"}\n{"id": "a", "prompt": "p", "response": "r"}',
-            "duplicate id",
-        ),
-        ("not json", "invalid JSON"),
-        ('{"id": "", "prompt": "p", "response": "r"}', "'id'"),
-        ('{"id": "a", "prompt": 3, "response": "r"}', "strings"),
-        ('{"id": "a", "prompt": "p", "response": "r", "image_b64": "%%%"}', "base64"),
-        ("", "no items"),
-    ],
-)
-def test_load_inputs_rejects(tmp_path, content, message):
+def test_load_inputs_refuses_a_line_the_service_would_refuse(tmp_path):
+    """`bench --inputs` reads with the protocol's reader; its cases are in tests/serve/test_protocol.py."""
     path = tmp_path / "in.jsonl"
-    path.write_text(content)
-    with pytest.raises(UsageError, match=message):
+    path.write_text('{"id": "a", "prompt": "p", "response": "r", "label": 1}\n')
+    with pytest.raises(UsageError, match=r"in.jsonl:1: label: Extra inputs are not permitted"):
         load_inputs(path)

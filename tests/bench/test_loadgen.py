@@ -9,6 +9,7 @@ from rewardplane.bench.loadgen import CallResult, LoadGenerator, timed_closed_lo
 from rewardplane.bench.sweep import SCHEMA_VERSION, BenchConfig, Sweep, load_schema, run_bench
 from rewardplane.bench.windows import WindowPolicy
 from rewardplane.core.errors import UsageError
+from rewardplane.serve.protocol import item_to_wire
 from support.bench_fake_server import fake_score, make_app, serve_in_thread
 
 CORPUS = generate_corpus(12, seed=5)
@@ -53,7 +54,7 @@ def test_closed_loop_run_is_valid_and_captures_every_score():
     assert set(run["scores"]) == set(by_id)
     for item_id, scores in run["scores"].items():
         for scorer in ("a", "b"):
-            assert scores[scorer] == pytest.approx(fake_score(scorer, by_id[item_id].payload()))
+            assert scores[scorer] == pytest.approx(fake_score(scorer, item_to_wire(by_id[item_id])))
     assert run["score_spread"] == {"a": 0.0, "b": 0.0}
     assert "token" not in run["config"]
 

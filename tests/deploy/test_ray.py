@@ -14,7 +14,7 @@ pytest.importorskip("ray.serve")
 from rewardplane.deploy.config import DeviceProbe, parse_deploy_config
 from rewardplane.deploy.ray_backend import RayBackend
 from rewardplane.serve.metrics import ServeMetrics
-from rewardplane.serve.scorers.base import ItemError, ScoreItem
+from rewardplane.serve.protocol import ItemError, ScoreItem
 from rewardplane.serve.timing import RequestTiming, current_timing
 
 CPU = DeviceProbe(cuda_available=False, gpu_count=0, control_binary=None)

@@ -28,7 +28,7 @@ from rewardplane.deploy.transport import (
 from rewardplane.deploy.worker import RelayMetrics, WorkerServer
 from rewardplane.serve.backend import InProcessBackend
 from rewardplane.serve.metrics import BatchStats
-from rewardplane.serve.scorers.base import DetailedScore, ItemError, ScoreItem
+from rewardplane.serve.protocol import DetailedScore, ItemError, ScoreItem
 from support.serve import RecordingScorer, make_config
 
 RICH = ScoreItem(

@@ -174,10 +174,30 @@ def test_legacy_checkpoint_with_only_model_sha256_is_checked(checkpoints, tmp_pa
         load_reward_model(dst)
 
 
-def test_hf_dir_without_recorded_digests_loads_as_before(tmp_path):
-    _save_seqcls(tmp_path / "hf")
+def test_hf_dir_without_recorded_digests_loads_as_before(tmp_path, monkeypatch):
+    """An HF dir records no digests, so nothing is verified and the file is loaded as it is: the
+    scores are a plain transformers forward of the changed weights, not the saved model's, and
+    the metadata names the digest of the file that was read."""
+    from rewardplane.core.hashing import sha256_file
+    from rewardplane.models import loading
+
+    original, tok = _save_seqcls(tmp_path / "hf")
     _corrupt(tmp_path / "hf" / "model.safetensors", "flip")  # nothing recorded, nothing to check
-    load_reward_model(tmp_path / "hf")
+    verified = []
+    monkeypatch.setattr(loading, "verify_files", lambda *a, **k: verified.append(a))
+    model, _tok, meta = load_reward_model(tmp_path / "hf")
+    assert verified == [] and meta["model_sha256"] == sha256_file(tmp_path / "hf" / "model.safetensors")
+    plain = AutoModelForSequenceClassification.from_pretrained(tmp_path / "hf", local_files_only=True).eval()
+    pairs = random_pairs(5, seed=3)
+    chosen, rejected = score_pairs(model, pairs, batch_size=2, layout="packed", pad_token_id=tok.pad_token_id)
+    changed = 0
+    with torch.no_grad():
+        for i, pair in enumerate(pairs):
+            for branch, score in ((pair.chosen, chosen[i]), (pair.rejected, rejected[i])):
+                ids = torch.tensor([branch.input_ids])
+                assert score == pytest.approx(plain(input_ids=ids).logits[0, 0].item(), abs=1e-5)
+                changed += abs(score - original(input_ids=ids).logits[0, 0].item()) > 1e-3
+    assert changed == 2 * len(pairs)  # the flipped bytes are weights every forward uses
 
 
 def test_checkpoint_dir_loads_in_transformers_with_the_trained_head(checkpoints):

@@ -256,12 +256,13 @@ def test_a_packed_forward_never_asks_transformers_to_find_packed_sequences(monke
 
     monkeypatch.setattr(masking, "find_packed_sequence_indices", refuse)
     seqs = corpus()
+    plain = plain_scores(seqcls("qwen2", "sdpa"), seqs)  # each sequence alone, no padding
     model = seqcls("qwen2", "rk_varlen")
     with torch.no_grad():
         for share in (False, True):
-            packed_scores(
-                model.base_model, model.score, plan_packed(seqs, share_prefixes=share, min_prefix=8)
-            )
+            plan = plan_packed(seqs, share_prefixes=share, min_prefix=8)
+            scores = packed_scores(model.base_model, model.score, plan)
+            torch.testing.assert_close(scores, plain, atol=1e-5, rtol=0)  # the prepared mask is right
 
 
 @pytest.mark.parametrize("shared_lock", [True, False], ids=["one-lock", "no-lock"])

@@ -7,7 +7,8 @@ from typing import Any, ClassVar
 
 from rewardplane.serve.batcher import DynamicBatcher
 from rewardplane.serve.metrics import ServeMetrics
-from rewardplane.serve.scorers.base import ItemError, ScoreItem, Scorer, ScorerInfo
+from rewardplane.serve.protocol import ItemError, ScoreItem, ScorerInfo
+from rewardplane.serve.scorers.base import Scorer
 
 
 class LengthScorer(Scorer):

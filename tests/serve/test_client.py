@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from rewardplane.serve.client import AsyncRewardClient, RewardClient, ScoreError, ServiceError
-from rewardplane.serve.scorers.base import ScoreItem
+from rewardplane.serve.protocol import ScoreItem
 from support.serve import LiveServer, make_config
 
 OK = {
@@ -69,6 +69,30 @@ def test_gives_up_after_max_retries_and_does_not_retry_4xx(monkeypatch):
     ):
         c.score([{"id": "a"}], ["s"])
     assert exc.value.code == "unknown_scorer" and len(seen) == 1
+
+
+@pytest.mark.parametrize(
+    ("results", "found"),
+    [
+        ([{"id": "a", "scores": {"s": float("nan")}, "errors": {}}], "NaN"),
+        ([{"id": "a", "scores": {"s": None}, "errors": {}}], "null"),
+        ([{"id": "a", "scores": {"s": True}, "errors": {}}], "true/false"),
+        ([{"id": "a", "scores": {}, "errors": {}}], "neither a score nor an error"),
+        ([{"id": "b", "scores": {"s": 1.0}, "errors": {}}], "not requested"),
+        ([], "absent from results"),
+    ],
+)
+def test_a_200_that_does_not_answer_the_request_raises_and_never_becomes_a_score(results, found):
+    """The client decodes with the load generator's decoder: a body from a proxy or a bug that
+    does not hold a finite number (or an error) for every item and scorer asked is refused."""
+    body = json.dumps({"results": results, "scorers": {}}, allow_nan=True)
+    responses = [httpx.Response(200, content=body, headers={"content-type": "application/json"})]
+    with (
+        RewardClient("http://svc", transport=httpx.MockTransport(scripted(responses, []))) as c,
+        pytest.raises(ServiceError) as exc,
+    ):
+        c.score([{"id": "a", "response": "x"}], ["s"], allow_partial=True)
+    assert exc.value.code == "invalid_response" and found in exc.value.message
 
 
 def test_async_client_retries(monkeypatch):

@@ -25,7 +25,7 @@ def test_loads_yaml_with_defaults(tmp_path, monkeypatch):
     assert cfg.resolved_token() is None
     scorer = build_scorer(cfg.scorers[1])
     assert scorer.score_batch(
-        [__import__("rewardplane.serve.scorers.base", fromlist=["x"]).ScoreItem("a", "", "123")]
+        [__import__("rewardplane.serve.protocol", fromlist=["x"]).ScoreItem("a", "", "123")]
     ) == [1.0]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rewardplane.serve.config import ScorerSpec, build_scorer
-from rewardplane.serve.scorers.base import ItemError, ScoreItem
+from rewardplane.serve.protocol import ItemError, ScoreItem
 from support.serve import jpeg_bytes
 
 

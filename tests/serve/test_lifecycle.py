@@ -609,7 +609,7 @@ def test_gpu_http_clip_graphs_memory_released_and_scores_bit_exact():
 
 def test_many_weights_move_all_or_nothing():
     """A composite's inline models: one onload that fails puts the ones already moved back."""
-    from rewardplane.serve.lifecycle import ManyWeights
+    from rewardplane.serve.weights import ManyWeights
 
     a, b = FakeWeights(100), FakeWeights(20)
     both = ManyWeights([a, b])

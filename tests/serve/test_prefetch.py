@@ -18,7 +18,7 @@ from rewardplane.serve.backend import InProcessBackend
 from rewardplane.serve.config import build_scorer, config_from_dict
 from rewardplane.serve.images import ImageDecoder
 from rewardplane.serve.prefetch import SharedDecoder, share_image_decoding
-from rewardplane.serve.scorers.base import ItemError, ScoreItem
+from rewardplane.serve.protocol import ItemError, ScoreItem
 
 BAD_JPEG = b"\xff\xd8garbage\xff\xd9"
 SERVICE = {

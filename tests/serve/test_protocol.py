@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import random
@@ -11,16 +12,22 @@ from pathlib import Path
 import httpx
 import pytest
 
+from rewardplane.core.errors import UsageError
 from rewardplane.serve.client import RewardClient
 from rewardplane.serve.protocol import (
     DEPTH_CHUNK,
     ITEM_ERROR_CODES,
     MAX_JSON_DEPTH,
     ROUTE_ERROR_CODES,
+    DetailedScore,
     GatewayScoreRequest,
+    ItemError,
     ItemIn,
+    ItemScores,
     RequestErrorCode,
+    ScoreItem,
     ServeError,
+    decode_score_response,
     encode_score_request,
     item_fields,
     item_from_fields,
@@ -30,8 +37,9 @@ from rewardplane.serve.protocol import (
     json_depth_exceeds,
     parse_score_request,
     parse_trainer_body,
+    read_items,
+    score_response,
 )
-from rewardplane.serve.scorers.base import ScoreItem
 from rewardplane.serve.scorers.rules import ExactMatchScorer
 from support.serve import LiveServer, RecordingScorer, make_config, png_bytes
 
@@ -65,6 +73,73 @@ def test_items_round_trip_through_the_json_and_multipart_encodings(multipart):
 def test_transport_fields_are_the_wire_fields():
     assert item_from_fields(item_fields(RICH), None) == RICH
     assert item_to_wire(RICH) == item_fields(RICH)  # no image: the same JSON
+    every_field = {f.name for f in dataclasses.fields(ScoreItem)} - {"image"}
+    assert set(item_fields(RICH)) == every_field  # the codec walks the dataclass: none is left out
+
+
+def test_an_items_file_reads_as_the_wire_items(tmp_path):
+    """`rewardplane score` and `rewardplane bench --inputs` read one wire item per line, images as
+    paths (relative to the file), `image_path`, `image_b64` or the wire's own `{"b64"}`."""
+    png = png_bytes((3, 2))
+    (tmp_path / "imgs").mkdir()
+    (tmp_path / "imgs" / "x.png").write_bytes(png)
+    b64 = base64.b64encode(png).decode()
+    rows = [
+        {**item_to_wire(RICH)},
+        {"id": "p", "prompt": "p", "response": "r", "image": "imgs/x.png"},
+        {"id": "q", "prompt": "p", "response": "r", "image_path": "imgs/x.png"},
+        {"id": "s", "prompt": "p", "response": "r", "image_b64": b64},
+        {"id": "t", "response": "r", "image": {"b64": b64}},
+    ]
+    path = tmp_path / "items.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
+    items = read_items(path)
+    assert items[0] == RICH
+    assert [i.image for i in items[1:]] == [png] * 4 and items[4].prompt == ""
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"id": "a", "response": "r"}\n{"id": "a", "response": "r"}', ":2: duplicate id 'a'"),
+        ('{"id": "a", "response": "r", "metadata": {"x": NaN}}', ":1: NaN is not a JSON value"),
+        ('{"id": "a", "response": "r", "image": "missing.png"}', ":1: image missing.png not found"),
+        ('{"id": "a", "response": "r", "image": {"b64": "%%"}}', ":1: image.b64 is not valid base64"),
+        ('{"id": "a", "response": "r", "image": {"part": "p"}}', ":1: image.part 'p' not in body"),
+        ('{"id": "a", "response": "r", "group_id": 3}', ":1: group_id: Input should be a valid string"),
+        ('["a"]', ":1: expected a JSON object"),
+        ("not json", ":1: line is not valid JSON"),
+        ('{"id": ""}', ":1: id: String should have at least 1 character"),
+        ('{"id": "a", "prompt": 3}', ":1: prompt."),
+        ('{"id": "a", "label": 1}', ":1: label: Extra inputs are not permitted"),
+        ('{"id": "a", "image_b64": "%%%"}', ":1: image.b64 is not valid base64"),
+        ("", ": no items"),
+    ],
+)
+def test_an_items_file_refuses_a_bad_line_naming_it(tmp_path, line, message):
+    path = tmp_path / "items.jsonl"
+    path.write_text(line)
+    with pytest.raises(UsageError) as info:
+        read_items(path)
+    assert str(info.value).startswith(str(path)) and message in str(info.value)
+
+
+def test_a_response_decodes_to_what_was_encoded():
+    """One encoder (the app's) and one decoder (the client's and the load generator's)."""
+    items = [RICH, dataclasses.replace(RICH, id="b")]
+    by_scorer = {
+        "s": [DetailedScore(0.5, {"left_out": ["rm"]}), ItemError("non_finite", "NaN")],
+        "t": [1.0, -2.0],
+    }
+    body = json.dumps(score_response(items, by_scorer, {"s": ("v", "i"), "t": ("v", "j")}))
+    decoded = decode_score_response(body, ["a", "b"], ["s", "t"])
+    assert decoded.problems == ()
+    assert decoded.results == [
+        ItemScores("a", {"s": 0.5, "t": 1.0}, {}, {"s": {"left_out": ["rm"]}}),
+        ItemScores("b", {"t": -2.0}, {"s": {"code": "non_finite", "message": "NaN"}}, {}),
+    ]
+    assert decode_score_response(body, ["b", "a"], ["s", "t"]).problems == ("order_mismatch",)
+    assert decode_score_response(body, ["a", "b"], ["s"]).problems == ("extra_scorer",)
 
 
 def test_pre_encoded_items_join_into_a_valid_request():

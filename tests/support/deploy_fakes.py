@@ -23,7 +23,8 @@ from typing import Any
 from rewardplane.deploy.config import DeviceProbe
 from rewardplane.deploy.supervisor import SupervisorSettings
 from rewardplane.serve.config import register_scorer
-from rewardplane.serve.scorers.base import ScoreItem, Scorer, ScorerInfo
+from rewardplane.serve.protocol import ScoreItem, ScorerInfo
+from rewardplane.serve.scorers.base import Scorer
 from rewardplane.serve.scorers.options import ScorerOptions
 
 FAKE_CONTROL = r"""#!{python}

@@ -5,21 +5,19 @@ would hide batch-composition and precision effects that show up on other images 
 So the built-in corpus draws every item independently (image size, JPEG or PNG, pattern,
 prompt, response) from one seed, and the same seed always gives byte-identical items, which
 is what lets `qualify` compare scores per item id across separately started deployments.
+Items are the protocol's own `ScoreItem`s, so whatever the wire carries, a benchmark can send.
 """
 
 from __future__ import annotations
 
-import base64
 import io
-import json
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from rewardplane.core.errors import UsageError
 from rewardplane.core.hashing import sha256_bytes, sha256_json
+from rewardplane.serve.protocol import ScoreItem, item_fields, read_items
 
 IMAGE_SIZES: tuple[tuple[int, int], ...] = ((64, 64), (128, 96), (160, 160), (224, 224), (320, 240))
 """(width, height) choices: small enough to keep the client cheap, varied enough that the
@@ -43,24 +41,14 @@ _RESPONSE_OPENERS = (
 )  # fmt: skip
 
 
-@dataclass(frozen=True)
-class CorpusItem:
-    """One item of a request. `image` holds encoded bytes; `payload()` is its wire form."""
-
-    id: str
-    prompt: str
-    response: str
-    image: bytes | None = None
-    image_format: str | None = None
-    image_size: tuple[int, int] | None = None
-
-    def payload(self) -> dict[str, Any]:
-        image = None if self.image is None else {"b64": base64.b64encode(self.image).decode("ascii")}
-        return {"id": self.id, "prompt": self.prompt, "response": self.response, "image": image}
-
-    def content_digest(self) -> str:
-        image_digest = None if self.image is None else sha256_bytes(self.image)
-        return sha256_json([self.prompt, self.response, image_digest])
+def item_digest(item: ScoreItem) -> str:
+    """A hash of what an item says (not its id): prompt, response and image, and any other field
+    only when set, so a corpus without them hashes as it always did."""
+    fields = item_fields(item)
+    del fields["id"]
+    image_digest = None if item.image is None else sha256_bytes(item.image)
+    core = [fields.pop("prompt"), fields.pop("response"), image_digest]
+    return sha256_json([*core, fields] if fields else core)
 
 
 def _pattern(rng: np.random.Generator, width: int, height: int) -> np.ndarray:
@@ -112,23 +100,23 @@ def _text(rng: np.random.Generator, index: int) -> tuple[str, str]:
     return prompt, response
 
 
-def generate_corpus(size: int, *, seed: int = 0, images: bool = True) -> list[CorpusItem]:
+def generate_corpus(size: int, *, seed: int = 0, images: bool = True) -> list[ScoreItem]:
     """`size` distinct items, identical for the same (size, seed, images)."""
     if size < 1:
         raise UsageError(f"corpus size must be >= 1, got {size}")
     rng = np.random.default_rng(seed)
-    items: list[CorpusItem] = []
+    items: list[ScoreItem] = []
     seen: set[str] = set()
     while len(items) < size:
         index = len(items)
         prompt, response = _text(rng, index)
-        image = fmt = dims = None
+        image = None
         if images:
             dims = IMAGE_SIZES[int(rng.integers(len(IMAGE_SIZES)))]
             fmt = "jpeg" if rng.random() < 0.5 else "png"
             image = _encode(_pattern(rng, *dims), fmt, int(rng.integers(70, 96)))
-        item = CorpusItem(f"s{seed}-{index:06d}", prompt, response, image, fmt, dims)
-        digest = item.content_digest()
+        item = ScoreItem(f"s{seed}-{index:06d}", prompt, response, image)
+        digest = item_digest(item)
         if digest in seen:  # astronomically rare for images; possible for text-only corpora
             continue
         seen.add(digest)
@@ -136,48 +124,14 @@ def generate_corpus(size: int, *, seed: int = 0, images: bool = True) -> list[Co
     return items
 
 
-def load_inputs(path: str | Path) -> list[CorpusItem]:
-    """Read the user's items from JSON lines: {"id", "prompt", "response", "image"|"image_path"|"image_b64"}.
-
-    Relative image paths resolve against the file's directory. Ids must be unique, because
-    scores are captured and compared per id.
-    """
-    path = Path(path)
-    items: list[CorpusItem] = []
-    ids: set[str] = set()
-    with open(path, encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise UsageError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from None
-            if not isinstance(row, dict):
-                raise UsageError(f"{path}:{lineno}: expected a JSON object")
-            item_id, prompt, response = row.get("id"), row.get("prompt"), row.get("response")
-            if not isinstance(item_id, str) or not item_id:
-                raise UsageError(f"{path}:{lineno}: 'id' must be a non-empty string")
-            if item_id in ids:
-                raise UsageError(f"{path}:{lineno}: duplicate id {item_id!r}")
-            if not isinstance(prompt, str) or not isinstance(response, str):
-                raise UsageError(f"{path}:{lineno}: 'prompt' and 'response' must be strings")
-            image = None
-            image_path = row.get("image_path", row.get("image"))  # `image`: as in `rewardplane score` inputs
-            if image_path is not None:
-                image = (path.parent / str(image_path)).read_bytes()
-            elif row.get("image_b64") is not None:
-                try:
-                    image = base64.b64decode(str(row["image_b64"]), validate=True)
-                except ValueError:
-                    raise UsageError(f"{path}:{lineno}: 'image_b64' is not valid base64") from None
-            ids.add(item_id)
-            items.append(CorpusItem(item_id, prompt, response, image))
-    if not items:
-        raise UsageError(f"{path}: no items")
-    return items
+def load_inputs(path: str | Path) -> list[ScoreItem]:
+    """The user's items: one wire item per JSON line (`rewardplane.serve.protocol.read_items`,
+    the reader `rewardplane score` uses too), images as paths relative to the file
+    (`image` or `image_path`) or base64 (`image_b64`). Ids must be unique, because scores are
+    captured and compared per id."""
+    return read_items(path)
 
 
-def corpus_digest(items: list[CorpusItem]) -> str:
+def corpus_digest(items: list[ScoreItem]) -> str:
     """One hash over ids and contents: two runs are comparable per item only if these match."""
-    return sha256_json([[item.id, item.content_digest()] for item in items])
+    return sha256_json([[item.id, item_digest(item)] for item in items])

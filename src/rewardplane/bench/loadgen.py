@@ -34,7 +34,6 @@ from typing import Any, NamedTuple
 import httpx
 import numpy as np
 
-from rewardplane.bench.corpus import CorpusItem
 from rewardplane.bench.gpu_monitor import ResourceMonitor
 from rewardplane.bench.windows import Window, WindowPolicy, is_stable, make_window
 from rewardplane.core.errors import UsageError
@@ -42,31 +41,22 @@ from rewardplane.serve.protocol import (
     INFERENCE_TIME_HEADER,
     METRICS_ROUTE,
     QUEUE_TIME_HEADER,
+    RESPONSE_PROBLEMS,
     SCORE_ROUTE,
     TOTAL_TIME_HEADER,
+    ScoreItem,
+    decode_score_response,
     header_ms,
     item_to_wire,
     join_score_request,
 )
-from rewardplane.serve.scorers.base import ScoreItem
 
 REASONS = {
     "timeout": "the request did not complete within --timeout-s",
     "transport": "connection refused/reset or another transport error",
     "http_<status>": "a non-200 response (e.g. http_503)",
-    "invalid_json": "the body is not JSON",
-    "invalid_body": "the JSON does not have the documented shape",
-    "missing_id": "a requested item id is absent from results",
-    "extra_id": "results contain an id that was not requested",
-    "duplicate_id": "an id appears more than once in results",
-    "order_mismatch": "all ids present, but not in request order",
-    "missing_scorer": "a requested scorer has neither a score nor an error for an item",
-    "extra_scorer": "an item has a score from a scorer that was not requested",
+    **RESPONSE_PROBLEMS,
     "scorer_error": "the service reported a per-item error (counted by code in item_errors)",
-    "score_none": "a score is null",
-    "score_bool": "a score is true/false (JSON booleans are not rewards)",
-    "score_non_numeric": "a score is a string, list or object",
-    "score_non_finite": "a score is NaN or +-Infinity",
 }
 MAX_LATENCY_SAMPLES = 5000
 _RETRY_PAUSE_S = 0.1
@@ -107,86 +97,35 @@ class ScoreBook:
             self.spread.setdefault(scorer, 0.0)
 
 
-def _score_reason(value: Any) -> str | None:
-    if value is None:
-        return "score_none"
-    if isinstance(value, bool):
-        return "score_bool"
-    if not isinstance(value, int | float):
-        return "score_non_numeric"
-    if not math.isfinite(value):
-        return "score_non_finite"
-    return None
-
-
 def validate_response(
     status: int, body: bytes, ids: Sequence[str], scorers: Sequence[str]
 ) -> tuple[list[str], dict[str, dict[str, float]], Counter[str]]:
-    """(failure reasons, valid scores by id and scorer, per-item error codes) of one response."""
+    """(failure reasons, valid scores by id and scorer, per-item error codes) of one response,
+    decoded as the client decodes it (`rewardplane.serve.protocol.decode_score_response`)."""
     item_errors: Counter[str] = Counter()
     if status != 200:
         return [f"http_{status}"], {}, item_errors
-    try:
-        payload = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        return ["invalid_json"], {}, item_errors
-    results = payload.get("results") if isinstance(payload, dict) else None
-    if not isinstance(results, list):
-        return ["invalid_body"], {}, item_errors
-    reasons: set[str] = set()
-    wanted = set(ids)
-    seen: list[str] = []
+    decoded = decode_score_response(body, ids, scorers)
+    reasons = set(decoded.problems)
     valid: dict[str, dict[str, float]] = {}
-    for result in results:
-        if not isinstance(result, dict) or not isinstance(result.get("id"), str):
-            reasons.add("invalid_body")
-            continue
-        item_id = result["id"]
-        if item_id not in wanted:
-            reasons.add("extra_id")
-            continue
-        if item_id in seen:
-            reasons.add("duplicate_id")
-            continue
-        seen.append(item_id)
-        scores = result.get("scores") or {}
-        errors = result.get("errors") or {}
-        if not isinstance(scores, dict) or not isinstance(errors, dict):
-            reasons.add("invalid_body")
-            continue
-        if set(scores) - set(scorers):
-            reasons.add("extra_scorer")
+    for result in decoded.results:
+        if result.scores:
+            valid[result.id] = result.scores
         for scorer in scorers:
-            if scorer not in scores:
-                if scorer in errors:
-                    reasons.add("scorer_error")
-                    error = errors[scorer]
-                    item_errors[str(error.get("code") if isinstance(error, dict) else error)] += 1
-                else:
-                    reasons.add("missing_scorer")
-                continue
-            reason = _score_reason(scores[scorer])
-            if reason is None:
-                valid.setdefault(item_id, {})[scorer] = float(scores[scorer])
-            else:
-                reasons.add(reason)
-    if wanted - set(seen):
-        reasons.add("missing_id")
-    elif not reasons.intersection({"duplicate_id", "extra_id"}) and seen != list(ids):
-        reasons.add("order_mismatch")
+            if scorer not in result.scores and scorer in result.errors:
+                reasons.add("scorer_error")
+                item_errors[result.errors[scorer]["code"]] += 1
     return sorted(reasons), valid, item_errors
 
 
 class RequestFactory:
     """Request bodies over the corpus in a fixed order, pre-encoded so the client stays cheap."""
 
-    def __init__(self, corpus: Sequence[CorpusItem], scorers: Sequence[str], batch: int) -> None:
+    def __init__(self, corpus: Sequence[ScoreItem], scorers: Sequence[str], batch: int) -> None:
         if batch > len(corpus):
             raise UsageError(f"batch {batch} is larger than the corpus ({len(corpus)} items)")
         self._ids = [item.id for item in corpus]
-        self._encoded = [
-            json.dumps(item_to_wire(ScoreItem(c.id, c.prompt, c.response, c.image))).encode() for c in corpus
-        ]
+        self._encoded = [json.dumps(item_to_wire(item)).encode() for item in corpus]
         self._scorers = list(scorers)
         self.batch = batch
         self._next = 0
@@ -219,7 +158,7 @@ class LoadGenerator:
         self,
         url: str,
         scorers: Sequence[str],
-        corpus: Sequence[CorpusItem],
+        corpus: Sequence[ScoreItem],
         *,
         token: str | None = None,
         timeout_s: float = 60.0,
@@ -240,15 +179,18 @@ class LoadGenerator:
         limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
         return httpx.AsyncClient(headers=self.headers, timeout=self.timeout_s, limits=limits)
 
-    async def get_json(self, client: httpx.AsyncClient, path: str) -> Any | None:
-        """GET a JSON endpoint; None when the service does not offer it (404) or is unreachable."""
+    async def _get(self, client: httpx.AsyncClient, path: str) -> httpx.Response | None:
+        """A 200 response to GET `path`; None when the service does not offer it or is unreachable."""
         try:
             response = await client.get(self.url + path)
         except httpx.HTTPError:
             return None
-        if response.status_code != 200:
-            return None
-        return response.json()
+        return response if response.status_code == 200 else None
+
+    async def get_json(self, client: httpx.AsyncClient, path: str) -> Any | None:
+        """GET a JSON endpoint; None when the service does not offer it (404) or is unreachable."""
+        response = await self._get(client, path)
+        return None if response is None else response.json()
 
     async def scrape_batch_sizes(self, client: httpx.AsyncClient) -> dict[str, tuple[float, float]] | None:
         """(sum, count) of every batch-size histogram series on /metrics, keyed by its labels."""
@@ -256,11 +198,7 @@ class LoadGenerator:
             from prometheus_client.parser import text_string_to_metric_families
         except ImportError:
             return None
-        try:
-            response = await client.get(self.url + METRICS_ROUTE)
-        except httpx.HTTPError:
-            return None
-        if response.status_code != 200:
+        if (response := await self._get(client, METRICS_ROUTE)) is None:
             return None
         out: dict[str, list[float]] = {}
         for family in text_string_to_metric_families(response.text):

@@ -21,14 +21,14 @@ from typing import Any
 from pydantic import ConfigDict, Field, field_validator, model_validator
 from tqdm import tqdm
 
-from rewardplane.bench.corpus import CorpusItem, corpus_digest
+from rewardplane.bench.corpus import corpus_digest
 from rewardplane.bench.environment import collect_environment
 from rewardplane.bench.gpu_monitor import ResourceMonitor
 from rewardplane.bench.loadgen import LoadGenerator, summarize_point
 from rewardplane.bench.windows import WindowPolicy
 from rewardplane.core.config import ConfigModel, FieldError
 from rewardplane.core.errors import UsageError
-from rewardplane.serve.protocol import DEPLOYMENT_ROUTE, SCORERS_ROUTE
+from rewardplane.serve.protocol import DEPLOYMENT_ROUTE, SCORERS_ROUTE, ScoreItem
 
 SCHEMA_VERSION = "rewardplane.bench_run/1"
 
@@ -136,7 +136,7 @@ def load_schema() -> dict[str, Any]:
     return json.loads(text)
 
 
-async def _run(config: BenchConfig, corpus: list[CorpusItem], corpus_info: dict[str, Any]) -> dict[str, Any]:
+async def _run(config: BenchConfig, corpus: list[ScoreItem], corpus_info: dict[str, Any]) -> dict[str, Any]:
     gen = LoadGenerator(
         config.url,
         config.scorers,
@@ -224,7 +224,7 @@ async def _run(config: BenchConfig, corpus: list[CorpusItem], corpus_info: dict[
     }
 
 
-def run_bench(config: BenchConfig, corpus: list[CorpusItem], corpus_info: dict[str, Any]) -> dict[str, Any]:
+def run_bench(config: BenchConfig, corpus: list[ScoreItem], corpus_info: dict[str, Any]) -> dict[str, Any]:
     if not config.scorers:
         raise UsageError("--scorers must name at least one scorer")
     return asyncio.run(_run(config, corpus, corpus_info))

@@ -214,39 +214,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _read_items(path: Path) -> list[dict]:
-    import base64
-
-    if not path.is_file():
-        raise UsageError(f"{path} does not exist")
-    items = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UsageError(f"{path}:{n}: not JSON: {exc}") from None
-        if not isinstance(row, dict) or not isinstance(row.get("id"), str):
-            raise UsageError(f"{path}:{n}: each line needs an object with a string 'id'")
-        if isinstance(row.get("image"), str):
-            image_path = (path.parent / row["image"]).resolve()
-            if not image_path.is_file():
-                raise UsageError(f"{path}:{n}: image {row['image']} not found")
-            row["image"] = {"b64": base64.b64encode(image_path.read_bytes()).decode("ascii")}
-        items.append(row)
-    return items
-
-
 def cmd_score(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from rewardplane.serve.client import RewardClient, ServiceError
+    from rewardplane.serve.protocol import read_items
 
     if args.batch_size < 1:
         raise UsageError("--batch-size must be >= 1")
     token = token_from_args(args)
-    items = _read_items(args.file)
+    items = read_items(args.file)
     out = args.out.open("w", encoding="utf-8") if args.out else sys.stdout
     failed = 0
     try:

@@ -31,8 +31,7 @@ from rewardplane.deploy.supervisor import Supervisor, SupervisorSettings
 from rewardplane.deploy.transport import RemoteError, WorkerLost, decode_results, encode_items
 from rewardplane.serve.lifecycle import merge_ready, select_names
 from rewardplane.serve.metrics import TOKEN_KINDS, BatchStats, ServeMetrics
-from rewardplane.serve.protocol import STATUS_BY_CODE, ServeError
-from rewardplane.serve.scorers.base import ItemError, ScoreItem, ScorerInfo
+from rewardplane.serve.protocol import STATUS_BY_CODE, ItemError, ScoreItem, ScorerInfo, ServeError
 from rewardplane.serve.timing import record_timing
 
 log = logging.getLogger(__name__)

@@ -43,7 +43,7 @@ from rewardplane.serve.lifecycle import (
     warm_up,
 )
 from rewardplane.serve.metrics import BatchStats, ServeMetrics, outcome
-from rewardplane.serve.scorers.base import ItemError, ScoreItem, ScorerInfo
+from rewardplane.serve.protocol import ItemError, ScoreItem, ScorerInfo
 from rewardplane.serve.timing import record_timing
 
 log = logging.getLogger(__name__)

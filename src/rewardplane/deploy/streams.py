@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from rewardplane.serve.scorers.base import ScoreItem, Scorer, ScorerInfo
+from rewardplane.serve.protocol import ScoreItem, ScorerInfo
+from rewardplane.serve.scorers.base import Scorer
 
 
 class OwnStream(Scorer):

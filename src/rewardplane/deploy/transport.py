@@ -26,8 +26,14 @@ from typing import Any
 
 from rewardplane.core.errors import RewardplaneError
 from rewardplane.serve.batcher import ItemResult, check_value
-from rewardplane.serve.protocol import error_body, item_fields, item_from_fields
-from rewardplane.serve.scorers.base import DetailedScore, ItemError, ScoreItem
+from rewardplane.serve.protocol import (
+    DetailedScore,
+    ItemError,
+    ScoreItem,
+    error_body,
+    item_fields,
+    item_from_fields,
+)
 
 log = logging.getLogger(__name__)
 

@@ -20,8 +20,8 @@ from rewardplane.serve.config import ServiceConfig, build_scorer
 from rewardplane.serve.lifecycle import Lifecycle, describe_process, merge_ready, run_action, scorer_lifecycle
 from rewardplane.serve.metrics import ServeMetrics
 from rewardplane.serve.prefetch import SharedDecoder, share_image_decoding
-from rewardplane.serve.protocol import ServeError
-from rewardplane.serve.scorers.base import ItemError, ScoreItem, Scorer, ScorerInfo
+from rewardplane.serve.protocol import ItemError, ScoreItem, ScorerInfo, ServeError
+from rewardplane.serve.scorers.base import Scorer
 from rewardplane.serve.timing import record_timing
 
 __all__ = ["InProcessBackend", "ItemError", "ItemResult", "ScoringBackend", "record_timing"]

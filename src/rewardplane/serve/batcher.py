@@ -35,8 +35,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from rewardplane.serve.metrics import BatchStats, ServeMetrics, outcome
-from rewardplane.serve.protocol import ServeError
-from rewardplane.serve.scorers.base import DetailedScore, ItemError, ScoreItem, Scorer
+from rewardplane.serve.protocol import DetailedScore, ItemError, ScoreItem, ServeError
+from rewardplane.serve.scorers.base import Scorer
 from rewardplane.serve.timing import record_timing
 
 log = logging.getLogger(__name__)

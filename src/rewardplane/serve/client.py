@@ -17,12 +17,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -31,15 +32,24 @@ from rewardplane.core.errors import RewardplaneError
 from rewardplane.serve.protocol import (
     HTTP_ERROR_CODE,
     IDEMPOTENCY_KEY_HEADER,
+    INVALID_RESPONSE_CODE,
     LIFECYCLE_ROUTE,
     MULTIPART_REQUEST_PART,
+    RESPONSE_PROBLEMS,
     SCORE_ROUTE,
     SCORERS_ROUTE,
+    ItemScores,
+    ScoreItem,
+    decode_score_response,
     encode_score_request,
     lifecycle_route,
 )
 from rewardplane.serve.retries import RetryPolicy
-from rewardplane.serve.scorers.base import ScoreItem
+
+Items = Iterable[ScoreItem | Mapping[str, Any]]
+"""What `score` takes: `ScoreItem`s, or wire items as mappings (raw image bytes allowed)."""
+Pins = Mapping[str, str] | None
+"""Scorer name → the identity it must have (409 `identity_mismatch` otherwise)."""
 
 CONNECTION_FAILED = "connection_failed"
 """`ServiceError.code` when no answer came: refused, reset or unresolvable, after the retries."""
@@ -53,16 +63,6 @@ class ItemFailure:
     scorer: str
     code: str
     message: str
-
-
-@dataclass(frozen=True)
-class ItemScores:
-    id: str
-    scores: dict[str, float]
-    errors: dict[str, dict[str, str]] = field(default_factory=dict)
-    details: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Scorer → what its score leaves unsaid for this item, e.g. `{"reward": {"left_out": ["rm"]}}`
-    when a renormalising composite scored without a component; empty for most items."""
 
 
 class ServiceError(RewardplaneError):
@@ -109,7 +109,15 @@ def score_request_kwargs(
     return {"files": [(MULTIPART_REQUEST_PART, (None, json.dumps(payload), "application/json")), *files]}
 
 
-def _parse(response: httpx.Response, allow_partial: bool) -> list[ItemScores]:
+def _parse(
+    response: httpx.Response,
+    allow_partial: bool,
+    ids: Sequence[str] | None = None,
+    scorers: Sequence[str] | None = None,
+) -> list[ItemScores]:
+    """The answer to a request for `ids` × `scorers`, decoded by `protocol.decode_score_response`
+    (the load generator's decoder): every id back once, in order, every score a finite number,
+    or `ServiceError` (`invalid_response` for a 200 that is not that answer)."""
     if response.status_code != 200:
         try:
             body = response.json()
@@ -117,10 +125,11 @@ def _parse(response: httpx.Response, allow_partial: bool) -> list[ItemScores]:
         except (ValueError, AttributeError):
             code, message = HTTP_ERROR_CODE, response.text[:200]
         raise ServiceError(response.status_code, code, message)
-    results = [
-        ItemScores(r["id"], r["scores"], r.get("errors") or {}, r.get("details") or {})
-        for r in response.json()["results"]
-    ]
+    decoded = decode_score_response(response.content, ids, scorers)
+    if decoded.problems:
+        found = "; ".join(RESPONSE_PROBLEMS[p] for p in decoded.problems)
+        raise ServiceError(200, INVALID_RESPONSE_CODE, f"the answer is not what was asked: {found}")
+    results = decoded.results
     failures = [ItemFailure(r.id, s, e["code"], e["message"]) for r in results for s, e in r.errors.items()]
     if failures and not allow_partial:
         raise ScoreError(failures, results)
@@ -148,8 +157,8 @@ class _Base:
         self,
         url: str,
         *,
-        token: str | None = None,
         timeout: float = 120.0,
+        token: str | None = None,
         max_retries: int = 6,
         backoff_s: float = 0.25,
         max_backoff_s: float = 30.0,
@@ -169,6 +178,17 @@ class _Base:
         kwargs = score_request_kwargs(items, scorers, pin, self.multipart)
         kwargs["headers"] = {**kwargs.get("headers", {}), IDEMPOTENCY_KEY_HEADER: uuid.uuid4().hex}
         return kwargs
+
+    def _score_call(
+        self, items: Items, scorers: list[str], pin: Pins, allow_partial: bool | None
+    ) -> tuple[dict[str, Any], Callable[[httpx.Response], list[ItemScores]]]:
+        """(the POST's arguments, how to read its answer): the answer must hold the ids sent."""
+        items = list(items)
+        ids = [_item_id(item, n) for n, item in enumerate(items)]
+        partial = self.allow_partial if allow_partial is None else allow_partial
+        return self._prepare(items, scorers, pin), functools.partial(
+            _parse, allow_partial=partial, ids=ids, scorers=scorers
+        )
 
 
 class RewardClient(_Base):
@@ -200,15 +220,10 @@ class RewardClient(_Base):
         return _json(self._send("GET", SCORERS_ROUTE))["scorers"]
 
     def score(
-        self,
-        items: Iterable[ScoreItem | Mapping[str, Any]],
-        scorers: list[str],
-        *,
-        pin: Mapping[str, str] | None = None,
-        allow_partial: bool | None = None,
+        self, items: Items, scorers: list[str], *, pin: Pins = None, allow_partial: bool | None = None
     ) -> list[ItemScores]:
-        response = self._send("POST", SCORE_ROUTE, **self._prepare(items, scorers, pin))
-        return _parse(response, self.allow_partial if allow_partial is None else allow_partial)
+        kwargs, finish = self._score_call(items, scorers, pin, allow_partial)
+        return finish(self._send("POST", SCORE_ROUTE, **kwargs))
 
     # --- lifecycle: share the GPU with a trainer over time (docs/lifecycle.md)
 
@@ -314,15 +329,10 @@ class AsyncRewardClient(_Base):
         return _json(await self._send("GET", SCORERS_ROUTE))["scorers"]
 
     async def score(
-        self,
-        items: Iterable[ScoreItem | Mapping[str, Any]],
-        scorers: list[str],
-        *,
-        pin: Mapping[str, str] | None = None,
-        allow_partial: bool | None = None,
+        self, items: Items, scorers: list[str], *, pin: Pins = None, allow_partial: bool | None = None
     ) -> list[ItemScores]:
-        response = await self._send("POST", SCORE_ROUTE, **self._prepare(items, scorers, pin))
-        return _parse(response, self.allow_partial if allow_partial is None else allow_partial)
+        kwargs, finish = self._score_call(items, scorers, pin, allow_partial)
+        return finish(await self._send("POST", SCORE_ROUTE, **kwargs))
 
     # --- lifecycle (docs/lifecycle.md): as RewardClient's
 
@@ -460,7 +470,7 @@ class _Stream:
                 response = await client.retry.async_retrying(before_sleep=pause_all)(attempt)
             except httpx.TransportError as exc:
                 raise _no_answer(exc, client.url) from exc
-            results = _parse(response, True)
+            results = _parse(response, True, [str(n) for n in range(len(live))], scorers)
         except Exception as exc:  # the whole request failed: every item of it
             for _, fut in live:
                 if not fut.done():

@@ -24,7 +24,8 @@ Each scorer has a state machine (docs/lifecycle.md):
   `idle_offload_s` (default 1 s) without a request).
 
 `ScorerLifecycle` holds one scorer's machine; `Lifecycle` all of a process's. The backend
-wraps every score call in `admit(name)`; the HTTP routes call `offload`/`onload`/`drain`.
+wraps every score call in `admit(name)`; the HTTP routes (`rewardplane.serve.routes.lifecycle`)
+call `offload`/`onload`/`drain` through the backend. What moves is `rewardplane.serve.weights`'s.
 """
 
 from __future__ import annotations
@@ -39,9 +40,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from rewardplane.core.errors import ConfigError
-from rewardplane.serve.errors import ServeError
 from rewardplane.serve.protocol import LIFECYCLE_ACTIONS as ACTIONS
-from rewardplane.serve.protocol import lifecycle_route
+from rewardplane.serve.protocol import ServeError
+from rewardplane.serve.weights import weights_of
 
 log = logging.getLogger(__name__)
 
@@ -95,143 +96,6 @@ class LifecyclePolicy:
         if self.idle_offload_s is not None:
             return float(self.idle_offload_s)
         return PER_CALL_IDLE_S if self.residency == "per_call" else None
-
-
-# --- what moves: a scorer's device state --------------------------------------------------------
-
-
-class NoWeights:
-    """A scorer without device state (rules): the states are real, nothing moves."""
-
-    def offload(self) -> dict[str, Any]:
-        return {"bytes": 0}
-
-    def onload(self) -> dict[str, Any]:
-        return {"bytes": 0}
-
-    def bytes_total(self) -> int:
-        return 0
-
-    def bytes_on_device(self) -> int:
-        return 0
-
-
-class ModelWeights:
-    """A model scorer's weights (`scorer.model`), through `rewardplane.models.offload.WeightOffloader`.
-
-    Hooks the scorer may define: `before_offload()` (drop what holds device addresses of the
-    weights, such as CUDA graphs) and `after_onload()` (rebuild it). A scorer that holds CUDA
-    graphs (`_graphs`) without these hooks is refused: its graphs would replay freed memory.
-    """
-
-    def __init__(self, scorer: Any, *, pin: str = "register") -> None:
-        self.scorer = scorer
-        self.pin = pin
-        self._offloader: Any = None
-
-    def _weights(self) -> Any:
-        if self._offloader is None:
-            from rewardplane.models.offload import WeightOffloader
-
-            self._offloader = WeightOffloader(self.scorer.model, pin=self.pin)
-        return self._offloader
-
-    def offload(self) -> dict[str, Any]:
-        before = getattr(self.scorer, "before_offload", None)
-        if before is not None:
-            before()
-        elif getattr(self.scorer, "_graphs", None):
-            raise RuntimeError("scorer holds CUDA graphs but has no before_offload/after_onload hooks")
-        return self._weights().offload().as_dict()
-
-    def onload(self) -> dict[str, Any]:
-        weights = self._weights()
-        transfer = weights.onload()
-        after = getattr(self.scorer, "after_onload", None)
-        if after is not None:
-            try:
-                after()
-            except BaseException:
-                before = getattr(self.scorer, "before_offload", None)
-                if before is not None:
-                    with contextlib.suppress(Exception):
-                        before()
-                weights.offload(copy=False)  # the host copy is current: nothing to copy back
-                raise
-        return transfer.as_dict()
-
-    def bytes_total(self) -> int:
-        return self._weights().nbytes
-
-    def bytes_on_device(self) -> int:
-        return self._weights().bytes_on_device
-
-
-def _merged(transfers: list[dict[str, Any]]) -> dict[str, Any]:
-    """Several transfers reported as one: byte, copy and time counts summed, rate recomputed."""
-    out: dict[str, Any] = {}
-    for t in transfers:
-        for key, value in t.items():
-            if isinstance(value, int | float) and not isinstance(value, bool) and key != "gbps":
-                out[key] = out.get(key, 0) + value
-            else:
-                out.setdefault(key, value)
-    if out.get("copy_seconds"):
-        out["gbps"] = round(out.get("bytes", 0) / out["copy_seconds"] / 1e9, 3)
-    return out
-
-
-class ManyWeights:
-    """The device state of several scorers moving as one: a composite's inline components (a
-    reward model configured inside it) offload and onload with the composite. All or nothing:
-    a move that fails part-way puts the parts it already moved back, then raises, so the state
-    the lifecycle reports stays true."""
-
-    def __init__(self, parts: list[Any]) -> None:
-        self.parts = parts
-
-    def _all(self, forward: str, back: str) -> dict[str, Any]:
-        done: list[dict[str, Any]] = []
-        for part in self.parts:
-            try:
-                done.append(getattr(part, forward)())
-            except BaseException:
-                for moved in reversed(self.parts[: len(done)]):
-                    with contextlib.suppress(Exception):
-                        getattr(moved, back)()
-                raise
-        return _merged(done) if done else {"bytes": 0}
-
-    def offload(self) -> dict[str, Any]:
-        return self._all("offload", "onload")
-
-    def onload(self) -> dict[str, Any]:
-        return self._all("onload", "offload")
-
-    def bytes_total(self) -> int:
-        return sum(p.bytes_total() for p in self.parts)
-
-    def bytes_on_device(self) -> int:
-        return sum(p.bytes_on_device() for p in self.parts)
-
-
-def weights_of(scorer: Any) -> NoWeights | ModelWeights:
-    """The device state a scorer carries. Wrappers (deploy's `OwnStream`) expose `inner`."""
-    custom = getattr(scorer, "lifecycle_weights", None)
-    if custom is not None:
-        return custom()
-    inner = getattr(scorer, "inner", None)
-    if inner is not None:
-        return weights_of(inner)
-    model = getattr(scorer, "model", None)
-    try:
-        import torch
-
-        if isinstance(model, torch.nn.Module):
-            return ModelWeights(scorer)
-    except ImportError:  # pragma: no cover - torch is a hard dependency
-        pass
-    return NoWeights()
 
 
 # --- one scorer's state machine -----------------------------------------------------------------
@@ -589,7 +453,7 @@ def policy_of(spec: Any) -> LifecyclePolicy:
 async def warm_up(scorer: Any, run: Callable[[Callable[[], Any]], Awaitable[Any]]) -> None:
     """Score the scorer's warm-up item on its thread; raise unless the value is finite."""
     from rewardplane.serve.batcher import check_value
-    from rewardplane.serve.scorers.base import ItemError
+    from rewardplane.serve.protocol import ItemError
 
     warm = await run(lambda: scorer.score_batch([scorer.warmup_item()]))
     ok = isinstance(warm, list | tuple) and len(warm) == 1
@@ -640,91 +504,3 @@ async def describe_process(lifecycle: Lifecycle, process: str = "server") -> dic
 
     memory = await asyncio.to_thread(device_memory)
     return {"scorers": lifecycle.describe(), "processes": {process: memory}}
-
-
-# --- HTTP: /v1/lifecycle (docs/lifecycle.md) ------------------------------------------------------
-
-MAX_LIFECYCLE_BODY = 64 * 1024
-
-
-async def _lifecycle_request(request: Any) -> tuple[list[str] | None, float | None]:
-    """Scorers from `?scorer=` (repeatable) or the body's `scorers`; `timeout_s` likewise."""
-    import json
-
-    from pydantic import ValidationError
-
-    from rewardplane.serve.protocol import LifecycleRequest
-
-    names = request.query_params.getlist("scorer")
-    query_timeout = request.query_params.get("timeout_s")
-    body = await request.body()
-    if len(body) > MAX_LIFECYCLE_BODY:
-        raise ServeError("body_too_large", f"lifecycle body over {MAX_LIFECYCLE_BODY} bytes")
-    req = LifecycleRequest()
-    if body.strip():
-        try:
-            raw = json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
-            raise ServeError("invalid_json", f"body is not valid JSON: {exc}") from None
-        try:
-            req = LifecycleRequest.model_validate(raw)
-        except ValidationError as exc:
-            e = exc.errors()[0]
-            where = ".".join(str(p) for p in e.get("loc", ())) or "body"
-            raise ServeError("invalid_request", f"{where}: {e.get('msg', 'invalid')}") from None
-    if names and req.scorers:
-        raise ServeError("invalid_request", "give the scorers as ?scorer= or in the body, not both")
-    timeout_s = req.timeout_s
-    if query_timeout is not None:
-        if timeout_s is not None:
-            raise ServeError(
-                "invalid_request", "give timeout_s as a query parameter or in the body, not both"
-            )
-        try:
-            timeout_s = float(query_timeout)
-        except ValueError:
-            raise ServeError("invalid_request", f"timeout_s={query_timeout!r} is not a number") from None
-    if timeout_s is not None and not (math.isfinite(timeout_s) and timeout_s >= 0):
-        raise ServeError("invalid_request", "timeout_s must be a finite number >= 0")
-    return (names or req.scorers or None), timeout_s
-
-
-def install_routes(app: Any, backend: Any, check_auth: Callable[[Any], None]) -> None:
-    """`POST /v1/lifecycle/{offload,onload,drain}` and `GET /v1/lifecycle`, for a backend with
-    `lifecycle_action(action, scorers, timeout_s)` and `lifecycle_state()`."""
-    from fastapi import Request
-
-    from rewardplane.serve.protocol import LIFECYCLE_ROUTE, ErrorOut, LifecycleActionOut, LifecycleStateOut
-
-    errors = {code: {"model": ErrorOut} for code in (401, 422, 500, 503)}
-
-    def make(action: str):
-        async def route(request: Request) -> dict[str, Any]:
-            check_auth(request)
-            names, timeout_s = await _lifecycle_request(request)
-            results = await backend.lifecycle_action(action, names, timeout_s)
-            return {"action": action, "results": results, "lifecycle": await backend.lifecycle_state()}
-
-        # this module's annotations are strings (PEP 563) and Request is imported here, not at
-        # module level: give FastAPI the real class, or it reads `request` as a query parameter
-        route.__annotations__ = {"request": Request, "return": dict[str, Any]}
-        route.__name__ = f"lifecycle_{action}"
-        route.__doc__ = {
-            "offload": "Drain, then move the scorers' weights to pinned host memory and free the GPU memory.",
-            "onload": "Move the weights back, re-capture CUDA graphs, warm up; or reopen admission after a drain.",
-            "drain": "Stop admission (503 draining) and wait for in-flight requests to finish.",
-        }[action]
-        return route
-
-    for action in ACTIONS:
-        app.post(lifecycle_route(action), response_model=LifecycleActionOut, responses=errors)(make(action))
-
-    async def lifecycle_state(request: Request) -> dict[str, Any]:
-        """State per scorer, bytes on the GPU, last transition times; the process's GPU memory."""
-        check_auth(request)
-        return await backend.lifecycle_state()
-
-    lifecycle_state.__annotations__ = {"request": Request, "return": dict[str, Any]}
-    app.get(LIFECYCLE_ROUTE, response_model=LifecycleStateOut, responses={401: {"model": ErrorOut}})(
-        lifecycle_state
-    )

@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from rewardplane.core.errors import ConfigError
+from rewardplane.serve.protocol import ItemError, ScoreItem
 from rewardplane.serve.scorers import sandbox as sandbox_mod
-from rewardplane.serve.scorers.base import ItemError, ScoreItem
 from rewardplane.serve.scorers.code import CodeScorer, extract_code
 from support.serve import LiveServer, make_config
 

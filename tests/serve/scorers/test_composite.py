@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from rewardplane.core.errors import ConfigError
-from rewardplane.serve.scorers.base import ItemError, ScoreItem
+from rewardplane.serve.protocol import ItemError, ScoreItem
 from rewardplane.serve.scorers.composite import CompositeScore, CompositeScorer, group_normalize
 from support.serve import LiveServer, make_config  # also registers the `double` test kind
 

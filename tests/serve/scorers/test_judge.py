@@ -21,7 +21,7 @@ pytest.importorskip("aiolimiter")
 pytest.importorskip("tenacity")
 
 from rewardplane.core.errors import ConfigError
-from rewardplane.serve.scorers.base import ItemError, ScoreItem
+from rewardplane.serve.protocol import ItemError, ScoreItem
 from rewardplane.serve.scorers.judge import JudgeScorer, Unparseable, parse_answer
 from support.serve import LiveServer, make_config
 

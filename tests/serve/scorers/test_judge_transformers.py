@@ -15,7 +15,7 @@ import torch
 from rewardplane.core.errors import ConfigError
 from rewardplane.data.builtin_tokenizer import build_tokenizer
 from rewardplane.models.tiny import scripted_causal_lm, tiny_config
-from rewardplane.serve.scorers.base import ItemError, ScoreItem
+from rewardplane.serve.protocol import ItemError, ScoreItem
 from rewardplane.serve.scorers.judge import JudgeScorer
 from support.serve import LiveServer, make_config
 
@@ -180,7 +180,7 @@ def test_through_a_real_server_with_offload_and_onload(seven):
 def test_gpu_bf16_generates_the_same_answer_and_offloads(tmp_path, tokenizer):
     """On CUDA in bf16: the scripted answer parses to the same score, the logprob expectation
     matches the fp32 CPU one within bf16's precision, and the weights leave the GPU on offload."""
-    from rewardplane.serve.lifecycle import weights_of
+    from rewardplane.serve.weights import weights_of
 
     ids = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     alternatives = {len(ids("Score:")): [(ids("8")[0], 1.0)]}

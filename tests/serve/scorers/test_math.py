@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("math_verify")
 
 from rewardplane.core.errors import ConfigError
-from rewardplane.serve.scorers.base import ItemError, ScoreItem
+from rewardplane.serve.protocol import ItemError, ScoreItem
 from rewardplane.serve.scorers.math import MathScorer
 from support.serve import LiveServer, make_config
 

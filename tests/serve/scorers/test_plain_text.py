@@ -23,7 +23,7 @@ from rewardplane.cli import main
 from rewardplane.core.errors import ConfigError
 from rewardplane.data.synth import builtin_tokenizer
 from rewardplane.serve.config import ScorerSpec, build_scorer
-from rewardplane.serve.scorers.base import RAW_TEXT, ItemError, ScoreItem
+from rewardplane.serve.protocol import RAW_TEXT, ItemError, ScoreItem
 from rewardplane.serve.scorers.common import as_messages
 from support.rm import train_tiny_checkpoint
 

@@ -162,7 +162,7 @@ def test_seqcls_service_equals_plain_forward_and_is_batch_invariant(server, mode
 
 def test_text_items_that_cannot_be_scored_are_item_errors():
     from rewardplane.serve.config import ScorerSpec, build_scorer
-    from rewardplane.serve.scorers.base import ItemError, ScoreItem
+    from rewardplane.serve.protocol import ItemError, ScoreItem
 
     s = build_scorer(
         ScorerSpec(name="t", kind="hf_seqcls", shape="tiny-text-rm", device="cpu", options={"max_length": 40})
@@ -213,7 +213,7 @@ def test_identity_is_stable_and_tracks_weights_dtype_and_options(model_dirs, tmp
 
 def test_pickscore_and_divisor_conventions():
     from rewardplane.serve.config import ScorerSpec, build_scorer
-    from rewardplane.serve.scorers.base import ScoreItem
+    from rewardplane.serve.protocol import ScoreItem
 
     items = [ScoreItem(str(k), PROMPTS[k], "", IMAGES[k]) for k in range(3)]
     scores = {}
@@ -230,7 +230,7 @@ def test_pickscore_and_divisor_conventions():
 
 def test_clip_undecodable_image_inside_batch_is_per_item_bad_image():
     from rewardplane.serve.config import ScorerSpec, build_scorer
-    from rewardplane.serve.scorers.base import ItemError, ScoreItem
+    from rewardplane.serve.protocol import ItemError, ScoreItem
 
     s = build_scorer(ScorerSpec(name="x", kind="clip", shape="tiny-clip", device="cpu"))
     s.load()
@@ -251,7 +251,7 @@ def test_text_token_budget_caps_padded_batch():
     async def run():
         b = DynamicBatcher(scorer, max_batch_size=64, max_wait_ms=20, max_queue=100, token_budget=40)
         b.start()
-        from rewardplane.serve.scorers.base import ScoreItem
+        from rewardplane.serve.protocol import ScoreItem
 
         items = [ScoreItem(str(k), "", "x" * (9 if k % 2 else 1)) for k in range(12)]
         out = await b.submit(items)
@@ -268,7 +268,7 @@ def test_rm_scorer_matches_hf_seqcls_on_a_seqcls_directory(model_dirs):
     give exactly the `hf_seqcls` numbers."""
     pytest.importorskip("rewardplane.models.loading")
     from rewardplane.serve.config import ScorerSpec, build_scorer
-    from rewardplane.serve.scorers.base import ScoreItem
+    from rewardplane.serve.protocol import ScoreItem
 
     items = [ScoreItem(i["id"], i["prompt"], i["response"]) for i in RM_ITEMS]
     scores = {}
@@ -293,7 +293,7 @@ def test_rm_scorer_on_a_rewardplane_checkpoint_equals_the_eval_scoring_path(tmp_
     from rewardplane.models.reward_model import RewardModel
     from rewardplane.models.tiny import tiny_config
     from rewardplane.serve.config import ScorerSpec, build_scorer
-    from rewardplane.serve.scorers.base import ScoreItem
+    from rewardplane.serve.protocol import ScoreItem
 
     tok = build_tokenizer(["hello world, a reward model", "say hi politely"] * 4, vocab_size=300)
     torch.manual_seed(2)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rewardplane.core.errors import ConfigError
-from rewardplane.serve.scorers.base import ItemError, ScoreItem
+from rewardplane.serve.protocol import ItemError, ScoreItem
 from rewardplane.serve.scorers.text import SeqClsScorer
 
 

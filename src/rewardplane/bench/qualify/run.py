@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from rewardplane.bench import report as bench_report
-from rewardplane.bench.corpus import CorpusItem, generate_corpus, load_inputs
+from rewardplane.bench.corpus import generate_corpus, load_inputs
 from rewardplane.bench.qualify.plan import Deployment, Plan, estimate_s, expand
 from rewardplane.bench.qualify.report import render_report, write_plots
 from rewardplane.bench.qualify.summary import summarize
@@ -29,6 +29,7 @@ from rewardplane.bench.server import running_server
 from rewardplane.bench.sweep import BenchConfig, run_bench
 from rewardplane.core.atomic import write_json, write_text
 from rewardplane.core.errors import RewardplaneError
+from rewardplane.serve.protocol import ScoreItem
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ def bench_config(plan: Plan, dep: Deployment, url: str) -> BenchConfig:
     )
 
 
-def _corpus(plan: Plan) -> tuple[list[CorpusItem], dict[str, Any]]:
+def _corpus(plan: Plan) -> tuple[list[ScoreItem], dict[str, Any]]:
     s = plan.sweep
     if plan.inputs:
         return load_inputs(plan.inputs), {"source": str(plan.inputs)}
@@ -73,7 +74,7 @@ def _corpus(plan: Plan) -> tuple[list[CorpusItem], dict[str, Any]]:
     return corpus, {"source": "generated", "seed": s.seed, "images": s.images}
 
 
-def run_deployment(plan: Plan, dep: Deployment, workdir: Path, corpus: list[CorpusItem],
+def run_deployment(plan: Plan, dep: Deployment, workdir: Path, corpus: list[ScoreItem],
                    info: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
     """Start `dep` (bench/server.py), run the sweep against it, stop it; the run JSON with
     `deployment_label` and `startup_s` added. A server that fails to start raises ServerStartError."""

@@ -1,10 +1,16 @@
-"""Routes that speak RL trainers' own reward protocols (docs/integrations.md).
+"""The HTTP routes, one module per route family; `create_app` composes them (docs/serve.md).
 
-Each module builds a FastAPI `APIRouter` from a `RouteContext`: the app's own auth check, body
-reader, metrics counter and scoring core, so a trainer's route applies exactly the checks and
-the non-finite guard of `POST /v1/score` and differs only in its wire format
-(`rewardplane.serve.protocol`, the sections named after each trainer).
+Each module builds a FastAPI `APIRouter` from one `RouteContext` (the app's auth check, body
+reader, metrics and scoring core), so a route is addressable and testable on its own. A route
+that reads its JSON body raw lists the body's model in its `BODY_MODELS`, for the OpenAPI
+document.
 
+- `score`: `POST /v1/score`.
+- `scorers`: `GET /v1/scorers`.
+- `health`: `GET /health/live`, `GET /health/ready`.
+- `metrics`: `GET /metrics`.
+- `lifecycle`: `/v1/lifecycle` (offload, onload, drain, state), for backends that have one.
+- `deployment`: `GET /v1/deployment`, for the deploy gateway and Ray Serve.
 - `openrlhf`: `POST /get_reward` (OpenRLHF's `--remote_rm_url`).
 - `gateway`: the reward-gateway protocol "1" (`POST /score`, `GET /health`, `GET /rewards`).
 """
@@ -13,16 +19,34 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from rewardplane.serve.routes.context import RouteContext
-from rewardplane.serve.routes.gateway import gateway_router
-from rewardplane.serve.routes.openrlhf import openrlhf_router
+from rewardplane.serve.routes import gateway, lifecycle, openrlhf, score
+from rewardplane.serve.routes.context import RouteContext, error_response
+from rewardplane.serve.routes.deployment import deployment_router, serves_deployment
+from rewardplane.serve.routes.health import health_router
+from rewardplane.serve.routes.metrics import metrics_router
+from rewardplane.serve.routes.scorers import scorers_router
 
-__all__ = ["RouteContext", "trainer_routes"]
+__all__ = ["BODY_MODELS", "RouteContext", "error_response", "route_paths", "service_routers"]
+
+BODY_MODELS = (*score.BODY_MODELS, *lifecycle.BODY_MODELS, *openrlhf.BODY_MODELS, *gateway.BODY_MODELS)
+"""Every body a route reads raw: their schemas go into the OpenAPI document's components."""
 
 
-def trainer_routes(ctx: RouteContext) -> APIRouter:
-    """Every trainer protocol's routes, for one `app.include_router` line in the app."""
-    router = APIRouter()
-    router.include_router(openrlhf_router(ctx))
-    router.include_router(gateway_router(ctx))
-    return router
+def service_routers(ctx: RouteContext) -> list[APIRouter]:
+    """Every route family the service answers for `ctx.backend`, in the order the app adds them."""
+    routers = [
+        score.score_router(ctx),
+        openrlhf.openrlhf_router(ctx),  # the trainer protocols (docs/integrations.md)
+        gateway.gateway_router(ctx),
+        scorers_router(ctx),
+    ]
+    if serves_deployment(ctx):
+        routers.append(deployment_router(ctx))
+    if lifecycle.serves_lifecycle(ctx):
+        routers.append(lifecycle.lifecycle_router(ctx))
+    return [*routers, health_router(ctx), metrics_router(ctx)]
+
+
+def route_paths(routers: list[APIRouter]) -> frozenset[str]:
+    """Every path the routers answer (each router's routes are its own, none nested)."""
+    return frozenset(route.path for router in routers for route in router.routes if hasattr(route, "path"))

@@ -1,38 +1,123 @@
-"""What a trainer route borrows from the app: `RouteContext` (docs/integrations.md)."""
+"""What every route borrows from the app: `RouteContext` (auth, body reader, metrics, the
+scoring core), and the one way a `ServeError` becomes a response.
+
+Every route module builds a FastAPI `APIRouter` from one context, so a route can be mounted and
+tested on its own (`FastAPI().include_router(score_router(ctx))`), and the trainer protocols'
+routes apply exactly the checks and the non-finite guard of `POST /v1/score`.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+import asyncio
+import hmac
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
 
 from fastapi import Request
+from fastapi.responses import JSONResponse
 
 from rewardplane.serve.backend import ScoringBackend
+from rewardplane.serve.batcher import check_value
 from rewardplane.serve.config import Limits
-from rewardplane.serve.scorers.base import ItemError, ScoreItem
+from rewardplane.serve.metrics import ServeMetrics, mark_counted
+from rewardplane.serve.protocol import RETRY_AFTER_HEADER, ItemError, ScoreItem, ServeError
+
+log = logging.getLogger(__name__)
+
+UNAUTHORIZED_MESSAGE = "missing or wrong bearer token (Authorization: Bearer <token>)"
+
+
+def error_response(err: ServeError, headers: dict[str, str] | None = None) -> JSONResponse:
+    """`err` as its JSON response, `Retry-After` (whole seconds, at least 1) when it has one."""
+    headers = dict(headers or {})
+    if err.retry_after is not None:
+        headers[RETRY_AFTER_HEADER] = str(max(1, round(err.retry_after)))
+    return JSONResponse(err.body(), status_code=err.status, headers=headers)
 
 
 @dataclass(frozen=True)
 class RouteContext:
-    """What a trainer route borrows from the app (`rewardplane.serve.app.create_app`)."""
+    """What a route borrows from the app (`rewardplane.serve.app.create_app`)."""
 
     backend: ScoringBackend
     limits: Limits
-    check_auth: Callable[[Request], None]
-    """Raises `ServeError("unauthorized")` unless the request carries the configured token."""
-    read_body: Callable[[Request], Awaitable[bytes]]
-    """The body, with `max_body_bytes` enforced while streaming."""
-    score_all: Callable[[list[str], list[ScoreItem]], Awaitable[dict[str, list[float | ItemError]]]]
-    """name → one checked result per item (a finite float or an `ItemError`); whole-request
-    failures (`queue_full`, `not_ready`, `timeout`, ...) raise `ServeError`."""
-    count: Callable[[str, int, str, float], None]
-    """Metrics: (route, status, code, perf_counter at start)."""
+    token: str | None
+    """The bearer token every `/v1/*` route needs; None: no authentication."""
+    metrics: ServeMetrics
+    kinds: dict[str, Any] = field(default_factory=dict)
+    """Each hosted kind's option schemas (`serve.config.kind_option_schemas`), for `/v1/scorers`."""
+
+    def check_auth(self, request: Request) -> None:
+        """Raises `ServeError("unauthorized")` unless the request carries the configured token."""
+        if self.token is None:
+            return
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), self.token.encode()):
+            raise ServeError("unauthorized", UNAUTHORIZED_MESSAGE)
+
+    async def read_body(self, request: Request) -> bytes:
+        """The body, with `max_body_bytes` enforced while streaming (413 `body_too_large`)."""
+        limit = self.limits.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise ServeError("body_too_large", f"body of {declared} bytes exceeds {limit}")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise ServeError("body_too_large", f"body exceeds {limit} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def count(self, route: str, status: int, code: str, started: float) -> None:
+        """Metrics for one answered request (`started`: its `time.perf_counter()`)."""
+        mark_counted()  # the middleware counts whatever a handler does not
+        self.metrics.requests.labels(route, str(status), code).inc()
+        self.metrics.request_latency.labels(route).observe(time.perf_counter() - started)
+
+    async def score_all(self, names: list[str], items: list[ScoreItem]) -> dict[str, list[Any]]:
+        """name → one checked result per item (a finite float or an `ItemError`). One scorer
+        failing fails its items, not the others; whole-request failures (`queue_full`,
+        `not_ready`, `timeout`, ...) raise `ServeError`."""
+
+        async def one(name: str) -> list[Any]:
+            try:
+                results = await self.backend.score(name, items)
+            except ServeError:
+                raise
+            except Exception as exc:  # one scorer failing must not fail the others
+                log.exception("backend failed for scorer %s", name)
+                return [ItemError("scorer_failed", f"{type(exc).__name__}: {exc}"[:500])] * len(items)
+            if len(results) != len(items):
+                return [ItemError("scorer_failed", f"backend returned {len(results)} results")] * len(items)
+            return [check_value(r) for r in results]
+
+        timeout_s = self.limits.request_timeout_s
+        try:
+            outs = await asyncio.wait_for(
+                asyncio.gather(*(one(n) for n in names), return_exceptions=True), timeout_s
+            )
+        except TimeoutError:
+            raise ServeError("timeout", f"request took over {timeout_s:g}s") from None
+        for out in outs:
+            if isinstance(out, BaseException):
+                raise out
+        return dict(zip(names, outs, strict=True))
+
+    def ready_names(self, names: list[str]) -> tuple[list[str], list[str]]:
+        """(names the service does not host, hosted names not loaded yet)."""
+        configured = set(self.backend.scorer_names())
+        infos = self.backend.scorer_infos()
+        unknown = [n for n in names if n not in configured]
+        loading = [n for n in names if n in configured and n not in infos]
+        return unknown, loading
 
 
-def ready_names(ctx: RouteContext, names: list[str]) -> tuple[list[str], list[str]]:
-    """(names the service does not host, hosted names not loaded yet)."""
-    configured = set(ctx.backend.scorer_names())
-    infos = ctx.backend.scorer_infos()
-    unknown = [n for n in names if n not in configured]
-    loading = [n for n in names if n in configured and n not in infos]
-    return unknown, loading
+def raw_body(model: type, *, required: bool = True) -> dict[str, Any]:
+    """`openapi_extra` for a route that reads its JSON body raw (size limit, its own guards):
+    the body `model` in the OpenAPI document, as a parameter would declare it. The route
+    module lists `model` in its `BODY_MODELS`, whose schemas the app adds to the document."""
+    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {"requestBody": {"required": required, "content": {"application/json": {"schema": ref}}}}

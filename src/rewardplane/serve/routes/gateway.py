@@ -33,25 +33,12 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from rewardplane.serve.protocol import (
-    GATEWAY_HEALTH_ROUTE,
-    GATEWAY_METRIC,
-    GATEWAY_PROTOCOL_VERSION,
-    GATEWAY_REWARDS_ROUTE,
-    GATEWAY_SCORE_ROUTE,
-    GatewayHealth,
-    GatewayRequestItem,
-    GatewayRewards,
-    GatewayScoreRequest,
-    GatewayScoreResponse,
-    ServeError,
-    error_body,
-    parse_trainer_body,
-)
-from rewardplane.serve.routes.context import RouteContext, ready_names
-from rewardplane.serve.scorers.base import ItemError, ScoreItem
+from rewardplane.serve.protocol import ItemError, ScoreItem, ServeError, error_body, parse_trainer_body
+from rewardplane.serve.protocol import gateway as wire
+from rewardplane.serve.routes.context import RouteContext, error_response, raw_body
 
 IDEMPOTENCY_CACHE_SIZE = 65536
+BODY_MODELS = (wire.GatewayScoreRequest,)
 
 
 class _GatewayError(Exception):
@@ -60,13 +47,13 @@ class _GatewayError(Exception):
         self.status, self.code, self.message = status, code, message
 
 
-def _fingerprint(req: GatewayRequestItem) -> str:
+def _fingerprint(req: wire.GatewayRequestItem) -> str:
     payload = req.model_dump(mode="json", exclude={"idempotency_key"})
     encoded = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
     return hashlib.sha256(encoded.encode()).hexdigest()
 
 
-def _identity(req: GatewayRequestItem, scorer_version: str | None) -> dict[str, Any]:
+def _identity(req: wire.GatewayRequestItem, scorer_version: str | None) -> dict[str, Any]:
     return {
         "request_id": req.request_id,
         "sample_id": req.sample_id,
@@ -78,7 +65,7 @@ def _identity(req: GatewayRequestItem, scorer_version: str | None) -> dict[str, 
     }
 
 
-def _item(index: int, req: GatewayRequestItem, image_text: bool) -> ScoreItem | ItemError:
+def _item(index: int, req: wire.GatewayRequestItem, image_text: bool) -> ScoreItem | ItemError:
     """The `ScoreItem` a scorer sees for request `index` (an image scorer's when `image_text`,
     else a text or rule scorer's), or why it cannot have one."""
     last = req.history[-1]
@@ -129,14 +116,17 @@ def gateway_router(ctx: RouteContext) -> APIRouter:
         return {n: infos[n].identity for n in names}
 
     @router.post(
-        GATEWAY_SCORE_ROUTE, response_model=GatewayScoreResponse, summary="reward-gateway protocol 1"
+        wire.GATEWAY_SCORE_ROUTE,
+        response_model=wire.GatewayScoreResponse,
+        summary="reward-gateway protocol 1",
+        openapi_extra=raw_body(wire.GatewayScoreRequest),
     )
     async def score(request: Request) -> Response:
         started = time.perf_counter()
         try:
             ctx.check_auth(request)
-            body = parse_trainer_body(await ctx.read_body(request), GatewayScoreRequest)
-            if body.protocol_version != GATEWAY_PROTOCOL_VERSION:
+            body = parse_trainer_body(await ctx.read_body(request), wire.GatewayScoreRequest)
+            if body.protocol_version != wire.GATEWAY_PROTOCOL_VERSION:
                 raise _GatewayError(
                     400, "unsupported_protocol", f"unsupported protocol_version={body.protocol_version!r}"
                 )
@@ -146,7 +136,7 @@ def gateway_router(ctx: RouteContext) -> APIRouter:
             if len(reqs) > ctx.limits.max_items:
                 raise ServeError("too_many_items", f"{len(reqs)} requests exceed {ctx.limits.max_items}")
             names = list(dict.fromkeys(n for r in reqs for n in r.required_rewards))
-            unknown, loading = ready_names(ctx, names)
+            unknown, loading = ctx.ready_names(names)
             if unknown:
                 raise _GatewayError(
                     400,
@@ -233,7 +223,7 @@ def gateway_router(ctx: RouteContext) -> APIRouter:
                     if isinstance(value, ItemError):
                         errors[i][name] = f"{value.code}: {value.message}"
                     else:
-                        results[i][name] = {GATEWAY_METRIC: float(value)}
+                        results[i][name] = {wire.GATEWAY_METRIC: float(value)}
             if keyed:
                 fresh = set(todo)
                 for i, r in enumerate(reqs):
@@ -247,12 +237,11 @@ def gateway_router(ctx: RouteContext) -> APIRouter:
                         while len(cache) > IDEMPOTENCY_CACHE_SIZE:
                             cache.popitem(last=False)
         except _GatewayError as err:
-            ctx.count(GATEWAY_SCORE_ROUTE, err.status, err.code, started)
+            ctx.count(wire.GATEWAY_SCORE_ROUTE, err.status, err.code, started)
             return JSONResponse(error_body(err.code, err.message), status_code=err.status)
         except ServeError as err:
-            ctx.count(GATEWAY_SCORE_ROUTE, err.status, err.code, started)
-            headers = {"Retry-After": str(max(1, round(err.retry_after)))} if err.retry_after else None
-            return JSONResponse(err.body(), status_code=err.status, headers=headers)
+            ctx.count(wire.GATEWAY_SCORE_ROUTE, err.status, err.code, started)
+            return error_response(err)
         identities = [
             _identity(
                 r,
@@ -263,15 +252,15 @@ def gateway_router(ctx: RouteContext) -> APIRouter:
             for r in reqs
         ]
         out = {
-            "protocol_version": GATEWAY_PROTOCOL_VERSION,
+            "protocol_version": wire.GATEWAY_PROTOCOL_VERSION,
             "results": results,
             "errors": errors,
             "identities": identities,
         }
-        ctx.count(GATEWAY_SCORE_ROUTE, 200, "", started)
+        ctx.count(wire.GATEWAY_SCORE_ROUTE, 200, "", started)
         return Response(json.dumps(out, allow_nan=False), media_type="application/json")
 
-    @router.get(GATEWAY_HEALTH_ROUTE, response_model=GatewayHealth)
+    @router.get(wire.GATEWAY_HEALTH_ROUTE, response_model=wire.GatewayHealth)
     async def health() -> dict[str, Any]:
         _, details = ctx.backend.ready()
         rewards = {}
@@ -280,7 +269,7 @@ def gateway_router(ctx: RouteContext) -> APIRouter:
             rewards[name] = [status if isinstance(status, str) else json.dumps(status, default=str)]
         return {"status": "ok", "rewards": rewards}
 
-    @router.get(GATEWAY_REWARDS_ROUTE, response_model=GatewayRewards)
+    @router.get(wire.GATEWAY_REWARDS_ROUTE, response_model=wire.GatewayRewards)
     async def rewards(request: Request) -> dict[str, list[str]]:
         ctx.check_auth(request)
         return {"rewards": list(ctx.backend.scorer_names())}

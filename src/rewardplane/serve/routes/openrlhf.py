@@ -11,7 +11,7 @@ request with `{"code", "message"}`, where `code` is the item's own error code (`
 Modes (`?mode=`, default `raw`):
 - `raw`: each query is scored as the text it is, the way OpenRLHF's own reward-model server
   does: text model scorers tokenise it with the reward model's tokenizer, no chat template and
-  no added special tokens (`serve.scorers.base.RAW_TEXT`), and read the reward at its last
+  no added special tokens (`serve.protocol.RAW_TEXT`), and read the reward at its last
   token — so the end-of-sequence marker the policy emitted (`<|im_end|>`, `</s>`), kept in the
   query, is where the score is read. Rule scorers (`length`, `regex`, `exact_match`) read the
   response field (with `labels[i]` as `reference`).
@@ -34,16 +34,22 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from rewardplane.serve.protocol import (
-    OPENRLHF_MODES,
-    OPENRLHF_ROUTE,
-    OpenRLHFRewardRequest,
-    OpenRLHFRewardResponse,
+    RAW_TEXT,
+    ItemError,
+    ScoreItem,
     ServeError,
     error_body,
     parse_trainer_body,
 )
-from rewardplane.serve.routes.context import RouteContext, ready_names
-from rewardplane.serve.scorers.base import RAW_TEXT, ItemError, ScoreItem
+from rewardplane.serve.protocol.openrlhf import (
+    OPENRLHF_MODES,
+    OPENRLHF_ROUTE,
+    OpenRLHFRewardRequest,
+    OpenRLHFRewardResponse,
+)
+from rewardplane.serve.routes.context import RouteContext, error_response, raw_body
+
+BODY_MODELS = (OpenRLHFRewardRequest,)
 
 # Item codes a caller can fix (its input); any other item failure is the service's (5xx).
 INPUT_ITEM_CODES = frozenset({"bad_input", "too_long", "missing_reference", "bad_image"})
@@ -95,6 +101,7 @@ def openrlhf_router(ctx: RouteContext) -> APIRouter:
         OPENRLHF_ROUTE,
         response_model=OpenRLHFRewardResponse,
         summary="OpenRLHF remote reward model (--remote_rm_url http://HOST:PORT/get_reward)",
+        openapi_extra=raw_body(OpenRLHFRewardRequest),
     )
     async def get_reward(request: Request, scorer: str | None = None, mode: str = "raw") -> Response:
         started = time.perf_counter()
@@ -109,7 +116,7 @@ def openrlhf_router(ctx: RouteContext) -> APIRouter:
                 raise ServeError("too_many_items", f"{len(body.query)} queries exceed {ctx.limits.max_items}")
             names = ctx.backend.scorer_names()
             name = scorer if scorer is not None else (names[0] if names else "")
-            unknown, loading = ready_names(ctx, [name])
+            unknown, loading = ctx.ready_names([name])
             if unknown:
                 raise ServeError("unknown_scorer", f"unknown scorer {name!r}; known: {sorted(names)}")
             if loading:
@@ -121,8 +128,7 @@ def openrlhf_router(ctx: RouteContext) -> APIRouter:
             scored = (await ctx.score_all([name], items))[name] if items else []
         except ServeError as err:
             ctx.count(OPENRLHF_ROUTE, err.status, err.code, started)
-            headers = {"Retry-After": str(max(1, round(err.retry_after)))} if err.retry_after else None
-            return JSONResponse(err.body(), status_code=err.status, headers=headers)
+            return error_response(err)
         it = iter(scored)
         results = [x if isinstance(x, ItemError) else next(it) for x in built]
         failed = [(i, r) for i, r in enumerate(results) if isinstance(r, ItemError)]

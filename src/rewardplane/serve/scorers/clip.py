@@ -47,7 +47,7 @@ from rewardplane.serve.images import (
     decode_rgb,
     inspect_image,
 )
-from rewardplane.serve.scorers.base import ItemError, ScoreItem
+from rewardplane.serve.protocol import ItemError, ScoreItem
 from rewardplane.serve.scorers.common import ModelScorer, as_text, torch_dtype, weights_digest
 from rewardplane.serve.scorers.options import ScorerOptions
 

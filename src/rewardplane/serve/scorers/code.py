@@ -36,7 +36,8 @@ from pydantic import Field, model_validator
 
 from rewardplane.core.config import FieldError
 from rewardplane.core.errors import ConfigError
-from rewardplane.serve.scorers.base import ItemError, ScoreItem, Scorer
+from rewardplane.serve.protocol import ItemError, ScoreItem
+from rewardplane.serve.scorers.base import Scorer
 from rewardplane.serve.scorers.common import as_text
 from rewardplane.serve.scorers.options import ScorerOptions
 from rewardplane.serve.scorers.sandbox import _split_tests as split_tests

@@ -59,7 +59,8 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from rewardplane.core.config import FieldError
 from rewardplane.core.errors import ConfigError
 from rewardplane.serve.config import KindSpec, ScorerSpec, build_scorer
-from rewardplane.serve.scorers.base import DetailedScore, ItemError, ScoreItem, Scorer
+from rewardplane.serve.protocol import DetailedScore, ItemError, ScoreItem
+from rewardplane.serve.scorers.base import Scorer
 from rewardplane.serve.scorers.options import ScorerOptions
 
 INLINE_KEYS = frozenset({"kind", "options", "path", "shape", "dtype", "device"})
@@ -236,7 +237,7 @@ class CompositeScorer(Scorer):
     def lifecycle_weights(self) -> Any:
         """The inline components' device state (a reward model configured inside the composite)
         moves with the composite's own offload/onload; hosted scorers keep their own lifecycle."""
-        from rewardplane.serve.lifecycle import ManyWeights, weights_of
+        from rewardplane.serve.weights import ManyWeights, weights_of
 
         return ManyWeights([weights_of(s) for s in self._inline()])
 

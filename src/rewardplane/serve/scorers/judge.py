@@ -41,7 +41,8 @@ from pydantic import Field, model_validator
 
 from rewardplane.core.config import FieldError
 from rewardplane.core.errors import ConfigError
-from rewardplane.serve.scorers.base import ItemError, ScoreItem, Scorer
+from rewardplane.serve.protocol import ItemError, ScoreItem
+from rewardplane.serve.scorers.base import Scorer
 from rewardplane.serve.scorers.common import as_text, json_config, resolve_device
 from rewardplane.serve.scorers.judge_answers import (
     DEFAULT_PATTERNS,

@@ -16,7 +16,8 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from rewardplane.core.config import FieldError
-from rewardplane.serve.scorers.base import ItemError, ScoreItem, Scorer
+from rewardplane.serve.protocol import ItemError, ScoreItem
+from rewardplane.serve.scorers.base import Scorer
 from rewardplane.serve.scorers.common import as_text
 from rewardplane.serve.scorers.options import ScorerOptions
 

@@ -40,7 +40,7 @@ from pydantic import Field
 
 from rewardplane.core.errors import ConfigError, RewardplaneError
 from rewardplane.data.tokenize import CHAT_TEMPLATE, TEXT_EOS
-from rewardplane.serve.scorers.base import RAW_TEXT, ItemError, ScoreItem
+from rewardplane.serve.protocol import RAW_TEXT, ItemError, ScoreItem
 from rewardplane.serve.scorers.common import ModelScorer, as_messages, as_text, torch_dtype, weights_digest
 from rewardplane.serve.scorers.options import ScorerOptions
 
