@@ -309,6 +309,27 @@ def write_model_files(
     return sha256_file(directory / WEIGHTS_FILE)
 
 
+def write_reward_model_metadata(directory: str | Path, **recorded: Any) -> dict[str, Any]:
+    """Make the files `write_model_files` wrote into `directory` a rewardplane reward-model
+    checkpoint made outside training (a converted model, a benchmark's): `rewardplane.json` with
+    the objective, the head, the weights' size and SHA-256, and `recorded` (e.g. `score_position`,
+    `plain_text`, `base_model`), written last. Returns the metadata."""
+    from rewardplane.models.reward_model import RewardModel
+
+    directory = Path(directory)
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "objective": OBJECTIVE,
+        "role": "reward_model",
+        "head_type": RewardModel.head_type,
+        **recorded,
+        "model_sha256": sha256_file(directory / WEIGHTS_FILE),
+        "weight_files": file_digests(directory),
+    }
+    (directory / METADATA_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True))
+    return meta
+
+
 def _to_hf_name(name: str, prefix: str) -> str:
     if name == "head.weight":
         return "score.weight"
