@@ -354,20 +354,26 @@ def timed(fn, warm, device: str, repeats: int) -> float:
     return best
 
 
+def padded_logits(model, chunk, pad: int, device: str):
+    """One right-padded forward of the sequences in `chunk`: each row's score (HF's own pooling)."""
+    import torch
+
+    width = max(map(len, chunk))
+    ids = torch.full((len(chunk), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for r, s in enumerate(chunk):
+        ids[r, : len(s)] = torch.tensor(s)
+        mask[r, : len(s)] = 1
+    return model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits[:, 0].float().cpu()
+
+
 def padded_pass(model, seqs, pad: int, device: str, batch: int = 32):
     import torch
 
     def run():
         with torch.inference_mode():
             for start in range(0, len(seqs), batch):
-                chunk = seqs[start : start + batch]
-                width = max(map(len, chunk))
-                ids = torch.full((len(chunk), width), pad, dtype=torch.long)
-                mask = torch.zeros_like(ids)
-                for r, s in enumerate(chunk):
-                    ids[r, : len(s)] = torch.tensor(s)
-                    mask[r, : len(s)] = 1
-                model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits[:, 0].float().cpu()
+                padded_logits(model, seqs[start : start + batch], pad, device)
 
     return run
 

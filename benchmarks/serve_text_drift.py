@@ -95,20 +95,14 @@ def per_seq(model, seqs, taps=None):
 
 
 def padded_batches(model, seqs, pad, batch=8):
-    out = []
+    import serve_text as st
+
     with torch.inference_mode():
-        for start in range(0, len(seqs), batch):
-            chunk = seqs[start : start + batch]
-            width = max(map(len, chunk))
-            ids = torch.full((len(chunk), width), pad, dtype=torch.long)
-            mask = torch.zeros_like(ids)
-            for r, s in enumerate(chunk):
-                ids[r, : len(s)] = torch.tensor(s)
-                mask[r, : len(s)] = 1
-            out += (
-                model(input_ids=ids.to(DEV), attention_mask=mask.to(DEV)).logits[:, 0].float().cpu().tolist()
-            )
-    return out
+        return [
+            x
+            for k in range(0, len(seqs), batch)
+            for x in st.padded_logits(model, seqs[k : k + batch], pad, DEV).tolist()
+        ]
 
 
 def layer_errors(h, ref):
