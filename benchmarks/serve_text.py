@@ -20,6 +20,11 @@ Variants, per model shape (random init at the real shapes, bf16):
   h  host capacity: (d) with the model forward replaced by a near-zero-cost stand-in
      (benchmarks/serve_text_standin.py); everything else is the real server path
   h+ (h) with prefix sharing on
+  parity  served = transformers (benchmarks/serve_text_parity.py): every item's served score
+     (packed, prefix-shared, padded in process; `--deploy` over HTTP with `deploy` in
+     --serve-modes) against a plain transformers forward of the same ids, one sequence at a
+     time; --parity-groups groups of the same corpus. `--models smollm2 --smollm2 CKPT` scores
+     the real-weights checkpoint benchmarks/smollm2_weights.py builds, through the `rm` scorer.
 
 MFU = 2 x non-embedding params x real tokens/s / 790e12 (real tokens: the corpus's, not padding).
 
@@ -31,6 +36,7 @@ per forward, launch time. --profile DIR attaches py-spy to the server (--profile
     python3 benchmarks/serve_text.py --out serve_text.json                 # CUDA: all variants
     python3 benchmarks/serve_text.py --models tiny --variants a,b,c,c+ --n-groups 8   # CPU smoke
     python3 benchmarks/serve_text.py --models qwen2-0.5b --variants h --serve-modes config  # host only
+    python3 benchmarks/serve_text.py --variants parity --serve-modes deploy --out parity.json
 """
 
 from __future__ import annotations
@@ -218,6 +224,7 @@ SHAPES = {
     "llama-3.2-1b": "llama-3.2-1b",
     "llama-3.1-8b": "llama-3.1-8b",
     "tiny": "tiny-llama",
+    "smollm2": None,  # a checkpoint directory (--smollm2), parity only
 }
 
 
@@ -236,6 +243,8 @@ def parse_args(argv=None):
     p.add_argument("--serve-modes", default="config,deploy", help="d/e through --config and/or --deploy")
     p.add_argument("--repeats", type=int, default=2, help="timed passes per in-process variant (best kept)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--parity-groups", type=int, default=16, help="parity: groups of --group-size items")
+    p.add_argument("--smollm2", type=Path, default=None, help="parity: the real-weights checkpoint directory")
     p.add_argument(
         "--simulate-us-per-token",
         type=float,
@@ -345,20 +354,26 @@ def timed(fn, warm, device: str, repeats: int) -> float:
     return best
 
 
+def padded_logits(model, chunk, pad: int, device: str):
+    """One right-padded forward of the sequences in `chunk`: each row's score (HF's own pooling)."""
+    import torch
+
+    width = max(map(len, chunk))
+    ids = torch.full((len(chunk), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for r, s in enumerate(chunk):
+        ids[r, : len(s)] = torch.tensor(s)
+        mask[r, : len(s)] = 1
+    return model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits[:, 0].float().cpu()
+
+
 def padded_pass(model, seqs, pad: int, device: str, batch: int = 32):
     import torch
 
     def run():
         with torch.inference_mode():
             for start in range(0, len(seqs), batch):
-                chunk = seqs[start : start + batch]
-                width = max(map(len, chunk))
-                ids = torch.full((len(chunk), width), pad, dtype=torch.long)
-                mask = torch.zeros_like(ids)
-                for r, s in enumerate(chunk):
-                    ids[r, : len(s)] = torch.tensor(s)
-                    mask[r, : len(s)] = 1
-                model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits[:, 0].float().cpu()
+                padded_logits(model, seqs[start : start + batch], pad, device)
 
     return run
 
@@ -635,6 +650,37 @@ def profiled(args, label: str, pids: Iterable[int]) -> Iterator[None]:
         spy.wait(timeout=120)
 
 
+def parity_section(shape: str, tok_dir: Path, args, device: str) -> dict:
+    """Served = transformers for one model (serve_text_parity.py), bf16, on its own corpus of
+    --parity-groups groups (the smollm2 checkpoint: the corpus its embedding rows were packed for)."""
+    from serve_text_parity import parity
+
+    options = {"max_batch_tokens": args.max_batch_tokens}
+    if SHAPES[shape] is None:
+        from transformers import AutoTokenizer
+
+        from smollm2_weights import CORPUS
+
+        if args.smollm2 is None:
+            raise SystemExit("--models smollm2 needs --smollm2 CKPT (benchmarks/smollm2_weights.py build)")
+        tokenizer = AutoTokenizer.from_pretrained(args.smollm2)
+        rows = build_corpus(tokenizer, CORPUS["n_groups"], CORPUS["group_size"], CORPUS["seed"])
+        spec = {"name": "rm", "kind": "rm", "path": str(args.smollm2), "options": options}
+    else:
+        rows = build_corpus(build_tokenizer(), args.parity_groups, args.group_size, args.seed)
+        served = "tiny-text-rm" if shape == "tiny" else shape
+        spec = {
+            "name": "rm",
+            "kind": "hf_seqcls",
+            "shape": served,
+            "options": {**options, "tokenizer": str(tok_dir)},
+        }
+    spec.update(dtype="bf16" if device == "cuda" else "fp32", device=device, max_batch_size=4096,
+                max_wait_ms=2.0, token_budget=args.batcher_tokens)  # fmt: skip
+    deploy = "deploy" in args.serve_modes.split(",")
+    return parity(shape, spec, rows, request_body=request_body, deploy=deploy)
+
+
 def main(argv=None) -> int:
     import torch
     import transformers
@@ -674,6 +720,13 @@ def main(argv=None) -> int:
         tok_dir = Path(tmp) / "tokenizer"
         tokenizer.save_pretrained(tok_dir)
         for shape in args.models.split(","):
+            if "parity" in variants:
+                result.setdefault("parity", []).append(parity_section(shape, tok_dir, args, device))
+                print(json.dumps(result["parity"][-1]), flush=True)
+                if args.out:
+                    args.out.write_text(json.dumps(result, indent=2))
+            if SHAPES[shape] is None:
+                continue
             per: dict[str, dict] = {}
             in_process = bool({"a", "b", "c", "c+", "cb", "cb+"} & set(variants))
             # without an in-process variant the model only counts parameters: no weights (meta)

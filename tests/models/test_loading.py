@@ -234,3 +234,26 @@ def test_checkpoint_of_a_family_that_pools_differently_is_refused_by_transformer
     assert "rewardplane-bert" in str(err.value)
     model, _tok, _meta = load_reward_model(path)  # rewardplane itself still loads it
     assert model.head.weight.shape == (1, model.config.hidden_size)
+
+
+def test_bf16_checkpoint_is_the_model_transformers_loads_in_bf16(checkpoints):
+    """`load_reward_model(dtype=bf16)` builds what `from_pretrained(dtype=bf16)` builds, RoPE's
+    inverse frequencies included: fp32, as transformers computes them. A `.to(bf16)` rounded them
+    to 8 bits, which turns a rotation angle at position p by up to p × 2⁻⁹ rad, and a bf16
+    checkpoint then scored unlike a plain transformers forward of itself on long sequences."""
+    path, _ = checkpoints["tiny-llama"]
+    model, tokenizer, _ = load_reward_model(path, dtype=torch.bfloat16)
+    hf = AutoModelForSequenceClassification.from_pretrained(path, local_files_only=True, dtype=torch.bfloat16)
+    ours = dict(model.backbone.named_buffers())
+    for name, buf in hf.model.named_buffers():
+        assert ours[name].dtype == buf.dtype and torch.equal(ours[name], buf), name
+    params = dict(model.backbone.named_parameters())
+    for name, param in hf.model.named_parameters():
+        assert params[name].dtype == torch.bfloat16 and torch.equal(params[name], param), name
+    assert model.head.weight.dtype == torch.float32  # rewardplane's head stays fp32
+    torch.manual_seed(0)
+    ids = torch.randint(3, len(tokenizer), (1, 1000))  # long: where rounded frequencies show
+    with torch.no_grad():
+        ours_h = model.backbone(input_ids=ids).last_hidden_state
+        theirs_h = hf.model(input_ids=ids).last_hidden_state
+    torch.testing.assert_close(ours_h, theirs_h, atol=0, rtol=0)

@@ -52,6 +52,28 @@ def torch_dtype(name: str) -> torch.dtype:
     return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[name]
 
 
+def cast_weights(module: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """`module` with its parameters and saved buffers in `dtype`, its computed constants untouched:
+    the model `from_pretrained(..., dtype=dtype)` builds, where `module.to(dtype)` builds another.
+
+    Why: `.to(dtype)` also casts non-persistent buffers, the constants a model computes at
+    construction and never saves: RoPE's inverse frequencies (`rotary_emb.inv_freq`), computed in
+    fp32. In bf16 they carry 8 bits, so the rotation angle of position p is off by up to
+    p × 2⁻⁹ rad at the highest frequency, radians at a few thousand tokens: a bf16 Llama scored
+    from a rewardplane checkpoint drifted from a plain transformers forward of the same
+    checkpoint (which keeps them in fp32), more with every layer (docs/benchmarks/serve_text.md,
+    parity). Saved buffers (in the state dict) are weights and are cast like parameters."""
+    for sub in module.modules():
+        keep = sub._non_persistent_buffers_set
+        for param in sub.parameters(recurse=False):
+            if param.is_floating_point() and param.dtype != dtype:
+                param.data = param.data.to(dtype)
+        for name, buf in sub.named_buffers(recurse=False):
+            if buf is not None and buf.is_floating_point() and name not in keep and buf.dtype != dtype:
+                sub._buffers[name] = buf.to(dtype)
+    return module
+
+
 class CheckpointError(RewardplaneError):
     """A directory that is not a loadable reward model (wrong objective, head, or missing files)."""
 
@@ -287,6 +309,27 @@ def write_model_files(
     return sha256_file(directory / WEIGHTS_FILE)
 
 
+def write_reward_model_metadata(directory: str | Path, **recorded: Any) -> dict[str, Any]:
+    """Make the files `write_model_files` wrote into `directory` a rewardplane reward-model
+    checkpoint made outside training (a converted model, a benchmark's): `rewardplane.json` with
+    the objective, the head, the weights' size and SHA-256, and `recorded` (e.g. `score_position`,
+    `plain_text`, `base_model`), written last. Returns the metadata."""
+    from rewardplane.models.reward_model import RewardModel
+
+    directory = Path(directory)
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "objective": OBJECTIVE,
+        "role": "reward_model",
+        "head_type": RewardModel.head_type,
+        **recorded,
+        "model_sha256": sha256_file(directory / WEIGHTS_FILE),
+        "weight_files": file_digests(directory),
+    }
+    (directory / METADATA_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True))
+    return meta
+
+
 def _to_hf_name(name: str, prefix: str) -> str:
     if name == "head.weight":
         return "score.weight"
@@ -380,7 +423,7 @@ def load_rewardplane_model(path: str | Path, *, dtype: torch.dtype | None = None
             code="weights_mismatch",
         )
     if dtype is not None:
-        model.backbone.to(dtype)
+        cast_weights(model.backbone, dtype)
     return model, meta
 
 

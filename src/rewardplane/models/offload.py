@@ -10,7 +10,12 @@ How:
 - The host side of each group is allocated once, at the first offload, and kept between cycles.
   On CUDA it is page-locked with `cudaHostRegister` on an ordinary host allocation (PyTorch's
   pinned allocator rounds every block up to a power of two: 16.1 GB of Llama-3.1-8B weights
-  would pin 32 GiB); `pin="alloc"` uses `pin_memory=True` instead.
+  would pin 32 GiB); `pin="alloc"` uses `pin_memory=True` instead. The registration ends with
+  the allocation, whoever frees it (`close()`, or the last tensor viewing it going away): a
+  range freed while registered keeps the driver's mapping to its old physical pages, and every
+  later host→device copy from memory the process reuses at that address read those stale pages
+  (the GPU suite after the offload tests: a Pillow-decoded image reached the GPU as other pixels,
+  a judge's and a CLIP scorer's weights as garbage).
 - Onload allocates one device buffer per group and copies it in ONE host→device copy on a side
   stream (the copy engine, no kernels), then re-points every tensor object at its slot in it
   (`tensor.data = view`, so every reference to the parameter sees the move). Offload is one
@@ -33,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+import weakref
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -92,11 +98,19 @@ class _Group:
     slots: list[_Slot]
     host: Any = None  # flat host buffer, allocated once and kept
     device: Any = None  # flat device buffer while resident after an onload (else None)
-    registered: bool = False
+    registered: Any = None  # the finalizer that unregisters `host` (cudaHostRegister), or None
 
     @property
     def nbytes(self) -> int:
         return self.numel * self.dtype.itemsize
+
+
+def _unregister(ptr: int) -> None:
+    """End a `cudaHostRegister` (a finalizer: runs before the registered bytes are freed)."""
+    import torch
+
+    with contextlib.suppress(Exception):
+        torch.cuda.cudart().cudaHostUnregister(ptr)
 
 
 def _span(size: tuple[int, ...], stride: tuple[int, ...]) -> int:
@@ -269,11 +283,9 @@ class WeightOffloader:
         if self.state == "offloaded":
             self.onload()
         for g in self.groups:
-            if g.registered:
-                import torch
-
-                torch.cuda.cudart().cudaHostUnregister(g.host.data_ptr())
-                g.registered = False
+            if g.registered is not None:
+                g.registered()  # unregisters now, once
+                g.registered = None
             g.host = None
 
     # --- internals ---------------------------------------------------------------------------
@@ -288,14 +300,21 @@ class WeightOffloader:
         if not self.cuda:
             return torch.empty(g.numel, dtype=g.dtype)
         if self.pin == "register":
-            host = torch.empty(g.numel, dtype=g.dtype)
+            import numpy as np
+
+            # numpy owns the bytes and torch views them (the storage keeps the array alive), so the
+            # array dies exactly when the last tensor on it does: its finalizer unregisters the
+            # range before numpy frees it (see the module docstring: never freed while registered)
+            raw = np.empty(max(1, g.nbytes), dtype=np.uint8)
+            host = torch.from_numpy(raw)
             # Touch every page first, on all cores: registering untouched memory faults the pages in
             # one by one (measured on the H200's host: 6.5 s for 15 GB, against 0.7 + 0.7 s this way).
-            host.view(torch.uint8).zero_()
+            host.zero_()
             err = torch.cuda.cudart().cudaHostRegister(host.data_ptr(), max(1, g.nbytes), 0)
             if int(err) == 0:
-                g.registered = True
-                return host
+                g.registered = weakref.finalize(raw, _unregister, host.data_ptr())
+                g.registered.atexit = False  # the process's memory goes with it anyway
+                return host[: g.nbytes].view(g.dtype)
             log.warning("cudaHostRegister failed (%s); pinning with pin_memory=True instead", err)
         return torch.empty(g.numel, dtype=g.dtype, pin_memory=True)
 

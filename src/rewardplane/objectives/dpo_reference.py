@@ -203,6 +203,7 @@ def build_training_reference(policy: nn.Module, settings: Any, *, lora: Any) -> 
     """
     import torch
 
+    from rewardplane.models.loading import cast_weights
     from rewardplane.models.lora import BASE_LOADER
     from rewardplane.models.reference import PinnedSnapshot, freeze, load_pinned_reference, sidecar_for
 
@@ -216,7 +217,8 @@ def build_training_reference(policy: nn.Module, settings: Any, *, lora: Any) -> 
             )
         return policy, sidecar_for(policy, source="initial_policy", loader=f"{POLICY_LOADER}+{BASE_LOADER}")
     if ref.source == "initial_policy":
-        reference = freeze(copy.deepcopy(policy)).to(dtype)
+        # cast_weights, not .to(dtype): RoPE's inverse frequencies stay fp32, as from_pretrained keeps them
+        reference = cast_weights(freeze(copy.deepcopy(policy)), dtype)
         return reference, sidecar_for(reference, source="initial_policy")
     spec = PinnedSnapshot(
         ref.repo, ref.revision, Path(ref.path), Path(ref.cache_dir) if ref.cache_dir else None
