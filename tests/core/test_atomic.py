@@ -32,10 +32,14 @@ def test_atomic_files_and_staged_folders_honour_the_umask(tmp_path, umask, mask,
     with atomic.staged_dir(tmp_path / "ckpt") as staged:
         atomic.write_text(staged / "meta.json", "{}")
         (staged / "weights.bin").write_bytes(b"w")  # a library's own open(): the umask applies
+        os.close(os.open(staged / "lib.safetensors", os.O_CREAT | os.O_WRONLY, 0o600))  # as safetensors does
+        (staged / "sub").mkdir(mode=0o700)
     assert _mode(tmp_path / "a" / "summary.json") == file_mode
     assert _mode(tmp_path / "ckpt") == dir_mode
     assert _mode(tmp_path / "ckpt" / "meta.json") == file_mode
     assert _mode(tmp_path / "ckpt" / "weights.bin") == file_mode
+    assert _mode(tmp_path / "ckpt" / "lib.safetensors") == file_mode
+    assert _mode(tmp_path / "ckpt" / "sub") == dir_mode
     # and what a plain open()/mkdir() gives, for comparison
     (tmp_path / "plain").mkdir()
     (tmp_path / "plain" / "f").write_text("x")

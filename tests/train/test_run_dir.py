@@ -9,7 +9,7 @@ from rewardplane.cli import main
 from rewardplane.core.progress import Progress
 from rewardplane.data.tokenize import TokenizeSettings
 from rewardplane.train.config import TrainConfig
-from rewardplane.train.loop import truncate_metrics
+from rewardplane.train.resume import truncate_metrics
 
 
 def _argv(run, steps, *extra):

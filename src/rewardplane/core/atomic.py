@@ -6,7 +6,8 @@ Directories (checkpoints) are staged the same way and renamed into place as a wh
 `tempfile` creates its files 0600 and its folders 0700 whatever the umask; renamed into place
 they would stay private, and a teammate on a shared cluster could not read a checkpoint or a
 report. So each staged file or folder is given the mode `open()` / `mkdir()` would have given
-it (0666 / 0777 less the process's umask) before it is renamed.
+it (0666 / 0777 less the process's umask) before it is renamed — in a staged directory every
+file, since libraries writing into it do the same (safetensors' `save_file` creates 0600).
 """
 
 from __future__ import annotations
@@ -81,15 +82,21 @@ def write_json(path: str | Path, obj: Any, *, indent: int | None = 2) -> None:
     write_text(path, json.dumps(obj, indent=indent, sort_keys=True, allow_nan=False) + "\n")
 
 
-def fsync_tree(root: str | Path) -> None:
-    """fsync every file and directory below root (before renaming it into place)."""
+def fsync_tree(root: str | Path, *, umask_modes: bool = False) -> None:
+    """fsync every file and directory below root (before renaming it into place); `umask_modes`
+    also gives each the mode the umask asks for (0666 / 0777 less it)."""
+    files, dirs = file_mode(), dir_mode()
     for dirpath, _dirnames, filenames in os.walk(root):
         for name in filenames:
             fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
             try:
+                if umask_modes:
+                    os.fchmod(fd, files)
                 os.fsync(fd)
             finally:
                 os.close(fd)
+        if umask_modes:
+            os.chmod(dirpath, dirs)
         fsync_dir(dirpath)
 
 
@@ -103,9 +110,8 @@ def staged_dir(final: str | Path) -> Iterator[Path]:
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
     try:
-        os.chmod(tmp, dir_mode())  # mkdtemp's 0700 would outlive the rename
         yield tmp
-        fsync_tree(tmp)
+        fsync_tree(tmp, umask_modes=True)  # mkdtemp's 0700 and a library's 0600 would outlive the rename
         if final.exists():
             trash = final.with_name(f".{final.name}.old")
             shutil.rmtree(trash, ignore_errors=True)
