@@ -49,9 +49,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     score.add_argument("--url", required=True, help="service base URL, e.g. http://127.0.0.1:8000")
     score.add_argument(
-        "--scorers", help="comma-separated scorer names (default: every scorer the service has)"
+        "--scorers",
+        help="comma-separated scorer names (default: every scorer the service hosts; a scorer that"
+        " needs a field the items lack, e.g. exact_match's 'reference', then fails those items)",
     )
-    score.add_argument("--out", type=Path, help="write results as JSONL here (default: stdout)")
+    score.add_argument(
+        "--out", type=Path, help="write results as JSONL here, once all are scored (default: stdout)"
+    )
+    score.add_argument(
+        "--skip-bad-lines",
+        action="store_true",
+        help="score the lines that parse and report the others by line number (default: refuse the file)",
+    )
     score.add_argument("--batch-size", type=int, default=64, help="items per request")
     add_token_options(score, "file holding the bearer token (default: $REWARDPLANE_TOKEN)")
     score.add_argument("--allow-partial", action="store_true", help="exit 0 even when some items failed")
@@ -171,6 +180,31 @@ def refuse_legacy_token() -> None:
         )
 
 
+def check_port_free(host: str, port: int) -> None:
+    """Refuse, in one line naming the port and the option, when `host:port` cannot be bound (another
+    server listens there). Bound as uvicorn binds (SO_REUSEADDR), then released at once."""
+    import errno
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise UsageError(f"--host {host}: cannot resolve it ({exc.strerror})") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise UsageError(
+                    f"port {port} on {host} is already in use (another server?): pass --port N to serve"
+                    " on another port, or stop what listens there",
+                    code="port_in_use",
+                ) from None
+            raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror} (--host / --port)") from None
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -189,6 +223,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise UsageError(f"--port must be 1..65535, got {args.port}")
     if args.deploy and args.config:
         raise UsageError("give --config or --deploy, not both (a deploy file holds the scorers too)")
+    check_port_free(args.host, args.port)  # before any scorer loads or worker starts
     if args.deploy:
         from rewardplane.deploy.launch import deploy_backend
 
@@ -214,59 +249,100 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _read_items(path: Path) -> list[dict]:
+def _read_item(path: Path, line: str) -> dict:
+    """One line of a `score` file as an item; a `ValueError` says what is wrong with it."""
     import base64
 
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON: {exc}") from None
+    if not isinstance(row, dict) or not isinstance(row.get("id"), str):
+        raise ValueError("each line needs an object with a string 'id'")
+    if isinstance(row.get("image"), str):
+        image_path = (path.parent / row["image"]).resolve()
+        if not image_path.is_file():
+            raise ValueError(f"image {row['image']} not found")
+        row["image"] = {"b64": base64.b64encode(image_path.read_bytes()).decode("ascii")}
+    return row
+
+
+def _read_items(path: Path, *, skip_bad: bool = False) -> tuple[list[dict], list[tuple[int, str]]]:
+    """(items, bad lines as (line number, reason)); without `skip_bad` the first bad line refuses the file."""
     if not path.is_file():
         raise UsageError(f"{path} does not exist")
-    items = []
+    items, bad = [], []
     for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UsageError(f"{path}:{n}: not JSON: {exc}") from None
-        if not isinstance(row, dict) or not isinstance(row.get("id"), str):
-            raise UsageError(f"{path}:{n}: each line needs an object with a string 'id'")
-        if isinstance(row.get("image"), str):
-            image_path = (path.parent / row["image"]).resolve()
-            if not image_path.is_file():
-                raise UsageError(f"{path}:{n}: image {row['image']} not found")
-            row["image"] = {"b64": base64.b64encode(image_path.read_bytes()).decode("ascii")}
-        items.append(row)
-    return items
+            items.append(_read_item(path, line))
+        except ValueError as exc:
+            if not skip_bad:
+                raise UsageError(f"{path}:{n}: {exc} (--skip-bad-lines scores the other lines)") from None
+            bad.append((n, str(exc)))
+    if not items:
+        raise UsageError(f"{path}: no item to score" + (f" ({len(bad)} bad lines)" if bad else ""))
+    return items, bad
+
+
+def _failure_summary(rows: list[dict]) -> str:
+    """`scorer: code (count)` for the failed (item, scorer) results, most frequent first."""
+    from collections import Counter
+
+    counts = Counter(f"{scorer}: {error['code']}" for row in rows for scorer, error in row["errors"].items())
+    return ", ".join(f"{name} ({count})" for name, count in counts.most_common())
 
 
 def cmd_score(args: argparse.Namespace) -> int:
+    """Score a JSONL file through a running service. `--out` is written once, atomically, after
+    the last item is scored: a failure (no service, a refused request) leaves no file behind."""
+    import httpx
     from tqdm import tqdm
 
+    from rewardplane.core.atomic import write_text
     from rewardplane.serve.client import RewardClient, ServiceError
 
     if args.batch_size < 1:
         raise UsageError("--batch-size must be >= 1")
     token = token_from_args(args)
-    items = _read_items(args.file)
-    out = args.out.open("w", encoding="utf-8") if args.out else sys.stdout
-    failed = 0
+    items, bad = _read_items(args.file, skip_bad=args.skip_bad_lines)
+    rows: list[dict] = []
     try:
         with RewardClient(args.url, token=token, allow_partial=True) as client:
-            names = args.scorers.split(",") if args.scorers else [s["name"] for s in client.scorers()]
+            hosted = [s["name"] for s in client.scorers()]  # no retries: says at once when nothing listens
+            names = args.scorers.split(",") if args.scorers else hosted
             with tqdm(total=len(items), unit="item", file=sys.stderr) as bar:
                 for start in range(0, len(items), args.batch_size):
                     chunk = items[start : start + args.batch_size]
-                    for r in client.score(chunk, names):
-                        failed += bool(r.errors)
-                        out.write(json.dumps({"id": r.id, "scores": r.scores, "errors": r.errors}) + "\n")
+                    rows += [
+                        {"id": r.id, "scores": r.scores, "errors": r.errors}
+                        for r in client.score(chunk, names)
+                    ]
                     bar.update(len(chunk))
     except ServiceError as exc:
         raise UsageError(f"service refused the request: {exc.message}") from None
-    finally:
-        if args.out:
-            out.close()
+    except httpx.TransportError as exc:
+        raise UsageError(
+            f"cannot reach the service at {args.url} ({type(exc).__name__}: {exc}); is `rewardplane serve`"
+            " running there? (nothing was written)",
+            code="unreachable",
+        ) from exc
+    text = "".join(json.dumps(row) + "\n" for row in rows)
+    if args.out:
+        write_text(args.out, text)
+    else:
+        sys.stdout.write(text)
+    if bad:
+        shown = "; ".join(f"line {n}: {reason}" for n, reason in bad[:10])
+        more = f"; ... ({len(bad) - 10} more)" if len(bad) > 10 else ""
+        print(f"rewardplane: skipped {len(bad)} bad lines of {args.file}: {shown}{more}", file=sys.stderr)
+    failed = sum(bool(row["errors"]) for row in rows)
     if failed:
+        hint = "" if args.scorers else "; --scorers NAME,... scores with some of the hosted scorers only"
         print(
-            f"rewardplane: {failed} of {len(items)} items had scorer errors (see 'errors' in the output)",
+            f"rewardplane: {failed} of {len(items)} items had scorer errors ({_failure_summary(rows)};"
+            f" see 'errors' in the output){hint}",
             file=sys.stderr,
         )
         return 0 if args.allow_partial else 1
