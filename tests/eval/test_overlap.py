@@ -126,3 +126,12 @@ def test_compare_warns_about_either_side_and_strict_refuses(trained, tmp_path, c
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--strict-overlap: A:" in err
     assert not (tmp_path / "AB2").exists()
+
+
+def test_an_export_carries_its_checkpoint_record(trained, tmp_path, capsys):
+    root, model = trained
+    assert main(["export", "hf", str(model), str(tmp_path / "hf")]) == 0
+    assert (tmp_path / "hf" / FILE).is_file()
+    capsys.readouterr()
+    assert _eval(root, tmp_path / "hf", "leaky", tmp_path / "A") == 0
+    assert "6 of 12 evaluated pairs are in the model's training data" in capsys.readouterr().err

@@ -139,8 +139,8 @@ def read_training_content(directory: str | Path, meta: dict[str, Any]) -> Traini
     entry = meta.get("training_data")
     if not isinstance(entry, dict):
         return (
-            "the model records no training-data hashes (a checkpoint written before they were recorded,"
-            " an export or a Hugging Face directory)"
+            "the model records no training-data hashes (a checkpoint or export written before they were"
+            " recorded, or a Hugging Face directory)"
         )
     path = Path(directory) / str(entry.get("file", FILE))
     try:
