@@ -28,7 +28,7 @@ import json
 import logging
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
@@ -37,8 +37,8 @@ from rewardplane.core.errors import UsageError
 from rewardplane.models.loading import CheckpointError
 from rewardplane.train import checkpoint as ckpt
 
-if TYPE_CHECKING:
-    from rewardplane.train.loop import Trainer
+Trainer = Any
+"""A `rewardplane.train.loop.Trainer` (not imported: the loop imports this module)."""
 
 log = logging.getLogger("rewardplane.train")
 
