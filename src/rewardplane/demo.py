@@ -159,7 +159,9 @@ def main() -> int:
     )
     print(f"one-sided lower 95%   {strict['lower_95']:.4f}  ({'pass' if strict['pass'] else 'FAIL'}: > 0.5)")
     overlap = summary["train_overlap"]
-    print(f"training overlap      {overlap['pairs']} of {overlap['evaluated']} evaluated pairs are training pairs")
+    print(
+        f"training overlap      {overlap['pairs']} of {overlap['evaluated']} evaluated pairs are training pairs"
+    )
     print(
         f"HTTP check            {http['http_pairs_correct']}/{http['http_pairs']} pairs ranked right via {http['url']}"
     )
