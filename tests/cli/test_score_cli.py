@@ -96,3 +96,16 @@ def test_score_error_carries_each_reason_not_only_its_code(server):
         str(info.value)
         == "1 item score(s) failed: 0/em: missing_reference: exact_match needs the item's 'reference'"
     )
+
+
+def test_serve_names_a_scorer_path_that_does_not_exist(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("rewardplane.cli.serve.run_until_loaded", lambda *a: pytest.fail("started"))
+    cfg = tmp_path / "service.yaml"
+    cfg.write_text("scorers: [{name: hf, kind: hf_seqcls, path: models/smol}]\n")
+    assert main(["serve", "--config", str(cfg), "--port", str(_free_port())]) == 2
+    err = _one_line(capsys)
+    assert (
+        "scorer 'hf' (path models/smol) failed to load: models/smol: not a directory (it does not exist"
+        in err
+    )
+    assert "huggingface" not in err

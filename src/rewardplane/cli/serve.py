@@ -205,6 +205,18 @@ def check_port_free(host: str, port: int) -> None:
             raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror} (--host / --port)") from None
 
 
+def check_scorer_paths(config) -> None:
+    """A scorer `path` that does not exist is one line naming the scorer and the path, before
+    transformers takes it for a Hub repo id and answers about huggingface.co (nothing is downloaded)."""
+    for spec in getattr(config, "scorers", []):
+        if spec.path is not None and not Path(spec.path).exists():
+            raise UsageError(  # worded as the load failures `start_failure` reports
+                f"scorer {spec.name!r} (path {spec.path}) failed to load: {spec.path}: not a directory (it"
+                " does not exist; scorers load local directories only, nothing is downloaded)",
+                code="no_such_path",
+            )
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -230,6 +242,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         backend, config = deploy_backend(args.deploy, args.backend)
     else:
         config = load_config(args.config) if args.config else _demo_config()
+        check_scorer_paths(config)
         backend = InProcessBackend(config)
     if (token := token_from_args(args)) is not None:
         config = config.model_copy(update={"token": token})
