@@ -4,9 +4,10 @@ Each step runs the same `rewardplane ...` command a user would type, so the demo
 smoke test of the stable command-line interface:
 
 1. synthesise a preference set (with a few corrupt rows) and validate it (reason codes);
-2. split it into train/eval with a manifest and freeze the eval probe;
-3. train a small reward model (step-0 and final evaluation on the probe);
-4. evaluate the final checkpoint with the FP64 paired bootstrap;
+2. split it into train/eval with a manifest and freeze the eval probe (with the split's settings);
+3. train a small reward model on the train split (step-0 and final evaluation on the probe);
+4. evaluate the final checkpoint with the FP64 paired bootstrap, refusing (--strict-overlap) if
+   any evaluated pair is in the model's training data;
 5. serve it over HTTP, score a few items with `RewardClient`, stop the server;
 6. write the HTML/Markdown reports (the run, and the evaluation) and print a short summary.
 
@@ -107,22 +108,14 @@ def main() -> int:
         "demo",
         "--tokenizer",
         "builtin",
-    )
-    probe = RUN / "data" / "probe.json"
-    _rewardplane(
-        "data",
-        "freeze-probe",
-        str(RUN / "data" / "eval.jsonl"),
-        "--tokenizer",
-        "builtin",
         # the same tokenisation settings as configs/demo_rm.yaml: the trainer checks the probe
         "--max-length",
         "128",
         "--max-completion-length",
         "64",
-        "--out",
-        str(probe),
     )
+    probe = RUN / "data" / "probe.json"
+    _rewardplane("data", "freeze-probe", str(RUN / "data"), "--out", str(probe))  # data/'s settings
 
     train_dir = RUN / "train"
     config = Path(__file__).parent / "configs" / "demo_rm.yaml"
@@ -151,6 +144,7 @@ def main() -> int:
         str(RUN / "data" / "eval.jsonl"),
         "--out",
         str(RUN / "eval"),
+        "--strict-overlap",
     )
     summary = json.loads((RUN / "eval" / "summary.json").read_text())
     http = _serve_and_score(model_dir)
@@ -164,6 +158,10 @@ def main() -> int:
         f"accuracy (strict)     {summary['accuracy']:.4f}  95% CI [{strict['ci_95'][0]:.4f}, {strict['ci_95'][1]:.4f}]"
     )
     print(f"one-sided lower 95%   {strict['lower_95']:.4f}  ({'pass' if strict['pass'] else 'FAIL'}: > 0.5)")
+    overlap = summary["train_overlap"]
+    print(
+        f"training overlap      {overlap['pairs']} of {overlap['evaluated']} evaluated pairs are training pairs"
+    )
     print(
         f"HTTP check            {http['http_pairs_correct']}/{http['http_pairs']} pairs ranked right via {http['url']}"
     )

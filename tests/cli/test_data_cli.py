@@ -103,3 +103,39 @@ def test_synth_is_deterministic(tmp_path):
 def test_data_without_subcommand_prints_help(capsys):
     assert main(["data"]) == 2
     assert "validate" in capsys.readouterr().out
+
+
+def test_freeze_probe_of_a_prepared_folder_takes_its_tokenizer_and_settings(tmp_path, synth, capsys):
+    """A probe frozen from `prepare`'s output has the settings the data was prepared with (a probe at
+    the default 1024 tokens would refuse a run that trains at 128); an option given still wins, and an
+    eval.jsonl edited since the manifest was written no longer borrows its settings."""
+    out = tmp_path / "prep"
+    argv = ["data", "prepare", str(synth), "--out", str(out), "--eval-size", "10", "--seed-key", "demo"]
+    assert (
+        main([*argv, "--tokenizer", "builtin", "--max-length", "128", "--max-completion-length", "64"]) == 0
+    )
+    capsys.readouterr()
+    for source in (out, out / "eval.jsonl"):
+        probe_path = tmp_path / "probe.json"
+        assert main(["data", "freeze-probe", str(source), "--out", str(probe_path)]) == 0
+        assert f"max_completion_length 64 from {out / 'manifest.json'})" in capsys.readouterr().out
+        probe = json.loads(probe_path.read_text())
+        assert (probe["settings"]["max_length"], probe["settings"]["max_completion_length"]) == (128, 64)
+    assert main(["data", "freeze-probe", str(out), "--max-length", "96", "--out", str(probe_path)]) == 0
+    assert json.loads(probe_path.read_text())["settings"]["max_length"] == 96
+    edited = out / "eval.jsonl"
+    edited.write_text(edited.read_text().replace("\n", "\n\n", 1))
+    capsys.readouterr()
+    assert main(["data", "freeze-probe", str(edited), "--out", str(probe_path)]) == 2
+    assert "--tokenizer is required" in capsys.readouterr().err
+    assert (
+        main(["data", "freeze-probe", str(edited), "--tokenizer", "builtin", "--out", str(probe_path)]) == 0
+    )
+    assert json.loads(probe_path.read_text())["settings"]["max_length"] == 1024
+
+
+def test_help_names_the_commands_as_they_are_spelled(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "freeze-probe" in out and "probe-freeze" not in out

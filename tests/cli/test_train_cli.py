@@ -1,5 +1,7 @@
 import json
 
+import pytest
+
 from rewardplane.cli import main
 
 
@@ -69,3 +71,50 @@ def test_corrupt_checkpoint_is_one_line_exit_2_in_eval_and_export(tmp_path, caps
         err = capsys.readouterr().err.strip()
         assert "sha256 mismatch" in err and str(weights) in err and len(err.splitlines()) == 1
         assert not (tmp_path / f"hf-{how}").exists()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "said"),
+    [
+        (["model.tiny=null", "model.path=/nope"], "model.path=/nope: no such local directory"),
+        (["model.tiny=null", "model.path=models/smol"], "model.path=models/smol: no such local directory"),
+        (["model.tiny=tiny-lama"], "model.tiny must be one of"),
+        (["model.tiny=null", "model.path={empty}"], "cannot load the model (ValueError"),
+        (["data.tokenizer=no/such/tokenizer"], "data.tokenizer=no/such/tokenizer: no such local directory"),
+    ],
+)
+def test_model_and_path_mistakes_are_one_line_exit_2(tmp_path, capsys, overrides, said):
+    """Each once ended in a traceback: transformers took a missing path for a Hub repo id ("Repo
+    id must use alphanumeric chars", "couldn't connect to huggingface.co"), a tiny-name typo was a
+    KeyError. Never a hub message: nothing is downloaded."""
+    (tmp_path / "empty").mkdir()
+    argv = [
+        "train",
+        "rm",
+        "data.synth.train_rows=16",
+        "data.synth.eval_rows=4",
+        f"run.run_dir={tmp_path / 'run'}",
+    ]
+    argv += [o.format(empty=tmp_path / "empty") for o in overrides]
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and said in err[0] and "Traceback" not in err[0]
+    assert "huggingface" not in err[0].lower() and "repo id" not in err[0].lower()
+    if "tiny-lama" in overrides[0]:
+        assert "(did you mean tiny-llama?)" in err[0]
+
+
+def test_debug_shows_the_traceback_behind_the_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("REWARDPLANE_DEBUG", "")  # restored (unset) after: --debug sets it for the process
+    (tmp_path / "empty").mkdir()
+    argv = [
+        "train",
+        "rm",
+        "model.tiny=null",
+        f"model.path={tmp_path / 'empty'}",
+        f"run.run_dir={tmp_path / 'run'}",
+    ]
+    assert main([*argv, "--debug"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and err.strip().splitlines()[-1].startswith("rewardplane: error:")

@@ -78,8 +78,32 @@ def test_a_probe_frozen_before_plain_text_was_recorded_keeps_its_tokens(tok):
     old_pairs = [tokenize_pair(normalize_row(row), tok, legacy) for row in rows]
     probe = freeze_probe(old_pairs, tok, legacy)
     del probe["settings"]["plain_text"]  # as written before the key existed
+    del probe["contract_sha256"]  # (and before the contract hash)
     settings = TokenizeSettings.from_json(probe["settings"])
     assert settings == legacy
     check_probe(probe, [tokenize_pair(normalize_row(row), tok, settings) for row in rows], settings=settings)
     message = mismatch(probe, old_pairs, settings=TokenizeSettings())
-    assert message == "tokenisation settings differ: plain_text probe 'chat_template', data 'text_eos'"
+    assert message == (
+        "tokenisation settings differ: plain_text probe 'chat_template', data 'text_eos'; refreeze the"
+        " probe with `rewardplane data freeze-probe EVAL --plain-text text_eos --out PROBE` or train with"
+        " the probe's settings (data.plain_text=chat_template)"
+    )
+
+
+def test_the_contract_hash_covers_the_settings_and_catches_an_edited_probe(tok, tokenized):
+    """Two freezes of the same short pairs under different length limits give the same tokens
+    (nothing is near the limits) but different contracts; a settings mismatch names both fixes;
+    a probe whose settings were edited by hand no longer matches its own contract hash."""
+    default = freeze_probe(tokenized, tok, TokenizeSettings())
+    short = freeze_probe(tokenized, tok, TokenizeSettings(max_length=128, max_completion_length=64))
+    assert default["tokens_sha256"] == short["tokens_sha256"]
+    assert default["contract_sha256"] != short["contract_sha256"]
+    message = mismatch(
+        default, tokenized, settings=TokenizeSettings(max_length=128, max_completion_length=64)
+    )
+    assert "max_length probe 1024, data 128" in message
+    assert "freeze-probe EVAL --max-length 128 --max-completion-length 64" in message
+    assert "data.max_length=1024 data.max_completion_length=512" in message
+    edited = {**short, "settings": {**short["settings"], "max_length": 1024, "max_completion_length": 512}}
+    check_probe(default, tokenized, tokenizer=tok, settings=TokenizeSettings())
+    assert "contract_sha256" in mismatch(edited, tokenized, settings=TokenizeSettings())

@@ -116,3 +116,20 @@ def train_tiny_checkpoint(root, tok, *overrides: str):
         ],
     )
     return run(cfg).checkpoint
+
+
+def tiny_rm_argv(run, steps: int, *extra: str) -> list[str]:
+    """`rewardplane train rm` arguments for a tiny-llama run of `steps` steps on 16 synthetic pairs
+    (seconds on a CPU); `extra` overrides come last and win."""
+    return [
+        "train",
+        "rm",
+        "model.tiny=tiny-llama",
+        "data.synth={train_rows: 16, eval_rows: 4}",
+        "data.max_length=96",
+        f"run.run_dir={run}",
+        f"run.max_steps={steps}",
+        "run.global_batch_pairs=8",
+        "run.progress=false",
+        *extra,
+    ]

@@ -102,7 +102,7 @@ def test_resume_refusals(finished_run, tmp_path, change, code):
 
 def test_resume_allows_new_data_only_when_asked(finished_run, tmp_path):
     ckpt = _copy_ckpt(finished_run, tmp_path)
-    cfg = train_config(tmp_path / "run", model={"tiny": "tiny-bert"})
+    cfg = train_config(tmp_path / "run", model={"tiny": "tiny-bert"}, run={"max_steps": 8})
     trainer = make_trainer(cfg, random_pairs(16, seed=99), data_sha256="data-b", info=SOLO)
     trainer.resume(ckpt, allow_new_data=True)
     assert trainer.step == 6 and trainer.sampler.state.step_in_epoch == 0
@@ -134,7 +134,9 @@ def test_resume_refuses_plain_language_model(tmp_path):
     assert err.value.code == "not_rewardplane"
 
 
-def test_final_eval_refuses_a_different_batch_plan(finished_run, tmp_path):
+def test_resume_refuses_another_eval_batch_size_and_the_final_eval_another_batch_plan(finished_run, tmp_path):
+    """`run.eval_batch_size` is not on the resume allow-list; a plan that changes anyway (here set
+    after the resume, as another device type would) is refused by the final evaluation."""
     from rewardplane.core.errors import RewardplaneError
 
     root, _cfg, pairs, _ = finished_run
@@ -142,7 +144,15 @@ def test_final_eval_refuses_a_different_batch_plan(finished_run, tmp_path):
         tmp_path / "run", model={"tiny": "tiny-bert"}, run={"max_steps": 7, "eval_batch_size": 2}
     )
     trainer = make_trainer(cfg, pairs, eval_pairs=random_pairs(5, seed=8), info=SOLO)
+    with pytest.raises(CheckpointError) as err:
+        trainer.resume(root / "checkpoints" / "step-0000006")
+    assert (
+        err.value.code == "resume_config_mismatch" and "run.eval_batch_size was 4, now 2" in err.value.message
+    )
+    cfg = train_config(tmp_path / "run", model={"tiny": "tiny-bert"}, run={"max_steps": 7})
+    trainer = make_trainer(cfg, pairs, eval_pairs=random_pairs(5, seed=8), info=SOLO)
     trainer.resume(root / "checkpoints" / "step-0000006")
+    trainer.cfg.run.eval_batch_size = 2
     with pytest.raises(RewardplaneError) as err:
         trainer.fit()
     assert err.value.code == "eval_contract_mismatch"

@@ -9,24 +9,12 @@ from rewardplane.cli import main
 from rewardplane.core.progress import Progress
 from rewardplane.data.tokenize import TokenizeSettings
 from rewardplane.train.config import TrainConfig
-from rewardplane.train.loop import truncate_metrics
+from rewardplane.train.resume import truncate_metrics
+from support.rm import tiny_rm_argv
 
 
 def _argv(run, steps, *extra):
-    return [
-        "train",
-        "rm",
-        "model.tiny=tiny-llama",
-        "data.synth={train_rows: 16, eval_rows: 4}",
-        "data.max_length=96",
-        f"run.run_dir={run}",
-        f"run.max_steps={steps}",
-        "run.global_batch_pairs=8",
-        "run.save_every=1",
-        "run.keep_last=5",
-        "run.progress=false",
-        *extra,
-    ]
+    return tiny_rm_argv(run, steps, "run.save_every=1", "run.keep_last=5", *extra)
 
 
 def _steps(run):

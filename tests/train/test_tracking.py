@@ -10,21 +10,11 @@ import types
 import pytest
 
 from rewardplane.cli import main
+from support.rm import tiny_rm_argv
 
 
 def _argv(run, *extra):
-    return [
-        "train",
-        "rm",
-        "model.tiny=tiny-llama",
-        "data.synth={train_rows: 16, eval_rows: 4}",
-        "data.max_length=96",
-        f"run.run_dir={run}",
-        "run.max_steps=2",
-        "run.global_batch_pairs=8",
-        "run.progress=false",
-        *extra,
-    ]
+    return tiny_rm_argv(run, 2, *extra)
 
 
 class FakeTracker(types.ModuleType):

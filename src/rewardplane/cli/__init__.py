@@ -2,14 +2,17 @@
 
 Each feature package contributes its commands through a `register(subparsers)` function so
 this file stays a thin dispatcher. Handlers import heavy libraries lazily, which keeps
-`rewardplane --help` fast. Usage and input errors print one line and exit 2, never a traceback.
+`rewardplane --help` fast. Usage and input errors print one line and exit 2, never a traceback;
+with `--debug` (or REWARDPLANE_DEBUG=1) the traceback behind the line is printed above it.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import traceback
 from collections.abc import Sequence
 
 from rewardplane import __version__
@@ -45,6 +48,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(handler(args) or 0)
     except UsageError as exc:
+        if os.environ.get("REWARDPLANE_DEBUG"):
+            traceback.print_exception(exc, file=sys.stderr)
         print(f"rewardplane: error: {exc.message}", file=sys.stderr)
         return 2
     except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:

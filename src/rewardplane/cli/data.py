@@ -15,7 +15,7 @@ from rewardplane.core.errors import UsageError
 
 
 def register(subparsers) -> None:
-    data = subparsers.add_parser("data", help="validate, split, probe-freeze and synthesise preference data")
+    data = subparsers.add_parser("data", help="validate, split, freeze-probe and synthesise preference data")
     commands = data.add_subparsers(dest="data_command", metavar="<command>")
     data.set_defaults(func=lambda args: _help(data))
 
@@ -33,9 +33,15 @@ def register(subparsers) -> None:
     _tokenizer_args(prepare)
     prepare.set_defaults(func=cmd_prepare)
 
-    probe = commands.add_parser("freeze-probe", help="freeze the probe contract of an eval set")
-    probe.add_argument("input", metavar="EVAL.jsonl")
-    _tokenizer_args(probe, required=True)
+    probe = commands.add_parser(
+        "freeze-probe",
+        help="freeze the probe contract of an eval set",
+        description="Freeze the probe contract of an eval set. Given a folder written by `rewardplane data"
+        " prepare` (or its eval.jsonl), the tokenizer and settings it was prepared with apply; options"
+        " given here override them.",
+    )
+    probe.add_argument("input", metavar="EVAL.jsonl|PREPARED_DIR")
+    _tokenizer_args(probe)
     probe.add_argument("--out", required=True, metavar="probe.json")
     probe.set_defaults(func=cmd_freeze_probe)
 
@@ -69,10 +75,8 @@ def _tokenizer_args(parser: argparse.ArgumentParser, *, required: bool = False) 
     )
 
 
-def _tokenizer_and_settings(args: argparse.Namespace):
-    from rewardplane.data.tokenize import TokenizeSettings, load_tokenizer
-
-    given = {
+def _given_settings(args: argparse.Namespace) -> dict:
+    return {
         key: value
         for key, value in (
             ("max_length", args.max_length),
@@ -82,6 +86,12 @@ def _tokenizer_and_settings(args: argparse.Namespace):
         )
         if value is not None
     }
+
+
+def _tokenizer_and_settings(args: argparse.Namespace):
+    from rewardplane.data.tokenize import TokenizeSettings, load_tokenizer
+
+    given = _given_settings(args)
     if args.tokenizer is None:
         if given:
             raise UsageError(
@@ -162,15 +172,53 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _prepared_tokenizer_and_settings(args: argparse.Namespace, folder: Path, recorded: dict | None):
+    """The tokenizer and settings a prepared folder recorded, each overridden by an option given."""
+    from rewardplane.data.tokenize import BUILTIN, TokenizeSettings, load_tokenizer, recorded_settings
+
+    if recorded is None:
+        if args.tokenizer is None:
+            raise UsageError(f"{folder} was prepared without --tokenizer: give --tokenizer")
+        return _tokenizer_and_settings(args)
+    spec = args.tokenizer
+    if spec is None:
+        if recorded.get("name") != BUILTIN:
+            raise UsageError(
+                f"{folder} was prepared with the tokenizer directory {recorded.get('name')!r}: give its path"
+                " as --tokenizer"
+            )
+        spec = BUILTIN
+    return load_tokenizer(spec), TokenizeSettings(
+        **{**recorded_settings(recorded["settings"]), **_given_settings(args)}
+    )
+
+
 def cmd_freeze_probe(args: argparse.Namespace) -> int:
     from rewardplane.core.atomic import write_json
+    from rewardplane.data.manifest import prepared_eval
     from rewardplane.data.probe import freeze_probe_file
 
-    _input(args.input)
-    tokenizer, settings = _tokenizer_and_settings(args)
-    probe = freeze_probe_file(args.input, tokenizer, settings)
+    prepared = prepared_eval(args.input)
+    if prepared is None:
+        _input(args.input)
+        if args.tokenizer is None:
+            raise UsageError(
+                "--tokenizer is required (or give a folder written by `rewardplane data prepare --tokenizer ...`)"
+            )
+        source, origin = args.input, ""
+        tokenizer, settings = _tokenizer_and_settings(args)
+    else:
+        source, manifest = prepared
+        manifest_path = source.parent / "manifest.json"
+        tokenizer, settings = _prepared_tokenizer_and_settings(args, source.parent, manifest.get("tokenizer"))
+        origin = f" from {manifest_path}" if manifest.get("tokenizer") else ""
+    probe = freeze_probe_file(source, tokenizer, settings)
     write_json(args.out, probe)
-    print(f"probe: {probe['count']} pairs, tokens_sha256 {probe['tokens_sha256'][:16]} -> {args.out}")
+    print(
+        f"probe: {probe['count']} pairs of {source} (max_length {settings.max_length}, max_completion_length "
+        f"{settings.max_completion_length}{origin}): contract_sha256 {probe['contract_sha256'][:16]}, "
+        f"tokens_sha256 {probe['tokens_sha256'][:16]} -> {args.out}"
+    )
     return 0
 
 

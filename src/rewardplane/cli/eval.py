@@ -26,19 +26,41 @@ def _positive(text: str) -> int:
     return value
 
 
+def _say_overlap(entry: dict | None, who: str = "the model") -> None:
+    """The training-overlap line: on stdout when none was found, else a warning on stderr."""
+    import sys
+
+    from rewardplane.data.overlap import is_clean, overlap_line
+
+    if entry is None:
+        return
+    if is_clean(entry):
+        print(overlap_line(entry, who))
+    else:
+        print(f"rewardplane: warning: {overlap_line(entry, who)} (--strict-overlap refuses)", file=sys.stderr)
+
+
 def _compare(args: argparse.Namespace) -> int:
     from rewardplane.eval.benchmarks import is_examples_file
     from rewardplane.eval.compare import compare_examples, compare_pairs, format_benchmark_table, format_table
 
     if is_examples_file(args.a) or is_examples_file(args.b):
+        if args.strict_overlap:
+            raise UsageError(
+                "--strict-overlap applies to probe evaluations; benchmark examples are not checked"
+            )
         comparison = compare_examples(args.a, args.b, seed=args.seed, replicates=args.replicates)
         table = format_benchmark_table(comparison)
     else:
-        comparison = compare_pairs(args.a, args.b, seed=args.seed, replicates=args.replicates)
+        comparison = compare_pairs(
+            args.a, args.b, seed=args.seed, replicates=args.replicates, strict_overlap=args.strict_overlap
+        )
         table = format_table(comparison)
     out = Path(args.out) / "comparison.json"
     atomic.write_json(out, comparison)
     print(table)
+    for side, entry in comparison.get("train_overlap", {}).items():
+        _say_overlap(entry, f"model {side.upper()}")
     print(f"wrote {out}")
     return 0
 
@@ -100,6 +122,10 @@ def _eval(args: argparse.Namespace) -> int:
     if args.benchmark is not None:
         if args.probe is not None:
             raise UsageError("--probe is for rewardplane's own pairs; a --benchmark evaluation takes none")
+        if args.strict_overlap:
+            raise UsageError(
+                "--strict-overlap applies to probe evaluations; benchmark examples are not checked"
+            )
         return _eval_benchmark(args)
     if args.probe is None:
         raise UsageError("--probe is required (or give --benchmark rewardbench|rewardbench2|rm-bench)")
@@ -110,6 +136,7 @@ def _eval(args: argparse.Namespace) -> int:
         data_path=args.data,
         out_dir=args.out,
         options=_settings(args),
+        strict_overlap=args.strict_overlap,
     )
     strict = summary["bootstrap"]["strict"]
     print(
@@ -117,8 +144,18 @@ def _eval(args: argparse.Namespace) -> int:
         f"95% [{strict['ci_95'][0]:.4f}, {strict['ci_95'][1]:.4f}]  lower_95 {strict['lower_95']:.4f} "
         f"({'pass' if strict['pass'] else 'no pass'})  tie-aware {summary['accuracy_tie_aware']:.4f}"
     )
+    _say_overlap(summary["train_overlap"])
     print(f"wrote {Path(args.out) / 'summary.json'}")
     return 0
+
+
+def _strict_overlap_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--strict-overlap",
+        action="store_true",
+        help="refuse (exit 2) when evaluated pairs are in the model's training data, or when that"
+        " cannot be checked (default: a warning, and the count in summary.json)",
+    )
 
 
 def _bootstrap_options(parser: argparse.ArgumentParser) -> None:
@@ -188,6 +225,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         " (default %(default)s)",
     )
     ev.add_argument("--no-progress", action="store_true", help="no scoring progress on stderr")
+    _strict_overlap_option(ev)
     _bootstrap_options(ev)
     ev.set_defaults(func=_eval)
 
@@ -197,6 +235,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cmp_parser.add_argument("a", help="A/pairs.jsonl or A/examples.jsonl of a benchmark (baseline)")
     cmp_parser.add_argument("b", help="B/pairs.jsonl or B/examples.jsonl (candidate)")
     cmp_parser.add_argument("--out", required=True, help="directory for comparison.json")
+    _strict_overlap_option(cmp_parser)
     _bootstrap_options(cmp_parser)
     cmp_parser.set_defaults(func=_compare)
 

@@ -49,9 +49,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     score.add_argument("--url", required=True, help="service base URL, e.g. http://127.0.0.1:8000")
     score.add_argument(
-        "--scorers", help="comma-separated scorer names (default: every scorer the service has)"
+        "--scorers",
+        help="comma-separated scorer names (default: every scorer the service hosts; a scorer that"
+        " needs a field the items lack, e.g. exact_match's 'reference', then fails those items)",
     )
-    score.add_argument("--out", type=Path, help="write results as JSONL here (default: stdout)")
+    score.add_argument(
+        "--out", type=Path, help="write results as JSONL here, once all are scored (default: stdout)"
+    )
+    score.add_argument(
+        "--skip-bad-lines",
+        action="store_true",
+        help="score the lines that parse and report the others by line number (default: refuse the file)",
+    )
     score.add_argument("--batch-size", type=int, default=64, help="items per request")
     add_token_options(score, "file holding the bearer token (default: $REWARDPLANE_TOKEN)")
     score.add_argument("--allow-partial", action="store_true", help="exit 0 even when some items failed")
@@ -171,6 +180,43 @@ def refuse_legacy_token() -> None:
         )
 
 
+def check_port_free(host: str, port: int) -> None:
+    """Refuse, in one line naming the port and the option, when `host:port` cannot be bound (another
+    server listens there). Bound as uvicorn binds (SO_REUSEADDR), then released at once."""
+    import errno
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise UsageError(f"--host {host}: cannot resolve it ({exc.strerror})") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise UsageError(
+                    f"port {port} on {host} is already in use (another server?): pass --port N to serve"
+                    " on another port, or stop what listens there",
+                    code="port_in_use",
+                ) from None
+            raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror} (--host / --port)") from None
+
+
+def check_scorer_paths(config) -> None:
+    """A scorer `path` that does not exist is one line naming the scorer and the path, before
+    transformers takes it for a Hub repo id and answers about huggingface.co (nothing is downloaded)."""
+    for spec in getattr(config, "scorers", []):
+        if spec.path is not None and not Path(spec.path).exists():
+            raise UsageError(  # worded as the load failures `start_failure` reports
+                f"scorer {spec.name!r} (path {spec.path}) failed to load: {spec.path}: not a directory (it"
+                " does not exist; scorers load local directories only, nothing is downloaded)",
+                code="no_such_path",
+            )
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -189,12 +235,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise UsageError(f"--port must be 1..65535, got {args.port}")
     if args.deploy and args.config:
         raise UsageError("give --config or --deploy, not both (a deploy file holds the scorers too)")
+    check_port_free(args.host, args.port)  # before any scorer loads or worker starts
     if args.deploy:
         from rewardplane.deploy.launch import deploy_backend
 
         backend, config = deploy_backend(args.deploy, args.backend)
     else:
         config = load_config(args.config) if args.config else _demo_config()
+        check_scorer_paths(config)
         backend = InProcessBackend(config)
     if (token := token_from_args(args)) is not None:
         config = config.model_copy(update={"token": token})
@@ -214,36 +262,70 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _failure_summary(rows: list[dict]) -> str:
+    """`scorer: code (count)` for the failed (item, scorer) results, most frequent first."""
+    from collections import Counter
+
+    counts = Counter(f"{scorer}: {error['code']}" for row in rows for scorer, error in row["errors"].items())
+    return ", ".join(f"{name} ({count})" for name, count in counts.most_common())
+
+
 def cmd_score(args: argparse.Namespace) -> int:
+    """Score a JSONL file through a running service. `--out` is written once, atomically, after
+    the last item is scored: a failure (no service, a refused request) leaves no file behind."""
     from tqdm import tqdm
 
+    from rewardplane.core.atomic import write_text
     from rewardplane.serve.client import RewardClient, ServiceError
-    from rewardplane.serve.protocol import read_items
+    from rewardplane.serve.protocol.codec import BAD_LINE, read_items
 
     if args.batch_size < 1:
         raise UsageError("--batch-size must be >= 1")
     token = token_from_args(args)
-    items = read_items(args.file)
-    out = args.out.open("w", encoding="utf-8") if args.out else sys.stdout
-    failed = 0
+    bad: list[tuple[int, str]] | None = [] if args.skip_bad_lines else None
     try:
+        items = read_items(args.file, bad=bad)
+    except UsageError as exc:
+        if exc.code == BAD_LINE:
+            raise UsageError(f"{exc} (--skip-bad-lines scores the other lines)") from None
+        raise
+    rows: list[dict] = []
+    try:
+        with RewardClient(args.url, token=token, max_retries=0) as probe:  # says at once when nothing listens
+            hosted = [s["name"] for s in probe.scorers()]
         with RewardClient(args.url, token=token, allow_partial=True) as client:
-            names = args.scorers.split(",") if args.scorers else [s["name"] for s in client.scorers()]
+            names = args.scorers.split(",") if args.scorers else hosted
             with tqdm(total=len(items), unit="item", file=sys.stderr) as bar:
                 for start in range(0, len(items), args.batch_size):
                     chunk = items[start : start + args.batch_size]
-                    for r in client.score(chunk, names):
-                        failed += bool(r.errors)
-                        out.write(json.dumps({"id": r.id, "scores": r.scores, "errors": r.errors}) + "\n")
+                    rows += [
+                        {"id": r.id, "scores": r.scores, "errors": r.errors}
+                        for r in client.score(chunk, names)
+                    ]
                     bar.update(len(chunk))
     except ServiceError as exc:
+        if exc.status is None:  # no answer at all: connection_failed, client_timeout
+            raise UsageError(
+                f"cannot reach the service at {args.url} ({exc.message}); is `rewardplane serve`"
+                " running there? (nothing was written)",
+                code="unreachable",
+            ) from None
         raise UsageError(f"service refused the request: {exc.message}") from None
-    finally:
-        if args.out:
-            out.close()
+    text = "".join(json.dumps(row) + "\n" for row in rows)
+    if args.out:
+        write_text(args.out, text)
+    else:
+        sys.stdout.write(text)
+    if bad:
+        shown = "; ".join(f"line {n}: {reason}" for n, reason in bad[:10])
+        more = f"; ... ({len(bad) - 10} more)" if len(bad) > 10 else ""
+        print(f"rewardplane: skipped {len(bad)} bad lines of {args.file}: {shown}{more}", file=sys.stderr)
+    failed = sum(bool(row["errors"]) for row in rows)
     if failed:
+        hint = "" if args.scorers else "; --scorers NAME,... scores with some of the hosted scorers only"
         print(
-            f"rewardplane: {failed} of {len(items)} items had scorer errors (see 'errors' in the output)",
+            f"rewardplane: {failed} of {len(items)} items had scorer errors ({_failure_summary(rows)};"
+            f" see 'errors' in the output){hint}",
             file=sys.stderr,
         )
         return 0 if args.allow_partial else 1

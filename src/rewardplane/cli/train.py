@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import shlex
 import sys
 
 
@@ -34,7 +36,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             action="store_true",
             help="delete a non-empty run directory and start again (a fresh run into one is refused)",
         )
-        parser.set_defaults(func=handler)
+        parser.add_argument("--debug", action="store_true", help="show the traceback behind a one-line error")
+        parser.set_defaults(func=handler, objective=name)
     train.set_defaults(func=lambda _args: (train.print_help(), 2)[1])
 
 
@@ -52,13 +55,35 @@ def _train_dpo(args: argparse.Namespace) -> int:
     return _train(args, load_dpo_config, run)
 
 
+def resume_command(args: argparse.Namespace) -> str:
+    """The command that continues this run: the same one, with `--resume auto` (under torchrun,
+    through torchrun with the same number of processes)."""
+    words = ["rewardplane", "train", args.objective]
+    if args.config:
+        words += ["--config", args.config]
+    words += [*args.overrides, "--resume", "auto"]
+    if args.allow_new_data:
+        words.append("--allow-new-data")
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        words = ["torchrun", "--nproc-per-node", str(world), "-m", "rewardplane", *words[1:]]
+    return shlex.join(words)
+
+
 def _train(args: argparse.Namespace, load, run) -> int:
     from rewardplane.core.errors import RewardplaneError, UsageError
+    from rewardplane.train.resume import TrainingInterrupted, interrupt_report
 
+    if args.debug:
+        os.environ["REWARDPLANE_DEBUG"] = "1"
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cfg = load(args.config, args.overrides)
     try:
         result = run(cfg, resume=args.resume, allow_new_data=args.allow_new_data, overwrite=args.overwrite)
+    except TrainingInterrupted as exc:
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(interrupt_report(exc, resume_command(args)), file=sys.stderr)
+        return 130
     except UsageError:
         raise
     except RewardplaneError as exc:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import json
 from pathlib import Path
 from typing import Any
 
@@ -128,3 +129,27 @@ _INVERT = str.maketrans("0123456789abcdef", "fedcba9876543210")
 def _invert(hex_digest: str) -> str:
     """A string that sorts in the reverse order of `hex_digest` (turns heapq's min-heap into a max-heap)."""
     return hex_digest.translate(_INVERT)
+
+
+def prepared_eval(path: str | Path) -> tuple[Path, dict[str, Any]] | None:
+    """(eval file, manifest) when `path` is a folder `prepare` wrote, or the `eval.jsonl` of one
+    as it wrote it (its SHA-256 still the recorded one); else None.
+
+    So `rewardplane data freeze-probe data/` freezes the eval split with the tokenizer and
+    settings it was validated with, instead of the defaults (a probe frozen at 1024 tokens
+    refuses a run that trains at 128).
+    """
+    path = Path(path)
+    folder, eval_file = (path, path / "eval.jsonl") if path.is_dir() else (path.parent, path)
+    try:
+        manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+        return None
+    recorded = (manifest.get("outputs") or {}).get(eval_file.name)
+    if not eval_file.is_file() or not recorded:
+        return None
+    if not path.is_dir() and recorded.get("sha256") != sha256_file(eval_file):
+        return None  # edited since: its recorded settings no longer describe it
+    return eval_file, manifest

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rewardplane.data.overlap import ContentHashes
 from rewardplane.data.reader import iter_pairs, normalize_rows
 from rewardplane.data.reasons import Rejection, empty_counts
 from rewardplane.data.records import PreferencePair, TokenizedPair
@@ -91,10 +92,12 @@ def tokenize_source(
     summary: Summary | None = None,
     *,
     strict: bool = False,
+    content: ContentHashes | None = None,
 ) -> list[TokenizedPair]:
     """The accepted, tokenised pairs of `source` in input order; every row is counted in `summary`.
 
     `strict` raises the first rejected row's (located) `Rejection` instead of counting it.
+    `content` collects each accepted pair's content keys, in the same order (`data.overlap`).
     """
     summary = summary if summary is not None else Summary()
     pairs: list[TokenizedPair] = []
@@ -105,4 +108,6 @@ def tokenize_source(
                 raise item
             continue
         pairs.append(item[1])
+        if content is not None:
+            content.add(item[0])
     return pairs

@@ -4,6 +4,14 @@
 token ids, loss masks and score indices of every pair (plus a short per-pair hash so a
 mismatch can be located), the tokenizer and chat-template hashes and the tokenisation
 settings. `check_probe` refuses data that differs in any of these, saying what differs.
+
+Two hashes name a probe. `tokens_sha256` covers the tokens scored, which is what makes two
+evaluations the same measurement (evaluation artifacts carry it as their `probe_sha256`).
+`contract_sha256` covers the whole contract: the tokens hash, the tokenizer and template hashes
+and the settings. Two probes of the same short pairs frozen with different length limits score
+the same tokens but are different contracts (the same data under the other limits would be
+rejected or cut differently), so they share `tokens_sha256` and differ in `contract_sha256`.
+Probes written before `contract_sha256` existed have none and are read as before.
 """
 
 from __future__ import annotations
@@ -15,7 +23,7 @@ from typing import Any
 
 from rewardplane.core import legacy
 from rewardplane.core.errors import UsageError
-from rewardplane.core.hashing import canonical_json
+from rewardplane.core.hashing import canonical_json, sha256_json
 from rewardplane.data.pipeline import tokenize_source
 from rewardplane.data.reasons import Rejection
 from rewardplane.data.records import TokenizedBranch, TokenizedPair
@@ -28,6 +36,14 @@ from rewardplane.data.tokenize import (
 
 PROBE_FORMAT = "rewardplane.probe/v1"
 _PAIR_HASH_CHARS = 16
+CONTRACT_KEYS = ("tokens_sha256", "tokenizer_sha256", "template_sha256", "settings")
+# the `rewardplane data freeze-probe` option of each tokenisation setting, for the fix a mismatch names
+SETTING_OPTIONS = {
+    "max_length": "--max-length",
+    "max_completion_length": "--max-completion-length",
+    "truncation": "--truncation",
+    "plain_text": "--plain-text",
+}
 
 
 class ProbeMismatch(UsageError):
@@ -57,13 +73,18 @@ def _digest(pairs: Iterable[TokenizedPair]) -> tuple[list[str], list[str], str]:
     return ids, pair_hashes, total.hexdigest()
 
 
+def contract_sha256(probe: dict[str, Any]) -> str:
+    """SHA-256 of the probe's contract: its token hash, tokenizer and template hashes and settings."""
+    return sha256_json({key: probe[key] for key in CONTRACT_KEYS})
+
+
 def freeze_probe(
     tokenized_pairs: Iterable[TokenizedPair], tokenizer, settings: TokenizeSettings | None = None
 ) -> dict[str, Any]:
     """The probe document (JSON-serialisable) for these pairs, in this order."""
     settings = settings or TokenizeSettings()
     ids, pair_hashes, tokens_sha256 = _digest(tokenized_pairs)
-    return {
+    probe = {
         "format": PROBE_FORMAT,
         "count": len(ids),
         "pair_ids": ids,
@@ -73,6 +94,17 @@ def freeze_probe(
         "template_sha256": template_sha256(tokenizer),
         "settings": settings.to_json(),
     }
+    probe["contract_sha256"] = contract_sha256(probe)
+    return probe
+
+
+def settings_fix(frozen: dict[str, Any], given: dict[str, Any], differ: list[str]) -> str:
+    """The two ways out of a settings mismatch: refreeze the probe with the data's settings, or
+    tokenise the data with the probe's (training's `data.*` keys)."""
+    options = " ".join(f"{SETTING_OPTIONS[key]} {given[key]}" for key in differ if key in SETTING_OPTIONS)
+    keys = " ".join(f"data.{key}={frozen.get(key)}" for key in differ)
+    refreeze = f"refreeze the probe with `rewardplane data freeze-probe EVAL {options} --out PROBE`"
+    return f"{refreeze} or train with the probe's settings ({keys})" if options else f"train with {keys}"
 
 
 def freeze_probe_file(
@@ -110,11 +142,13 @@ def check_probe(
     if settings is not None:
         # a probe older than a settings key was frozen with that key's legacy value
         frozen, given = recorded_settings(probe["settings"]), settings.to_json()
-        differ = sorted(key for key in frozen.keys() | given.keys() if frozen.get(key) != given.get(key))
+        # in the settings' own order (max_length before max_completion_length), as the options read
+        differ = [key for key in {**given, **frozen} if frozen.get(key) != given.get(key)]
         if differ:
             raise ProbeMismatch(
                 "tokenisation settings differ: "
                 + ", ".join(f"{key} probe {frozen.get(key)!r}, data {given.get(key)!r}" for key in differ)
+                + f"; {settings_fix(frozen, given, differ)}"
             )
     ids, pair_hashes, tokens_sha256 = _digest(tokenized_pairs)
     if len(ids) != probe["count"]:
@@ -135,4 +169,9 @@ def check_probe(
     if tokens_sha256 != probe["tokens_sha256"]:
         raise ProbeMismatch(
             f"token hash differs: probe {probe['tokens_sha256'][:12]}, data {tokens_sha256[:12]}"
+        )
+    if "contract_sha256" in probe and probe["contract_sha256"] != contract_sha256(probe):
+        raise ProbeMismatch(
+            f"contract_sha256 {str(probe['contract_sha256'])[:12]} does not match the probe's own"
+            " hashes and settings (the document was edited): freeze it again"
         )

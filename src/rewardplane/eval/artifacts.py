@@ -22,6 +22,7 @@ import numpy as np
 from rewardplane.core import atomic, legacy
 from rewardplane.core.errors import RewardplaneError, UsageError
 from rewardplane.core.hashing import sha256_bytes
+from rewardplane.data.overlap import Overlap
 from rewardplane.eval import bootstrap, metrics
 
 PAIRS_FILE = "pairs.jsonl"
@@ -68,6 +69,7 @@ def _pair_rows(
     subsets: Sequence[str | None],
     probe_sha256: str,
     completion_tokens: tuple[Sequence[int], Sequence[int]] | None = None,
+    in_training: Sequence[bool] | None = None,
 ) -> bytes:
     correct = metrics.strict_correct(margin)
     tie = metrics.ties(margin)
@@ -90,6 +92,8 @@ def _pair_rows(
             "probe_sha256": probe_sha256,
             **lengths,
         }
+        if in_training is not None:
+            row["in_training"] = bool(in_training[i])
         lines.append(json.dumps(row, allow_nan=False, ensure_ascii=False))
     return ("\n".join(lines) + "\n").encode("utf-8")
 
@@ -110,12 +114,15 @@ def write_eval_artifacts(
     pair_losses: Sequence[float] | np.ndarray | None = None,
     completion_tokens: tuple[Sequence[int], Sequence[int]] | None = None,
     extra: dict[str, Any] | None = None,
+    overlap: Overlap | None = None,
 ) -> dict[str, Any]:
     """Score → artifacts: write pairs.jsonl then summary.json into out_dir; return the summary.
 
     `completion_tokens` (chosen, rejected token counts per pair) adds `chosen_tokens` /
     `rejected_tokens` to each row, for the report's length-bias check; `extra` adds summary
     keys (`rewardplane eval` records `data` and `throughput`). Training passes neither.
+    `overlap` (which pairs the model was trained on, `rewardplane.data.overlap`) adds
+    `train_overlap` to the summary and, when it was checked, `in_training` to each row.
 
     Scores are in probe order. NaN/inf scores or losses are refused (ValueError) rather than
     written: a failed forward pass must never turn into a measured preference.
@@ -149,8 +156,11 @@ def write_eval_artifacts(
         len(completion_tokens[0]) == len(completion_tokens[1]) == margin.size
     ):
         raise ValueError("need chosen and rejected token counts for every pair")
+    flags = overlap.in_training if overlap is not None else None
+    if flags is not None and len(flags) != margin.size:
+        raise ValueError(f"{len(flags)} overlap flags for {margin.size} pairs")
     pairs_bytes = _pair_rows(
-        pair_ids, margin, chosen, rejected, loss, subsets, probe_sha256, completion_tokens
+        pair_ids, margin, chosen, rejected, loss, subsets, probe_sha256, completion_tokens, flags
     )
     summary: dict[str, Any] = {
         "schema": SUMMARY_SCHEMA,
@@ -177,6 +187,7 @@ def write_eval_artifacts(
             ),
         },
         **(extra or {}),
+        **({"train_overlap": overlap.summary()} if overlap is not None else {}),
         "pairs_file": PAIRS_FILE,
         "pairs_sha256": sha256_bytes(pairs_bytes),
     }

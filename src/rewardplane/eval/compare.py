@@ -8,7 +8,9 @@ Three numbers, each answering a different question:
 - the same per subset, because a gain on one subset can hide a loss on another.
 
 Only evaluations of the same probe (hash) covering the same pair ids are comparable; anything
-else is refused with what differs.
+else is refused with what differs. Each side's pairs that are in its model's training data (the
+rows' `in_training`, `rewardplane.data.overlap`) are counted in `train_overlap`: a model scored on
+pairs it was trained on can look significantly better than an honest one.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from rewardplane.core.errors import UsageError
+from rewardplane.data.overlap import is_clean, overlap_line
 from rewardplane.eval import bootstrap, metrics
 from rewardplane.eval.artifacts import read_pairs
 
@@ -87,16 +90,38 @@ def _difference(correct_a: np.ndarray, correct_b: np.ndarray) -> dict[str, Any]:
     }
 
 
+def train_overlap(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """A `train_overlap` entry from one evaluation's rows: how many are in its model's training data."""
+    flags = [row.get("in_training") for row in rows]
+    if any(not isinstance(flag, bool) for flag in flags):
+        return {
+            "checked": False,
+            "reason": "its pairs.jsonl has no in_training flags (written before training overlap was"
+            " checked, or for a model that records no training data)",
+        }
+    return {"checked": True, "pairs": sum(flags), "evaluated": len(flags)}
+
+
 def compare_pairs(
     path_a: str | Path,
     path_b: str | Path,
     *,
     seed: int = bootstrap.DEFAULT_SEED,
     replicates: int = bootstrap.DEFAULT_REPLICATES,
+    strict_overlap: bool = False,
 ) -> dict[str, Any]:
-    """The comparison document for B − A, in A's (probe) order."""
+    """The comparison document for B − A, in A's (probe) order. `strict_overlap` refuses unless
+    both sides were checked against their models' training data and neither overlaps it."""
     rows_a, rows_b = read_pairs(path_a), read_pairs(path_b)
     order = _align(rows_a, rows_b, str(path_a), str(path_b))
+    overlap = {"a": train_overlap(rows_a), "b": train_overlap(rows_b)}
+    if strict_overlap:
+        for side, entry in overlap.items():
+            if not is_clean(entry):
+                raise UsageError(
+                    f"--strict-overlap: {side.upper()}: {overlap_line(entry, f'model {side.upper()}')}",
+                    code="train_overlap",
+                )
     rows_b = [rows_b[j] for j in order]
     correct_a = np.array([row["correct"] for row in rows_a], dtype=bool)
     correct_b = np.array([row["correct"] for row in rows_b], dtype=bool)
@@ -127,6 +152,7 @@ def compare_pairs(
             ),
         },
         "subsets": per_subset,
+        "train_overlap": overlap,
     }
 
 

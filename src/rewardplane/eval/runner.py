@@ -21,6 +21,7 @@ import numpy as np
 from rewardplane.core import atomic
 from rewardplane.core.errors import RewardplaneError, UsageError
 from rewardplane.core.progress import Progress
+from rewardplane.data.overlap import ContentHashes, Overlap, is_clean, overlap_line, read_training_content
 from rewardplane.data.pipeline import Summary, tokenize_source
 from rewardplane.data.records import TokenizedPair
 from rewardplane.data.tokenize import LEGACY_SETTINGS, TokenizeSettings
@@ -46,11 +47,16 @@ def load_probe(path: str | Path) -> dict[str, Any]:
 
 
 def tokenize_eval_data(
-    data_path: str | Path, tokenizer: Any, settings: TokenizeSettings, summary: Summary | None = None
+    data_path: str | Path,
+    tokenizer: Any,
+    settings: TokenizeSettings,
+    summary: Summary | None = None,
+    content: ContentHashes | None = None,
 ) -> list[TokenizedPair]:
-    """Accepted pairs in input order; rejected rows are counted by reason and logged, as in training."""
+    """Accepted pairs in input order; rejected rows are counted by reason and logged, as in training.
+    `content` collects their content keys (`rewardplane.data.overlap`)."""
     summary = summary if summary is not None else Summary()
-    pairs = tokenize_source(data_path, tokenizer, settings, summary)
+    pairs = tokenize_source(data_path, tokenizer, settings, summary, content=content)
     if summary.rejected:
         log.warning("%s: rejected rows by reason: %s", data_path, summary.nonzero())
     if not pairs:
@@ -127,6 +133,18 @@ def load_model(
         ) from None
 
 
+def training_overlap(
+    model_path: str | Path, meta: dict[str, Any], content: ContentHashes, *, strict: bool
+) -> Overlap:
+    """Which evaluated pairs the model was trained on (its checkpoint's record), or why that cannot
+    be checked; with `strict`, anything but a checked zero is a usage error, before any scoring."""
+    record = read_training_content(model_path, meta)
+    overlap = Overlap.unchecked(record) if isinstance(record, str) else record.find(content)
+    if strict and not is_clean(overlap.summary()):
+        raise UsageError(f"--strict-overlap: {overlap_line(overlap.summary())}", code="train_overlap")
+    return overlap
+
+
 def _device(requested: str | None) -> str:
     import torch
 
@@ -144,8 +162,13 @@ def evaluate(
     data_path: str | Path,
     out_dir: str | Path,
     options: EvalSettings = EvalSettings(),
+    strict_overlap: bool = False,
 ) -> dict[str, Any]:
     """Check the data against the probe, score every pair, write the artifacts; return the summary.
+
+    The summary's `train_overlap` counts the evaluated pairs that are in the model's training data
+    (`rewardplane.data.overlap`); `strict_overlap` refuses, before scoring, unless that count was
+    checked and is 0.
 
     The checkpoint's recorded `objective` picks its scorer (`rewardplane.objectives.registry`): a
     DPO policy is scored by its implicit reward β·(log π − log π_ref), a reward model (or an HF
@@ -157,10 +180,11 @@ def evaluate(
     settings = TokenizeSettings.from_json(probe["settings"])
     device = _device(options.device)
     scorer = load_model(model_path, device=device, **options.model_kwargs())
-    data = Summary()
-    pairs = tokenize_eval_data(data_path, scorer.tokenizer, settings, data)
+    data, content = Summary(), ContentHashes()
+    pairs = tokenize_eval_data(data_path, scorer.tokenizer, settings, data, content)
     check_probe(probe, pairs, tokenizer=scorer.tokenizer, settings=settings)
     check_plain_text(scorer.metadata, settings, data_path, scorer.tokenizer, pairs, model_path)
+    overlap = training_overlap(model_path, scorer.metadata, content, strict=strict_overlap)
     started = time.perf_counter()
     with scoring_progress(len(pairs), options.progress, options.progress_every_s) as bar:
         chosen, rejected, losses = scorer.score(pairs, options.batch_size, bar)
@@ -193,6 +217,7 @@ def evaluate(
         seed=options.seed,
         replicates=options.replicates,
         pair_losses=losses,
+        overlap=overlap,
         completion_tokens=(
             [sum(p.chosen.loss_mask) for p in pairs],
             [sum(p.rejected.loss_mask) for p in pairs],

@@ -22,6 +22,7 @@ own exporter in `EXPORTERS`.
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -176,6 +177,11 @@ def export_reward_model(checkpoint: Path, out: Path) -> dict[str, Any]:
             "plain_text": meta.get("plain_text", LEGACY_SETTINGS["plain_text"]),
             "special_token_ids": special_token_ids(tokenizer, pad),
         }
+        if "training_data" in meta:  # the checkpoint's training pairs travel with it (data.overlap)
+            shutil.copyfile(
+                Path(checkpoint) / meta["training_data"]["file"], tmp / meta["training_data"]["file"]
+            )
+            report["training_data"] = meta["training_data"]
         (tmp / EXPORT_FILE).write_text(json.dumps(report, indent=2, sort_keys=True))
         (tmp / "README.md").write_text(model_card(checkpoint, meta, report, tokenizer))
         # tokenizer_config's pad token must be the one the config names

@@ -201,16 +201,22 @@ def _is_seqcls_dir(path: Path) -> dict[str, Any] | None:
     return config if any(a.endswith("ForSequenceClassification") for a in archs) else None
 
 
-def exported_plain_text(path: str | Path) -> str | None:
-    """How the checkpoint an HF directory was exported from tokenised plain-text rows
-    (`plain_text` in its `rewardplane_export.json`), or None: a directory `rewardplane export hf` did
-    not write, an export from before the key was recorded, or an unreadable record."""
+def export_record(path: str | Path) -> dict[str, Any]:
+    """The `rewardplane_export.json` of an HF directory, or {} (a directory `rewardplane export hf`
+    did not write, or an unreadable record)."""
     try:
         record_path = legacy.first_existing(path, EXPORT_FILE, legacy.EXPORT_RECORD)
         record = json.loads(record_path.read_text()) if record_path else None
     except (OSError, ValueError, UnicodeDecodeError):
-        return None
-    mode = record.get("plain_text") if isinstance(record, dict) else None
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def exported_plain_text(path: str | Path) -> str | None:
+    """How the checkpoint an HF directory was exported from tokenised plain-text rows
+    (`plain_text` in its `rewardplane_export.json`), or None: a directory `rewardplane export hf` did
+    not write, an export from before the key was recorded, or an unreadable record."""
+    mode = export_record(path).get("plain_text")
     return mode if mode in PLAIN_TEXT_MODES else None
 
 
@@ -475,6 +481,8 @@ def load_reward_model(
             # that its checkpoint was trained otherwise
             "plain_text": exported_plain_text(path) or TEXT_EOS,
         }
+        if "training_data" in (record := export_record(path)):  # its checkpoint's training pairs
+            meta["training_data"] = record["training_data"]
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     model.to(device).eval()
     return model, tokenizer, meta

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rewardplane.core.errors import ConfigError
+from rewardplane.core.errors import ConfigError, reading
 from rewardplane.data.collate import Batch, block_attention_mask
 from rewardplane.models.attention import packed_attention, resolve_attn_implementation
 
@@ -70,7 +70,8 @@ def build_backbone(
         }
         if spec.get("gguf_file"):
             kwargs["gguf_file"] = spec["gguf_file"]
-        model = auto_class.from_pretrained(spec["path"], dtype=torch.float32, **overrides, **kwargs)
+        with reading(spec["path"], "model", code="bad_model_dir"):
+            model = auto_class.from_pretrained(spec["path"], dtype=torch.float32, **overrides, **kwargs)
         if getattr(model.config, "quantization_config", None) is not None:
             # GGUF weights are dequantised on load; the attribute would block save_pretrained.
             del model.config.quantization_config

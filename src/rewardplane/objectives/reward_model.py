@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from rewardplane.core.errors import ConfigError, UsageError
+from rewardplane.core.errors import ConfigError, UsageError, reading
 from rewardplane.core.hashing import sha256_file, sha256_json
 from rewardplane.core.progress import Progress
 from rewardplane.data.collate import Batch, Layout, collate
@@ -210,7 +210,10 @@ def _from_init(path: str) -> RewardModel:
 
     if is_checkpoint(path):
         return load_rewardplane_model(path)[0]
-    hf = AutoModelForSequenceClassification.from_pretrained(path, local_files_only=True, dtype=torch.float32)
+    with reading(path, "model", code="bad_model_dir"):
+        hf = AutoModelForSequenceClassification.from_pretrained(
+            path, local_files_only=True, dtype=torch.float32
+        )
     head = getattr(hf, "score", None)
     if not isinstance(head, nn.Linear) or head.bias is not None or head.out_features != 1:
         raise CheckpointError(

@@ -88,7 +88,11 @@ class ScoreError(RewardplaneError):
     code = "score_failed"
 
     def __init__(self, failures: list[ItemFailure], results: list[ItemScores]) -> None:
-        head = ", ".join(f"{f.id}/{f.scorer}: {f.code}" for f in failures[:5])
+        # the reason with the code: "0/rm: bad_input: empty response (...)" (a trainer shows only this line)
+        head = ", ".join(
+            f"{f.id}/{f.scorer}: {f.code}" + (f": {f.message[:160]}" if f.message else "")
+            for f in failures[:5]
+        )
         more = f" (+{len(failures) - 5} more)" if len(failures) > 5 else ""
         super().__init__(f"{len(failures)} item score(s) failed: {head}{more}")
         self.failures = failures

@@ -9,6 +9,8 @@ Layout of one checkpoint directory:
 - `optimizer.pt`: full (unsharded) optimizer state keyed by parameter name
 - `trainer_state.json`: scheduler, sampler position, step-0 evaluation identity
 - `rng.pt`: python / numpy / torch / cuda RNG states of every rank
+- `training_data.npz`: content keys of every training pair (`rewardplane.data.overlap`), so an
+  evaluation can count the evaluated pairs the model was trained on
 
 The whole directory is staged in a temp sibling and renamed into place, so a crash during a
 save leaves the previous checkpoint intact and the half-written one invisible (its temp name
@@ -110,10 +112,12 @@ def save_checkpoint(
     metadata: dict[str, Any],
     trainer_state: dict[str, Any],
     keep_last: int,
+    files: dict[str, bytes] | None = None,
 ) -> Path | None:
     """Collective: every rank must call it. Rank 0 writes; returns the directory on rank 0.
 
-    `write_model(directory, state_dict) -> weights_sha256` writes the objective's model files.
+    `write_model(directory, state_dict) -> weights_sha256` writes the objective's model files;
+    `files` are written beside them (the training-data record, `rewardplane.data.overlap`).
     """
     model_state, optim_state = full_state_dicts(model, optimizer)
     rng_states = all_gather_objects(rng_state())
@@ -121,6 +125,8 @@ def save_checkpoint(
     if info.is_main:
         with staged_dir(final) as tmp:
             weights_sha = write_model(tmp, model_state)
+            for name, data in (files or {}).items():
+                (tmp / name).write_bytes(data)
             torch.save(optim_state, tmp / "optimizer.pt")
             torch.save({"ranks": rng_states}, tmp / "rng.pt")
             (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=2, sort_keys=True))

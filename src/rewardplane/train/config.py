@@ -7,6 +7,7 @@ its own directory. Reading, overrides, unknown keys and type errors are `rewardp
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -104,6 +105,17 @@ class ModelConfig(ConfigModel):
     trust_remote_code: bool = False
     gradient_checkpointing: bool = False
     lora: LoraConfig | None = None
+
+    @field_validator("tiny")
+    @classmethod
+    def _known_tiny(cls, value: str | None) -> str | None:
+        from rewardplane.models.tiny import TINY_CONFIGS
+
+        if value is not None and value not in TINY_CONFIGS:
+            close = difflib.get_close_matches(value, list(TINY_CONFIGS), n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise ValueError(f"must be one of {', '.join(sorted(TINY_CONFIGS))}, got {value!r}{hint}")
+        return value
 
 
 class SynthConfig(ConfigModel):

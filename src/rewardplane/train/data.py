@@ -3,7 +3,10 @@
 Reward-model and DPO runs train on the same prepared data: train and eval pairs read,
 normalised, validated and tokenised by `rewardplane.data.pipeline` (rejections counted by reason,
 as `rewardplane data validate` counts them), the eval pairs checked against a frozen probe when
-one is given, and the hashes that identify both in checkpoints and evaluation artifacts.
+one is given, and the hashes that identify both in checkpoints and evaluation artifacts. The
+training pairs' content keys (`rewardplane.data.overlap`) go into every checkpoint, so any later
+evaluation can count the pairs this model was trained on; the run's own eval pairs are counted
+against them now.
 """
 
 from __future__ import annotations
@@ -14,10 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rewardplane.core.errors import ConfigError
+from rewardplane.core.errors import ConfigError, UsageError, reading
 from rewardplane.core.hashing import sha256_json
+from rewardplane.data.overlap import ContentHashes, Overlap, TrainingContent, overlap_line
 from rewardplane.data.pipeline import Source, Summary, tokenize_source
-from rewardplane.data.probe import check_probe, freeze_probe
+from rewardplane.data.probe import ProbeMismatch, check_probe, freeze_probe
 from rewardplane.data.records import TokenizedPair
 from rewardplane.data.tokenize import TokenizeSettings, load_tokenizer
 from rewardplane.train.config import TrainConfig
@@ -33,6 +37,8 @@ class PreparedData:
     data_sha256: str
     probe_sha256: str | None
     rejected: dict[str, int]
+    train_content: TrainingContent | None = None
+    eval_overlap: Overlap | None = None
 
 
 def training_tokenizer(cfg: TrainConfig):
@@ -60,7 +66,8 @@ def _load_training_tokenizer(cfg: TrainConfig):
         if not source:
             raise ConfigError("data.tokenizer=model needs model.path or model.init_from")
         kwargs = {"gguf_file": cfg.model.gguf_file} if cfg.model.gguf_file and cfg.model.path else {}
-        return AutoTokenizer.from_pretrained(source, local_files_only=True, **kwargs)
+        with reading(source, "tokenizer", code="bad_model_dir"):
+            return AutoTokenizer.from_pretrained(source, local_files_only=True, **kwargs)
     return load_tokenizer(spec)
 
 
@@ -95,8 +102,32 @@ def _sources(cfg: TrainConfig) -> tuple[Source, Source]:
     raise ConfigError("data: set data.train (a JSONL/Parquet file) or data.synth")
 
 
+def check_local_paths(cfg: TrainConfig) -> None:
+    """Every path the config names exists here. A missing one is named as such, before transformers
+    takes it for a Hub repo id and answers about repo names or huggingface.co (rewardplane never
+    downloads anything)."""
+    from rewardplane.data.reader import source_exists
+    from rewardplane.data.tokenize import BUILTIN
+
+    models = {"model.path": cfg.model.path, "model.init_from": cfg.model.init_from}
+    if cfg.data.tokenizer not in (BUILTIN, "model"):
+        models["data.tokenizer"] = cfg.data.tokenizer
+    files = {"data.train": cfg.data.train, "data.eval": cfg.data.eval, "data.probe": cfg.data.probe}
+    for key, value in models.items():
+        if value and not Path(value).exists():
+            raise UsageError(
+                f"{key}={value}: no such local directory (models and tokenizers are read from local"
+                " directories only; nothing is downloaded)",
+                code="no_such_path",
+            )
+    for key, value in files.items():
+        if value and not source_exists(value):
+            raise UsageError(f"{key}={value}: no such file or directory", code="no_such_path")
+
+
 def prepare_data(cfg: TrainConfig) -> PreparedData:
     """Read, validate and tokenise the train / eval pairs (rejections are counted by reason)."""
+    check_local_paths(cfg)
     data = cfg.data
     tokenizer = training_tokenizer(cfg)
     settings = TokenizeSettings(
@@ -108,8 +139,9 @@ def prepare_data(cfg: TrainConfig) -> PreparedData:
     )
     train_source, eval_source = _sources(cfg)
     summary = Summary()
-    train = tokenize_source(train_source, tokenizer, settings, summary)
-    evaluation = tokenize_source(eval_source, tokenizer, settings, summary)
+    train_keys, eval_keys = ContentHashes(), ContentHashes()
+    train = tokenize_source(train_source, tokenizer, settings, summary, content=train_keys)
+    evaluation = tokenize_source(eval_source, tokenizer, settings, summary, content=eval_keys)
     rejected = summary.nonzero()
     if rejected:
         log.warning("rejected pairs by reason: %s", rejected)
@@ -117,11 +149,19 @@ def prepare_data(cfg: TrainConfig) -> PreparedData:
     if not train:
         raise ConfigError("no training pairs left after validation")
     probe_sha = None
+    train_content = train_keys.record()
+    eval_overlap = None
     if evaluation:
         if data.probe:
             probe = json.loads(Path(data.probe).read_text())
-            check_probe(probe, evaluation, tokenizer=tokenizer, settings=settings)
+            try:
+                check_probe(probe, evaluation, tokenizer=tokenizer, settings=settings)
+            except ProbeMismatch as exc:
+                raise ProbeMismatch(f"data.probe {data.probe}: {exc.message}") from None
         probe_sha = freeze_probe(evaluation, tokenizer, settings)["tokens_sha256"]
+        eval_overlap = train_content.find(eval_keys)
+        if eval_overlap.pairs:
+            log.warning("%s", overlap_line(eval_overlap.summary(), "this run"))
     return PreparedData(
         train=train,
         eval=evaluation,
@@ -129,4 +169,6 @@ def prepare_data(cfg: TrainConfig) -> PreparedData:
         data_sha256=sha256_json(freeze_probe(train, tokenizer, settings)),
         probe_sha256=probe_sha,
         rejected=rejected,
+        train_content=train_content,
+        eval_overlap=eval_overlap,
     )

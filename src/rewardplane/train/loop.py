@@ -14,7 +14,6 @@ import json
 import logging
 import math
 import random
-import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -27,9 +26,10 @@ import torch
 from rewardplane.core.atomic import write_text
 from rewardplane.core.errors import UsageError
 from rewardplane.core.progress import Progress
+from rewardplane.data.overlap import FILE as TRAINING_DATA_FILE
+from rewardplane.data.overlap import Overlap, TrainingContent
 from rewardplane.data.records import TokenizedPair
 from rewardplane.eval.metrics import TIE_TOLERANCE
-from rewardplane.models.loading import CheckpointError
 from rewardplane.objectives.base import Objective
 from rewardplane.train import checkpoint as ckpt
 from rewardplane.train.config import TrainConfig, dump_yaml
@@ -42,6 +42,7 @@ from rewardplane.train.distributed import (
     transformer_blocks,
     wrap_model,
 )
+from rewardplane.train.resume import TrainingInterrupted, prepare_run_dir, resolve_resume, restore
 from rewardplane.train.sampler import PairSampler
 from rewardplane.train.tracking import Trackers, check_report_to, with_trl_names
 
@@ -56,10 +57,12 @@ _SUMS = ("loss", "pairs", "correct", "ties", "c", "c2", "r", "r2", "m", "m2", "t
 
 @dataclass
 class EvalSet:
-    """The frozen evaluation pairs and the hash that identifies them in every artifact."""
+    """The frozen evaluation pairs, the hash that identifies them in every artifact, and which of
+    them are training pairs too (`data.overlap`; None: not checked)."""
 
     pairs: list[TokenizedPair]
     probe_sha256: str
+    overlap: Overlap | None = None
 
 
 @dataclass
@@ -180,12 +183,14 @@ class Trainer:
         data_sha256: str,
         eval_set: EvalSet | None = None,
         info: DistInfo | None = None,
+        train_content: TrainingContent | None = None,
     ) -> None:
         self.cfg = cfg
         self.objective = objective
         self.train_pairs = list(train_pairs)
         self.tokenizer = tokenizer
         self.data_sha256 = data_sha256
+        self.train_content = train_content  # written beside every checkpoint (data.overlap)
         self.eval_set = eval_set
         self.info = info or init_distributed()
         self.run_dir = Path(cfg.run.run_dir)
@@ -361,6 +366,7 @@ class Trainer:
                 model_identity={**self.objective.checkpoint_metadata(), "step": self.step},
                 batch_plan=plan,
                 pair_losses=losses,
+                overlap=self.eval_set.overlap,
             )
             self.eval_summaries[self.step] = summary
             # strict accuracy counts ties as wrong: at step 0 a DPO policy equals its reference, so every
@@ -399,7 +405,12 @@ class Trainer:
             "scheduler": self.scheduler.state_dict(),
             "sampler": self.sampler.state_dict(),
             "step0_eval": self.step0_eval,
+            "config": self.cfg.model_dump(mode="json"),  # what a resume must match (train.resume)
         }
+        files = {}
+        if self.train_content is not None:
+            files[TRAINING_DATA_FILE] = self.train_content.to_bytes()
+            meta["training_data"] = self.train_content.metadata(files[TRAINING_DATA_FILE])
         return ckpt.save_checkpoint(
             self.run_dir,
             step=self.step,
@@ -410,35 +421,13 @@ class Trainer:
             metadata=meta,
             trainer_state=state,
             keep_last=self.cfg.run.keep_last,
+            files=files,
         )
 
     def resume(self, directory: str | Path, *, allow_new_data: bool = False) -> None:
-        """Restore model, optimizer, scheduler, sampler position and every rank's RNG, or refuse."""
-        directory = Path(directory)
-        meta = ckpt.check_resumable(directory, world_size=self.info.world_size)
-        self.objective.validate_resume(meta)
-        new_data = meta.get("data_manifest_sha256") != self.data_sha256
-        if new_data and not allow_new_data:
-            raise CheckpointError(
-                f"{directory}: trained on data {str(meta.get('data_manifest_sha256'))[:12]}, this run's data is"
-                f" {self.data_sha256[:12]}; pass --allow-new-data to continue on different data",
-                code="data_mismatch",
-            )
-        self.objective.load_model_state(self.raw_model, directory)
-        ckpt.load_optimizer_state(self.raw_model, self.optimizer, directory)
-        state = ckpt.load_trainer_state(directory, self.info)
-        self.scheduler.load_state_dict(state["scheduler"])
-        if not new_data:  # on new data the position of the old data means nothing: start it afresh
-            self.sampler.load_state_dict(state["sampler"])
-        self.step = state["step"]
-        self.pairs_consumed = state["pairs_consumed"]
-        self.step0_eval = state.get("step0_eval")
-        ckpt.set_rng_state(state["rng"])
-        if self.info.is_main:
-            dropped = truncate_metrics(self.run_dir / "metrics.jsonl", self.step)
-            if dropped:
-                log.info("metrics.jsonl: dropped %d rows after the restored step %d", dropped, self.step)
-        log.info("resumed from %s at step %d", directory, self.step)
+        """Restore model, optimizer, scheduler, sampler position and every rank's RNG, or refuse
+        a resume that would not continue the same experiment (`rewardplane.train.resume`)."""
+        restore(self, Path(directory), allow_new_data=allow_new_data)
 
     # ---- the loop -----------------------------------------------------------------------
     def _log_metrics(self, metrics: dict[str, Any]) -> None:
@@ -518,6 +507,8 @@ class Trainer:
             final_summary = self.evaluate(final=True)
             if info.is_main:
                 log.info("train summary: %s", json.dumps(self.train_summary(started, final_summary)))
+        except KeyboardInterrupt:  # the CLI says what survives and how to resume (train.resume)
+            raise TrainingInterrupted(self.run_dir, self.step, cfg.run.max_steps) from None
         finally:
             if progress is not None:
                 progress.close()
@@ -554,59 +545,10 @@ def train_objective(
         train_pairs=data.train,
         tokenizer=data.tokenizer,
         data_sha256=data.data_sha256,
-        eval_set=EvalSet(data.eval, data.probe_sha256) if data.eval else None,
+        eval_set=EvalSet(data.eval, data.probe_sha256, data.eval_overlap) if data.eval else None,
+        train_content=data.train_content,
     )
-    if resume == "auto":
-        found = ckpt.latest_checkpoint(Path(cfg.run.run_dir) / "checkpoints")
-        resume = str(found) if found else None
+    resume = resolve_resume(Path(cfg.run.run_dir), resume)
     if resume:
         trainer.resume(resume, allow_new_data=allow_new_data)
     return trainer.fit()
-
-
-def prepare_run_dir(run_dir: Path, *, resume: str | None, overwrite: bool) -> None:
-    """Refuse a fresh run into a non-empty directory (exit 2, one line), or empty it for `overwrite`."""
-    from rewardplane.train.distributed import barrier
-
-    if resume and overwrite:
-        raise UsageError("--resume and --overwrite exclude each other", code="usage")
-    existing = sorted(p.name for p in run_dir.iterdir()) if run_dir.is_dir() else []
-    barrier()  # every rank has looked before rank 0 changes anything
-    if not existing or resume:
-        return
-    if not overwrite:
-        shown = ", ".join(existing[:4]) + (", ..." if len(existing) > 4 else "")
-        raise UsageError(
-            f"run directory {run_dir} is not empty ({shown}); pass --resume auto to continue that run"
-            " or --overwrite to delete it and start again",
-            code="run_dir_not_empty",
-        )
-    if init_distributed().is_main:
-        for name in existing:
-            target = run_dir / name
-            if target.is_dir() and not target.is_symlink():
-                shutil.rmtree(target)
-            else:
-                target.unlink()
-        log.info("--overwrite: emptied %s", run_dir)
-    barrier()
-
-
-def truncate_metrics(path: Path, step: int) -> int:
-    """Keep the metrics rows up to `step` (a resume repeats the steps after it); return how many were dropped."""
-    if not path.is_file():
-        return 0
-    kept, dropped = [], 0
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            row_step = json.loads(line).get("step")
-        except ValueError:
-            dropped += 1  # a torn last line from a crash
-            continue
-        if isinstance(row_step, int) and row_step > step:
-            dropped += 1
-        else:
-            kept.append(line)
-    if dropped:
-        write_text(path, "".join(line + "\n" for line in kept))
-    return dropped

@@ -149,11 +149,16 @@ def image_bytes(image: ImageIn, parts: Mapping[str, bytes], where: str) -> bytes
 _ITEM = TypeAdapter(ItemIn)
 
 
-def read_items(path: str | Path) -> list[ScoreItem]:
+BAD_LINE = "bad_line"
+"""The code of a `UsageError` about one line of an items file (`read_items`)."""
+
+
+def read_items(path: str | Path, *, bad: list[tuple[int, str]] | None = None) -> list[ScoreItem]:
     """An items file: one wire item (`ItemIn`) per JSON line, checked as the service checks
     one, except that `image` may also be a path (relative to the file), and `image_path` /
     `image_b64` (the `rewardplane bench --inputs` names) stand for `image`. Ids must be unique:
-    scores are written and compared per id. A bad line is a one-line `UsageError`."""
+    scores are written and compared per id. A bad line is a one-line `UsageError`; given a
+    `bad` list, it is appended there as (line number, reason) and the other lines are read."""
     path = Path(path)
     if not path.is_file():
         raise UsageError(f"{path} does not exist")
@@ -162,26 +167,39 @@ def read_items(path: str | Path) -> list[ScoreItem]:
     for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
             continue
-        where = f"{path}:{lineno}"
         try:
-            row = load_json(line, what="line")
-            if not isinstance(row, dict):
-                raise UsageError(f"{where}: expected a JSON object")
-            image = _image_file(row, path.parent, where)
-            wire_item = _ITEM.validate_python(row, strict=True)
-            if wire_item.image is not None:
-                image = image_bytes(wire_item.image, {}, "image")
-        except ServeError as exc:
-            raise UsageError(f"{where}: {exc.message}") from None
-        except ValidationError as exc:
-            raise UsageError(f"{where}: {first_error(exc)}") from None
-        if wire_item.id in ids:
-            raise UsageError(f"{where}: duplicate id {wire_item.id!r}")
-        ids.add(wire_item.id)
-        items.append(wire_item.to_score_item(image))
+            item = _read_line(line, path.parent, f"{path}:{lineno}")
+            if item.id in ids:
+                raise UsageError(f"{path}:{lineno}: duplicate id {item.id!r}", code=BAD_LINE)
+        except UsageError as exc:
+            if bad is None:
+                raise
+            bad.append((lineno, str(exc).removeprefix(f"{path}:{lineno}: ")))
+            continue
+        ids.add(item.id)
+        items.append(item)
     if not items:
-        raise UsageError(f"{path}: no items")
+        raise UsageError(f"{path}: no items" + (f" ({len(bad)} bad lines)" if bad else ""))
     return items
+
+
+def _read_line(line: str, folder: Path, where: str) -> ScoreItem:
+    """One line of an items file as a `ScoreItem`; a `UsageError` naming `where` if it is not one."""
+    try:
+        row = load_json(line, what="line")
+        if not isinstance(row, dict):
+            raise UsageError(f"{where}: expected a JSON object", code=BAD_LINE)
+        image = _image_file(row, folder, where)
+        wire_item = _ITEM.validate_python(row, strict=True)
+        if wire_item.image is not None:
+            image = image_bytes(wire_item.image, {}, "image")
+    except UsageError as exc:
+        raise UsageError(exc.message, code=BAD_LINE) from None
+    except ServeError as exc:
+        raise UsageError(f"{where}: {exc.message}", code=BAD_LINE) from None
+    except ValidationError as exc:
+        raise UsageError(f"{where}: {first_error(exc)}", code=BAD_LINE) from None
+    return wire_item.to_score_item(image)
 
 
 def _image_file(row: dict[str, Any], folder: Path, where: str) -> bytes | None:
