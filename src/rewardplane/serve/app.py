@@ -23,6 +23,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rewardplane import __version__
+from rewardplane.serve.audit import AuditStream
+from rewardplane.serve.audit.metrics import AuditMetrics
 from rewardplane.serve.backend import ScoringBackend
 from rewardplane.serve.batcher import check_value
 from rewardplane.serve.config import ServiceConfig
@@ -57,6 +59,7 @@ from rewardplane.serve.protocol import (
     timing_headers,
 )
 from rewardplane.serve.routes import RouteContext, trainer_routes
+from rewardplane.serve.routes.audit import audit_router
 from rewardplane.serve.scorers.base import ItemError, ScoreItem, ScorerInfo
 from rewardplane.serve.timing import RequestTiming, current_timing
 
@@ -169,15 +172,21 @@ def create_app(
     attach = getattr(backend, "attach_metrics", None)
     if attach is not None and getattr(backend, "metrics", None) is None:
         attach(metrics)
+    # the audit stream (docs/audit.md): offered every proxy score, never delays a response
+    audit = AuditStream(config.audit, backend, AuditMetrics(metrics.registry)) if config.audit else None
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         # Load in the background: /health/live answers at once, /health/ready says 503 until warm.
         task = asyncio.create_task(backend.start(), name="backend-start")
         app.state.start_task = task
+        if audit is not None:
+            await audit.start()
         try:
             yield
         finally:
+            if audit is not None:
+                await audit.stop()
             if not task.done():
                 task.cancel()
             with contextlib.suppress(BaseException):
@@ -194,6 +203,7 @@ def create_app(
     )
     app.state.metrics = metrics
     app.state.backend = backend
+    app.state.audit = audit
 
     def check_auth(request: Request) -> None:
         if token is None:
@@ -289,7 +299,10 @@ def create_app(
         for out in outs:
             if isinstance(out, BaseException):
                 raise out
-        return dict(zip(names, outs, strict=True))
+        results = dict(zip(names, outs, strict=True))
+        if audit is not None:
+            audit.observe(names, items, results)
+        return results
 
     @app.post(
         SCORE_ROUTE,
@@ -348,6 +361,8 @@ def create_app(
 
     # OpenRLHF /get_reward and the reward-gateway /score, /health, /rewards (docs/integrations.md)
     app.include_router(trainer_routes(RouteContext(backend, limits, check_auth, read_body, score_all, count)))
+    if audit is not None:
+        app.include_router(audit_router(audit, check_auth))  # GET /v1/audit (docs/audit.md)
 
     @app.get(
         SCORERS_ROUTE,

@@ -136,6 +136,8 @@ def openrlhf_router(ctx: RouteContext) -> APIRouter:
         values: list[Any] = [float(r) for r in results]
         ctx.count(OPENRLHF_ROUTE, 200, "", started)
         out = {"rewards": values, "scores": values, "extra_logs": {name: values}}
+        if (audit := getattr(request.app.state, "audit", None)) is not None:  # docs/audit.md
+            out["extra_logs"].update({key: [value] * len(values) for key, value in audit.flat.items()})
         return Response(json.dumps(out, allow_nan=False), media_type="application/json")
 
     return router
