@@ -60,6 +60,7 @@ class _RemoteRewardBase:
         batch_size: int = 256,
         timeout: float = 120.0,
         max_retries: int = 6,
+        audit: Any = None,
     ) -> None:
         if on_error not in ("raise", "none"):
             raise UsageError(f"on_error must be 'raise' or 'none', got {on_error!r}")
@@ -77,6 +78,7 @@ class _RemoteRewardBase:
                 scorer = pick_scorer(client.scorers(), self.url)
         self.scorer = scorer
         self.__name__ = name or f"rewardplane_{scorer}"
+        self.audit = audit  # an integrations.audit.AuditCallback whose audit/* numbers TRL logs
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r}, scorer={self.scorer!r}, on_error={self.on_error!r})"
@@ -93,18 +95,25 @@ class _RemoteRewardBase:
                 )
             references = kwargs[self.reference_key]
         items = []
+        state = kwargs.get("trainer_state")  # TRL's TrainerState: the step is the policy version
+        version = getattr(state, "global_step", None)
         for i, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
             item: dict[str, Any] = {
                 "id": str(i),
                 "prompt": as_turns(prompt, f"prompts[{i}]"),
                 "response": as_turns(completion, f"completions[{i}]"),
             }
+            if isinstance(version, int):  # the service's audit groups items by it (docs/audit.md)
+                item["metadata"] = {"policy_version": version}
             if references is not None and references[i] is not None:
                 item["reference"] = as_reference(references[i])
             items.append(item)
         return items
 
     def _finish(self, results: list[ItemScores], log_metric: Callable | None) -> list[float | None]:
+        if self.audit is not None and callable(log_metric):  # audit/* next to TRL's own metrics
+            for key, value in self.audit.metrics.items():
+                log_metric(key, value)
         values, failures = split_results(results, self.scorer)
         if self.on_error == "raise":
             raise_failures(failures, results)

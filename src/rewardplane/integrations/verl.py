@@ -135,6 +135,7 @@ def _items(
     solution_strs: Sequence[str],
     ground_truths: Sequence[Any],
     extra_infos: Sequence[Any],
+    data_sources: Sequence[Any] | None = None,
 ) -> list[dict[str, Any]]:
     items = []
     for i, (response, truth, info) in enumerate(zip(solution_strs, ground_truths, extra_infos, strict=True)):
@@ -143,11 +144,28 @@ def _items(
             "prompt": _prompt(info, kind, scorer, f"sample {i}"),
             "response": str(response),
         }
+        if meta := _audit_metadata(info, data_sources[i] if data_sources is not None else None):
+            item["metadata"] = meta
         reference = as_reference(truth)
         if reference is not None:
             item["reference"] = reference
         items.append(item)
     return items
+
+
+def _audit_metadata(extra_info: Any, data_source: Any) -> dict[str, Any]:
+    """What the service's audit reads (docs/audit.md): the policy version — verl 0.9's reward
+    loop merges the rollout server's `extra_fields` into `extra_info`, among them
+    `global_steps`, the step of the weights that generated the response — and the data source."""
+    meta: dict[str, Any] = {}
+    step = extra_info.get("global_steps") if isinstance(extra_info, Mapping) else None
+    if hasattr(step, "item"):
+        step = step.item()
+    if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
+        meta["policy_version"] = step
+    if isinstance(data_source, str) and data_source:
+        meta["data_source"] = data_source
+    return meta
 
 
 def _values(results: list[ItemScores], scorer: str) -> list[float]:
@@ -175,7 +193,7 @@ def compute_score_batch(
             f"compute_score_batch: {len(data_sources)} data_sources, {n} solution_strs, "
             f"{len(truths)} ground_truths, {len(infos)} extra_infos"
         )
-    items = _items(scorer, kind, solution_strs, truths, infos)
+    items = _items(scorer, kind, solution_strs, truths, infos, data_sources)
     results: list[ItemScores] = []
     for start in range(0, len(items), batch_size):
         results.extend(client.score(items[start : start + batch_size], [scorer]))
@@ -197,6 +215,6 @@ async def compute_score_async(
     if scorer is None or (url, scorer) not in _kinds:  # the one-time look-up, off the event loop
         scorer, _kind = await asyncio.to_thread(_resolve, url, scorer, _client(url, client_kwargs))
     kind = _kinds[(url, scorer)]
-    items = _items(scorer, kind, [solution_str], [ground_truth], [extra_info])
+    items = _items(scorer, kind, [solution_str], [ground_truth], [extra_info], [data_source])
     results = await _async_client(url, client_kwargs).score(items, [scorer])
     return _values(results, scorer)[0]
