@@ -5,7 +5,10 @@ Inputs (each optional; missing parts are stated on the page, not silently droppe
   chosen_mean, rejected_mean, margin_mean, grad_norm, lr, …) → training curves;
 - RUN/eval/step-NNNNNNN/summary.json → evaluation accuracy with its 95% interval over steps;
 - the latest evaluation's pairs.jsonl → chosen/rejected score histograms and calibration;
-- RUN/config.yaml → settings, shown verbatim with its hash.
+- RUN/config.yaml → settings, shown verbatim with its hash;
+- RUN/audit.json → the reward service's audit (docs/audit.md): proxy and auditors over policy
+  versions with intervals, alarm markers, signature rates. A directory with only audit.json
+  gets a page of its own.
 A directory written by `rewardplane eval --out DIR` (summary.json + pairs.jsonl at the top) is
 also accepted. Output: report.html (PNGs embedded as base64, so the file can be mailed or
 attached on its own) and report.md with the same PNGs next to it.
@@ -23,6 +26,7 @@ from rewardplane.core import legacy
 from rewardplane.core.errors import UsageError
 from rewardplane.core.hashing import sha256_file
 from rewardplane.eval.artifacts import PAIRS_FILE, SUMMARY_FILE, load_summary, read_pairs
+from rewardplane.eval.report.audit import AUDIT_FILE, audit_page, audit_section, read_audit
 from rewardplane.eval.report.benchmark import benchmark_report
 from rewardplane.eval.report.figures import (
     calibration_png,
@@ -62,6 +66,9 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
         raw = json.loads(top.read_text(encoding="utf-8"))
         if raw.get("schema") in (BENCHMARK_SCHEMA, legacy.BENCHMARK_SUMMARY_SCHEMA):
             return benchmark_report(run, out, raw)
+    audit = run / AUDIT_FILE  # a reward service's audit snapshot (docs/audit.md)
+    if audit.is_file() and not (run / "metrics.jsonl").is_file() and not collect_evals(run):
+        return audit_page(audit, out)
     page = Page()
     hashes: list[list[str]] = []
 
@@ -142,6 +149,9 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
             ["model", json.dumps(summary["model"], sort_keys=True)],
             ["objective", str(summary["objective"])],
         ]
+
+    if audit.is_file():  # a training run's own service's audit, next to its curves
+        audit_section(page, read_audit(audit))
 
     config_path = run / "config.yaml"
     if config_path.is_file():
