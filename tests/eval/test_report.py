@@ -138,10 +138,14 @@ def _audit_snapshot() -> dict:
             return [-float(len(i.response)) for i in items]
 
     async def run() -> dict:
-        stream = AuditStream(AuditConfig(proxy="rm", auditors=["gold"], sample=1.0, min_items=20, batch_wait_s=0), Negated())
+        stream = AuditStream(
+            AuditConfig(proxy="rm", auditors=["gold"], sample=1.0, min_items=20, batch_wait_s=0), Negated()
+        )
         await stream.start()
         for v in range(10):
-            items = [ScoreItem(str(i), "p", "x" * (i % 9 + 1), metadata={"policy_version": v}) for i in range(30)]
+            items = [
+                ScoreItem(str(i), "p", "x" * (i % 9 + 1), metadata={"policy_version": v}) for i in range(30)
+            ]
             stream.observe(["rm"], items, {"rm": [float(i % 9 + 1) for i in range(30)]})
             await stream.drain()
         await stream.stop()

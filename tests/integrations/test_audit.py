@@ -46,7 +46,7 @@ class NegatedLength(Scorer):
 register_scorer("negated_length", NegatedLength)
 
 AUDIT = {
-    "proxy": "len", "auditors": ["neg"], "sample": 1.0, "min_items": 3,
+    "proxy": "len", "auditors": ["neg"], "sample": 1.0, "min_items": 3, "batch_wait_s": 0,
     # one bin decides: the proxy ranks every completion against the auditor from the first step
     "alarms": {"decorrelation": {"window": 1}, "overoptimization": {"enabled": False}},
 }  # fmt: skip

@@ -222,7 +222,7 @@ def test_the_rollouts_step_and_data_source_reach_the_services_audit(tokenizer, t
 
     from support.serve import LiveServer, make_config
 
-    audit = {"proxy": "len", "auditors": ["words"], "sample": 1.0, "min_items": 3}
+    audit = {"proxy": "len", "auditors": ["words"], "sample": 1.0, "min_items": 3, "batch_wait_s": 0}
     scorers = [
         {"name": "len", "kind": "length"},
         {"name": "words", "kind": "length", "options": {"unit": "words"}},

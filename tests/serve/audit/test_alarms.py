@@ -101,6 +101,8 @@ def test_each_decision_depends_only_on_the_bins_before_it():
 def test_false_alarm_rate_under_the_null_is_low_at_the_defaults_and_moves_with_the_levels(null):
     rates = false_alarms(null, AuditAlarms(), runs=2, bins=600, n=100, seed=4)
     assert rates["overoptimization"] <= 5 and rates["decorrelation"] <= 5  # per 1,000 bins
-    loose = AuditAlarms(overoptimization={"alpha_rise": 0.2, "kappa": 0.5}, decorrelation={"alpha": 0.3, "threshold": 0.2})
+    loose = AuditAlarms(
+        overoptimization={"alpha_rise": 0.2, "kappa": 0.5}, decorrelation={"alpha": 0.3, "threshold": 0.2}
+    )
     loose_rates = false_alarms(null, loose, runs=2, bins=600, n=100, seed=4)
     assert loose_rates["overoptimization"] > 20 and loose_rates["decorrelation"] > 20

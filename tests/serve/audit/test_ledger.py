@@ -15,7 +15,9 @@ def ledger(**settings) -> Ledger:
     return Ledger(AuditConfig(proxy="rm", auditors=["gold"], sample=1.0, **{"min_items": 10, **settings}))
 
 
-def items(version: int, n: int, *, source: str = "", start: float = 0.0, gold: float | None = None) -> list[Audited]:
+def items(
+    version: int, n: int, *, source: str = "", start: float = 0.0, gold: float | None = None
+) -> list[Audited]:
     return [
         Audited(version, source, start + i, {"gold": start + i if gold is None else gold}, i + 1, False, 0)
         for i in range(n)

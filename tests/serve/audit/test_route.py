@@ -11,8 +11,11 @@ import pytest
 from rewardplane.core.errors import ConfigError
 from support.serve import LiveServer, make_config
 
-SCORERS = [{"name": "len", "kind": "length"}, {"name": "words", "kind": "length", "options": {"unit": "words"}}]
-AUDIT = {"proxy": "len", "auditors": ["words"], "sample": 1.0, "min_items": 10}
+SCORERS = [
+    {"name": "len", "kind": "length"},
+    {"name": "words", "kind": "length", "options": {"unit": "words"}},
+]
+AUDIT = {"proxy": "len", "auditors": ["words"], "sample": 1.0, "min_items": 10, "batch_wait_s": 0}
 
 
 def items(version: int, n: int = 30) -> list[dict]:
@@ -43,7 +46,9 @@ def test_audit_needs_the_token_and_answers_versions_bins_and_alarms(server):
     live, auth = server
     assert httpx.get(f"{live.url}/v1/audit").status_code == 401
     body = httpx.get(f"{live.url}/v1/audit", headers=auth).json()
-    assert body["schema"] == "rewardplane.audit/1" and body["proxy"] == "len" and body["auditors"] == ["words"]
+    assert (
+        body["schema"] == "rewardplane.audit/1" and body["proxy"] == "len" and body["auditors"] == ["words"]
+    )
     assert [v["version"] for v in body["versions"]] == [0, 1, 2, 3]
     assert [b["versions"] for b in body["bins"]] == [[0, 0], [1, 1], [2, 2]]  # 3 is not final yet
     assert set(body["alarms"]) == {"decorrelation", "signature"}  # overoptimization needs 2 windows

@@ -87,4 +87,8 @@ def test_mean_interval_is_the_evaluations_bootstrap():
     ours = mean_interval(values, seed=11, replicates=500)
     theirs = bootstrap_mean(values, statistic="x", seed=11, replicates=500)
     assert ours["mean"] == theirs["point"] and ours["ci_95"] == theirs["ci_95"]
-    assert mean_interval(np.array([2.0, np.nan]), seed=0, replicates=100) == {"n": 1, "mean": 2.0, "ci_95": [2.0, 2.0]}
+    assert mean_interval(np.array([2.0, np.nan]), seed=0, replicates=100) == {
+        "n": 1,
+        "mean": 2.0,
+        "ci_95": [2.0, 2.0],
+    }

@@ -62,10 +62,12 @@ class EchoBackend:
 
     def __init__(self, fail: bool = False) -> None:
         self.seen = 0
+        self.batches: list[int] = []
         self.fail = fail
 
     async def score(self, name: str, items: list[ScoreItem]) -> list:
         self.seen += len(items)
+        self.batches.append(len(items))
         if self.fail:
             raise RuntimeError("auditor down")
         return [float(len(str(i.response))) if "ERR" not in str(i.response) else ItemError("bad_input", "x")
@@ -82,7 +84,7 @@ def run(coro):
 
 def test_the_queue_is_bounded_by_bytes_too():
     async def go():
-        config = AuditConfig(proxy="rm", auditors=["gold"], sample=1.0, queue_bytes=4096)
+        config = AuditConfig(proxy="rm", auditors=["gold"], batch_wait_s=0, sample=1.0, queue_bytes=4096)
         stream = await _stream(config, EchoBackend())
         big = [item(i, {"policy_version": 0}, "x" * 3000) for i in range(5)]
         stream.observe(["rm"], big, {"rm": [1.0] * 5})
@@ -96,14 +98,16 @@ def test_the_queue_is_bounded_by_bytes_too():
 
 def test_versions_are_read_as_documented_and_a_bad_one_never_raises():
     async def go(**settings):
-        config = AuditConfig(proxy="rm", auditors=["gold"], sample=1.0, **settings)
+        config = AuditConfig(proxy="rm", auditors=["gold"], batch_wait_s=0, sample=1.0, **settings)
         stream = await _stream(config, EchoBackend())
         metas = [{"policy_version": 3}, {"policy_version": "4"}, {"policy_version": 5.0}, {"policy_version": -1},
                  {"policy_version": "v7"}, {"policy_version": True}, None, {"other": 1}]  # fmt: skip
         items = [item(i, m) for i, m in enumerate(metas)]
         stream.observe(["rm", "x"], items, {"rm": [1.0] * len(items), "x": [0.0] * len(items)})
         stream.observe(["x"], items, {"x": [0.0] * len(items)})  # no proxy result: nothing offered
-        stream.observe(["rm"], items[:2], {"rm": [float("nan"), ItemError("bad_input", "no")]})  # errors: skipped
+        stream.observe(
+            ["rm"], items[:2], {"rm": [float("nan"), ItemError("bad_input", "no")]}
+        )  # errors: skipped
         stream.observe(["rm"], items, {"rm": None})  # a malformed result is logged, never raised
         await stream.drain()
         await stream.stop()
@@ -113,12 +117,16 @@ def test_versions_are_read_as_documented_and_a_bad_one_never_raises():
     assert stream.counts == {"sampled": 3, "bad_version": 3, "unversioned": 2, "audited": 3}
     assert sorted(stream.ledger.versions) == [3, 4, 5]
     windowed = run(go(arrival_window=2))
-    assert windowed.counts["sampled"] == 5 and "unversioned" not in windowed.counts and sorted(windowed.ledger.versions) == [0, 3, 4, 5]
+    assert (
+        windowed.counts["sampled"] == 5
+        and "unversioned" not in windowed.counts
+        and sorted(windowed.ledger.versions) == [0, 3, 4, 5]
+    )
 
 
 def test_a_group_is_sampled_whole():
     async def go():
-        config = AuditConfig(proxy="rm", auditors=["gold"], sample=0.5, seed=3)
+        config = AuditConfig(proxy="rm", auditors=["gold"], batch_wait_s=0, sample=0.5, seed=3)
         stream = await _stream(config, EchoBackend())
         items = [item(i, {"policy_version": 0}, group=f"g{i // 4}") for i in range(400)]
         stream.observe(["rm"], items, {"rm": [1.0] * 400})
@@ -133,7 +141,7 @@ def test_a_group_is_sampled_whole():
 
 def test_auditor_failures_are_counted_and_never_recorded_as_scores():
     async def go(fail: bool):
-        config = AuditConfig(proxy="rm", auditors=["gold"], sample=1.0)
+        config = AuditConfig(proxy="rm", auditors=["gold"], batch_wait_s=0, sample=1.0)
         stream = await _stream(config, EchoBackend(fail=fail))
         items = [item(i, {"policy_version": 0}, "ERR" if i % 2 else "ok") for i in range(10)]
         stream.observe(["rm"], items, {"rm": [1.0] * 10})
@@ -153,7 +161,7 @@ def test_an_external_auditor_is_another_services_scorer():
         config = make_config(
             [{"name": "len", "kind": "length"}],
             audit={"proxy": "len", "auditors": [{"url": other.url, "scorer": "ref", "name": "big"}],
-                   "sample": 1.0, "min_items": 10},
+                   "sample": 1.0, "min_items": 10, "batch_wait_s": 0},
         )  # fmt: skip
         with LiveServer(config) as server:
             for v in range(3):
@@ -165,3 +173,22 @@ def test_an_external_auditor_is_another_services_scorer():
     assert body["auditors"] == ["big"] and body["auditor_errors"] == {"big": 0}
     first = body["versions"][0]["auditors"]["big"]
     assert first["tau"]["point"] == pytest.approx(1.0) and first["failed"] == 0
+
+
+def test_a_worker_waits_to_fill_its_batch_so_the_auditor_runs_full_forwards():
+    async def go(wait: float) -> list[int]:
+        backend = EchoBackend()
+        config = AuditConfig(proxy="rm", auditors=["gold"], sample=1.0, batch_size=8, batch_wait_s=wait)
+        stream = await _stream(config, backend)
+        for start in (0, 3):  # items trickle in: 3, then 5 a little later
+            n = 3 if start == 0 else 5
+            stream.observe(
+                ["rm"], [item(start + i, {"policy_version": 0}) for i in range(n)], {"rm": [1.0] * n}
+            )
+            await asyncio.sleep(0.1)
+        await stream.drain()
+        await stream.stop()
+        return backend.batches
+
+    assert run(go(wait=5.0)) == [8]
+    assert run(go(wait=0.0)) == [3, 5]

@@ -84,17 +84,8 @@ class _Remote:
         )
 
     async def score(self, items: list[ScoreItem]) -> list[Any]:
-        results = await self.client.score(items, [self.scorer])
-        out: list[Any] = []
-        for r in results:
-            if self.scorer in r.scores:
-                out.append(r.scores[self.scorer])
-            else:
-                err = r.errors.get(self.scorer)
-                out.append(
-                    ItemError(getattr(err, "code", "scorer_failed"), str(getattr(err, "message", err)))
-                )
-        return out
+        # a failed item has no score: None, which the stream counts as that auditor's failure
+        return [r.scores.get(self.scorer) for r in await self.client.score(items, [self.scorer])]
 
     async def close(self) -> None:
         await self.client.aclose()
