@@ -24,6 +24,10 @@ default (`on_error="raise"`) therefore raises `ScoreError` naming the failed row
 `on_error="none"` returns None for them (and logs `<name>/failed_frac` through TRL's
 `log_metric`). A whole-request failure (service down after retries, bad token, unknown scorer)
 always raises `ServiceError`.
+
+Audit (docs/audit.md): every item carries TRL's `trainer_state.global_step` as
+`metadata.policy_version`; `audit=AuditCallback(...)` (`rewardplane.integrations.audit`) logs
+the service's `audit/*` numbers through TRL's `log_metric`.
 """
 
 from __future__ import annotations
