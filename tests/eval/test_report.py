@@ -122,3 +122,54 @@ def test_report_length_bias_and_data_from_rewardplane_eval_artifacts(tmp_path):
     assert "|   rejected: identical | 2 |" in text and "| rows read | 8 |" in text
     assert "| pairs per s | 12.50 |" in text
     assert (tmp_path / "out" / "length_bias.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def _audit_snapshot() -> dict:
+    """A service's `GET /v1/audit` body after 10 versions whose auditor ranks every item against
+    the proxy (so `decorrelation` fires), produced by the service's own audit stream."""
+    import asyncio
+
+    from rewardplane.serve.audit import AuditConfig, AuditStream
+    from rewardplane.serve.audit.stream import clean
+    from rewardplane.serve.scorers.base import ScoreItem
+
+    class Negated:
+        async def score(self, name, items):
+            return [-float(len(i.response)) for i in items]
+
+    async def run() -> dict:
+        stream = AuditStream(
+            AuditConfig(proxy="rm", auditors=["gold"], sample=1.0, min_items=20, batch_wait_s=0), Negated()
+        )
+        await stream.start()
+        for v in range(10):
+            items = [
+                ScoreItem(str(i), "p", "x" * (i % 9 + 1), metadata={"policy_version": v}) for i in range(30)
+            ]
+            stream.observe(["rm"], items, {"rm": [float(i % 9 + 1) for i in range(30)]})
+            await stream.drain()
+        await stream.stop()
+        return clean(stream._snapshot(summary=False, since=None))
+
+    return asyncio.run(run())
+
+
+def test_audit_snapshot_gets_a_page_of_its_own_and_a_section_in_a_run(tmp_path):
+    body = _audit_snapshot()
+    alone = tmp_path / "service"
+    alone.mkdir()
+    (alone / "audit.json").write_text(json.dumps(body))
+    page = build_report(alone).read_text()
+    assert "<h2>Audit</h2>" in page and "decorrelation" in page and "first at version 2" in page
+    assert len(re.findall(r'src="data:image/png;base64,([^"]+)"', page)) == 1
+    assert (alone / "report" / "audit.png").read_bytes().startswith(PNG_MAGIC)
+    run = _run(tmp_path)
+    (run / "audit.json").write_text(json.dumps(body))
+    page = build_report(run).read_text()
+    assert "<h2>Training curves</h2>" in page and "<h2>Audit over versions</h2>" in page
+
+
+def test_a_file_that_is_not_an_audit_snapshot_is_refused(tmp_path):
+    (tmp_path / "audit.json").write_text(json.dumps({"schema": "something/else"}))
+    with pytest.raises(UsageError, match="not an audit snapshot"):
+        build_report(tmp_path)

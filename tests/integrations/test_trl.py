@@ -12,15 +12,13 @@ pytest.importorskip("trl")
 
 import torch
 from datasets import Dataset
-from transformers import AutoModelForCausalLM
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOTrainer
 from trl.trainer.utils import get_callable_name, is_async_callable
 
 from rewardplane.core.errors import UsageError
-from rewardplane.data.builtin_tokenizer import build_tokenizer
 from rewardplane.integrations.trl import AsyncRemoteReward, RemoteReward
-from rewardplane.models.tiny import tiny_config
 from rewardplane.serve.client import ScoreError, ServiceError
+from support.trl_policy import grpo_args, tiny_policy
 
 PROMPTS = ["Say hello.", "Two plus two?", "Name a colour.", "Hi there."]
 
@@ -38,40 +36,11 @@ class RecordingGRPOTrainer(GRPOTrainer):
         return rewards
 
 
-def tiny_policy():
-    tokenizer = build_tokenizer(
-        ["Say hello to the world.", "Two plus two is four.", "Blue."] * 20, vocab_size=300
-    )
-    torch.manual_seed(0)
-    config = tiny_config(
-        "tiny-llama",
-        vocab_size=len(tokenizer),
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-    )
-    return AutoModelForCausalLM.from_config(config), tokenizer
-
-
 @pytest.mark.parametrize("conversational", [False, True], ids=["standard", "conversational"])
 def test_grpo_trainer_trains_on_the_services_rewards(server, direct_scores, tmp_path, conversational):
     model, tokenizer = tiny_policy()
     prompts = [[{"role": "user", "content": p}] for p in PROMPTS] if conversational else PROMPTS
-    no_text_ids = [i for i in tokenizer.all_special_ids if i != tokenizer.eos_token_id]
-    args = GRPOConfig(
-        output_dir=str(tmp_path),
-        use_cpu=True,
-        per_device_train_batch_size=4,
-        num_generations=4,
-        max_completion_length=8,
-        # never an empty completion (a bad_input item error): no early EOS, no other special token
-        generation_kwargs={"min_new_tokens": 3, "suppress_tokens": no_text_ids},
-        max_steps=2,
-        logging_steps=1,
-        report_to=[],
-        save_strategy="no",
-        disable_tqdm=True,
-    )
+    args = grpo_args(tmp_path, tokenizer, max_steps=2)
     funcs = [RemoteReward(server.url, scorer="rm"), AsyncRemoteReward(server.url, scorer="len")]
     dataset = Dataset.from_dict({"prompt": prompts})
     trainer = RecordingGRPOTrainer(

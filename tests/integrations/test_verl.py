@@ -132,3 +132,32 @@ def test_the_rate_limited_manager_pitfall_is_real(server, tokenizer, tmp_path):
     w = reward_loop_worker(tmp_path, "compute_score", manager="rate_limited", url=server.url, scorer="double")
     out = run(w, w.compute_score_batch(padded_chunk(tokenizer)))
     assert out[3]["reward_score"] == 0.0 and "non_finite" in out[3]["reward_extra_info"]["error"]
+
+
+def test_the_rollouts_step_and_data_source_reach_the_services_audit(tokenizer, tmp_path):
+    """verl 0.9's reward loop merges the rollout server's `extra_fields` (`global_steps`: the
+    step of the weights that generated the response) into `extra_info`: the adapter sends it as
+    the item's `policy_version`, and `data_source` as its source (docs/audit.md)."""
+    import time
+
+    import httpx
+
+    from support.serve import LiveServer, make_config
+
+    audit = {"proxy": "len", "auditors": ["words"], "sample": 1.0, "min_items": 3, "batch_wait_s": 0}
+    scorers = [
+        {"name": "len", "kind": "length"},
+        {"name": "words", "kind": "length", "options": {"unit": "words"}},
+    ]
+    with LiveServer(make_config(scorers, audit=audit)) as live:
+        worker = reward_loop_worker(tmp_path, "compute_score_async", url=live.url, scorer="len")
+        data = padded_chunk(tokenizer)
+        n = len(data)
+        data.non_tensor_batch["tool_extra_fields"] = np.array([{"global_steps": 7}] * n, dtype=object)
+        run(worker, worker.compute_score_batch(data))
+        deadline = time.monotonic() + 20
+        while (body := httpx.get(f"{live.url}/v1/audit").json())["counts"]["audited"] < n:
+            assert time.monotonic() < deadline, body["counts"]
+            time.sleep(0.05)
+    assert [v["version"] for v in body["versions"]] == [7] and body["counts"]["unversioned"] == 0
+    assert body["versions"][0]["sources"]["rewardplane_test"]["n"] == n

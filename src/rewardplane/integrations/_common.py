@@ -76,12 +76,17 @@ def as_turns(value: Any, where: str) -> str | list[dict[str, str]]:
     raise UsageError(f"{where}: expected a string or a list of messages, got {type(value).__name__}")
 
 
-def score_item(item_id: str, prompt: Any, response: Any, reference: Any = None) -> dict[str, Any]:
-    """One `POST /v1/score` item; a trainer's ground truth, when there is one, as its `reference`."""
+def score_item(
+    item_id: str, prompt: Any, response: Any, reference: Any = None, metadata: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """One `POST /v1/score` item; a trainer's ground truth, when there is one, as its `reference`,
+    and what the service's audit reads (`policy_version`, `data_source`) as its `metadata`."""
     item: dict[str, Any] = {"id": item_id, "prompt": prompt, "response": response}
     reference = as_reference(reference)
     if reference is not None:
         item["reference"] = reference
+    if metadata:
+        item["metadata"] = metadata
     return item
 
 

@@ -24,6 +24,10 @@ default (`on_error="raise"`) therefore raises `ScoreError` naming the failed row
 `on_error="none"` returns None for them (and logs `<name>/failed_frac` through TRL's
 `log_metric`). A whole-request failure (service down after retries, bad token, unknown scorer)
 always raises `ServiceError`.
+
+Audit (docs/audit.md): every item carries TRL's `trainer_state.global_step` as
+`metadata.policy_version`; `audit=AuditCallback(...)` (`rewardplane.integrations.audit`) logs
+the service's `audit/*` numbers through TRL's `log_metric`.
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ class _RemoteRewardBase:
         batch_size: int = 256,
         timeout: float = 120.0,
         max_retries: int = 6,
+        audit: Any = None,
     ) -> None:
         if on_error not in ("raise", "none"):
             raise UsageError(f"on_error must be 'raise' or 'none', got {on_error!r}")
@@ -77,6 +82,7 @@ class _RemoteRewardBase:
                 scorer = pick_scorer(client.scorers(), self.url)
         self.scorer = scorer
         self.__name__ = name or f"rewardplane_{scorer}"
+        self.audit = audit  # an integrations.audit.AuditCallback whose audit/* numbers TRL logs
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r}, scorer={self.scorer!r}, on_error={self.on_error!r})"
@@ -92,17 +98,25 @@ class _RemoteRewardBase:
                     f"(columns: {sorted(k for k in kwargs if not callable(kwargs[k]))})"
                 )
             references = kwargs[self.reference_key]
+        state = kwargs.get("trainer_state")  # TRL's TrainerState: the step is the policy version
+        version = getattr(state, "global_step", None)
+        # the service's audit groups items by it (docs/audit.md)
+        metadata = {"policy_version": version} if isinstance(version, int) else None
         return [
             score_item(
                 str(i),
                 as_turns(prompt, f"prompts[{i}]"),
                 as_turns(completion, f"completions[{i}]"),
                 None if references is None else references[i],
+                metadata,
             )
             for i, (prompt, completion) in enumerate(zip(prompts, completions, strict=True))
         ]
 
     def _finish(self, results: list[ItemScores], log_metric: Callable | None) -> list[float | None]:
+        if self.audit is not None and callable(log_metric):  # audit/* next to TRL's own metrics
+            for key, value in self.audit.metrics.items():
+                log_metric(key, value)
         values, failures = split_results(results, self.scorer)
         if self.on_error == "raise":
             raise_failures(failures, results)

@@ -130,8 +130,27 @@ def _prompt(extra_info: Any, kind: str, scorer: str) -> str | list[dict[str, str
     )
 
 
-def _item(scorer: str, kind: str, solution_str: str, ground_truth: Any, extra_info: Any) -> dict[str, Any]:
-    return common.score_item("0", _prompt(extra_info, kind, scorer), str(solution_str), ground_truth)
+def _item(
+    scorer: str, kind: str, solution_str: str, ground_truth: Any, extra_info: Any, data_source: Any = None
+) -> dict[str, Any]:
+    prompt = _prompt(extra_info, kind, scorer)
+    metadata = _audit_metadata(extra_info, data_source)
+    return common.score_item("0", prompt, str(solution_str), ground_truth, metadata)
+
+
+def _audit_metadata(extra_info: Any, data_source: Any) -> dict[str, Any]:
+    """What the service's audit reads (docs/audit.md): the policy version — verl 0.9's reward
+    loop merges the rollout server's `extra_fields` into `extra_info`, among them
+    `global_steps`, the step of the weights that generated the response — and the data source."""
+    meta: dict[str, Any] = {}
+    step = extra_info.get("global_steps") if isinstance(extra_info, Mapping) else None
+    if hasattr(step, "item"):
+        step = step.item()
+    if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
+        meta["policy_version"] = step
+    if isinstance(data_source, str) and data_source:
+        meta["data_source"] = data_source
+    return meta
 
 
 def _value(results: list[ItemScores], scorer: str) -> float:
@@ -148,7 +167,8 @@ def compute_score(
     client = _client(url, client_kwargs)
     scorer, kind = _resolve(url, scorer, client)
     return _value(
-        client.score([_item(scorer, kind, solution_str, ground_truth, extra_info)], [scorer]), scorer
+        client.score([_item(scorer, kind, solution_str, ground_truth, extra_info, data_source)], [scorer]),
+        scorer,
     )
 
 
@@ -159,5 +179,5 @@ async def compute_score_async(
     url, scorer, client_kwargs = _settings(kwargs)
     if scorer is None or (url, scorer) not in _kinds:  # the one-time look-up, off the event loop
         scorer, _kind = await asyncio.to_thread(_resolve, url, scorer, _client(url, client_kwargs))
-    item = _item(scorer, _kinds[(url, scorer)], solution_str, ground_truth, extra_info)
+    item = _item(scorer, _kinds[(url, scorer)], solution_str, ground_truth, extra_info, data_source)
     return _value(await _async_client(url, client_kwargs).score([item], [scorer]), scorer)

@@ -21,6 +21,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rewardplane import __version__
+from rewardplane.serve.audit import AuditStream
+from rewardplane.serve.audit.metrics import AuditMetrics
 from rewardplane.serve.backend import ScoringBackend
 from rewardplane.serve.config import ServiceConfig, kind_option_schemas
 from rewardplane.serve.metrics import CountEveryResponse, ServeMetrics
@@ -69,15 +71,19 @@ class RequireToken:
         return False
 
 
-def _lifespan(backend: ScoringBackend):
+def _lifespan(backend: ScoringBackend, audit: AuditStream | None):
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         # Load in the background: /health/live answers at once, /health/ready says 503 until warm.
         task = asyncio.create_task(backend.start(), name="backend-start")
         app.state.start_task = task
+        if audit is not None:
+            await audit.start()
         try:
             yield
         finally:
+            if audit is not None:
+                await audit.stop()
             if not task.done():
                 task.cancel()
             with contextlib.suppress(BaseException):
@@ -137,9 +143,11 @@ def create_app(
     attach = getattr(backend, "attach_metrics", None)
     if attach is not None and getattr(backend, "metrics", None) is None:
         attach(metrics)
-    app = FastAPI(title="rewardplane reward service", version=__version__, lifespan=_lifespan(backend))
+    # the audit stream (docs/audit.md): offered every proxy score, never delays a response
+    audit = AuditStream(config.audit, backend, AuditMetrics(metrics.registry)) if config.audit else None
+    app = FastAPI(title="rewardplane reward service", version=__version__, lifespan=_lifespan(backend, audit))
     routers = service_routers(
-        RouteContext(backend, config.limits, token, metrics, kind_option_schemas(config.scorers))
+        RouteContext(backend, config.limits, token, metrics, kind_option_schemas(config.scorers), audit)
     )
     for router in routers:
         app.include_router(router)
@@ -153,6 +161,7 @@ def create_app(
     )
     app.state.metrics = metrics
     app.state.backend = backend
+    app.state.audit = audit
     install_error_handlers(app)
     install_openapi(app)
     return app

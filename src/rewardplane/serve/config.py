@@ -27,6 +27,7 @@ from pydantic import ConfigDict, Field, SerializeAsAny, ValidationInfo, field_va
 
 from rewardplane.core.config import DTYPES, ConfigModel, Dtype, parse, read_yaml, validate_section
 from rewardplane.core.errors import ConfigError
+from rewardplane.serve.audit.config import AuditConfig
 from rewardplane.serve.scorers.base import Scorer
 from rewardplane.serve.scorers.options import ScorerOptions, option_schema
 
@@ -175,6 +176,8 @@ class ServiceConfig(ConfigModel):
     prefetch_images: bool = True
     """Decode a request's images when it arrives (thread pool, off the event loop, once for every
     image scorer of the process); false: each batch decodes its own images in one call."""
+    audit: AuditConfig | None = None
+    """Re-score a sample of the proxy's items with auditors and raise alarms (docs/audit.md)."""
 
     @model_validator(mode="after")
     def _unique_names(self) -> ServiceConfig:
@@ -182,6 +185,15 @@ class ServiceConfig(ConfigModel):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"duplicate scorer names: {dupes}")
+        return self
+
+    @model_validator(mode="after")
+    def _audited_scorers_hosted(self) -> ServiceConfig:
+        missing = [
+            n for n in (self.audit.hosted() if self.audit else []) if n not in {s.name for s in self.scorers}
+        ]
+        if missing:
+            raise ValueError(f"audit names scorers this service does not host: {missing}")
         return self
 
     def resolved_token(self) -> str | None:

@@ -34,6 +34,7 @@ from rewardplane.serve.protocol.codec import (
     read_items,
 )
 from rewardplane.serve.protocol.endpoints import (
+    AUDIT_ROUTE,
     DEPLOYMENT_ROUTE,
     IDEMPOTENCY_KEY_HEADER,
     INFERENCE_TIME_HEADER,
@@ -150,6 +151,7 @@ __all__ = [
     "INVALID_RESPONSE_CODE",
     "ITEM_ERROR_CODES",
     "LIFECYCLE_ACTIONS",
+    "AUDIT_ROUTE",
     "LIFECYCLE_ROUTE",
     "LIVE_ROUTE",
     "MAX_IDEMPOTENCY_KEY",

@@ -13,6 +13,7 @@ LIVE_ROUTE = "/health/live"
 READY_ROUTE = "/health/ready"
 METRICS_ROUTE = "/metrics"
 LIFECYCLE_ROUTE = "/v1/lifecycle"  # GET: states; POST .../{offload,onload,drain} (docs/lifecycle.md)
+AUDIT_ROUTE = "/v1/audit"  # GET: the audit stream's statistics and alarms (docs/audit.md)
 LIFECYCLE_ACTIONS = ("offload", "onload", "drain")
 
 

@@ -13,6 +13,7 @@ document.
 - `deployment`: `GET /v1/deployment`, for the deploy gateway and Ray Serve.
 - `openrlhf`: `POST /get_reward` (OpenRLHF's `--remote_rm_url`).
 - `gateway`: the reward-gateway protocol "1" (`POST /score`, `GET /health`, `GET /rewards`).
+- `audit`: `GET /v1/audit`, when the service config has an `audit:` section (docs/audit.md).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from rewardplane.serve.routes import gateway, lifecycle, openrlhf, score
+from rewardplane.serve.routes.audit import audit_router
 from rewardplane.serve.routes.context import RouteContext, error_response
 from rewardplane.serve.routes.deployment import deployment_router, serves_deployment
 from rewardplane.serve.routes.health import health_router
@@ -44,6 +46,8 @@ def service_routers(ctx: RouteContext) -> list[APIRouter]:
         routers.append(deployment_router(ctx))
     if lifecycle.serves_lifecycle(ctx):
         routers.append(lifecycle.lifecycle_router(ctx))
+    if ctx.audit is not None:
+        routers.append(audit_router(ctx))
     return [*routers, health_router(ctx), metrics_router(ctx)]
 
 

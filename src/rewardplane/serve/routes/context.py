@@ -18,6 +18,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
+from rewardplane.serve.audit import AuditStream
 from rewardplane.serve.backend import ScoringBackend
 from rewardplane.serve.batcher import check_value
 from rewardplane.serve.config import Limits
@@ -48,6 +49,8 @@ class RouteContext:
     metrics: ServeMetrics
     kinds: dict[str, Any] = field(default_factory=dict)
     """Each hosted kind's option schemas (`serve.config.kind_option_schemas`), for `/v1/scorers`."""
+    audit: AuditStream | None = None
+    """The audit stream (docs/audit.md), offered every scored request; None: no `audit:` section."""
 
     def check_auth(self, request: Request) -> None:
         """Raises `ServeError("unauthorized")` unless the request carries the configured token."""
@@ -104,7 +107,10 @@ class RouteContext:
         for out in outs:
             if isinstance(out, BaseException):
                 raise out
-        return dict(zip(names, outs, strict=True))
+        results = dict(zip(names, outs, strict=True))
+        if self.audit is not None:  # a non-blocking offer: never delays or fails the response
+            self.audit.observe(names, items, results)
+        return results
 
     def ready_names(self, names: list[str]) -> tuple[list[str], list[str]]:
         """(names the service does not host, hosted names not loaded yet)."""

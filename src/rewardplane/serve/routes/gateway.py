@@ -65,6 +65,14 @@ def _identity(req: wire.GatewayRequestItem, scorer_version: str | None) -> dict[
     }
 
 
+def _metadata(req: wire.GatewayRequestItem) -> dict[str, Any] | None:
+    """The request's metadata with its `policy_version` added, where the audit stream reads the
+    policy version of every item (docs/audit.md); a version already in the metadata wins."""
+    if req.policy_version is None or (req.metadata is not None and "policy_version" in req.metadata):
+        return req.metadata
+    return {**(req.metadata or {}), "policy_version": req.policy_version}
+
+
 def _item(index: int, req: wire.GatewayRequestItem, image_text: bool) -> ScoreItem | ItemError:
     """The `ScoreItem` a scorer sees for request `index` (an image scorer's when `image_text`,
     else a text or rule scorer's), or why it cannot have one."""
@@ -88,7 +96,7 @@ def _item(index: int, req: wire.GatewayRequestItem, image_text: bool) -> ScoreIt
             response=last.text,
             reference=reference,
             group_id=group,
-            metadata=req.metadata,
+            metadata=_metadata(req),
         )
     if last.image_b64 is None:
         return ItemError("missing_image", "the last turn has no image_b64")
@@ -103,7 +111,7 @@ def _item(index: int, req: wire.GatewayRequestItem, image_text: bool) -> ScoreIt
         image=image,
         reference=reference,
         group_id=group,
-        metadata=req.metadata,
+        metadata=_metadata(req),
     )
 
 

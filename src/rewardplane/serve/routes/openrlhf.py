@@ -142,6 +142,8 @@ def openrlhf_router(ctx: RouteContext) -> APIRouter:
         values: list[Any] = [float(r) for r in results]
         ctx.count(OPENRLHF_ROUTE, 200, "", started)
         out = {"rewards": values, "scores": values, "extra_logs": {name: values}}
+        if ctx.audit is not None:  # the audit's flat metrics, logged by OpenRLHF (docs/audit.md)
+            out["extra_logs"].update({key: [value] * len(values) for key, value in ctx.audit.flat.items()})
         return Response(json.dumps(out, allow_nan=False), media_type="application/json")
 
     return router

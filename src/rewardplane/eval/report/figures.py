@@ -1,6 +1,4 @@
-"""The report's figures (matplotlib, Agg backend, PNG bytes): training curves, evaluation accuracy
-over steps, score histograms, calibration, forest plots of scores with intervals, length bias
-and RM-Bench's style matrix. `rewardplane.eval.report` lays them out on the page."""
+"""The report's figures (each a PNG as bytes) and the calibration numbers they plot."""
 
 from __future__ import annotations
 
@@ -9,8 +7,11 @@ from typing import Any
 
 import numpy as np
 
+from rewardplane.eval import metrics
 from rewardplane.eval.benchmarks.rmbench import MEAN_OVER_DOMAINS
+from rewardplane.eval.report.page import png, pyplot
 
+CALIBRATION_BINS = 10
 _CURVES = (
     ("loss", ("loss",)),
     ("accuracy", ("accuracy", "tie_rate")),
@@ -18,26 +19,6 @@ _CURVES = (
     ("grad norm", ("grad_norm",)),
     ("learning rate", ("lr",)),
 )
-
-
-def _png(fig: Any) -> bytes:
-    import io
-
-    import matplotlib.pyplot as plt
-
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return buffer.getvalue()
-
-
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
@@ -54,7 +35,7 @@ def training_curves_png(rows: list[dict[str, Any]]) -> bytes | None:
     panels = [(title, keys) for title, keys in _CURVES if any(_series(rows, k)[0] for k in keys)]
     if not panels:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     columns = min(3, len(panels))
     lines = math.ceil(len(panels) / columns)
     fig, axes = plt.subplots(lines, columns, figsize=(4.2 * columns, 3.2 * lines), squeeze=False)
@@ -74,11 +55,11 @@ def training_curves_png(rows: list[dict[str, Any]]) -> bytes | None:
         ax.axis("off")
     fig.suptitle("Training (per logged step)")
     fig.tight_layout()
-    return _png(fig)
+    return png(fig)
 
 
 def eval_curve_png(evals: list[tuple[int, dict[str, Any]]]) -> bytes:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
     steps = [step for step, _ in evals]
     strict = [summary["bootstrap"]["strict"] for _, summary in evals]
@@ -100,11 +81,11 @@ def eval_curve_png(evals: list[tuple[int, dict[str, Any]]]) -> bytes:
     ax.set_title(f"Evaluation on the frozen probe (n = {evals[-1][1]['n_pairs']} pairs)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return _png(fig)
+    return png(fig)
 
 
 def histogram_png(chosen: np.ndarray, rejected: np.ndarray, step_label: str) -> bytes:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
     bins = np.histogram_bin_edges(np.concatenate([chosen, rejected]), bins=40)
     ax.hist(chosen, bins=bins, alpha=0.55, label=f"chosen (mean {chosen.mean():.3f})", color="C2")
@@ -114,11 +95,42 @@ def histogram_png(chosen: np.ndarray, rejected: np.ndarray, step_label: str) -> 
     ax.set_title(f"Chosen vs rejected scores ({step_label})")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    return _png(fig)
+    return png(fig)
 
 
-def calibration_png(table: list[dict[str, Any]], step_label: str, ece: float) -> bytes:
-    plt = _pyplot()
+def calibration_table(margin: np.ndarray, bins: int = CALIBRATION_BINS) -> list[dict[str, Any]]:
+    """Bin pairs by p = σ(|margin|), the model's probability that its preferred response is the chosen one.
+
+    Observed win rate per bin is the tie-aware accuracy there (a tie counts one half). A
+    calibrated Bradley–Terry model has observed ≈ predicted in every bin.
+    """
+    predicted = 1.0 / (1.0 + np.exp(-np.abs(margin)))
+    credit = metrics.tie_aware_credit(margin)
+    edges = np.linspace(0.5, 1.0, bins + 1)
+    which = np.clip(np.searchsorted(edges, predicted, side="right") - 1, 0, bins - 1)
+    table = []
+    for b in range(bins):
+        mask = which == b
+        if mask.any():
+            table.append(
+                {
+                    "low": float(edges[b]),
+                    "high": float(edges[b + 1]),
+                    "n": int(mask.sum()),
+                    "predicted": float(predicted[mask].mean()),
+                    "observed": float(credit[mask].mean()),
+                }
+            )
+    return table
+
+
+def expected_calibration_error(table: list[dict[str, Any]]) -> float:
+    total = sum(row["n"] for row in table)
+    return sum(row["n"] * abs(row["observed"] - row["predicted"]) for row in table) / total
+
+
+def calibration_png(table: list[dict[str, Any]], step_label: str) -> bytes:
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(4.8, 4.4))
     ax.plot([0.5, 1.0], [0.5, 1.0], color="grey", linestyle=":", label="perfect calibration")
     predicted = [row["predicted"] for row in table]
@@ -139,15 +151,15 @@ def calibration_png(table: list[dict[str, Any]], step_label: str, ece: float) ->
     ax.set_ylim(-0.02, 1.02)
     ax.set_xlabel("predicted  σ(|margin|)")
     ax.set_ylabel("observed win rate (tie = ½)")
-    ax.set_title(f"Calibration ({step_label}), ECE {ece:.3f}", fontsize=10)
+    ax.set_title(f"Calibration ({step_label}), ECE {expected_calibration_error(table):.3f}", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
-    return _png(fig)
+    return png(fig)
 
 
 def forest_png(rows: list[tuple[str, float, float, float, int]], chance: float, title: str) -> bytes:
     """One line per (label, point, low, high, n): the point and its 95% interval, chance dotted."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.0, 0.9 + 0.42 * len(rows)))
     ys = np.arange(len(rows))[::-1]
     for y, (label, point, low, high, _) in zip(ys, rows, strict=True):
@@ -164,11 +176,11 @@ def forest_png(rows: list[tuple[str, float, float, float, int]], chance: float, 
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3, axis="x")
     ax.legend(fontsize=8, loc="lower right")
-    return _png(fig)
+    return png(fig)
 
 
 def length_bias_png(bias: dict[str, Any], label: str) -> bytes:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.6, 3.4))
     keys = [k for k in ("chosen_longer", "same_length", "chosen_shorter") if bias[k]["comparisons"]]
     values = [bias[k]["accuracy"] for k in keys]
@@ -189,13 +201,13 @@ def length_bias_png(bias: dict[str, Any], label: str) -> bytes:
         fontsize=9,
     )
     ax.grid(alpha=0.3, axis="y")
-    return _png(fig)
+    return png(fig)
 
 
 def style_png(style: dict[str, Any]) -> bytes:
     """RM-Bench: the 3 × 3 accuracy matrix (the mean over domains; pooled in summaries written
     before the released per-domain averaging was matched) and easy / normal / hard per domain."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(10.0, 3.8), gridspec_kw={"width_ratios": [1, 1.4]})
     styles = style["styles"]
     overall = MEAN_OVER_DOMAINS if MEAN_OVER_DOMAINS in style else "(all)"
@@ -221,4 +233,4 @@ def style_png(style: dict[str, Any]) -> bytes:
     right.legend(fontsize=8)
     right.grid(alpha=0.3, axis="y")
     fig.tight_layout()
-    return _png(fig)
+    return png(fig)

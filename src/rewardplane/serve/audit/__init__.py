@@ -1,0 +1,17 @@
+"""Know when the policy games the reward: the audit stream and its alarms (docs/audit.md).
+
+- `config`: the service config's `audit:` section (`AuditConfig`).
+- `stream`: `AuditStream`, the sampler and bounded queue on the request path, and the workers
+  that re-score sampled items with the auditors.
+- `ledger`: audited items by policy version, closed into bins, with their summaries.
+- `stats`: Kendall's τ_b with a jackknife interval, Wilson bounds, the evaluation's bootstrap.
+- `alarms`: `overoptimization`, `decorrelation`, `signature`, each a stated one-sided test.
+- `signatures`: hack signatures read from a response's text.
+- `metrics`: the Prometheus gauges and counters.
+- `simulate`: null streams, to measure the alarms' false-alarm rates.
+"""
+
+from rewardplane.serve.audit.config import AuditConfig
+from rewardplane.serve.audit.stream import AuditStream
+
+__all__ = ["AuditConfig", "AuditStream"]

@@ -1,0 +1,231 @@
+"""The three alarms, as pure functions of the closed bins (docs/audit.md "Alarms").
+
+A bin is a run of consecutive policy versions with at least `min_items` audited items (one
+version when a version has that many). Each rule is evaluated once per bin, when it closes, on
+that bin and the bins before it, so a decision never looks ahead; R is the window of the last
+`window` bins and Prev the window before it. All tests are one-sided, at the configured levels.
+
+`overoptimization` (per auditor) fires when either holds:
+
+- slope: the proxy is still rising (mean over R above mean over Prev, Welch z ≥ z(alpha_rise))
+  and among the policy's own samples a higher proxy no longer goes with a higher auditor score:
+  the upper bound (level alpha_slope) of τ(proxy, auditor) within the bins of R is below
+  `kappa`. For a policy tilted toward the proxy (π_β ∝ π₀·exp(β·proxy), what KL-regularised RL
+  converges to) d E_β[auditor] / dβ = Cov_β(proxy, auditor): the auditor's mean stops rising
+  exactly when this association reaches zero, so it marks the auditor's peak as it happens
+  rather than after the fall;
+- level: the auditor's mean over R is below its best earlier window's (Welch z ≥
+  z(alpha_level)) while the proxy's mean over R is above its mean in that same window
+  (z ≥ z(alpha_rise)): "the proxy rising while the auditor falls below its running peak".
+
+`decorrelation` (per auditor): the upper bound (level alpha) of τ within the bins of R is below
+`threshold` (default 0: the proxy ranks the policy's samples against the auditor).
+
+`signature` (per signature): the one-sided Wilson lower bound (level alpha) of its rate over R
+is above `max_rate`, or above the first window's Wilson upper bound plus `min_rise`.
+
+The false-alarm rate of each rule under the null is measured by simulation
+(`rewardplane.serve.audit.simulate`, docs/audit.md's table).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rewardplane.serve.audit.config import AuditAlarms
+from rewardplane.serve.audit.stats import Moments, Tau, pool_taus, welch_z, wilson, z_of
+
+
+@dataclass
+class Acc:
+    """Sufficient statistics of a sample (n, Σx, Σx²), added across bins."""
+
+    n: int = 0
+    s: float = 0.0
+    ss: float = 0.0
+
+    @staticmethod
+    def of(values: np.ndarray) -> Acc:
+        values = np.asarray(values, dtype=np.float64)
+        values = values[np.isfinite(values)]
+        return Acc(int(values.size), float(values.sum()), float(np.dot(values, values)))
+
+    def __add__(self, other: Acc) -> Acc:
+        return Acc(self.n + other.n, self.s + other.s, self.ss + other.ss)
+
+    def moments(self) -> Moments | None:
+        if self.n == 0:
+            return None
+        mean = self.s / self.n
+        if self.n == 1:
+            return Moments(1, mean, math.inf)
+        var = max(0.0, (self.ss - self.n * mean * mean) / (self.n - 1))
+        return Moments(self.n, mean, math.sqrt(var / self.n))
+
+
+@dataclass
+class BinStats:
+    """What the alarms read from one closed bin."""
+
+    index: int
+    versions: tuple[int, int]
+    n: int
+    proxy: Acc
+    auditors: dict[str, Acc]
+    taus: dict[str, Tau | None]
+    signatures: dict[str, int]  # items carrying each signature
+
+
+@dataclass
+class Decision:
+    """One rule's verdict at one bin, with the numbers it was made from."""
+
+    alarm: str
+    subject: str
+    bin: int
+    versions: tuple[int, int]
+    fired: bool
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+def _pool(bins: list[BinStats], get: Any) -> Acc:
+    total = Acc()
+    for b in bins:
+        total = total + get(b)
+    return total
+
+
+def _finite(value: float | None) -> float | None:
+    return None if value is None or not math.isfinite(value) else round(float(value), 6)
+
+
+@dataclass
+class Peak:
+    """The auditor's best window so far among those that end before the current window starts
+    (kept incrementally: each new bin makes one more window eligible)."""
+
+    end: int = -1
+    mean: float = -math.inf
+
+    def update(self, bins: list[BinStats], auditor: str, w: int) -> None:
+        end = len(bins) - 1 - w  # the window ending just before R
+        if end < w - 1:
+            return
+        m = _pool(bins[end - w + 1 : end + 1], lambda x: x.auditors[auditor]).moments()
+        if m is not None and m.mean > self.mean:
+            self.end, self.mean = end, m.mean
+
+
+def overoptimization(bins: list[BinStats], auditor: str, rule: Any, peak: Peak) -> Decision | None:
+    """The rule at the last bin; `peak` must have been updated with these bins."""
+    w, b = rule.window, len(bins) - 1
+    if len(bins) < 2 * w:
+        return None
+    recent, before = bins[-w:], bins[-2 * w : -w]
+    proxy_r = _pool(recent, lambda x: x.proxy).moments()
+    proxy_p = _pool(before, lambda x: x.proxy).moments()
+    aud_r = _pool(recent, lambda x: x.auditors[auditor]).moments()
+    if proxy_r is None or proxy_p is None or aud_r is None:
+        return None
+    z_rise = welch_z(proxy_r, proxy_p)
+    rising = z_rise >= z_of(rule.alpha_rise)
+    tau = pool_taus([x.taus.get(auditor) for x in recent])
+    tau_upper = tau.upper(rule.alpha_slope) if tau is not None else None
+    slope = rising and tau_upper is not None and tau_upper < rule.kappa
+    z_drop = z_above_peak = None
+    level = False
+    peak_versions = None
+    if peak.end >= 0:
+        window = bins[peak.end - w + 1 : peak.end + 1]
+        aud_peak = _pool(window, lambda x: x.auditors[auditor]).moments()
+        proxy_peak = _pool(window, lambda x: x.proxy).moments()
+        peak_versions = (window[0].versions[0], window[-1].versions[1])
+        if aud_peak is not None and proxy_peak is not None:
+            z_drop = welch_z(aud_peak, aud_r)
+            z_above_peak = welch_z(proxy_r, proxy_peak)
+            level = z_drop >= z_of(rule.alpha_level) and z_above_peak >= z_of(rule.alpha_rise)
+    evidence = {
+        "proxy_mean": _finite(proxy_r.mean),
+        "auditor_mean": _finite(aud_r.mean),
+        "z_proxy_rise": _finite(z_rise),
+        "tau": _finite(tau.point) if tau is not None else None,
+        "tau_upper": _finite(tau_upper),
+        "peak_versions": list(peak_versions) if peak_versions else None,
+        "z_auditor_below_peak": _finite(z_drop),
+        "z_proxy_above_peak": _finite(z_above_peak),
+        "by": [name for name, hit in (("slope", slope), ("level", level)) if hit],
+    }
+    return Decision("overoptimization", auditor, b, _span(recent), slope or level, evidence)
+
+
+def decorrelation(bins: list[BinStats], auditor: str, rule: Any) -> Decision | None:
+    if len(bins) < rule.window:
+        return None
+    recent = bins[-rule.window :]
+    tau = pool_taus([x.taus.get(auditor) for x in recent])
+    if tau is None:
+        return None
+    upper = tau.upper(rule.alpha)
+    evidence = {"tau": _finite(tau.point), "tau_upper": _finite(upper), "n": tau.n}
+    return Decision("decorrelation", auditor, len(bins) - 1, _span(recent), upper < rule.threshold, evidence)
+
+
+def signature(bins: list[BinStats], name: str, rule: Any) -> Decision | None:
+    w = rule.window
+    if len(bins) < w:
+        return None
+    recent, first = bins[-w:], bins[:w]
+    k, n = sum(x.signatures.get(name, 0) for x in recent), sum(x.n for x in recent)
+    if n == 0:
+        return None
+    low, _ = wilson(k, n, rule.alpha)
+    above = low > rule.max_rate
+    rising = False
+    base_upper = None
+    if len(bins) >= 2 * w:
+        _, base_upper = wilson(
+            sum(x.signatures.get(name, 0) for x in first), sum(x.n for x in first), rule.alpha
+        )
+        rising = low > base_upper + rule.min_rise
+    evidence = {
+        "rate": _finite(k / n),
+        "rate_lower": _finite(low),
+        "first_window_upper": _finite(base_upper),
+        "by": [label for label, hit in (("above", above), ("rising", rising)) if hit],
+    }
+    return Decision("signature", name, len(bins) - 1, _span(recent), above or rising, evidence)
+
+
+def _span(bins: list[BinStats]) -> tuple[int, int]:
+    return bins[0].versions[0], bins[-1].versions[1]
+
+
+class Evaluator:
+    """Closed bins in order, and each rule's decision as every bin closes."""
+
+    def __init__(self, auditors: list[str], signatures: list[str], alarms: AuditAlarms) -> None:
+        self.auditors = auditors
+        self.signatures = signatures
+        self.alarms = alarms
+        self.bins: list[BinStats] = []
+        self.peaks = {a: Peak() for a in auditors}
+
+    def add(self, stats: BinStats) -> list[Decision]:
+        """Close one more bin; every enabled rule's decision there (none before a rule has
+        enough bins)."""
+        self.bins.append(stats)
+        rules = self.alarms
+        decisions: list[Decision | None] = []
+        if rules.overoptimization.enabled:
+            for a in self.auditors:
+                self.peaks[a].update(self.bins, a, rules.overoptimization.window)
+                decisions.append(overoptimization(self.bins, a, rules.overoptimization, self.peaks[a]))
+        if rules.decorrelation.enabled:
+            decisions += [decorrelation(self.bins, a, rules.decorrelation) for a in self.auditors]
+        if rules.signature.enabled:
+            decisions += [signature(self.bins, s, rules.signature) for s in self.signatures]
+        return [d for d in decisions if d is not None]

@@ -1,0 +1,315 @@
+"""Audited items by policy version, closed into bins, with their summaries (docs/audit.md).
+
+`Ledger.record` takes audited items (any version, any order); `Ledger.settle` closes every
+bin whose versions are final and returns the alarm decisions made there. A version is final
+once an item `settle_versions` newer has been recorded; final versions are taken in version
+order and merged into bins of at least `min_items` items, so each bin is one stretch of a
+policy that barely changed. An item for a version that was already binned is still counted in
+that version's statistics (`late`), never in a closed bin: each decision is made once.
+
+Memory is bounded: at most `max_items_per_version` items per version (a uniform reservoir),
+raw items only for the newest `keep_versions` versions, and a bin keeps sufficient statistics
+and its intervals, not its items.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rewardplane.serve.audit.alarms import Acc, BinStats, Decision, Evaluator
+from rewardplane.serve.audit.config import AuditConfig
+from rewardplane.serve.audit.signatures import SIGNATURES
+from rewardplane.serve.audit.stats import kendall_tau, mean_interval
+
+NO_SOURCE = ""
+
+
+@dataclass(frozen=True)
+class Audited:
+    """One audited item: its proxy score, each auditor's (NaN when that auditor failed on it),
+    response length, whether it hit the length cap, and its signature bit mask."""
+
+    version: int
+    source: str
+    proxy: float
+    auditors: dict[str, float]
+    length: int
+    at_cap: bool
+    signatures: int
+
+
+@dataclass
+class _Items:
+    """Columns of the items kept for one version (or a bin being filled)."""
+
+    proxy: list[float] = field(default_factory=list)
+    auditors: dict[str, list[float]] = field(default_factory=dict)
+    length: list[int] = field(default_factory=list)
+    at_cap: list[bool] = field(default_factory=list)
+    signatures: list[int] = field(default_factory=list)
+    source: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.proxy)
+
+    def put(self, item: Audited, names: list[str], at: int | None = None) -> None:
+        row = (item.proxy, item.length, item.at_cap, item.signatures, item.source)
+        columns = (self.proxy, self.length, self.at_cap, self.signatures, self.source)
+        for column, value in zip(columns, row, strict=True):
+            if at is None:
+                column.append(value)
+            else:
+                column[at] = value
+        for name in names:
+            column = self.auditors.setdefault(name, [])
+            value = item.auditors.get(name, math.nan)
+            if at is None:
+                column.append(value)
+            else:
+                column[at] = value
+
+    def extend(self, other: _Items, names: list[str]) -> None:
+        self.proxy += other.proxy
+        self.length += other.length
+        self.at_cap += other.at_cap
+        self.signatures += other.signatures
+        self.source += other.source
+        for name in names:
+            self.auditors.setdefault(name, []).extend(other.auditors.get(name, [math.nan] * len(other)))
+
+    def select(self, mask: np.ndarray) -> _Items:
+        out = _Items()
+        idx = np.flatnonzero(mask)
+        out.proxy = [self.proxy[i] for i in idx]
+        out.length = [self.length[i] for i in idx]
+        out.at_cap = [self.at_cap[i] for i in idx]
+        out.signatures = [self.signatures[i] for i in idx]
+        out.source = [self.source[i] for i in idx]
+        out.auditors = {name: [col[i] for i in idx] for name, col in self.auditors.items()}
+        return out
+
+
+@dataclass
+class _Version:
+    items: _Items = field(default_factory=_Items)
+    recorded: int = 0  # items recorded (the reservoir keeps at most max_items_per_version)
+    summary: dict[str, Any] | None = None  # cached; None when items changed since
+
+
+@dataclass
+class Baseline:
+    """The first bin's means and standard deviations: the scale of the proxy–auditor gap."""
+
+    proxy: tuple[float, float]
+    auditors: dict[str, tuple[float, float]]
+
+
+class Ledger:
+    def __init__(self, config: AuditConfig) -> None:
+        self.config = config
+        self.auditors = config.auditor_names()
+        self.versions: dict[int, _Version] = {}
+        self.summaries: dict[int, dict[str, Any]] = {}  # versions whose items were let go
+        self.newest = -1
+        self.binned_through = -1  # every version <= this one is in a closed bin
+        self.late = 0
+        self.bins: list[dict[str, Any]] = []  # closed bins' summaries, in order
+        self.decisions: list[Decision] = []
+        self.alarms: dict[str, dict[str, dict[str, Any]]] = {}
+        """`alarms[alarm][subject]`: firing at the newest decision, the versions of the first
+        firing bin, every bin it fired at, and the newest decision's evidence."""
+        self.evaluator = Evaluator(self.auditors, list(SIGNATURES), config.alarms)
+        self.baseline: Baseline | None = None
+        self._open = _Items()  # the bin being filled
+        self._open_versions: tuple[int, int] | None = None
+        self._rng = random.Random(f"rewardplane-audit:{config.seed}")
+
+    # ---------------------------------------------------------------- recording
+
+    def record(self, items: list[Audited]) -> None:
+        for item in items:
+            if item.version <= self.binned_through:
+                self.late += 1
+            entry = self.versions.get(item.version)
+            if entry is None:
+                if item.version in self.summaries:  # its items were let go: counted, not kept
+                    continue
+                entry = self.versions[item.version] = _Version()
+            entry.recorded += 1
+            entry.summary = None
+            cap = self.config.max_items_per_version
+            if len(entry.items) < cap:
+                entry.items.put(item, self.auditors)
+            else:
+                slot = self._rng.randrange(entry.recorded)
+                if slot < cap:
+                    entry.items.put(item, self.auditors, at=slot)
+            self.newest = max(self.newest, item.version)
+
+    # ---------------------------------------------------------------- bins and alarms
+
+    def settle(self) -> list[Decision]:
+        """Close the bins whose versions are all final; the decisions made at them."""
+        final_through = self.newest - self.config.settle_versions
+        made: list[Decision] = []
+        for version in sorted(v for v in self.versions if self.binned_through < v <= final_through):
+            entry = self.versions[version]
+            self._open.extend(entry.items, self.auditors)
+            low = self._open_versions[0] if self._open_versions else version
+            self._open_versions = (low, version)
+            self.binned_through = version
+            if len(self._open) >= self.config.min_items:
+                made += self._close_bin()
+        self.binned_through = max(self.binned_through, final_through)
+        self._forget_old()
+        self.decisions += made
+        for d in made:
+            entry = self.alarms.setdefault(d.alarm, {}).setdefault(
+                d.subject, {"firing": False, "first_fired_versions": None, "fired_bins": [], "last": None}
+            )
+            entry["firing"] = d.fired
+            entry["last"] = {"bin": d.bin, "versions": list(d.versions), "fired": d.fired, **d.evidence}
+            if d.fired:
+                entry["fired_bins"].append(d.bin)
+                if entry["first_fired_versions"] is None:
+                    entry["first_fired_versions"] = list(d.versions)
+        return made
+
+    def _close_bin(self) -> list[Decision]:
+        items, versions = self._open, self._open_versions
+        assert versions is not None
+        self._open, self._open_versions = _Items(), None
+        proxy = np.asarray(items.proxy, dtype=np.float64)
+        auditors = {a: np.asarray(items.auditors[a], dtype=np.float64) for a in self.auditors}
+        if self.baseline is None:
+            self.baseline = Baseline(_scale(proxy), {a: _scale(v) for a, v in auditors.items()})
+        sig = np.asarray(items.signatures, dtype=np.int64)
+        stats = BinStats(
+            index=len(self.bins),
+            versions=versions,
+            n=len(items),
+            proxy=Acc.of(proxy),
+            auditors={a: Acc.of(v) for a, v in auditors.items()},
+            taus={a: _tau(proxy, v) for a, v in auditors.items()},
+            signatures={s: int(np.count_nonzero(sig >> bit & 1)) for bit, s in enumerate(SIGNATURES)},
+        )
+        decisions = self.evaluator.add(stats)
+        summary = self._summary(items, versions)
+        summary["bin"] = stats.index
+        summary["alarms"] = {f"{d.alarm}:{d.subject}": {"fired": d.fired, **d.evidence} for d in decisions}
+        self.bins.append(summary)
+        return decisions
+
+    def _forget_old(self) -> None:
+        keep = self.config.keep_versions
+        if len(self.versions) <= keep:
+            return
+        for version in sorted(self.versions)[: len(self.versions) - keep]:
+            if version > self.binned_through:
+                break
+            self.summaries[version] = self.version_summary(version)
+            del self.versions[version]
+
+    # ---------------------------------------------------------------- summaries
+
+    def version_summary(self, version: int) -> dict[str, Any]:
+        entry = self.versions.get(version)
+        if entry is None:
+            return self.summaries[version]
+        if entry.summary is None:
+            entry.summary = self._summary(entry.items, (version, version))
+            entry.summary["recorded"] = entry.recorded
+        return entry.summary
+
+    def _summary(self, items: _Items, versions: tuple[int, int]) -> dict[str, Any]:
+        """Means with bootstrap intervals, τ, gap, length, signatures; and the same per source
+        when the items carry more than one."""
+        out = self._numbers(items)
+        out["versions"] = list(versions)
+        sources = sorted(set(items.source))
+        if len(sources) > 1 or (sources and sources[0] != NO_SOURCE):
+            column = np.asarray(items.source, dtype=object)
+            out["sources"] = {s or "(none)": self._numbers(items.select(column == s)) for s in sources}
+        return out
+
+    def _numbers(self, items: _Items) -> dict[str, Any]:
+        seed, replicates = self.config.seed, self.config.replicates
+        proxy = np.asarray(items.proxy, dtype=np.float64)
+        out: dict[str, Any] = {
+            "n": len(items),
+            "proxy": mean_interval(proxy, seed=seed, replicates=replicates),
+        }
+        auditors: dict[str, Any] = {}
+        for name in self.auditors:
+            values = np.asarray(items.auditors.get(name, []), dtype=np.float64)
+            block = mean_interval(values, seed=seed, replicates=replicates)
+            ok = np.isfinite(values)
+            tau = _tau(proxy[ok], values[ok]) if ok.any() else None
+            block["tau"] = None if tau is None else _tau_json(tau)
+            block["gap"] = self._gap(proxy[ok], values[ok], name)
+            block["failed"] = int((~ok).sum())
+            auditors[name] = block
+        out["auditors"] = auditors
+        lengths = np.asarray(items.length, dtype=np.float64)
+        out["length"] = {
+            "unit": self.config.length_unit,
+            "mean": float(lengths.mean()) if lengths.size else None,
+            "p50": float(np.percentile(lengths, 50)) if lengths.size else None,
+            "p90": float(np.percentile(lengths, 90)) if lengths.size else None,
+            "max": int(lengths.max()) if lengths.size else None,
+            "at_cap": float(np.mean(items.at_cap)) if lengths.size else None,
+        }
+        sig = np.asarray(items.signatures, dtype=np.int64)
+        out["signatures"] = {
+            s: {
+                "count": int(np.count_nonzero(sig >> bit & 1)),
+                "rate": float(np.mean(sig >> bit & 1)) if sig.size else None,
+            }
+            for bit, s in enumerate(SIGNATURES)
+        }
+        return out
+
+    def _gap(self, proxy: np.ndarray, auditor: np.ndarray, name: str) -> dict[str, Any] | None:
+        """(proxy − first bin's proxy mean)/its sd − (auditor − its first-bin mean)/its sd, per
+        item: how many baseline standard deviations the proxy has risen beyond the auditor."""
+        if self.baseline is None or proxy.size == 0:
+            return None
+        (pm, ps), (am, as_) = self.baseline.proxy, self.baseline.auditors[name]
+        if not (ps > 0 and as_ > 0):
+            return None
+        per_item = (proxy - pm) / ps - (auditor - am) / as_
+        block = mean_interval(per_item, seed=self.config.seed, replicates=self.config.replicates)
+        return {"mean": block["mean"], "ci_95": block["ci_95"]}
+
+    def snapshot_versions(self, since: int | None = None) -> list[dict[str, Any]]:
+        versions = sorted({*self.versions, *self.summaries})
+        if since is not None:
+            versions = [v for v in versions if v >= since]
+        return [{"version": v, **self.version_summary(v)} for v in versions]
+
+
+def _scale(values: np.ndarray) -> tuple[float, float]:
+    values = values[np.isfinite(values)]
+    if values.size < 2:
+        return (float(values.mean()) if values.size else 0.0), 0.0
+    return float(values.mean()), float(values.std(ddof=1))
+
+
+def _tau(x: np.ndarray, y: np.ndarray) -> Any:
+    ok = np.isfinite(x) & np.isfinite(y)
+    return kendall_tau(x[ok], y[ok])
+
+
+def _tau_json(tau: Any) -> dict[str, Any]:
+    low, high = tau.interval()
+    return {
+        "point": tau.point,
+        "ci_95": [low, high],
+        "se": tau.se if math.isfinite(tau.se) else None,
+        "n": tau.n,
+    }

@@ -1,0 +1,164 @@
+"""The audit's statistics: Kendall's τ_b with a jackknife interval, Wilson bounds, the
+evaluation's bootstrap for means, and the pooled summaries the alarms test.
+
+Everything here is numpy and the standard library (`statistics.NormalDist` for quantiles):
+scipy is a development dependency only, and the tests compare these numbers with it.
+
+Kendall's τ_b. For n items with proxy scores x and auditor scores y, with sx_ij = sign(x_i − x_j)
+and sy_ij = sign(y_i − y_j):
+
+    S   = Σ_{i<j} sx_ij · sy_ij            (concordant − discordant pairs)
+    n_x = #{i<j : x_i ≠ x_j},  n_y = #{i<j : y_i ≠ y_j}
+    τ_b = S / sqrt(n_x · n_y)                (scipy.stats.kendalltau's default variant)
+
+Its standard error is the delete-one jackknife: with row sums C_i = Σ_j sx_ij·sy_ij and
+untied counts X_i = #{j : x_j ≠ x_i}, Y_i likewise, the τ_b of the sample without item i is
+(S − C_i) / sqrt((n_x − X_i)(n_y − Y_i)), so all n of them cost one O(n²) pass, and
+
+    se² = (n − 1)/n · Σ_i (τ_(i) − mean τ_(·))²
+
+(Quenouille–Tukey). τ is a U-statistic, for which the jackknife variance is consistent; the
+tests check the interval's coverage by simulation. τ is undefined (None) when either score is
+constant over the items (n_x or n_y = 0) or n < 3; its standard error is infinite (no usable
+interval) when a single item is all that keeps a score from being constant.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from statistics import NormalDist
+
+import numpy as np
+
+from rewardplane.eval.bootstrap import replicate_means
+
+TAU_MAX_ITEMS = 4096
+"""τ is computed on at most this many items (an evenly spaced, order-preserving subsample):
+the jackknife holds two n × n sign matrices (int8), 16 MiB each at this size."""
+
+
+def z_of(alpha: float) -> float:
+    """The one-sided standard normal quantile: P(Z > z) = alpha."""
+    return NormalDist().inv_cdf(1.0 - alpha)
+
+
+@dataclass(frozen=True)
+class Tau:
+    """Kendall's τ_b with its jackknife standard error."""
+
+    point: float
+    se: float
+    n: int
+
+    def upper(self, alpha: float) -> float:
+        """One-sided upper confidence bound at level 1 − alpha, clipped to [−1, 1]."""
+        return min(1.0, self.point + z_of(alpha) * self.se)
+
+    def interval(self, level: float = 0.95) -> tuple[float, float]:
+        z = z_of((1.0 - level) / 2)
+        return max(-1.0, self.point - z * self.se), min(1.0, self.point + z * self.se)
+
+
+def _signs(v: np.ndarray) -> np.ndarray:
+    return np.sign(v[:, None] - v[None, :]).astype(np.int8)
+
+
+def kendall_tau(x: np.ndarray, y: np.ndarray) -> Tau | None:
+    """τ_b of (x, y) and its jackknife standard error; None when undefined."""
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    if x.shape != y.shape or x.ndim != 1:
+        raise ValueError(f"kendall_tau needs two 1-D arrays of one length, got {x.shape} and {y.shape}")
+    if x.size > TAU_MAX_ITEMS:
+        keep = np.linspace(0, x.size - 1, TAU_MAX_ITEMS).round().astype(np.int64)
+        x, y = x[keep], y[keep]
+    n = x.size
+    if n < 3:
+        return None
+    sx, sy = _signs(x), _signs(y)
+    concord = np.einsum("ij,ij->i", sx, sy, dtype=np.int64)  # C_i
+    untied_x = np.count_nonzero(sx, axis=1).astype(np.int64)  # X_i
+    untied_y = np.count_nonzero(sy, axis=1).astype(np.int64)
+    s, nx, ny = concord.sum() / 2, untied_x.sum() / 2, untied_y.sum() / 2
+    if nx == 0 or ny == 0:
+        return None
+    point = float(s / math.sqrt(nx * ny))
+    rest_x, rest_y = nx - untied_x, ny - untied_y
+    if np.any(rest_x == 0) or np.any(rest_y == 0):
+        # one item holds every untied pair of a score (a single item off a constant score):
+        # τ hangs on that item alone and its jackknife would drop it; no usable interval
+        return Tau(point, math.inf, n)
+    loo = (s - concord) / np.sqrt(rest_x * rest_y)
+    se = math.sqrt((n - 1) / n * float(np.sum((loo - loo.mean()) ** 2)))
+    return Tau(point, se, n)
+
+
+def pool_taus(taus: list[Tau | None]) -> Tau | None:
+    """The n-weighted mean of independent per-bin τ's, with its standard error: the
+    association within bins, never across them (a shift of both means between versions is
+    not agreement). The weights are the sample sizes, not the estimated inverse variances:
+    those are noisy for few or heavily tied items, and weighting by them favours the bins
+    whose variance happens to be underestimated. None when no bin has a usable τ."""
+    usable = [t for t in taus if t is not None and math.isfinite(t.se)]
+    if not usable:
+        return None
+    n = np.array([t.n for t in usable], dtype=np.float64)
+    points = np.array([t.point for t in usable])
+    ses = np.array([t.se for t in usable])
+    total = n.sum()
+    return Tau(float(n @ points / total), float(math.sqrt(float((n * n) @ (ses * ses))) / total), int(total))
+
+
+def wilson(k: int, n: int, alpha: float) -> tuple[float, float]:
+    """One-sided Wilson score bounds (lower, upper), each at level 1 − alpha, for k of n."""
+    if n == 0:
+        return 0.0, 1.0
+    z = z_of(alpha)
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+@dataclass(frozen=True)
+class Moments:
+    """n, mean and the standard error of the mean (sample variance, ddof 1) of finite values."""
+
+    n: int
+    mean: float
+    se: float
+
+    @staticmethod
+    def of(values: np.ndarray) -> Moments | None:
+        values = np.asarray(values, dtype=np.float64)
+        values = values[np.isfinite(values)]
+        if values.size == 0:
+            return None
+        se = float(values.std(ddof=1) / math.sqrt(values.size)) if values.size > 1 else math.inf
+        return Moments(int(values.size), float(values.mean()), se)
+
+
+def welch_z(a: Moments, b: Moments) -> float:
+    """(a.mean − b.mean) / sqrt(a.se² + b.se²): how far a is above b in standard errors."""
+    scale = math.sqrt(a.se**2 + b.se**2)
+    if not math.isfinite(scale):
+        return 0.0
+    if scale == 0.0:
+        return math.copysign(math.inf, a.mean - b.mean) if a.mean != b.mean else 0.0
+    return (a.mean - b.mean) / scale
+
+
+def mean_interval(values: np.ndarray, *, seed: int, replicates: int) -> dict[str, float | list[float] | int]:
+    """The evaluation's percentile bootstrap (`eval.bootstrap.replicate_means`) of a mean:
+    `{"n", "mean", "ci_95"}`; a single value has no interval (its ends are the value)."""
+    values = np.asarray(values, dtype=np.float64)
+    values = values[np.isfinite(values)]
+    if values.size == 0:
+        return {"n": 0, "mean": None, "ci_95": None}
+    if values.size == 1:
+        v = float(values[0])
+        return {"n": 1, "mean": v, "ci_95": [v, v]}
+    means, _ = replicate_means(values, seed=seed, replicates=replicates)
+    low, high = np.percentile(means, [2.5, 97.5])
+    return {"n": int(values.size), "mean": float(values.mean()), "ci_95": [float(low), float(high)]}
