@@ -672,7 +672,7 @@ def bench_judge_engine(args: argparse.Namespace) -> dict:
 
 
 def bench_sandbox(isolation: str, n: int, concurrency: int) -> dict:
-    from rewardplane.serve.scorers.sandbox import LocalSandbox
+    from rewardplane.serve.execution.sandbox import LocalSandbox
 
     box = LocalSandbox(isolation=isolation, timeout_s=5, prefork=max(2, concurrency))
     box.start()
@@ -842,7 +842,7 @@ def main() -> None:
     if args.only in (None, "sandbox"):
         res["process_refs"] = bench_process_refs()
         print("process refs:", res["process_refs"], flush=True)
-        from rewardplane.serve.scorers.sandbox import probe
+        from rewardplane.serve.execution.sandbox import probe
 
         isolations = ["namespaces", "rlimits"] if probe("namespaces")[0] else ["rlimits"]
         res["sandbox"] = [bench_sandbox(iso, args.sandbox_runs, cores) for iso in isolations]

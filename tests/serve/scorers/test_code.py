@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from rewardplane.core.errors import ConfigError
-from rewardplane.serve.scorers import sandbox as sandbox_mod
+from rewardplane.serve.execution import sandbox as sandbox_mod
 from rewardplane.serve.scorers.base import ItemError, ScoreItem
 from rewardplane.serve.scorers.code import CodeScorer, extract_code
 from support.serve import LiveServer, make_config
@@ -92,6 +92,13 @@ def hostile_programs(tmp_path: Path, port: int) -> dict[str, str]:
     }
 
 
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except FileNotFoundError:  # the unit's cgroup was removed between the glob and the read
+        return ""
+
+
 @needs_ns
 def test_hostile_programs_are_contained_and_neighbours_unaffected(scorer, tmp_path):
     listener = socket.socket()
@@ -130,35 +137,11 @@ def test_hostile_programs_are_contained_and_neighbours_unaffected(scorer, tmp_pa
         base = Path(scorer.sandbox.cfg["cgroup"])
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
-            procs = [p for d in base.glob("u*") for p in (d / "cgroup.procs").read_text().split()]
+            procs = [p for d in base.glob("u*") for p in _read(d / "cgroup.procs").split()]
             if len(procs) <= 2 * scorer.sandbox.cfg["prefork"]:
                 break
             time.sleep(0.1)
         assert len(procs) <= 2 * scorer.sandbox.cfg["prefork"], procs  # only the idle pre-forked units
-
-
-@needs_ns
-def test_sandbox_view_is_isolated(scorer):
-    code = (
-        "import os, socket\n"
-        "print(os.getpid(), os.getcwd(), len([p for p in os.listdir('/proc') if p.isdigit()]))\n"
-        "print(sorted(n for _, n in socket.if_nameindex()))\n"
-    )
-    r = scorer.sandbox.run({"mode": "stdin", "code": code, "stdin": ""})
-    pid, cwd, nprocs = r.stdout.decode().splitlines()[0].split()
-    assert pid == "1" and cwd == "/tmp/work" and int(nprocs) <= 2
-    assert r.stdout.decode().splitlines()[1] == "['lo']"  # a fresh network namespace
-    # the runner keeps the server's uid: home directories and secrets are covered, the
-    # interpreter's own files stay importable
-    code = (
-        "import os, fractions, statistics\n"
-        "print(open('/etc/shadow').read() == '' if os.path.exists('/etc/shadow') else True)\n"
-        "print(os.listdir('/home') if os.path.isdir('/home') else [])\n"
-    )
-    r = scorer.sandbox.run({"mode": "stdin", "code": code, "stdin": ""})
-    assert r.status == "ok" and r.report["error"] is None, r
-    assert r.stdout.decode().splitlines() == ["True", "[]"]
-    assert "namespaces" in scorer.info().extra["isolation"]
 
 
 def test_start_without_namespaces_needs_explicit_rlimits(monkeypatch):

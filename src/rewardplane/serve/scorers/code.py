@@ -18,7 +18,7 @@ never a 0: `timeout` (wall clock or CPU time), `memory_limit`, `output_limit` (s
 `max_output_bytes` or a file over `max_file_mb`), `sandbox_error`, and `bad_input` (no usable
 reference).
 
-Backends: `local` (rewardplane.serve.scorers.sandbox: warm pre-forked runners in user + mount +
+Backends: `local` (rewardplane.serve.execution.sandbox: warm pre-forked runners in user + mount +
 network + PID namespaces with rlimits; a resource boundary, not a security boundary) and
 `sandbox_fusion` (the SandboxFusion HTTP API, `POST {url}/run_code`).
 """
@@ -32,9 +32,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
 from rewardplane.core.errors import ConfigError
+from rewardplane.serve.execution.harness import split_tests
 from rewardplane.serve.scorers.base import ItemError, ScoreItem, ScorerInfo
 from rewardplane.serve.scorers.common import VERSION, OptionsScorer, as_text, identity
-from rewardplane.serve.scorers.sandbox import _split_tests as split_tests
 
 _FENCE = re.compile(r"```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)```", re.DOTALL)
 RUN_ERRORS = ("timeout", "memory_limit", "output_limit", "sandbox_error")
@@ -166,7 +166,7 @@ class CodeScorer(OptionsScorer):
                 max_output_bytes=int(o.get("max_output_bytes", 1 << 20)),
             )
             return
-        from rewardplane.serve.scorers.sandbox import LocalSandbox, probe
+        from rewardplane.serve.execution.sandbox import LocalSandbox, probe
 
         if self.isolation == "namespaces":
             ok, why = probe("namespaces")
@@ -315,7 +315,7 @@ class SandboxFusionClient:
         self._http.close()
 
     def run(self, job: dict[str, Any]) -> Any:
-        from rewardplane.serve.scorers.sandbox import RunResult
+        from rewardplane.serve.execution.sandbox import RunResult
 
         if job["mode"] == "assert":
             setup, cases = split_tests(job["tests"])

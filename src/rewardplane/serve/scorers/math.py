@@ -24,9 +24,9 @@ import re
 from typing import Any, ClassVar
 
 from rewardplane.core.errors import ConfigError
+from rewardplane.serve.execution.procpool import DeadlinePool
 from rewardplane.serve.scorers.base import ItemError, ScoreItem, ScorerInfo
 from rewardplane.serve.scorers.common import VERSION, OptionsScorer, as_text, identity
-from rewardplane.serve.scorers.procpool import DeadlinePool
 
 EXTRACTION_MODES = ("auto", "boxed", "latex", "last_number")
 _NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?")
