@@ -71,6 +71,45 @@ def test_assert_style_tests(scorer):
     assert got == [pytest.approx(2 / 3), 1.0, 0.0, 0.0]
 
 
+def test_expected_values_never_enter_the_sandbox(scorer, monkeypatch):
+    sent = []
+    real = scorer.sandbox.run
+
+    def spy(job, *args, **kwargs):
+        sent.append(json.dumps({k: v for k, v in job.items() if k != "code"}))  # the program has them
+        return real(job, *args, **kwargs)
+
+    monkeypatch.setattr(scorer.sandbox, "run", spy)
+    tests = (
+        "assert f(1) == 918273645\n"
+        "assert f(2) != 818273645\n"
+        "assert f(3) in (718273645, 1)\n"
+        "assert math.isclose(f(4), 618273645.5, rel_tol=1e-9)\n"
+        "assert abs(f(5) - 518273645) < 1\n"
+    )
+    program = (
+        "import math\ndef f(x):\n    return {1: 918273645, 3: 1, 4: 618273645.5, 5: 518273645.5}.get(x, 0)"
+    )
+    (got,) = scorer.score_batch([item(program, {"tests": "import math\n" + tests})])
+    assert got == 1.0
+    assert len(sent) == 1 and "f(1)" in sent[0]
+    for expected in ("918273645", "818273645", "718273645", "618273645", "518273645"):
+        assert expected not in sent[0]
+
+
+def test_unsplittable_tests_run_inside_counted_or_refused(scorer):
+    tests = "assert f(1) == 2\nfor x in range(3):\n    assert f(x) == x + 1\n"
+    (got,) = scorer.score_batch([item("def f(x): return x + 1", {"tests": tests})])
+    assert got == 1.0
+    assert scorer.take_batch_stats() == {"tests_split": 1, "tests_unsplittable": 1}
+    assert scorer.take_batch_stats() == {}  # taken once
+    strict = CodeScorer("strict", options={"unsplittable_tests": "error"})
+    strict.sandbox = scorer.sandbox
+    (got,) = strict.score_batch([item("def f(x): return x + 1", {"tests": tests})])
+    assert isinstance(got, ItemError) and got.code == "bad_input" and "cannot be split" in got.message
+    assert strict.score_batch([item("def f(x): return x + 1", {"tests": "assert f(1) == 2"})]) == [1.0]
+
+
 @pytest.mark.parametrize("reference", [None, "not json", {"inputs": ["1"]}, {"tests": "assert ("}, [1, 2]])
 def test_bad_reference_is_bad_input(scorer, reference):
     (got,) = scorer.score_batch([item(RIGHT, reference)])
@@ -141,7 +180,8 @@ def test_hostile_programs_are_contained_and_neighbours_unaffected(scorer, tmp_pa
             if len(procs) <= 2 * scorer.sandbox.cfg["prefork"]:
                 break
             time.sleep(0.1)
-        assert len(procs) <= 2 * scorer.sandbox.cfg["prefork"], procs  # only the idle pre-forked units
+        # only the idle pre-forked units: a unit and its program's process waiting for a job
+        assert len(procs) <= 2 * scorer.sandbox.cfg["prefork"], procs
 
 
 def test_start_without_namespaces_needs_explicit_rlimits(monkeypatch):
@@ -160,6 +200,14 @@ def test_start_without_namespaces_needs_explicit_rlimits(monkeypatch):
 
 
 def test_options_are_checked():
+    with pytest.raises(ConfigError, match="unsplittable_tests"):
+        CodeScorer("c", options={"unsplittable_tests": "skip"})
+    with pytest.raises(ConfigError, match="packages"):
+        CodeScorer("c", options={"packages": "numpy"})
+    with pytest.raises(ConfigError, match="packages"):
+        CodeScorer("c", options={"packages": ["yaml"], "backend": "sandbox_fusion", "url": "http://x"})
+    with pytest.raises(ConfigError, match="not installed"):
+        CodeScorer("c", options={"packages": ["surely_not_a_package_here"], "isolation": "rlimits"}).load()
     with pytest.raises(ConfigError, match="backend"):
         CodeScorer("c", options={"backend": "docker"})
     with pytest.raises(ConfigError, match="url"):

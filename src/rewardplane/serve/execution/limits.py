@@ -1,5 +1,5 @@
-"""Per-run limits: the rlimits a runner sets before the code runs, and the per-unit pids cgroup
-that caps processes even for root.
+"""Per-run limits: the rlimits the program's process sets before the code runs, and the per-unit
+pids cgroup that caps processes even for root.
 
 Stdlib only: loaded by file path into the zygote (`zygote.py`); the server imports it as a
 package module for `pids_cgroup_base`.

@@ -1,22 +1,24 @@
-"""A local sandbox for running untrusted Python: a resource boundary, NOT a security boundary.
+"""A local sandbox for running untrusted Python: a resource and filesystem boundary with a result
+channel the program cannot forge, but NOT a proof against kernel exploits.
 
-This is the server side: `LocalSandbox` starts the zygote (`zygote.py`, a small stdlib-only
-interpreter that pre-forks the units that run code), hands it one job at a time over a Unix
-socket, and enforces what can only be enforced from outside: the wall-clock limit and the output
-cap, by SIGKILLing the unit's process group on expiry. The package:
+This is the server side: `LocalSandbox` starts the zygote (`zygote.py`) from an explicit
+environment, hands it one job at a time over a Unix socket with a fresh per-run secret, and
+enforces what can only be enforced from outside: the wall-clock limit and the output cap, by
+SIGKILLing the unit's process group on expiry. The package:
 
-- `zygote.py`  — the zygote and its units (fork, setsid, cgroup, uid drop, namespaces);
-- `rootfs.py`  — the namespaces and the filesystem view a unit gets;
+- `zygote.py`  — the zygote and its units (fork, setsid, cgroup, uid drop, the program's process);
+- `rootfs.py`  — the namespaces and the minimal root the program's process pivots into;
 - `limits.py`  — rlimits and the per-unit pids cgroup;
-- `harness.py` — the runner in the sandbox: the job, the code, the report.
+- `harness.py` — what runs in the program's process: the program, the test steps, the records;
+- `channel.py` — the records' way out: program → unit → server, framed with the run's secret.
 
-A job brings three pipes (job in, stdout out, result out); the runner reads the job, sets the
-rlimits (CPU time, address space, file size, open files, processes, no core), puts the stdin data
-on fd 0 (a memfd), and `exec`s the code in-process.
+A job is {"mode": "stdin", "code", "stdin"} or {"mode": "assert", "code", "steps"} (the steps the
+code scorer split the tests into: `harness.py`); it never holds an expected value. The result is
+how the program's process ended and the records it sent (`RunResult`).
 
-What it does not do: seccomp filtering, cgroup memory/pids accounting, or protection against
-kernel exploits. A determined attacker with a kernel bug gets out. Use `backend: sandbox_fusion`
-(or another real sandbox) for hostile code.
+What it does not do: seccomp filtering, cgroup memory accounting, or protection against kernel
+exploits: a program with a kernel bug gets out. Use `backend: sandbox_fusion` (or another real
+sandbox) when that matters.
 """
 
 from __future__ import annotations
@@ -33,22 +35,56 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from rewardplane.serve.execution import zygote
+from rewardplane.serve.execution import rootfs, zygote
+from rewardplane.serve.execution.channel import MAX_RECORD_BYTES, read_report
 from rewardplane.serve.execution.limits import pids_cgroup_base
-from rewardplane.serve.execution.rootfs import HIDE_PATHS
 from rewardplane.serve.execution.zygote import EXIT_SETUP_FAILED, kill_group
+
+ENV_PASSED = ("LD_LIBRARY_PATH",)
+"""The only variables of the server's environment the zygote gets (the interpreter may need it)."""
+ZYGOTE_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "LANG": "C.UTF-8",
+    "HOME": "/tmp",
+    "TMPDIR": "/tmp",
+    "PYTHONHASHSEED": "0",
+    "OMP_NUM_THREADS": "1",  # preimported numeric libraries must not start thread pools before forks
+    "OPENBLAS_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
+
+
+def zygote_env() -> dict[str, str]:
+    """The explicit environment the zygote (and so every unit) starts from: never the server's,
+    which may hold tokens and credentials that /proc/<pid>/environ would show."""
+    env = dict(ZYGOTE_ENV)
+    env.update({k: os.environ[k] for k in ENV_PASSED if k in os.environ})
+    return env
 
 
 @dataclass
 class RunResult:
-    """status: ok | timeout | memory_limit | output_limit | sandbox_error."""
+    """status: ok | timeout | memory_limit | output_limit | sandbox_error. With "ok": the
+    program's stdout, the unit's `report` (isolation, exit code or signal of the program's
+    process, lines dropped for lacking the nonce) and the harness's `records` in order."""
 
     status: str
     stdout: bytes = b""
     report: dict[str, Any] = field(default_factory=dict)
+    records: list[dict[str, Any]] = field(default_factory=list)
     exit_code: int | None = None
     message: str = ""
     wall_s: float = 0.0
+
+    def program_error(self) -> str | None:
+        """A stdin/stdout run: None when the program ended cleanly (ran to its end, `sys.exit(0)`,
+        or exit status 0), else how it failed."""
+        for rec in self.records:
+            if rec.get("done") is True:
+                return None if rec.get("error") is None else str(rec["error"])
+        if self.report.get("signal") is not None:
+            return f"signal {self.report['signal']}"
+        return None if self.report.get("exit") == 0 else f"exit {self.report.get('exit')}"
 
 
 class _Waiter:
@@ -61,7 +97,9 @@ class _Waiter:
 
 
 class LocalSandbox:
-    """Server-side handle of one zygote. Thread-safe: `run()` may be called from many threads."""
+    """Server-side handle of one zygote. Thread-safe: `run()` may be called from many threads.
+    `packages`: import names the programs may use beyond the standard library (with their
+    dependencies; an unknown name raises LookupError here)."""
 
     def __init__(
         self,
@@ -75,13 +113,13 @@ class LocalSandbox:
         max_processes: int = 64,
         tmpfs_mb: int = 64,
         prefork: int = 2,
-        preimport: tuple[str, ...] = (),
-        hide_paths: tuple[str, ...] = HIDE_PATHS,
+        packages: tuple[str, ...] = (),
     ) -> None:
         if isolation not in ("namespaces", "rlimits"):
             raise ValueError("isolation must be namespaces or rlimits")
         self.timeout_s = timeout_s
         self.max_output_bytes = max_output_bytes
+        root = rootfs.plan(rootfs.package_entries(list(packages)))
         self.cfg = {
             "isolation": isolation,
             "cpu_s": max(1, int(timeout_s + 0.999)),
@@ -91,12 +129,13 @@ class LocalSandbox:
             "max_processes": max_processes,
             "tmpfs_mb": tmpfs_mb,
             "prefork": prefork,
-            "preimport": list(preimport),
-            "drop_root": os.geteuid() == 0 and _world_readable_stdlib(),
-            "hide_paths": list(hide_paths),
-            "keep_paths": _interpreter_paths(),
+            "preimport": list(packages),
+            "root": root,
+            "executable": os.path.realpath(sys.executable),
+            "drop_root": os.geteuid() == 0 and _world_readable([*root["binds"], *root["packages"]]),
             "cgroup": pids_cgroup_base(),
         }
+        self.packages = tuple(packages)
         self._lock = threading.Lock()
         self._waiters: dict[int, _Waiter] = {}
         self._next_id = 0
@@ -135,21 +174,16 @@ class LocalSandbox:
 
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-I",
-                os.path.abspath(zygote.__file__),
-                "--zygote",
-                str(theirs.fileno()),
-                json.dumps(self.cfg),
-            ],
+            [sys.executable, "-I", "-S", os.path.abspath(zygote.__file__), "--zygote", str(theirs.fileno())],
             pass_fds=[theirs.fileno()],
+            env=zygote_env(),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             cwd="/",
         )
         theirs.close()
+        mine.send(json.dumps({"op": "config", "cfg": self.cfg}).encode())
         self._ctl = mine
         self.restarts += 1
         threading.Thread(target=self._reader, args=(mine,), daemon=True, name="sandbox-ctl").start()
@@ -200,9 +234,10 @@ class LocalSandbox:
                 self._proc.kill()
 
     def run(self, job: dict[str, Any], timeout_s: float | None = None) -> RunResult:
-        """Run one job: {"mode": "stdin", "code", "stdin"} or {"mode": "assert", "code", "tests"}."""
+        """Run one job (the module docstring's shapes) under a fresh per-run secret."""
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
         t0 = time.monotonic()
+        secret = os.urandom(16).hex()
         job_r, job_w = os.pipe()
         out_r, out_w = os.pipe()
         res_r, res_w = os.pipe()
@@ -217,17 +252,17 @@ class LocalSandbox:
             self._waiters[job_id] = w
         try:
             try:
-                socket.send_fds(
-                    ctl, [json.dumps({"op": "run", "id": job_id}).encode()], [job_r, out_w, res_w]
-                )
+                msg = {"op": "run", "id": job_id, "secret": secret}
+                socket.send_fds(ctl, [json.dumps(msg).encode()], [job_r, out_w, res_w])
             except OSError as exc:
                 return RunResult("sandbox_error", message=f"cannot reach the sandbox zygote: {exc}")
             finally:
                 for fd in (job_r, out_w, res_w):
                     os.close(fd)
-            result = self._pump(
+            failed, out, res, code = self._pump(
                 w, json.dumps(job).encode(), job_w, out_r, res_r, t0 + timeout_s, timeout_s, still_open
             )
+            result = failed or self._outcome(out, res, code, secret.encode())
         finally:
             with self._lock:
                 self._waiters.pop(job_id, None)
@@ -246,7 +281,7 @@ class LocalSandbox:
         deadline: float,
         timeout_s: float,
         still_open: set[int],
-    ) -> RunResult:
+    ) -> tuple[RunResult | None, bytes, bytes, int | None]:
         for fd in (job_w, out_r, res_r):
             os.set_blocking(fd, False)
         sel = selectors.DefaultSelector()
@@ -296,7 +331,7 @@ class LocalSandbox:
                         status = "output_limit"
                         open_reads.clear()
                         break
-                    if fd == res_r and len(res) > 1 << 20:
+                    if fd == res_r and len(res) > MAX_RECORD_BYTES + (1 << 16):
                         status = "sandbox_error"
                         open_reads.clear()
                         break
@@ -308,74 +343,70 @@ class LocalSandbox:
                 kill_group(w.pid)
             w.exited.wait(2.0)
             status = status or "timeout"
-        if w.failure:
-            return RunResult("sandbox_error", message=w.failure)
         code = w.code
+        if w.failure:
+            return RunResult("sandbox_error", message=w.failure), b"", b"", code
         if status == "timeout":
-            return RunResult(
-                "timeout", bytes(out), exit_code=code, message=f"wall-clock limit {timeout_s:g} s"
-            )
+            msg = f"wall-clock limit {timeout_s:g} s"
+            return RunResult("timeout", bytes(out), exit_code=code, message=msg), b"", b"", code
         if status == "output_limit":
-            return RunResult(
-                "output_limit", exit_code=code, message=f"stdout over {self.max_output_bytes} bytes; killed"
-            )
+            msg = f"stdout over {self.max_output_bytes} bytes; killed"
+            return RunResult("output_limit", exit_code=code, message=msg), b"", b"", code
         if status == "sandbox_error":
-            return RunResult("sandbox_error", message="oversized result record")
-        try:
-            report = json.loads(bytes(res)) if res else {}
-        except ValueError:
-            report = {}
-        if code == EXIT_SETUP_FAILED or "setup_error" in report:
+            return RunResult("sandbox_error", message="oversized result record"), b"", b"", code
+        return None, bytes(out), bytes(res), code
+
+    def _outcome(self, out: bytes, res: bytes, code: int | None, secret: bytes) -> RunResult:
+        """What the unit reported (only a report framed with this run's secret counts), mapped
+        to a status: a limit the program hit is that limit's error, never a result."""
+        parsed = read_report(res, secret)
+        if parsed is None:  # the unit died before reporting
+            if code == EXIT_SETUP_FAILED:
+                return RunResult("sandbox_error", exit_code=code, message="sandbox setup failed")
+            if code == 128 + signal.SIGKILL:  # the kernel's OOM killer
+                return RunResult(
+                    "memory_limit", exit_code=code, message=f"killed (memory_mb {self.cfg['memory_mb']})"
+                )
             return RunResult(
-                "sandbox_error", exit_code=code, message=report.get("setup_error", "sandbox setup failed")
+                "sandbox_error",
+                exit_code=code,
+                message=f"the sandbox unit ended without a report (exit {code})",
             )
-        if code == 128 + signal.SIGXCPU:
+        report, records = parsed
+        events = {r.get("event") for r in records if "event" in r}
+        sig = report.get("signal")
+        if "setup_failed" in events:
+            failed = next(r for r in records if r.get("event") == "setup_failed")
+            return RunResult("sandbox_error", exit_code=code, message=str(failed.get("message"))[:200])
+        if sig == signal.SIGXCPU:
             return RunResult("timeout", exit_code=code, message=f"CPU-time limit {self.cfg['cpu_s']} s")
-        if code == 128 + signal.SIGXFSZ:
-            return RunResult(
-                "output_limit", exit_code=code, message=f"file size limit {self.cfg['max_file_mb']} MiB"
-            )
-        if report.get("file_limit"):
+        if sig == signal.SIGXFSZ or "file_limit" in events:
             return RunResult(
                 "output_limit",
                 exit_code=code,
-                message=f"file size limit {self.cfg['max_file_mb']} MiB or tmpfs full",
+                message=f"file size limit {self.cfg['max_file_mb']} MiB or the private /tmp full",
             )
-        if report.get("memory") or (code == 128 + signal.SIGKILL and not report):
+        if "memory" in events or sig == signal.SIGKILL:
             return RunResult(
                 "memory_limit", exit_code=code, message=f"address-space limit {self.cfg['memory_mb']} MiB"
             )
-        return RunResult("ok", bytes(out), report, exit_code=code)
+        return RunResult("ok", out, report, records, exit_code=code)
 
 
-def _interpreter_paths() -> list[str]:
-    """What a hidden path must keep visible: the interpreter's prefixes and package dirs."""
-    import site
-    import sysconfig
-
-    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, *sysconfig.get_paths().values()}
-    with contextlib.suppress(AttributeError):  # some embedded interpreters lack it
-        paths.update(site.getsitepackages())
-    paths.add(os.path.dirname(os.path.realpath(sys.executable)))
-    out = sorted({os.path.realpath(p) for p in paths if p and os.path.isdir(p)})
-    # only the outermost of nested paths: binding a parent brings its children
-    return [p for p in out if not any(p != q and p.startswith(q.rstrip("/") + "/") for q in out)]
-
-
-def _world_readable_stdlib() -> bool:
-    """Dropping root to uid 65534 only works when that uid can read the interpreter's stdlib."""
-    import sysconfig
-
-    path = os.path.realpath(sysconfig.get_paths()["stdlib"])
-    while True:
-        try:
-            if os.stat(path).st_mode & 0o005 != 0o005:
+def _world_readable(paths: list[str]) -> bool:
+    """Dropping root to uid 65534 only works when that uid can read what the root binds."""
+    for start in paths:
+        path = os.path.realpath(start)
+        while True:
+            try:
+                if os.stat(path).st_mode & 0o005 != 0o005:
+                    return False
+            except OSError:
                 return False
-        except OSError:
-            return False
-        if path == "/":
-            return True
-        path = os.path.dirname(path)
+            if path == "/":
+                break
+            path = os.path.dirname(path)
+    return True
 
 
 def probe(isolation: str) -> tuple[bool, str]:

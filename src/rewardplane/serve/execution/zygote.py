@@ -1,22 +1,27 @@
 """The zygote: a small, warm interpreter that pre-forks the units that run untrusted code.
 
-Started by the server (`sandbox.LocalSandbox.start`) as `python -I zygote.py --zygote <fd> <cfg>`,
-so that the processes that run code are forks of a small interpreter (no torch, no server
-threads, a few MiB of address space) instead of fresh interpreters (~37 ms) or forks of the server.
-Stdlib only; its siblings (`rootfs.py`, `limits.py`, `harness.py`) are loaded by file path, never
-through the package (the zygote runs isolated from the server's `sys.path`).
+Started by the server (`sandbox.LocalSandbox.start`) as `python -I -S zygote.py --zygote <fd>`
+from an explicit environment (never the server's), with its configuration sent as the first
+message on that socket (never on the command line, which /proc shows). The processes that run
+code are forks of this small interpreter (no torch, no server threads, no site-packages but the
+allowed ones) instead of fresh interpreters (~37 ms) or forks of the server. Stdlib only; its
+siblings (`rootfs.py`, `limits.py`, `harness.py`, `channel.py`) are loaded by file path, never
+through the package (an isolated interpreter: the server's `sys.path` is not its own).
 
 Layout, per run:
 
-    scorer thread (server) --SEQPACKET + SCM_RIGHTS--> zygote --fork--> unit (outer child)
-                                                                         `--fork--> runner
+    server --SEQPACKET + SCM_RIGHTS--> zygote --fork--> unit --fork--> program's process
 
-A unit, right after its fork: `setsid()`; joins its own pids cgroup when one is writable; when
-the server runs as root, drops to uid/gid 65534 (so RLIMIT_NPROC means something); with
-`isolation: namespaces` it enters new namespaces (`rootfs.enter_namespaces`) and forks the
-runner, which is PID 1 of the new PID namespace (when it dies, the kernel kills everything it
-started — fork bombs included), mounts its /proc, drops every capability and waits on a socket
-for a job (`harness.runner_main`).
+All of it happens before a job exists (`prefork` units are kept ready). The unit: `setsid()`;
+joins its own pids cgroup when one is writable; when the server runs as root and the
+interpreter is world-readable, drops to uid/gid 65534 (so RLIMIT_NPROC means something); with
+`isolation: namespaces` it enters new user, mount, network, PID and IPC namespaces and forks the
+program's process, PID 1 of the new PID namespace (when it dies, the kernel kills everything in
+it — fork bombs included), which builds the minimal root, pivots into it (`rootfs.build_root`),
+drops every capability and waits for its job. Per run the zygote sends the program's process
+its job and stdout pipes (and the records' nonce) on one socket, and the unit the result pipe and
+the run's secret on another, which the program's process closed before any job existed. The unit
+makes itself undumpable and relays the program's records (`channel.relay`), out of its reach.
 """
 
 from __future__ import annotations
@@ -53,10 +58,16 @@ def _sibling(name: str) -> Any:
 rootfs: Any = None
 limits: Any = None
 harness: Any = None
+channel: Any = None
 
 
-def unit_main(cfg: dict[str, Any], unit_sock: socket.socket) -> None:
-    """The outer child: isolate, then fork the runner and wait for it; exit with its status."""
+def unit_main(cfg: dict[str, Any], unit_sock: socket.socket, job_sock: socket.socket) -> None:
+    """The unit: isolate, fork the program's process (PID 1 of the new PID namespace) before any
+    job exists, then wait for the run's secret and result pipe on `unit_sock` (the program's
+    process gets its job on `job_sock`); relay its records to the server framed with the secret
+    (`channel.relay`) and exit with its status. The program cannot reach this process: it is
+    outside the program's PID namespace (no pid to signal, trace or read in /proc) and
+    undumpable."""
     try:
         rootfs.load_libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         os.setsid()
@@ -67,61 +78,79 @@ def unit_main(cfg: dict[str, Any], unit_sock: socket.socket) -> None:
             os.setgid(NOBODY)
             os.setuid(NOBODY)
         if cfg["isolation"] == "namespaces":
-            rootfs.enter_namespaces(cfg)
-            workdir = "/tmp/work"
+            rootfs.enter_namespaces()
+            workdir = ""
         else:
             import tempfile
 
-            workdir = tempfile.mkdtemp(prefix="rk-sandbox-")
+            workdir = tempfile.mkdtemp(prefix="rp-sandbox-")
+        records_r, records_w = os.pipe()
         pid = os.fork()
     except Exception as exc:
         sys.stderr.write(f"sandbox unit setup failed: {exc}\n")
         os._exit(EXIT_SETUP_FAILED)
-    if pid == 0:
+    if pid == 0:  # the program's process: it never holds what arrives on unit_sock
         try:
-            rootfs.load_libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-            os.makedirs(workdir, exist_ok=True)
-            os.makedirs("/tmp/home" if cfg["isolation"] == "namespaces" else workdir, exist_ok=True)
-            os.chdir(workdir)
-            os.environ.clear()
-            os.environ.update(
-                HOME="/tmp/home" if cfg["isolation"] == "namespaces" else workdir,
-                PATH="/usr/bin:/bin",
-                LANG="C.UTF-8",
-                TMPDIR=workdir,
-                PYTHONHASHSEED="0",
-            )
-            if cfg["isolation"] == "namespaces":
-                rootfs.mount_proc()  # a /proc of the new PID namespace: no host processes
-                rootfs.drop_capabilities()
-            harness.runner_main(cfg, unit_sock, limits.set_rlimits)
+            unit_sock.close()
+            os.close(records_r)
+            program_main(cfg, job_sock, records_w, workdir)
         except BaseException as exc:
-            sys.stderr.write(f"sandbox runner failed: {exc!r}\n")
-            os._exit(EXIT_SETUP_FAILED)
+            sys.stderr.write(f"sandbox program process failed: {exc!r}\n")
+        os._exit(EXIT_SETUP_FAILED)
+    job_sock.close()
+    os.close(records_w)
+    try:
+        rootfs.make_undumpable()
+        msg, fds, _, _ = socket.recv_fds(unit_sock, 256, 1)
+    except Exception:
+        fds = []
+    if len(fds) != 1:  # the zygote is going away (or this unit is unusable)
+        kill_group(pid)
         os._exit(0)
-    unit_sock.close()
-    _, status = os.waitpid(pid, 0)
-    if cfg["isolation"] != "namespaces":
+    (res_w,) = fds
+    secret, _, nonce = msg.partition(b" ")
+    code = channel.relay(secret, nonce, records_r, pid, res_w, {"isolation": cfg["isolation"]})
+    if workdir:
         import shutil
 
         shutil.rmtree(workdir, ignore_errors=True)
-    os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
+    os._exit(code)
 
 
-def zygote_main(ctl_fd: int, cfg: dict[str, Any]) -> None:
+def program_main(cfg: dict[str, Any], job_sock: socket.socket, records_w: int, workdir: str) -> None:
+    """The program's process (PID 1 of the unit's PID namespace: when it dies, the kernel kills
+    everything it started — fork bombs included): build the root, drop every privilege, then run
+    the job in the harness (`harness.child_main`)."""
+    rootfs.load_libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if cfg["isolation"] == "namespaces":
+        rootfs.build_root(cfg)
+        workdir, home = "/tmp/work", "/tmp/home"
+        os.makedirs(home)
+    else:
+        home = workdir
+    os.makedirs(workdir, exist_ok=True)
+    os.chdir(workdir)
+    os.environ.clear()
+    os.environ.update(HOME=home, PATH="/usr/bin:/bin", LANG="C.UTF-8", TMPDIR=workdir, PYTHONHASHSEED="0")
+    sys.executable = cfg["executable"]
+    rootfs.drop_privileges()
+    harness.child_main(cfg, job_sock, records_w, limits.set_rlimits)
+
+
+def zygote_main(ctl: socket.socket, cfg: dict[str, Any]) -> None:
     import gc
 
+    sys.path.extend(cfg["root"]["sys_path"])  # the allowed packages' directories (see rootfs.plan)
     for mod in ("ast", "builtins", "io", "json", "resource", "tempfile", "shutil", "ctypes", "re", "math"):
         __import__(mod)
-    for mod in cfg.get("preimport", []):
+    for mod in ("platform", "selectors", "importlib.util", *cfg.get("preimport", [])):
         with contextlib.suppress(ImportError):
             __import__(mod)
     gc.collect()
     gc.freeze()
-    ctl = socket.socket(fileno=ctl_fd)
     sel = selectors.DefaultSelector()
     sel.register(ctl, selectors.EVENT_READ, ("ctl", None))
-    ready: list[tuple[int, socket.socket, int]] = []  # (pid, sock, pidfd)
+    ready: list[tuple[int, socket.socket, socket.socket, int]] = []  # (pid, unit's, program's, pidfd)
     running: dict[int, tuple[int, int]] = {}  # pidfd -> (job id, pid)
     idle_pidfds: dict[int, int] = {}
     cgroup_busy: list[int] = []
@@ -129,7 +158,8 @@ def zygote_main(ctl_fd: int, cfg: dict[str, Any]) -> None:
         os.makedirs(cfg["cgroup"], exist_ok=True)
 
     def fork_unit() -> None:
-        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # the unit's
+        to_prog, prog = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # its program's
         pid = os.fork()
         if pid == 0:
             try:
@@ -138,20 +168,25 @@ def zygote_main(ctl_fd: int, cfg: dict[str, Any]) -> None:
                 sel.close()
                 ctl.close()
                 mine.close()
-                for _, s, pfd in ready:
+                to_prog.close()
+                for _, s, ps, pfd in ready:
                     s.close()
+                    ps.close()
                     os.close(pfd)
-                unit_main(cfg, theirs)
+                for pfd in running:
+                    os.close(pfd)
+                unit_main(cfg, theirs, prog)
             finally:
                 os._exit(EXIT_SETUP_FAILED)
         theirs.close()
+        prog.close()
         pidfd = os.pidfd_open(pid)
-        ready.append((pid, mine, pidfd))
+        ready.append((pid, mine, to_prog, pidfd))
         idle_pidfds[pidfd] = pid
         sel.register(pidfd, selectors.EVENT_READ, ("idle", pidfd))
 
     def shutdown(*_: Any) -> None:
-        pids = [pid for pid, _, _ in ready] + [pid for _, pid in running.values()]
+        pids = [pid for pid, _, _, _ in ready] + [pid for _, pid in running.values()]
         for pid in pids:
             kill_group(pid)
         if cfg.get("cgroup"):
@@ -195,11 +230,13 @@ def zygote_main(ctl_fd: int, cfg: dict[str, Any]) -> None:
                 if msg["op"] == "run":
                     if not ready:
                         fork_unit()
-                    pid, usock, upidfd = ready.pop(0)
+                    pid, usock, psock, upidfd = ready.pop(0)
                     sel.unregister(upidfd)
                     idle_pidfds.pop(upidfd, None)
-                    try:
-                        socket.send_fds(usock, [b"job"], fds)
+                    try:  # the program gets its job and stdout; only the unit the secret and result pipe
+                        nonce = os.urandom(16).hex().encode()
+                        socket.send_fds(psock, [nonce], fds[:2])
+                        socket.send_fds(usock, [msg["secret"].encode() + b" " + nonce], fds[2:])
                         running[upidfd] = (msg["id"], pid)
                         sel.register(upidfd, selectors.EVENT_READ, ("run", upidfd))
                         send({"op": "started", "id": msg["id"], "pid": pid})
@@ -210,6 +247,7 @@ def zygote_main(ctl_fd: int, cfg: dict[str, Any]) -> None:
                         send({"op": "failed", "id": msg["id"], "message": f"sandbox unit unusable: {exc}"})
                     finally:
                         usock.close()
+                        psock.close()
                         for fd in fds:
                             os.close(fd)
                     while len(ready) < int(cfg["prefork"]):
@@ -230,9 +268,10 @@ def zygote_main(ctl_fd: int, cfg: dict[str, Any]) -> None:
                 os.close(pidfd)
                 if cfg.get("cgroup"):
                     cgroup_busy[:] = limits.rm_cgroups(cfg["cgroup"], [*cgroup_busy, pid])
-                for i, (p, s, _) in enumerate(ready):
+                for i, (p, s, ps, _) in enumerate(ready):
                     if p == pid:
                         s.close()
+                        ps.close()
                         del ready[i]
                         break
 
@@ -244,10 +283,12 @@ def kill_group(pid: int) -> None:
 
 
 def main(argv: list[str]) -> None:
-    global rootfs, limits, harness
-    rootfs, limits, harness = _sibling("rootfs"), _sibling("limits"), _sibling("harness")
-    zygote_main(int(argv[2]), json.loads(argv[3]))
+    global rootfs, limits, harness, channel
+    rootfs, limits, harness, channel = (_sibling(n) for n in ("rootfs", "limits", "harness", "channel"))
+    ctl = socket.socket(fileno=int(argv[2]))
+    msg = json.loads(ctl.recv(1 << 22))  # the configuration comes first, never on the command line
+    zygote_main(ctl, msg["cfg"])
 
 
-if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == "--zygote":
+if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--zygote":
     main(sys.argv)

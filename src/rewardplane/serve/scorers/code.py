@@ -28,12 +28,15 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
 from rewardplane.core.errors import ConfigError
-from rewardplane.serve.execution.harness import split_tests
+from rewardplane.serve.execution.fusion import SandboxFusionClient
 from rewardplane.serve.scorers.base import ItemError, ScoreItem, ScorerInfo
+from rewardplane.serve.scorers.code_cases import passed as cases_passed
+from rewardplane.serve.scorers.code_cases import split_tests
 from rewardplane.serve.scorers.common import VERSION, OptionsScorer, as_text, identity
 
 _FENCE = re.compile(r"```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)```", re.DOTALL)
@@ -61,7 +64,7 @@ def parse_reference(ref: Any) -> dict[str, Any] | ItemError:
         if not isinstance(ref["tests"], str) or not ref["tests"].strip():
             return ItemError("bad_input", "code: reference.tests must be non-empty Python source")
         try:
-            compile(ref["tests"], "<tests>", "exec")
+            split_tests(ref["tests"])  # cached: the scorer splits the same tests again for free
         except (SyntaxError, ValueError) as exc:
             return ItemError("bad_input", f"code: reference.tests does not compile: {exc}")
         return {"mode": "assert", "tests": ref["tests"]}
@@ -112,6 +115,8 @@ class CodeScorer(OptionsScorer):
             "url",
             "language",
             "request_timeout_s",
+            "unsplittable_tests",
+            "packages",
         }
     )
 
@@ -149,9 +154,18 @@ class CodeScorer(OptionsScorer):
             v = o.get(key)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
                 raise ConfigError(f"{where}: options.{key} must be a positive integer")
+        self.unsplittable = o.get("unsplittable_tests", "run")
+        if self.unsplittable not in ("run", "error"):
+            raise ConfigError(f"{where}: options.unsplittable_tests must be run or error")
+        self.packages = o.get("packages", [])
+        if not isinstance(self.packages, list) or not all(isinstance(p, str) and p for p in self.packages):
+            raise ConfigError(f"{where}: options.packages must be a list of import names")
+        if self.packages and self.backend != "local":
+            raise ConfigError(f"{where}: options.packages applies to backend local only")
         self.timeout_s = float(o.get("timeout_s", 5.0))
         self.concurrency = int(o.get("concurrency") or os.cpu_count() or 1)
         self.sandbox: Any = None
+        self._counts = threading.local()  # the scoring thread's case counts, for take_batch_stats
         self._pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix=f"code-{name}")
 
     def load(self) -> None:
@@ -176,55 +190,84 @@ class CodeScorer(OptionsScorer):
                     f"namespaces ({why}); refusing to run untrusted code with rlimits only unless the "
                     "config sets options.isolation: rlimits explicitly"
                 )
-        self.sandbox = LocalSandbox(
-            isolation=self.isolation,
-            timeout_s=self.timeout_s,
-            memory_mb=int(o.get("memory_mb", 1024)),
-            max_output_bytes=int(o.get("max_output_bytes", 1 << 20)),
-            max_file_mb=int(o.get("max_file_mb", 16)),
-            max_open_files=int(o.get("max_open_files", 64)),
-            max_processes=int(o.get("max_processes", 64)),
-            tmpfs_mb=int(o.get("tmpfs_mb", 64)),
-            prefork=int(o.get("prefork", min(4, self.concurrency))),
-        )
-        self.sandbox.start()
+        try:
+            box = LocalSandbox(
+                packages=tuple(self.packages),
+                isolation=self.isolation,
+                timeout_s=self.timeout_s,
+                memory_mb=int(o.get("memory_mb", 1024)),
+                max_output_bytes=int(o.get("max_output_bytes", 1 << 20)),
+                max_file_mb=int(o.get("max_file_mb", 16)),
+                max_open_files=int(o.get("max_open_files", 64)),
+                max_processes=int(o.get("max_processes", 64)),
+                tmpfs_mb=int(o.get("tmpfs_mb", 64)),
+                prefork=int(o.get("prefork", min(4, self.concurrency))),
+            )
+        except LookupError as exc:
+            raise ConfigError(f"scorer {self.name!r} (code): options.packages: {exc}") from None
+        box.start()
+        self.sandbox = box
 
     def close(self) -> None:
         if self.sandbox is not None:
             self.sandbox.close()
             self.sandbox = None
 
-    def _score_one(self, item: ScoreItem) -> float | ItemError:
+    def _score_one(self, item: ScoreItem) -> tuple[float | ItemError, int, int]:
+        """(the item's result, its split cases, its unsplittable cases)."""
         ref = parse_reference(item.reference)
         if isinstance(ref, ItemError):
-            return ref
+            return ref, 0, 0
         code = extract_code(as_text(item.response))
         if ref["mode"] == "assert":
-            r = self.sandbox.run({"mode": "assert", "code": code, "tests": ref["tests"]})
+            steps, cases = split_tests(ref["tests"])
+            unsplit = sum(c.kind == "run" for c in cases)
+            if unsplit and self.unsplittable == "error":
+                first = next(c for c in cases if c.kind == "run")
+                return (
+                    ItemError(
+                        "bad_input",
+                        f"code: test case {first.index} cannot be split ({first.source[:80]!r}) and "
+                        "options.unsplittable_tests is error",
+                    ),
+                    len(cases) - unsplit,
+                    unsplit,
+                )
+            r = self.sandbox.run({"mode": "assert", "code": code, "steps": steps})
             if r.status != "ok":
-                return ItemError(r.status, r.message)
-            if r.report:
-                passed, total = int(r.report.get("passed", 0)), int(r.report.get("total", 1))
-            else:  # the program ended the process before the tests could report: all failed
-                passed, total = 0, len(split_tests(ref["tests"])[1]) or 1
-            return float(passed == total) if self.scoring == "all_or_nothing" else passed / max(1, total)
+                return ItemError(r.status, r.message), len(cases) - unsplit, unsplit
+            n, total = cases_passed(cases, r.records), len(cases)
+            score = float(n == total) if self.scoring == "all_or_nothing" else n / total
+            return score, len(cases) - unsplit, unsplit
         passed = 0
         for stdin, want in zip(ref["inputs"], ref["outputs"], strict=True):
             r = self.sandbox.run({"mode": "stdin", "code": code, "stdin": stdin})
             if r.status != "ok":
-                return ItemError(r.status, r.message)
-            ok = not r.report.get("error") and outputs_match(
+                return ItemError(r.status, r.message), 0, 0
+            ok = r.program_error() is None and outputs_match(
                 r.stdout.decode("utf-8", "replace"), want, self.compare
             )
             passed += ok
             if not ok and self.scoring == "all_or_nothing":
-                return 0.0
+                return 0.0, 0, 0
         n = len(ref["inputs"])
-        return float(passed == n) if self.scoring == "all_or_nothing" else passed / n
+        return (float(passed == n) if self.scoring == "all_or_nothing" else passed / n), 0, 0
 
     def score_batch(self, items: list[ScoreItem]) -> list[float | ItemError]:
         assert self.sandbox is not None, "load() first"
-        return list(self._pool.map(self._score_one, items))
+        out = list(self._pool.map(self._score_one, items))
+        self._counts.value = {
+            "tests_split": sum(x[1] for x in out),
+            "tests_unsplittable": sum(x[2] for x in out),
+        }
+        return [x[0] for x in out]
+
+    def take_batch_stats(self) -> dict[str, int]:
+        """Assert-style cases of the last batch scored on this thread: split (compared here) and
+        unsplittable (run inside) — /metrics' `rewardplane_scorer_events_total`."""
+        counts = getattr(self._counts, "value", None) or {}
+        self._counts.value = None
+        return {k: v for k, v in counts.items() if v}
 
     def warmup_item(self) -> ScoreItem:
         return ScoreItem(
@@ -237,12 +280,15 @@ class CodeScorer(OptionsScorer):
     def info(self) -> ScorerInfo:
         o = self.options
         extra: dict[str, Any] = {"backend": self.backend, "scoring": self.scoring, "compare": self.compare}
+        extra["unsplittable_tests"] = self.unsplittable
         if self.backend == "local" and self.sandbox is not None:
             extra["isolation"] = (
-                "user+mount+network+pid+ipc namespaces, read-only /, private tmpfs /tmp, rlimits"
+                "user+mount+network+pid+ipc namespaces, minimal read-only root (interpreter, stdlib, "
+                "allowed packages), private tmpfs /tmp, no capabilities, rlimits"
                 if self.isolation == "namespaces"
-                else "rlimits only (no namespaces): no filesystem or network isolation"
+                else "rlimits only (no namespaces): no filesystem, network or process isolation"
             )
+            extra["packages"] = list(self.packages)
             extra["process_limit"] = self.sandbox.process_limit()
             extra["limits"] = self.sandbox.limits()
         elif self.sandbox is not None:
@@ -260,120 +306,3 @@ class CodeScorer(OptionsScorer):
             max_wait_ms=self.max_wait_ms,
             extra=extra,
         )
-
-
-_REPORT = "__rewardplane_report__"
-_HARNESS = """
-import json as _j, sys as _s
-_ns = {"__name__": "solution"}
-_err = None
-_passed = 0
-try:
-    exec(compile(%(code)r, "<solution>", "exec"), _ns)
-    for _stmt in %(setup)r:
-        exec(compile(_stmt, "<tests>", "exec"), _ns)
-except BaseException as _e:
-    _err = type(_e).__name__
-if _err is None:
-    for _case in %(cases)r:
-        try:
-            exec(compile(_case, "<tests>", "exec"), _ns)
-            _passed += 1
-        except BaseException:
-            pass
-_s.stdout.flush()
-print("\\n%(marker)s" + _j.dumps({"passed": _passed, "total": %(total)d, "error": _err}))
-"""
-
-
-class SandboxFusionClient:
-    """The SandboxFusion `POST {url}/run_code` API (what verl's sandbox_fusion reward uses).
-
-    Request: `{"code", "language", "stdin", "run_timeout", "compile_timeout", "memory_limit_MB"}`.
-    Response: `{"status": "Success"|"Failed"|"SandboxError", "message", "compile_result",
-    "run_result": {"status": "Finished"|"Error"|"TimeLimitExceeded", "return_code", "stdout",
-    "stderr", "execution_time"}}`. Mapped to the local sandbox's `RunResult` statuses."""
-
-    def __init__(
-        self,
-        url: str,
-        *,
-        timeout_s: float,
-        memory_mb: int,
-        language: str,
-        request_timeout_s: float,
-        max_output_bytes: int,
-    ) -> None:
-        import httpx
-
-        self.url = url.rstrip("/") + "/run_code"
-        self.timeout_s, self.memory_mb, self.language = timeout_s, memory_mb, language
-        self.max_output_bytes = max_output_bytes
-        self._http = httpx.Client(timeout=request_timeout_s)
-
-    def close(self) -> None:
-        self._http.close()
-
-    def run(self, job: dict[str, Any]) -> Any:
-        from rewardplane.serve.execution.sandbox import RunResult
-
-        if job["mode"] == "assert":
-            setup, cases = split_tests(job["tests"])
-            code = _HARNESS % {
-                "code": job["code"],
-                "setup": setup,
-                "cases": cases or [],
-                "total": max(1, len(cases)),
-                "marker": _REPORT,
-            }
-            if not cases:  # the whole test script is the one case
-                code = code.replace(f"for _stmt in {setup!r}:", f"for _stmt in {[]!r}:")
-                code = code.replace(f"for _case in {[]!r}:", f"for _case in {[job['tests']]!r}:")
-            stdin = ""
-        else:
-            code, stdin = job["code"], job.get("stdin", "")
-        body = {
-            "code": code,
-            "language": self.language,
-            "stdin": stdin,
-            "run_timeout": self.timeout_s,
-            "compile_timeout": self.timeout_s,
-            "memory_limit_MB": self.memory_mb,
-        }
-        try:
-            r = self._http.post(self.url, json=body)
-        except Exception as exc:  # connection refused, read timeout, ...
-            return RunResult(
-                "sandbox_error", message=f"SandboxFusion request failed: {type(exc).__name__}: {exc}"
-            )
-        if r.status_code != 200:
-            return RunResult("sandbox_error", message=f"SandboxFusion answered HTTP {r.status_code}")
-        try:
-            data = r.json()
-            status = data["status"]
-        except (ValueError, KeyError, TypeError):
-            return RunResult("sandbox_error", message="SandboxFusion answered without a status")
-        run = data.get("run_result") or {}
-        compile_ = data.get("compile_result") or {}
-        if status == "SandboxError":
-            return RunResult("sandbox_error", message=f"SandboxFusion: {data.get('message', '')[:200]}")
-        if "TimeLimitExceeded" in (run.get("status"), compile_.get("status")):
-            return RunResult("timeout", message=f"SandboxFusion run_timeout {self.timeout_s:g} s")
-        stdout, stderr = run.get("stdout") or "", run.get("stderr") or ""
-        rc = run.get("return_code")
-        if rc in (137, -9) or "MemoryError" in stderr[-2000:]:
-            return RunResult(
-                "memory_limit", exit_code=rc, message=f"SandboxFusion memory_limit_MB {self.memory_mb}"
-            )
-        if len(stdout.encode()) > self.max_output_bytes:
-            return RunResult(
-                "output_limit", exit_code=rc, message=f"stdout over {self.max_output_bytes} bytes"
-            )
-        if job["mode"] == "assert":
-            head, _, tail = stdout.rpartition(_REPORT)
-            try:
-                report = json.loads(tail) if _ else {}
-            except ValueError:
-                report = {}
-            return RunResult("ok", head.encode(), report, exit_code=rc)
-        return RunResult("ok", stdout.encode(), {"error": None if rc == 0 else f"exit {rc}"}, exit_code=rc)
