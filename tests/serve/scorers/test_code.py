@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -19,6 +17,7 @@ from rewardplane.core.errors import ConfigError
 from rewardplane.serve.execution import sandbox as sandbox_mod
 from rewardplane.serve.scorers.base import ItemError, ScoreItem
 from rewardplane.serve.scorers.code import CodeScorer, extract_code
+from support.sandbox_fusion import FakeSandboxFusion, fake_sandbox_fusion
 from support.serve import LiveServer, make_config
 
 TIMEOUT_S = 1.0
@@ -219,93 +218,10 @@ def test_options_are_checked():
 # ----------------------------------------------------------------------------- sandbox_fusion
 
 
-class FakeSandboxFusion(BaseHTTPRequestHandler):
-    """`POST /run_code` with SandboxFusion's request/response shape. Decides by markers in the
-    code: TLE -> TimeLimitExceeded, OOM -> return_code 137, BOOM -> SandboxError, 500 -> HTTP 500;
-    otherwise runs the code with python3 (the tests send only harmless programs)."""
-
-    requests: list[dict] = []
-
-    def log_message(self, *args):
-        pass
-
-    def do_POST(self):
-        import subprocess
-        import sys
-
-        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
-        FakeSandboxFusion.requests.append(body)
-        assert self.path == "/run_code"
-        assert {"code", "language", "stdin", "run_timeout", "memory_limit_MB"} <= set(body)
-        code = body["code"]
-        if "HTTP500" in code:
-            self.send_response(500)
-            self.end_headers()
-            return
-        resp = {
-            "status": "Success",
-            "message": "",
-            "compile_result": None,
-            "executor_pod_name": None,
-            "files": {},
-        }
-        if "BOOM" in code:
-            resp.update(status="SandboxError", message="container failed", run_result=None)
-        elif "TLE" in code:
-            resp.update(
-                status="Failed",
-                run_result={
-                    "status": "TimeLimitExceeded",
-                    "execution_time": 1.0,
-                    "return_code": None,
-                    "stdout": "",
-                    "stderr": "",
-                },
-            )
-        elif "OOM" in code:
-            resp.update(
-                status="Failed",
-                run_result={
-                    "status": "Error",
-                    "execution_time": 0.1,
-                    "return_code": 137,
-                    "stdout": "",
-                    "stderr": "Killed",
-                },
-            )
-        else:
-            p = subprocess.run(
-                [sys.executable, "-c", code], input=body["stdin"], capture_output=True, text=True
-            )
-            resp.update(
-                status="Success" if p.returncode == 0 else "Failed",
-                run_result={
-                    "status": "Finished" if p.returncode == 0 else "Error",
-                    "execution_time": 0.01,
-                    "return_code": p.returncode,
-                    "stdout": p.stdout,
-                    "stderr": p.stderr,
-                },
-            )
-        data = json.dumps(resp).encode()
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-
-class Backlogged(ThreadingHTTPServer):
-    request_queue_size = 128  # the default backlog of 5 drops a burst's SYNs (1 s retransmits)
-    daemon_threads = True
-
-
 @pytest.fixture(scope="module")
 def fusion_url():
-    server = Backlogged(("127.0.0.1", 0), FakeSandboxFusion)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    with fake_sandbox_fusion() as url:
+        yield url
 
 
 def test_sandbox_fusion_backend(fusion_url):

@@ -7,6 +7,7 @@ package module for `pids_cgroup_base`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
@@ -46,15 +47,28 @@ def join_cgroup(base: str, max_processes: int) -> None:
 
 
 def rm_cgroups(base: str, pids: list[int]) -> list[int]:
-    """rmdir the reaped units' cgroups; returns those still busy (retried later)."""
+    """rmdir the reaped units' cgroups; returns those still busy (retried later). What is left in
+    a reaped unit's cgroup outlived its unit (rlimits mode: a process that left the process group)
+    and is SIGKILLed."""
+    import signal
+
     busy = []
     for pid in pids:
+        path = os.path.join(base, f"u{pid}")
         try:
-            os.rmdir(os.path.join(base, f"u{pid}"))
+            os.rmdir(path)
         except FileNotFoundError:
             pass
         except OSError:
             busy.append(pid)
+            try:
+                with open(os.path.join(path, "cgroup.procs")) as f:
+                    left = [int(p) for p in f.read().split()]
+            except (OSError, ValueError):
+                left = []
+            for p in left:
+                with contextlib.suppress(OSError):
+                    os.kill(p, signal.SIGKILL)
     return busy
 
 

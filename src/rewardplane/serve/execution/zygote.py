@@ -101,6 +101,11 @@ def unit_main(cfg: dict[str, Any], unit_sock: socket.socket, job_sock: socket.so
     os.close(records_w)
     try:
         rootfs.make_undumpable()
+        # the zygote kills the program's process by this handle when the unit ends, however it
+        # ends: a program that left the unit's process group and its parent-death signal still dies
+        handle = os.pidfd_open(pid)
+        socket.send_fds(unit_sock, [b"pidfd"], [handle])
+        os.close(handle)
         msg, fds, _, _ = socket.recv_fds(unit_sock, 256, 1)
     except Exception:
         fds = []
@@ -151,7 +156,7 @@ def zygote_main(ctl: socket.socket, cfg: dict[str, Any]) -> None:
     sel = selectors.DefaultSelector()
     sel.register(ctl, selectors.EVENT_READ, ("ctl", None))
     ready: list[tuple[int, socket.socket, socket.socket, int]] = []  # (pid, unit's, program's, pidfd)
-    running: dict[int, tuple[int, int]] = {}  # pidfd -> (job id, pid)
+    running: dict[int, tuple[int, int, int | None]] = {}  # pidfd -> (job id, pid, program's pidfd)
     idle_pidfds: dict[int, int] = {}
     cgroup_busy: list[int] = []
     if cfg.get("cgroup"):
@@ -173,8 +178,10 @@ def zygote_main(ctl: socket.socket, cfg: dict[str, Any]) -> None:
                     s.close()
                     ps.close()
                     os.close(pfd)
-                for pfd in running:
+                for pfd, (_, _, handle) in running.items():
                     os.close(pfd)
+                    if handle is not None:
+                        os.close(handle)
                 unit_main(cfg, theirs, prog)
             finally:
                 os._exit(EXIT_SETUP_FAILED)
@@ -186,7 +193,9 @@ def zygote_main(ctl: socket.socket, cfg: dict[str, Any]) -> None:
         sel.register(pidfd, selectors.EVENT_READ, ("idle", pidfd))
 
     def shutdown(*_: Any) -> None:
-        pids = [pid for pid, _, _, _ in ready] + [pid for _, pid in running.values()]
+        pids = [pid for pid, _, _, _ in ready] + [pid for _, pid, _ in running.values()]
+        for _, _, handle in running.values():
+            kill_program(handle)
         for pid in pids:
             kill_group(pid)
         if cfg.get("cgroup"):
@@ -234,10 +243,13 @@ def zygote_main(ctl: socket.socket, cfg: dict[str, Any]) -> None:
                     sel.unregister(upidfd)
                     idle_pidfds.pop(upidfd, None)
                     try:  # the program gets its job and stdout; only the unit the secret and result pipe
+                        usock.settimeout(10.0)  # a unit still setting up sends its program's handle first
+                        _, handles, _, _ = socket.recv_fds(usock, 16, 1)
+                        handle = handles[0] if handles else None
                         nonce = os.urandom(16).hex().encode()
                         socket.send_fds(psock, [nonce], fds[:2])
                         socket.send_fds(usock, [msg["secret"].encode() + b" " + nonce], fds[2:])
-                        running[upidfd] = (msg["id"], pid)
+                        running[upidfd] = (msg["id"], pid, handle)
                         sel.register(upidfd, selectors.EVENT_READ, ("run", upidfd))
                         send({"op": "started", "id": msg["id"], "pid": pid})
                     except OSError as exc:
@@ -253,7 +265,8 @@ def zygote_main(ctl: socket.socket, cfg: dict[str, Any]) -> None:
                     while len(ready) < int(cfg["prefork"]):
                         fork_unit()
             elif kind == "run":
-                job_id, pid = running.pop(pidfd)
+                job_id, pid, handle = running.pop(pidfd)
+                kill_program(handle)
                 sel.unregister(pidfd)
                 _, status = os.waitpid(pid, 0)
                 os.close(pidfd)
@@ -274,6 +287,16 @@ def zygote_main(ctl: socket.socket, cfg: dict[str, Any]) -> None:
                         ps.close()
                         del ready[i]
                         break
+
+
+def kill_program(handle: int | None) -> None:
+    """SIGKILL a unit's program's process by its pidfd (PID 1 of its namespace: everything in it
+    dies with it), then close the handle."""
+    if handle is None:
+        return
+    with contextlib.suppress(OSError):
+        signal.pidfd_send_signal(handle, signal.SIGKILL)
+    os.close(handle)
 
 
 def kill_group(pid: int) -> None:
