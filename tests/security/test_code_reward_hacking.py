@@ -11,6 +11,7 @@ import json
 import os
 import socket
 import textwrap
+import time
 from pathlib import Path
 
 import httpx
@@ -388,3 +389,39 @@ def test_unsplittable_tests_are_readable_inside_and_can_be_refused(server):
     assert outcome(res["hunt"], "code_strict") == "bad_input"
     metrics = httpx.get(server.url + "/metrics", headers={"authorization": f"Bearer {TOKEN}"}).text
     assert 'rewardplane_scorer_events_total{event="tests_unsplittable",scorer="code"}' in metrics
+
+
+def test_a_program_that_leaves_its_process_group_still_dies_with_its_run(server):
+    """It leaves the unit's process group (what the wall clock kills), clears its parent-death
+    signal and sleeps, with a child, past the timeout: the zygote kills it by its pidfd when the
+    unit ends, and its namespace with it."""
+    code = textwrap.dedent(
+        """
+        import ctypes, os, time
+        libc = ctypes.CDLL(None)
+        libc.prctl(15, b"rpescapee", 0, 0, 0)  # PR_SET_NAME: findable from the host
+        libc.prctl(1, 0, 0, 0, 0)  # PR_SET_PDEATHSIG 0
+        os.setpgid(0, 0)
+        if os.fork() == 0:
+            os.setsid()
+            libc.prctl(1, 0, 0, 0, 0)
+        time.sleep(120)
+        """
+    )
+    res = score(server, [{"id": "escape", "response": code, "reference": {"tests": TESTS}}])
+    assert outcome(res["escape"]) == "timeout"
+
+    def escapees() -> list[str]:
+        out = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                if Path(f"/proc/{pid}/comm").read_text().strip() == "rpescapee":
+                    out.append(pid)
+            except OSError:
+                continue
+        return out
+
+    deadline = time.monotonic() + 5
+    while escapees() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert escapees() == []

@@ -208,3 +208,43 @@ def test_allowed_packages_and_only_them():
         b.close()
     with pytest.raises(LookupError, match="not installed"):
         LocalSandbox(packages=("surely_not_a_package_here",))
+
+
+@needs_ns
+def test_the_program_dies_with_its_unit_even_outside_its_process_group():
+    """Without a pids cgroup to sweep, the zygote's pidfd of the program's process (PID 1 of its
+    namespace) is what kills a program that left the unit's process group and its parent-death
+    signal when the wall clock ends the run."""
+    import os
+    import time
+
+    b = LocalSandbox(timeout_s=1.0, prefork=1)
+    b.cfg["cgroup"] = None
+    b.start()
+    code = (
+        "import ctypes, os, time\n"
+        "libc = ctypes.CDLL(None)\n"
+        "libc.prctl(15, b'rpescape2', 0, 0, 0)\n"
+        "libc.prctl(1, 0, 0, 0, 0)\n"
+        "os.setpgid(0, 0)\n"
+        "time.sleep(60)\n"
+    )
+    try:
+        assert run(b, code).status == "timeout"
+    finally:
+        b.close()
+
+    def left() -> list[str]:
+        out = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                if Path(f"/proc/{pid}/comm").read_text().strip() == "rpescape2":
+                    out.append(pid)
+            except OSError:
+                continue
+        return out
+
+    deadline = time.monotonic() + 5
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert left() == []
