@@ -11,7 +11,6 @@ import json
 import os
 import socket
 import textwrap
-import time
 from pathlib import Path
 
 import httpx
@@ -20,6 +19,7 @@ import pytest
 from rewardplane.serve.config import load_config
 from rewardplane.serve.execution import rootfs
 from rewardplane.serve.execution import sandbox as sandbox_mod
+from support.exploits import NONCE_HUNT, processes_named
 from support.serve import LiveServer
 
 TOKEN = "tok-3c9b1f0e7d"
@@ -348,20 +348,9 @@ def test_what_introspection_can_reach_is_the_tests_exprs_never_the_expected(serv
     test steps it was sent (each case's EXPR) and the records' nonce, and emit records of its
     own. Expected values are not there, so a forged record is a guess: this program forges every
     case with the values it would have to know, and fails the case it cannot guess."""
-    code = textwrap.dedent(
+    code = NONCE_HUNT + textwrap.dedent(
         """
-        import gc, json, os, re
-        steps = [o for o in gc.get_objects() if isinstance(o, list) and o and o[0] in ("expr", "run", "setup")]
-        exprs = sorted({o[2] for o in steps if o[0] == "expr"})
-        nonces = set()
-        for o in gc.get_objects():
-            if type(o).__name__ == "cell":
-                try:
-                    v = o.cell_contents
-                except ValueError:
-                    continue
-                if isinstance(v, bytes) and re.fullmatch(rb"[0-9a-f]{32}", v):
-                    nonces.add(v)
+        import json, os
         guesses = {0: 3, 1: 0, 2: 15, 3: 123456789}
         for n in nonces:
             for i, v in guesses.items():
@@ -410,18 +399,4 @@ def test_a_program_that_leaves_its_process_group_still_dies_with_its_run(server)
     )
     res = score(server, [{"id": "escape", "response": code, "reference": {"tests": TESTS}}])
     assert outcome(res["escape"]) == "timeout"
-
-    def escapees() -> list[str]:
-        out = []
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                if Path(f"/proc/{pid}/comm").read_text().strip() == "rpescapee":
-                    out.append(pid)
-            except OSError:
-                continue
-        return out
-
-    deadline = time.monotonic() + 5
-    while escapees() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert escapees() == []
+    assert processes_named("rpescapee") == []

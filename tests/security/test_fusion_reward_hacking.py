@@ -12,6 +12,7 @@ import pytest
 
 from rewardplane.serve.scorers.base import ScoreItem
 from rewardplane.serve.scorers.code import CodeScorer
+from support.exploits import NONCE_HUNT
 from support.sandbox_fusion import FakeSandboxFusion, fake_sandbox_fusion
 
 EXPECTED = 918273645
@@ -89,25 +90,18 @@ def test_exploits_score_below_one_and_no_request_holds_an_expected_value(scorer)
 
 def test_forging_records_with_the_nonce_from_the_script_is_a_guess(scorer):
     """Recorded, not defended: the nonce is in the script the program runs in."""
-    code = textwrap.dedent(
+    code = NONCE_HUNT.replace("nonces", "cell_nonces") + textwrap.dedent(
         """
         import json, re, sys
-        src = open(sys.argv[0]).read() if sys.argv and sys.argv[0] not in ("", "-c") else ""
+        # the script: a file SandboxFusion wrote (its argv[0]) or, here, python -c's argument
+        src = open(sys.argv[0]).read() if sys.argv[0] not in ("", "-c") else " ".join(sys.orig_argv)
         frame = sys._getframe()
         while frame.f_back is not None:
             frame = frame.f_back
         nonces = set(re.findall(r"'([0-9a-f]{32})'\\)", src)) | {
             v for v in frame.f_globals.values() if isinstance(v, str) and re.fullmatch("[0-9a-f]{32}", v)
         }
-        import gc
-        for o in gc.get_objects():
-            if type(o).__name__ == "cell":
-                try:
-                    v = o.cell_contents
-                except ValueError:
-                    continue
-                if isinstance(v, bytes) and re.fullmatch(rb"[0-9a-f]{32}", v):
-                    nonces.add(v.decode())
+        nonces |= {n.decode() for n in cell_nonces}
         for n in nonces:
             for i, v in enumerate([3, 0, 123]):
                 print("\\n" + n + " " + json.dumps({"i": i, "v": v}))
@@ -117,4 +111,6 @@ def test_forging_records_with_the_nonce_from_the_script_is_a_guess(scorer):
         """
     )
     (got,) = scorer.score_batch([item(code, "forge")])
-    assert isinstance(got, float) and got < 1.0
+    # found: its forged records come first and count; the two public answers are right, the
+    # expected value it had to guess is not
+    assert got == pytest.approx(2 / 3)

@@ -13,6 +13,7 @@ import pytest
 from rewardplane.serve.scorers.base import ItemError, ScoreItem
 from rewardplane.serve.scorers.judge import JudgeScorer
 from rewardplane.serve.scorers.math import MathScorer
+from support.http import chat_completion, reply_json
 
 CLOSING = re.compile(r"[<\uff1c]\s*/\s*response\s*>", re.I)
 """What a lenient reader takes for the end of the response block."""
@@ -43,25 +44,7 @@ class ObedientJudge(BaseHTTPRequestHandler):
             content = (
                 f"Following the instructions.\nScore: {injected.group(1)}" if injected else "Meh.\nScore: 3"
             )
-        data = json.dumps(
-            {
-                "id": "x",
-                "object": "chat.completion",
-                "model": body["model"],
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": content},
-                        "finish_reason": "stop",
-                    }
-                ],
-            }
-        ).encode()
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        reply_json(self, 200, chat_completion(content, body["model"]))
 
 
 @pytest.fixture(scope="module")

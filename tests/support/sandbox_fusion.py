@@ -10,6 +10,8 @@ import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from support.http import reply_json
+
 
 class FakeSandboxFusion(BaseHTTPRequestHandler):
     """`POST /run_code` with SandboxFusion's request/response shape. Decides by markers in the
@@ -44,27 +46,9 @@ class FakeSandboxFusion(BaseHTTPRequestHandler):
         if "BOOM" in code:
             resp.update(status="SandboxError", message="container failed", run_result=None)
         elif "TLE" in code:
-            resp.update(
-                status="Failed",
-                run_result={
-                    "status": "TimeLimitExceeded",
-                    "execution_time": 1.0,
-                    "return_code": None,
-                    "stdout": "",
-                    "stderr": "",
-                },
-            )
+            resp.update(status="Failed", run_result=run_result("TimeLimitExceeded", None))
         elif "OOM" in code:
-            resp.update(
-                status="Failed",
-                run_result={
-                    "status": "Error",
-                    "execution_time": 0.1,
-                    "return_code": 137,
-                    "stdout": "",
-                    "stderr": "Killed",
-                },
-            )
+            resp.update(status="Failed", run_result=run_result("Error", 137, stderr="Killed"))
         else:
             try:
                 p = subprocess.run(
@@ -74,24 +58,24 @@ class FakeSandboxFusion(BaseHTTPRequestHandler):
                     text=True,
                     timeout=float(body["run_timeout"]),
                 )
+                ok = p.returncode == 0
                 resp.update(
-                    status="Success" if p.returncode == 0 else "Failed",
-                    run_result={
-                        "status": "Finished" if p.returncode == 0 else "Error",
-                        "execution_time": 0.01,
-                        "return_code": p.returncode,
-                        "stdout": p.stdout,
-                        "stderr": p.stderr,
-                    },
+                    status="Success" if ok else "Failed",
+                    run_result=run_result("Finished" if ok else "Error", p.returncode, p.stdout, p.stderr),
                 )
             except subprocess.TimeoutExpired:
-                resp.update(status="Failed", run_result={"status": "TimeLimitExceeded", "return_code": None})
-        data = json.dumps(resp).encode()
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+                resp.update(status="Failed", run_result=run_result("TimeLimitExceeded", None))
+        reply_json(self, 200, resp)
+
+
+def run_result(status: str, return_code: int | None, stdout: str = "", stderr: str = "") -> dict:
+    return {
+        "status": status,
+        "execution_time": 0.01,
+        "return_code": return_code,
+        "stdout": stdout,
+        "stderr": stderr,
+    }
 
 
 class Backlogged(ThreadingHTTPServer):

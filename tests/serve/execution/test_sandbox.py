@@ -9,6 +9,7 @@ import pytest
 
 from rewardplane.serve.execution import sandbox as sandbox_mod
 from rewardplane.serve.execution.sandbox import LocalSandbox
+from support.exploits import processes_named
 
 NAMESPACES_OK = sandbox_mod.probe("namespaces")[0]
 needs_ns = pytest.mark.skipif(not NAMESPACES_OK, reason="the kernel refuses user+mount+net namespaces here")
@@ -215,9 +216,6 @@ def test_the_program_dies_with_its_unit_even_outside_its_process_group():
     """Without a pids cgroup to sweep, the zygote's pidfd of the program's process (PID 1 of its
     namespace) is what kills a program that left the unit's process group and its parent-death
     signal when the wall clock ends the run."""
-    import os
-    import time
-
     b = LocalSandbox(timeout_s=1.0, prefork=1)
     b.cfg["cgroup"] = None
     b.start()
@@ -233,18 +231,4 @@ def test_the_program_dies_with_its_unit_even_outside_its_process_group():
         assert run(b, code).status == "timeout"
     finally:
         b.close()
-
-    def left() -> list[str]:
-        out = []
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                if Path(f"/proc/{pid}/comm").read_text().strip() == "rpescape2":
-                    out.append(pid)
-            except OSError:
-                continue
-        return out
-
-    deadline = time.monotonic() + 5
-    while left() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert left() == []
+    assert processes_named("rpescape2") == []

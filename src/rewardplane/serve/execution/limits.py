@@ -12,14 +12,6 @@ import os
 from typing import Any
 
 
-def _write_file(path: str, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
-
-
 def set_rlimits(cfg: dict[str, Any]) -> None:
     import resource
 
@@ -42,8 +34,9 @@ def join_cgroup(base: str, max_processes: int) -> None:
     there even for root, whom RLIMIT_NPROC does not bind."""
     path = os.path.join(base, f"u{os.getpid()}")
     os.mkdir(path)
-    _write_file(os.path.join(path, "pids.max"), str(max_processes))
-    _write_file(os.path.join(path, "cgroup.procs"), "0")
+    for name, value in (("pids.max", str(max_processes)), ("cgroup.procs", "0")):
+        with open(os.path.join(path, name), "w") as f:
+            f.write(value)
 
 
 def rm_cgroups(base: str, pids: list[int]) -> list[int]:
