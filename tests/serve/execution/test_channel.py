@@ -1,29 +1,32 @@
-"""The result channel on its own: the unit keeps only the program's nonce-prefixed lines and frames
-them with the run's secret; the server accepts only a report framed with that secret."""
+"""The result channel on its own: the zygote keeps only the program's nonce-prefixed lines and
+frames them with the run's secret; the server accepts only a report framed with that secret."""
 
 from __future__ import annotations
 
 import json
-import os
 
-from rewardplane.serve.execution.channel import read_report, relay
+from rewardplane.serve.execution.channel import MAX_RECORD_BYTES, Records, read_report
 
 
-def test_relay_keeps_nonce_lines_and_frames_them_with_the_secret():
-    rec_r, rec_w = os.pipe()
-    res_r, res_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the program's process
-        os.write(rec_w, b'N {"i": 0, "v": 1}\n{"i": 1, "v": 2}\nX {"i": 1}\nN {"i": 1, "v": 3}\nN {"i": 2')
-        os._exit(7)
-    os.close(rec_w)
-    code = relay(b"S3CR3T", b"N", rec_r, pid, res_w, {"isolation": "test"})
-    data = os.read(res_r, 1 << 16)
-    assert code == 7
+def test_records_keep_nonce_lines_and_the_report_is_framed_with_the_secret():
+    rec = Records(b"N")
+    for chunk in (b'N {"i": 0, "v": 1}\n{"i": 1, "v": 2}\nX {"i"', b': 1}\nN {"i": 1, "v": 3}\nN {"i": 2'):
+        rec.feed(chunk)
+    rec.finish()
+    data = rec.report(b"S3CR3T", {"isolation": "test", "exit": 7, "signal": None})
     meta, records = read_report(data, b"S3CR3T")
     assert records == [{"i": 0, "v": 1}, {"i": 1, "v": 3}]  # a line cut short does not parse: dropped
     assert meta == {"isolation": "test", "exit": 7, "signal": None, "forged": 2, "truncated": False}
     assert read_report(data, b"OTHER") is None
+
+
+def test_records_past_the_cap_are_dropped_and_said_so():
+    rec = Records(b"N")
+    rec.feed(b"N " + b"x" * (MAX_RECORD_BYTES + 10))  # one endless line
+    rec.feed(b'\nN {"i": 0, "v": 1}\n')
+    rec.finish()
+    meta, records = read_report(rec.report(b"S", {}), b"S")
+    assert meta["truncated"] and records == [{"i": 0, "v": 1}]
 
 
 def test_a_report_without_the_secret_is_no_report():

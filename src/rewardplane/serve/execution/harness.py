@@ -177,7 +177,7 @@ def child_main(cfg: dict[str, Any], job_sock: Any, record_fd: int, set_rlimits: 
 
     msg, fds, _, _ = socket.recv_fds(job_sock, 256, 2)
     if len(fds) != 2:
-        _exit(0)  # the unit is going away
+        _exit(0)  # the zygote is going away
     nonce, (job_r, out_w) = msg, fds
     job_sock.close()
     chunks = []

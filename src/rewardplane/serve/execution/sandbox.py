@@ -10,7 +10,7 @@ SIGKILLing the unit's process group on expiry. The package:
 - `rootfs.py`  — the namespaces and the minimal root the program's process pivots into;
 - `limits.py`  — rlimits and the per-unit pids cgroup;
 - `harness.py` — what runs in the program's process: the program, the test steps, the records;
-- `channel.py` — the records' way out: program → unit → server, framed with the run's secret.
+- `channel.py` — the records' way out: program → zygote → server, framed with the run's secret.
 
 A job is {"mode": "stdin", "code", "stdin"} or {"mode": "assert", "code", "steps"} (the steps the
 code scorer split the tests into: `harness.py`); it never holds an expected value. The result is
@@ -65,7 +65,7 @@ def zygote_env() -> dict[str, str]:
 @dataclass
 class RunResult:
     """status: ok | timeout | memory_limit | output_limit | sandbox_error. With "ok": the
-    program's stdout, the unit's `report` (isolation, exit code or signal of the program's
+    program's stdout, the zygote's `report` (isolation, exit code or signal of the program's
     process, lines dropped for lacking the nonce) and the harness's `records` in order."""
 
     status: str
@@ -357,10 +357,10 @@ class LocalSandbox:
         return None, bytes(out), bytes(res), code
 
     def _outcome(self, out: bytes, res: bytes, code: int | None, secret: bytes) -> RunResult:
-        """What the unit reported (only a report framed with this run's secret counts), mapped
+        """What the zygote reported (only a report framed with this run's secret counts), mapped
         to a status: a limit the program hit is that limit's error, never a result."""
         parsed = read_report(res, secret)
-        if parsed is None:  # the unit died before reporting
+        if parsed is None:  # the unit was killed before it passed on how its program ended
             if code == EXIT_SETUP_FAILED:
                 return RunResult("sandbox_error", exit_code=code, message="sandbox setup failed")
             if code == 128 + signal.SIGKILL:  # the kernel's OOM killer

@@ -18,10 +18,11 @@ interpreter is world-readable, drops to uid/gid 65534 (so RLIMIT_NPROC means som
 `isolation: namespaces` it enters new user, mount, network, PID and IPC namespaces and forks the
 program's process, PID 1 of the new PID namespace (when it dies, the kernel kills everything in
 it — fork bombs included), which builds the minimal root, pivots into it (`rootfs.build_root`),
-drops every capability and waits for its job. Per run the zygote sends the program's process
-its job and stdout pipes (and the records' nonce) on one socket, and the unit the result pipe and
-the run's secret on another, which the program's process closed before any job existed. The unit
-makes itself undumpable and relays the program's records (`channel.relay`), out of its reach.
+drops every capability and waits for its job. Per run the zygote sends the program's process its
+job and stdout pipes and the records' nonce; the result pipe and the run's secret stay in the
+zygote, which reads the program's records pipe and writes the framed report when the unit ends
+(`Unit.finish`, `channel.Records`). The unit passes on how the program's process ended and
+hands the zygote a pidfd of it, by which the zygote kills it when the unit ends.
 """
 
 from __future__ import annotations
@@ -61,13 +62,9 @@ harness: Any = None
 channel: Any = None
 
 
-def unit_main(cfg: dict[str, Any], unit_sock: socket.socket, job_sock: socket.socket) -> None:
+def unit_main(cfg: dict[str, Any], unit_sock: socket.socket, job_sock: socket.socket, records_w: int) -> None:
     """The unit: isolate, fork the program's process (PID 1 of the new PID namespace) before any
-    job exists, then wait for the run's secret and result pipe on `unit_sock` (the program's
-    process gets its job on `job_sock`); relay its records to the server framed with the secret
-    (`channel.relay`) and exit with its status. The program cannot reach this process: it is
-    outside the program's PID namespace (no pid to signal, trace or read in /proc) and
-    undumpable."""
+    job exists, hand the zygote a pidfd of it, wait for it and pass on how it ended."""
     try:
         rootfs.load_libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         os.setsid()
@@ -84,42 +81,37 @@ def unit_main(cfg: dict[str, Any], unit_sock: socket.socket, job_sock: socket.so
             import tempfile
 
             workdir = tempfile.mkdtemp(prefix="rp-sandbox-")
-        records_r, records_w = os.pipe()
         pid = os.fork()
     except Exception as exc:
         sys.stderr.write(f"sandbox unit setup failed: {exc}\n")
         os._exit(EXIT_SETUP_FAILED)
-    if pid == 0:  # the program's process: it never holds what arrives on unit_sock
+    if pid == 0:
         try:
             unit_sock.close()
-            os.close(records_r)
             program_main(cfg, job_sock, records_w, workdir)
         except BaseException as exc:
             sys.stderr.write(f"sandbox program process failed: {exc!r}\n")
         os._exit(EXIT_SETUP_FAILED)
     job_sock.close()
     os.close(records_w)
+    status = None
     try:
-        rootfs.make_undumpable()
         # the zygote kills the program's process by this handle when the unit ends, however it
         # ends: a program that left the unit's process group and its parent-death signal still dies
         handle = os.pidfd_open(pid)
         socket.send_fds(unit_sock, [b"pidfd"], [handle])
         os.close(handle)
-        msg, fds, _, _ = socket.recv_fds(unit_sock, 256, 1)
-    except Exception:
-        fds = []
-    if len(fds) != 1:  # the zygote is going away (or this unit is unusable)
-        kill_group(pid)
-        os._exit(0)
-    (res_w,) = fds
-    secret, _, nonce = msg.partition(b" ")
-    code = channel.relay(secret, nonce, records_r, pid, res_w, {"isolation": cfg["isolation"]})
+        _, status = os.waitpid(pid, 0)
+        unit_sock.send(b"%d" % status)  # the exact wait status: an exit code is not a signal
+    except Exception as exc:
+        sys.stderr.write(f"sandbox unit failed: {exc!r}\n")
     if workdir:
         import shutil
 
         shutil.rmtree(workdir, ignore_errors=True)
-    os._exit(code)
+    if status is None:
+        os._exit(EXIT_SETUP_FAILED)
+    os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
 
 
 def program_main(cfg: dict[str, Any], job_sock: socket.socket, records_w: int, workdir: str) -> None:
@@ -142,9 +134,85 @@ def program_main(cfg: dict[str, Any], job_sock: socket.socket, records_w: int, w
     harness.child_main(cfg, job_sock, records_w, limits.set_rlimits)
 
 
+class Unit:
+    """The zygote's handle on one unit: its sockets, its records pipe, and once it runs a job,
+    the job's id, result pipe, secret and records."""
+
+    def __init__(self, pid: int, sock: socket.socket, prog: socket.socket, records_r: int) -> None:
+        self.pid, self.sock, self.prog, self.records_r = pid, sock, prog, records_r
+        self.pidfd = os.pidfd_open(pid)
+        self.job_id = 0
+        self.res_w: int | None = None
+        self.secret = b""
+        self.handle: int | None = None  # a pidfd of its program's process
+        self.records: Any = None
+
+    def fds(self) -> list[int]:
+        extra = [fd for fd in (self.res_w, self.handle) if fd is not None]
+        return [self.sock.fileno(), self.prog.fileno(), self.records_r, self.pidfd, *extra]
+
+    def start(self, job_id: int, secret: bytes, fds: list[int]) -> None:
+        """Hand the job to the program's process (job and stdout pipes, the records' nonce) and
+        keep the result pipe and the secret here."""
+        self.sock.settimeout(10.0)  # a unit still setting up sends its program's handle first
+        _, handles, _, _ = socket.recv_fds(self.sock, 16, 1)
+        self.handle = handles[0] if handles else None
+        nonce = os.urandom(16).hex().encode()
+        socket.send_fds(self.prog, [nonce], fds[:2])
+        self.job_id, self.secret, self.res_w = job_id, secret, os.dup(fds[2])
+        self.records = channel.Records(nonce)
+        os.set_blocking(self.records_r, False)
+
+    def read_records(self) -> bool:
+        """Take what the records pipe holds; False at its end."""
+        try:
+            while chunk := os.read(self.records_r, 1 << 16):
+                self.records.feed(chunk)
+            return False
+        except BlockingIOError:
+            return True
+
+    def finish(self, isolation: str) -> int:
+        """The unit ended: reap it, report to the server (framed with the secret), return its
+        exit code for the server's control message."""
+        _, status = os.waitpid(self.pid, 0)
+        code = 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        self.read_records()
+        self.records.finish()
+        meta: dict[str, Any] = {"isolation": isolation, "exit": None, "signal": None}
+        try:
+            self.sock.setblocking(False)
+            program = int(self.sock.recv(64))
+            meta["signal" if os.WIFSIGNALED(program) else "exit"] = (
+                os.WTERMSIG(program) if os.WIFSIGNALED(program) else os.WEXITSTATUS(program)
+            )
+            report = self.records.report(self.secret, meta)
+        except (OSError, ValueError):  # the unit itself was killed: no report (the server decides)
+            report = b""
+        with contextlib.suppress(OSError):
+            os.set_blocking(self.res_w, True)
+            view = memoryview(report)
+            while view:
+                view = view[os.write(self.res_w, view) :]
+        self.close()
+        return code
+
+    def close(self) -> None:
+        kill_program(self.handle)
+        self.handle = None
+        for fd in (self.res_w, self.records_r, self.pidfd):
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self.res_w = None
+        self.sock.close()
+        self.prog.close()
+
+
 def zygote_main(ctl: socket.socket, cfg: dict[str, Any]) -> None:
     import gc
 
+    rootfs.make_undumpable()
     sys.path.extend(cfg["root"]["sys_path"])  # the allowed packages' directories (see rootfs.plan)
     for mod in ("ast", "builtins", "io", "json", "resource", "tempfile", "shutil", "ctypes", "re", "math"):
         __import__(mod)
@@ -155,9 +223,8 @@ def zygote_main(ctl: socket.socket, cfg: dict[str, Any]) -> None:
     gc.freeze()
     sel = selectors.DefaultSelector()
     sel.register(ctl, selectors.EVENT_READ, ("ctl", None))
-    ready: list[tuple[int, socket.socket, socket.socket, int]] = []  # (pid, unit's, program's, pidfd)
-    running: dict[int, tuple[int, int, int | None]] = {}  # pidfd -> (job id, pid, program's pidfd)
-    idle_pidfds: dict[int, int] = {}
+    ready: list[Unit] = []
+    running: dict[int, Unit] = {}  # by the unit's pidfd
     cgroup_busy: list[int] = []
     if cfg.get("cgroup"):
         os.makedirs(cfg["cgroup"], exist_ok=True)
@@ -165,6 +232,7 @@ def zygote_main(ctl: socket.socket, cfg: dict[str, Any]) -> None:
     def fork_unit() -> None:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # the unit's
         to_prog, prog = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # its program's
+        records_r, records_w = os.pipe()
         pid = os.fork()
         if pid == 0:
             try:
@@ -174,35 +242,30 @@ def zygote_main(ctl: socket.socket, cfg: dict[str, Any]) -> None:
                 ctl.close()
                 mine.close()
                 to_prog.close()
-                for _, s, ps, pfd in ready:
-                    s.close()
-                    ps.close()
-                    os.close(pfd)
-                for pfd, (_, _, handle) in running.items():
-                    os.close(pfd)
-                    if handle is not None:
-                        os.close(handle)
-                unit_main(cfg, theirs, prog)
+                os.close(records_r)
+                for unit in [*ready, *running.values()]:  # nothing of another unit's run comes along
+                    for fd in unit.fds():
+                        os.close(fd)
+                unit_main(cfg, theirs, prog, records_w)
             finally:
                 os._exit(EXIT_SETUP_FAILED)
         theirs.close()
         prog.close()
-        pidfd = os.pidfd_open(pid)
-        ready.append((pid, mine, to_prog, pidfd))
-        idle_pidfds[pidfd] = pid
-        sel.register(pidfd, selectors.EVENT_READ, ("idle", pidfd))
+        os.close(records_w)
+        unit = Unit(pid, mine, to_prog, records_r)
+        ready.append(unit)
+        sel.register(unit.pidfd, selectors.EVENT_READ, ("idle", unit))
 
     def shutdown(*_: Any) -> None:
-        pids = [pid for pid, _, _, _ in ready] + [pid for _, pid, _ in running.values()]
-        for _, _, handle in running.values():
-            kill_program(handle)
-        for pid in pids:
-            kill_group(pid)
+        units = [*ready, *running.values()]
+        for unit in units:
+            kill_program(unit.handle)
+            kill_group(unit.pid)
         if cfg.get("cgroup"):
-            for pid in pids:
+            for unit in units:
                 with contextlib.suppress(ChildProcessError):
-                    os.waitpid(pid, 0)
-            left = pids + cgroup_busy
+                    os.waitpid(unit.pid, 0)
+            left = [u.pid for u in units] + cgroup_busy
             for _ in range(100):  # namespace teardown can lag on a loaded host
                 left = limits.rm_cgroups(cfg["cgroup"], left)
                 if not left:
@@ -220,6 +283,10 @@ def zygote_main(ctl: socket.socket, cfg: dict[str, Any]) -> None:
     def send(obj: dict[str, Any]) -> None:
         ctl.send(json.dumps(obj).encode())
 
+    def reaped(pid: int) -> None:
+        if cfg.get("cgroup"):
+            cgroup_busy[:] = limits.rm_cgroups(cfg["cgroup"], [*cgroup_busy, pid])
+
     for _ in range(int(cfg["prefork"])):
         fork_unit()
     while True:
@@ -227,7 +294,7 @@ def zygote_main(ctl: socket.socket, cfg: dict[str, Any]) -> None:
         if cgroup_busy:
             cgroup_busy[:] = limits.rm_cgroups(cfg["cgroup"], cgroup_busy)
         for key, _ in events:
-            kind, pidfd = key.data
+            kind, unit = key.data
             if kind == "ctl":
                 try:
                     data, fds, _, _ = socket.recv_fds(ctl, 1 << 16, 3)
@@ -236,57 +303,45 @@ def zygote_main(ctl: socket.socket, cfg: dict[str, Any]) -> None:
                 if not data:  # the server went away: take every unit with us
                     shutdown()
                 msg = json.loads(data)
-                if msg["op"] == "run":
-                    if not ready:
-                        fork_unit()
-                    pid, usock, psock, upidfd = ready.pop(0)
-                    sel.unregister(upidfd)
-                    idle_pidfds.pop(upidfd, None)
-                    try:  # the program gets its job and stdout; only the unit the secret and result pipe
-                        usock.settimeout(10.0)  # a unit still setting up sends its program's handle first
-                        _, handles, _, _ = socket.recv_fds(usock, 16, 1)
-                        handle = handles[0] if handles else None
-                        nonce = os.urandom(16).hex().encode()
-                        socket.send_fds(psock, [nonce], fds[:2])
-                        socket.send_fds(usock, [msg["secret"].encode() + b" " + nonce], fds[2:])
-                        running[upidfd] = (msg["id"], pid, handle)
-                        sel.register(upidfd, selectors.EVENT_READ, ("run", upidfd))
-                        send({"op": "started", "id": msg["id"], "pid": pid})
-                    except OSError as exc:
-                        kill_group(pid)
-                        os.waitpid(pid, 0)
-                        os.close(upidfd)
-                        send({"op": "failed", "id": msg["id"], "message": f"sandbox unit unusable: {exc}"})
-                    finally:
-                        usock.close()
-                        psock.close()
-                        for fd in fds:
-                            os.close(fd)
-                    while len(ready) < int(cfg["prefork"]):
-                        fork_unit()
+                if msg["op"] != "run":
+                    continue
+                if not ready:
+                    fork_unit()
+                unit = ready.pop(0)
+                sel.unregister(unit.pidfd)
+                try:  # the program gets its job and stdout; the result pipe and secret stay here
+                    unit.start(msg["id"], msg["secret"].encode(), fds)
+                    running[unit.pidfd] = unit
+                    sel.register(unit.pidfd, selectors.EVENT_READ, ("run", unit))
+                    sel.register(unit.records_r, selectors.EVENT_READ, ("records", unit))
+                    send({"op": "started", "id": msg["id"], "pid": unit.pid})
+                except OSError as exc:
+                    kill_group(unit.pid)
+                    os.waitpid(unit.pid, 0)
+                    unit.close()
+                    send({"op": "failed", "id": msg["id"], "message": f"sandbox unit unusable: {exc}"})
+                finally:
+                    for fd in fds:
+                        os.close(fd)
+                while len(ready) < int(cfg["prefork"]):
+                    fork_unit()
+            elif kind == "records":
+                if unit.res_w is not None and not unit.read_records():  # (a finished unit: stale)
+                    sel.unregister(unit.records_r)
             elif kind == "run":
-                job_id, pid, handle = running.pop(pidfd)
-                kill_program(handle)
-                sel.unregister(pidfd)
-                _, status = os.waitpid(pid, 0)
-                os.close(pidfd)
-                code = 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-                send({"op": "exit", "id": job_id, "code": code})
-                if cfg.get("cgroup"):
-                    cgroup_busy[:] = limits.rm_cgroups(cfg["cgroup"], [*cgroup_busy, pid])
+                running.pop(unit.pidfd)
+                sel.unregister(unit.pidfd)
+                with contextlib.suppress(KeyError, ValueError):
+                    sel.unregister(unit.records_r)
+                code = unit.finish(cfg["isolation"])
+                send({"op": "exit", "id": unit.job_id, "code": code})
+                reaped(unit.pid)
             else:  # an idle unit died (setup failed): drop it; runs fork fresh ones on demand
-                sel.unregister(pidfd)
-                pid = idle_pidfds.pop(pidfd)
-                os.waitpid(pid, 0)
-                os.close(pidfd)
-                if cfg.get("cgroup"):
-                    cgroup_busy[:] = limits.rm_cgroups(cfg["cgroup"], [*cgroup_busy, pid])
-                for i, (p, s, ps, _) in enumerate(ready):
-                    if p == pid:
-                        s.close()
-                        ps.close()
-                        del ready[i]
-                        break
+                sel.unregister(unit.pidfd)
+                os.waitpid(unit.pid, 0)
+                ready.remove(unit)
+                unit.close()
+                reaped(unit.pid)
 
 
 def kill_program(handle: int | None) -> None:
