@@ -59,7 +59,11 @@ def test_skip_bad_lines_scores_the_rest_and_names_each_bad_line(server, tmp_path
     assert main([*argv, "--skip-bad-lines"]) == 0
     assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == ["a", "b"]
     err = capsys.readouterr().err
-    assert "skipped 2 bad lines" in err and "line 2: line is not valid JSON" in err and "line 3: id: Field required" in err
+    assert (
+        "skipped 2 bad lines" in err
+        and "line 2: line is not valid JSON" in err
+        and "line 3: id: Field required" in err
+    )
 
 
 def test_score_without_scorers_says_which_scorer_failed_and_why(server, tmp_path, capsys):
