@@ -32,7 +32,10 @@
 3. code sandbox: start-up latency (from `LocalSandbox.run()` to the program's first statement,
    both read from the same wall clock) and round trip per run, p50/p99, with the isolation in
    force; and trivial-program runs/s at `concurrency` = cores. References measured in the same
-   run: a fresh `python3 -I -c pass`, `python3 -S -c pass`, and a fork from this process.
+   run: a fresh `python3 -I -c pass`, `python3 -S -c pass`, and a fork from this process. Then
+   assert-style items/s through `CodeScorer.score_batch` (`--code-items` MBPP-shaped items: a
+   function and 5 asserts with literal expected values, half right; batches of 32, `concurrency`
+   = cores; the median and best of 3 passes).
 """
 
 from __future__ import annotations
@@ -672,7 +675,7 @@ def bench_judge_engine(args: argparse.Namespace) -> dict:
 
 
 def bench_sandbox(isolation: str, n: int, concurrency: int) -> dict:
-    from rewardplane.serve.scorers.sandbox import LocalSandbox
+    from rewardplane.serve.execution.sandbox import LocalSandbox
 
     box = LocalSandbox(isolation=isolation, timeout_s=5, prefork=max(2, concurrency))
     box.start()
@@ -704,6 +707,67 @@ def bench_sandbox(isolation: str, n: int, concurrency: int) -> dict:
         }
     finally:
         box.close()
+
+
+def code_assert_items(n: int, seed: int = 0) -> list[tuple[str, dict]]:
+    """(response, reference): MBPP-shaped assert-style items, a 6-line function and 5 asserts
+    with literal expected values, half right (the other half wrong on every case but one)."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        k = rng.randint(2, 9)
+        wrong = i % 2
+        body = (
+            "```python\n"
+            "def f(xs):\n"
+            "    total = 0\n"
+            "    for x in xs:\n"
+            f"        if x % {k} {'!=' if wrong else '=='} 0:\n"
+            "            total += x\n"
+            "    return total\n"
+            "```"
+        )
+        cases = []
+        for _ in range(5):
+            xs = [rng.randint(0, 99) for _ in range(rng.randint(3, 12))]
+            want = sum(x for x in xs if x % k == 0)
+            cases.append(f"assert f({xs}) == {want}")
+        out.append((body, {"tests": "\n".join(cases) + "\n"}))
+    return out
+
+
+def bench_code_assert(n: int, concurrency: int, repeats: int = 3, batch: int = 32) -> dict:
+    """Assert-style items/s through `CodeScorer.score_batch` (local backend, the isolation in
+    force), batches of `batch` from one caller, `concurrency` items run at once; best and median
+    of `repeats` passes over the same `n` items."""
+    from rewardplane.serve.protocol import ScoreItem
+    from rewardplane.serve.scorers.code import CodeScorer
+
+    data = code_assert_items(n)
+    items = [ScoreItem(id=str(i), prompt="", response=r, reference=ref) for i, (r, ref) in enumerate(data)]
+    scorer = CodeScorer("code", options={"timeout_s": 5, "concurrency": concurrency})
+    scorer.load()
+    try:
+        scorer.score_batch(items[:batch])  # warm
+        rates, scores = [], []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            scores = []
+            for s in range(0, n, batch):
+                scores += scorer.score_batch(items[s : s + batch])
+            rates.append(n / (time.perf_counter() - t0))
+        assert all(isinstance(x, float) for x in scores), [x for x in scores if not isinstance(x, float)][:3]
+        return {
+            "isolation": scorer.options.isolation,
+            "items": n,
+            "concurrency": concurrency,
+            "items_per_s_median": statistics.median(rates),
+            "items_per_s_best": max(rates),
+            "items_per_s_all": rates,
+            "mean_score": statistics.mean(scores),
+        }
+    finally:
+        scorer.close()
 
 
 def bench_process_refs(n: int = 30) -> dict:
@@ -746,6 +810,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--math-items", type=int, default=2000)
     ap.add_argument("--sandbox-runs", type=int, default=400)
+    ap.add_argument("--code-items", type=int, default=512, help="assert-style items per pass")
     ap.add_argument("--judge-items", type=int, default=1024)
     ap.add_argument("--math-clients", type=int, default=None, help="concurrent clients (default 2 per core)")
     ap.add_argument("--math-workers", type=int, default=None, help="pool workers (default: the scorer's)")
@@ -842,12 +907,14 @@ def main() -> None:
     if args.only in (None, "sandbox"):
         res["process_refs"] = bench_process_refs()
         print("process refs:", res["process_refs"], flush=True)
-        from rewardplane.serve.scorers.sandbox import probe
+        from rewardplane.serve.execution.sandbox import probe
 
         isolations = ["namespaces", "rlimits"] if probe("namespaces")[0] else ["rlimits"]
         res["sandbox"] = [bench_sandbox(iso, args.sandbox_runs, cores) for iso in isolations]
         for s in res["sandbox"]:
             print("sandbox:", s, flush=True)
+        res["code_assert"] = bench_code_assert(args.code_items, cores)
+        print("code assert-style:", res["code_assert"], flush=True)
     if args.only == "judge_engine":  # a GPU section: never part of the default CPU run
         res["judge_engine"] = bench_judge_engine(args)
     if args.only in (None, "judge"):

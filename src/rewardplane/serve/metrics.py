@@ -25,7 +25,8 @@ def outcome(result: object) -> str:
 
 
 TOKEN_KINDS = ("real", "computed", "padding", "shared")
-"""Token accounting kinds a text scorer reports per batch (`Scorer.take_batch_stats`)."""
+"""Token accounting kinds a text scorer reports per batch (`Scorer.take_batch_stats`); any other
+key a scorer reports there is counted in `rewardplane_scorer_events_total`."""
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,13 @@ class ServeMetrics:
             ["scorer", "kind"],
             registry=r,
         )
+        self.scorer_events = Counter(
+            "rewardplane_scorer_events",
+            "Scorer-specific counts by scorer and event, e.g. the code scorer's assert-style cases:"
+            " tests_split (compared outside the sandbox), tests_unsplittable (run inside as a whole)",
+            ["scorer", "event"],
+            registry=r,
+        )
         self.batch_tokens = Histogram(
             "rewardplane_batch_tokens",
             "Tokens computed per forward",
@@ -117,8 +125,8 @@ class ServeMetrics:
             self.items.labels(name, outcome).inc(count)
             if outcome == "non_finite":
                 self.non_finite.labels(name).inc(count)
-        for kind, count in stats.tokens.items():
-            self.tokens.labels(name, kind).inc(count)
+        for kind, count in stats.tokens.items():  # token kinds; any other key is a scorer event
+            (self.tokens if kind in TOKEN_KINDS else self.scorer_events).labels(name, kind).inc(count)
         if stats.tokens.get("computed"):
             self.batch_tokens.labels(name).observe(stats.tokens["computed"])
 

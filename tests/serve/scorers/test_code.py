@@ -7,18 +7,18 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
 import pytest
 
 from rewardplane.core.errors import ConfigError
+from rewardplane.serve.config import config_from_dict
+from rewardplane.serve.execution import sandbox as sandbox_mod
 from rewardplane.serve.protocol import ItemError, ScoreItem
-from rewardplane.serve.scorers import sandbox as sandbox_mod
 from rewardplane.serve.scorers.code import CodeScorer, extract_code
+from support.sandbox_fusion import FakeSandboxFusion, fake_sandbox_fusion
 from support.serve import LiveServer, make_config
 
 TIMEOUT_S = 1.0
@@ -71,6 +71,45 @@ def test_assert_style_tests(scorer):
     assert got == [pytest.approx(2 / 3), 1.0, 0.0, 0.0]
 
 
+def test_expected_values_never_enter_the_sandbox(scorer, monkeypatch):
+    sent = []
+    real = scorer.sandbox.run
+
+    def spy(job, *args, **kwargs):
+        sent.append(json.dumps({k: v for k, v in job.items() if k != "code"}))  # the program has them
+        return real(job, *args, **kwargs)
+
+    monkeypatch.setattr(scorer.sandbox, "run", spy)
+    tests = (
+        "assert f(1) == 918273645\n"
+        "assert f(2) != 818273645\n"
+        "assert f(3) in (718273645, 1)\n"
+        "assert math.isclose(f(4), 618273645.5, rel_tol=1e-9)\n"
+        "assert abs(f(5) - 518273645) < 1\n"
+    )
+    program = (
+        "import math\ndef f(x):\n    return {1: 918273645, 3: 1, 4: 618273645.5, 5: 518273645.5}.get(x, 0)"
+    )
+    (got,) = scorer.score_batch([item(program, {"tests": "import math\n" + tests})])
+    assert got == 1.0
+    assert len(sent) == 1 and "f(1)" in sent[0]
+    for expected in ("918273645", "818273645", "718273645", "618273645", "518273645"):
+        assert expected not in sent[0]
+
+
+def test_unsplittable_tests_run_inside_counted_or_refused(scorer):
+    tests = "assert f(1) == 2\nfor x in range(3):\n    assert f(x) == x + 1\n"
+    (got,) = scorer.score_batch([item("def f(x): return x + 1", {"tests": tests})])
+    assert got == 1.0
+    assert scorer.take_batch_stats() == {"tests_split": 1, "tests_unsplittable": 1}
+    assert scorer.take_batch_stats() == {}  # taken once
+    strict = CodeScorer("strict", options={"unsplittable_tests": "error"})
+    strict.sandbox = scorer.sandbox
+    (got,) = strict.score_batch([item("def f(x): return x + 1", {"tests": tests})])
+    assert isinstance(got, ItemError) and got.code == "bad_input" and "cannot be split" in got.message
+    assert strict.score_batch([item("def f(x): return x + 1", {"tests": "assert f(1) == 2"})]) == [1.0]
+
+
 @pytest.mark.parametrize("reference", [None, "not json", {"inputs": ["1"]}, {"tests": "assert ("}, [1, 2]])
 def test_bad_reference_is_bad_input(scorer, reference):
     (got,) = scorer.score_batch([item(RIGHT, reference)])
@@ -90,6 +129,13 @@ def hostile_programs(tmp_path: Path, port: int) -> dict[str, str]:
         ),
         "network": f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)\nprint('connected')",
     }
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except FileNotFoundError:  # the unit's cgroup was removed between the glob and the read
+        return ""
 
 
 @needs_ns
@@ -130,35 +176,12 @@ def test_hostile_programs_are_contained_and_neighbours_unaffected(scorer, tmp_pa
         base = Path(scorer.sandbox.cfg["cgroup"])
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
-            procs = [p for d in base.glob("u*") for p in (d / "cgroup.procs").read_text().split()]
+            procs = [p for d in base.glob("u*") for p in _read(d / "cgroup.procs").split()]
             if len(procs) <= 2 * scorer.sandbox.cfg["prefork"]:
                 break
             time.sleep(0.1)
-        assert len(procs) <= 2 * scorer.sandbox.cfg["prefork"], procs  # only the idle pre-forked units
-
-
-@needs_ns
-def test_sandbox_view_is_isolated(scorer):
-    code = (
-        "import os, socket\n"
-        "print(os.getpid(), os.getcwd(), len([p for p in os.listdir('/proc') if p.isdigit()]))\n"
-        "print(sorted(n for _, n in socket.if_nameindex()))\n"
-    )
-    r = scorer.sandbox.run({"mode": "stdin", "code": code, "stdin": ""})
-    pid, cwd, nprocs = r.stdout.decode().splitlines()[0].split()
-    assert pid == "1" and cwd == "/tmp/work" and int(nprocs) <= 2
-    assert r.stdout.decode().splitlines()[1] == "['lo']"  # a fresh network namespace
-    # the runner keeps the server's uid: home directories and secrets are covered, the
-    # interpreter's own files stay importable
-    code = (
-        "import os, fractions, statistics\n"
-        "print(open('/etc/shadow').read() == '' if os.path.exists('/etc/shadow') else True)\n"
-        "print(os.listdir('/home') if os.path.isdir('/home') else [])\n"
-    )
-    r = scorer.sandbox.run({"mode": "stdin", "code": code, "stdin": ""})
-    assert r.status == "ok" and r.report["error"] is None, r
-    assert r.stdout.decode().splitlines() == ["True", "[]"]
-    assert "namespaces" in scorer.info().extra["isolation"]
+        # only the idle pre-forked units: a unit and its program's process waiting for a job
+        assert len(procs) <= 2 * scorer.sandbox.cfg["prefork"], procs
 
 
 def test_start_without_namespaces_needs_explicit_rlimits(monkeypatch):
@@ -177,6 +200,14 @@ def test_start_without_namespaces_needs_explicit_rlimits(monkeypatch):
 
 
 def test_options_are_checked():
+    with pytest.raises(ConfigError, match="unsplittable_tests"):
+        CodeScorer("c", options={"unsplittable_tests": "skip"})
+    with pytest.raises(ConfigError, match="packages"):
+        CodeScorer("c", options={"packages": "numpy"})
+    with pytest.raises(ConfigError, match="packages"):
+        CodeScorer("c", options={"packages": ["yaml"], "backend": "sandbox_fusion", "url": "http://x"})
+    with pytest.raises(ConfigError, match="not installed"):
+        CodeScorer("c", options={"packages": ["surely_not_a_package_here"], "isolation": "rlimits"}).load()
     with pytest.raises(ConfigError, match="backend"):
         CodeScorer("c", options={"backend": "docker"})
     with pytest.raises(ConfigError, match="url"):
@@ -185,99 +216,37 @@ def test_options_are_checked():
         CodeScorer("c", options={"scoring": "best"})
 
 
+@pytest.mark.parametrize(
+    ("options", "want"),
+    [
+        ({"unsplittable_tests": "skip"}, "unsplittable_tests: 'skip' is not one of 'run' or 'error'"),
+        ({"packages": "numpy"}, "packages: expected a list, got 'numpy'"),
+        ({"packages": ["not a name"]}, "packages: 'not a name' is not an import name"),
+        (
+            {"packages": ["yaml"], "backend": "sandbox_fusion", "url": "http://x"},
+            "packages: applies to backend local only",
+        ),
+        ({"backend": "sandbox_fusion"}, "url must be set with backend sandbox_fusion"),
+    ],
+)
+def test_a_config_names_the_code_option_at_fault(options, want):
+    """The code options are CodeOptions' fields and rules: the config loader names the dotted key."""
+    with pytest.raises(ConfigError) as info:
+        config_from_dict({"scorers": [{"name": "c", "kind": "code", "options": options}]})
+    assert str(info.value) == f"scorers[0].options.{want}"
+
+
 # ----------------------------------------------------------------------------- sandbox_fusion
-
-
-class FakeSandboxFusion(BaseHTTPRequestHandler):
-    """`POST /run_code` with SandboxFusion's request/response shape. Decides by markers in the
-    code: TLE -> TimeLimitExceeded, OOM -> return_code 137, BOOM -> SandboxError, 500 -> HTTP 500;
-    otherwise runs the code with python3 (the tests send only harmless programs)."""
-
-    requests: list[dict] = []
-
-    def log_message(self, *args):
-        pass
-
-    def do_POST(self):
-        import subprocess
-        import sys
-
-        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
-        FakeSandboxFusion.requests.append(body)
-        assert self.path == "/run_code"
-        assert {"code", "language", "stdin", "run_timeout", "memory_limit_MB"} <= set(body)
-        code = body["code"]
-        if "HTTP500" in code:
-            self.send_response(500)
-            self.end_headers()
-            return
-        resp = {
-            "status": "Success",
-            "message": "",
-            "compile_result": None,
-            "executor_pod_name": None,
-            "files": {},
-        }
-        if "BOOM" in code:
-            resp.update(status="SandboxError", message="container failed", run_result=None)
-        elif "TLE" in code:
-            resp.update(
-                status="Failed",
-                run_result={
-                    "status": "TimeLimitExceeded",
-                    "execution_time": 1.0,
-                    "return_code": None,
-                    "stdout": "",
-                    "stderr": "",
-                },
-            )
-        elif "OOM" in code:
-            resp.update(
-                status="Failed",
-                run_result={
-                    "status": "Error",
-                    "execution_time": 0.1,
-                    "return_code": 137,
-                    "stdout": "",
-                    "stderr": "Killed",
-                },
-            )
-        else:
-            p = subprocess.run(
-                [sys.executable, "-c", code], input=body["stdin"], capture_output=True, text=True
-            )
-            resp.update(
-                status="Success" if p.returncode == 0 else "Failed",
-                run_result={
-                    "status": "Finished" if p.returncode == 0 else "Error",
-                    "execution_time": 0.01,
-                    "return_code": p.returncode,
-                    "stdout": p.stdout,
-                    "stderr": p.stderr,
-                },
-            )
-        data = json.dumps(resp).encode()
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-
-class Backlogged(ThreadingHTTPServer):
-    request_queue_size = 128  # the default backlog of 5 drops a burst's SYNs (1 s retransmits)
-    daemon_threads = True
 
 
 @pytest.fixture(scope="module")
 def fusion_url():
-    server = Backlogged(("127.0.0.1", 0), FakeSandboxFusion)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    with fake_sandbox_fusion() as url:
+        yield url
 
 
 def test_sandbox_fusion_backend(fusion_url):
+    FakeSandboxFusion.requests.clear()  # the double is shared with other modules
     s = CodeScorer("sf", options={"backend": "sandbox_fusion", "url": fusion_url, "timeout_s": 3})
     s.load()
     tests = "assert f(1) == 2\nassert f(2) == 3\nassert f(3) == 5\n"
@@ -294,8 +263,8 @@ def test_sandbox_fusion_backend(fusion_url):
     )
     assert got[:3] == [1.0, pytest.approx(2 / 3), pytest.approx(2 / 3)]
     assert [g.code for g in got[3:]] == ["timeout", "memory_limit", "sandbox_error", "sandbox_error"]
-    assert FakeSandboxFusion.requests[0]["language"] == "python"
-    assert FakeSandboxFusion.requests[0]["stdin"] == "1 2\n"
+    assert all(r["language"] == "python" for r in FakeSandboxFusion.requests)
+    assert "1 2\n" in [r["stdin"] for r in FakeSandboxFusion.requests]
     s2 = CodeScorer(
         "dead", options={"backend": "sandbox_fusion", "url": "http://127.0.0.1:9", "timeout_s": 1}
     )

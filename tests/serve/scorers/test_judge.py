@@ -83,8 +83,8 @@ class FakeJudge(BaseHTTPRequestHandler):
             time.sleep(3)
         refusal = None
         finish = "stop"
-        if "[Response A]" in text:
-            a, b = text.split("[Response A]")[1].split("[Response B]")
+        if "<response_a>" in text:
+            a, b = text.split("<response_a>")[1].split("<response_b>")
             if "WIN" in a or "LOSE" in b:
                 content = "[[A]]"
             elif "WIN" in b or "LOSE" in a:

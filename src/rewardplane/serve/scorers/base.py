@@ -189,7 +189,8 @@ class Scorer(abc.ABC):
         return self.score_batch(batch)
 
     def take_batch_stats(self) -> dict[str, int]:
-        """Token accounting of the last batch (real, computed, padding, shared), for /metrics."""
+        """Token accounting of the last batch (real, computed, padding, shared) and any scorer
+        events (other keys: `rewardplane_scorer_events_total`), for /metrics."""
         return {}
 
     def hosted_references(self) -> tuple[str, ...]:

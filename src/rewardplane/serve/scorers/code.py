@@ -18,7 +18,7 @@ never a 0: `timeout` (wall clock or CPU time), `memory_limit`, `output_limit` (s
 `max_output_bytes` or a file over `max_file_mb`), `sandbox_error`, and `bad_input` (no usable
 reference).
 
-Backends: `local` (rewardplane.serve.scorers.sandbox: warm pre-forked runners in user + mount +
+Backends: `local` (rewardplane.serve.execution.sandbox: warm pre-forked runners in user + mount +
 network + PID namespaces with rlimits; a resource boundary, not a security boundary) and
 `sandbox_fusion` (the SandboxFusion HTTP API, `POST {url}/run_code`).
 """
@@ -29,21 +29,35 @@ import functools
 import json
 import os
 import re
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from rewardplane.core.config import FieldError
 from rewardplane.core.errors import ConfigError
+from rewardplane.serve.execution.fusion import SandboxFusionClient
 from rewardplane.serve.protocol import ItemError, ScoreItem
 from rewardplane.serve.scorers.base import Scorer
+from rewardplane.serve.scorers.code_cases import passed as cases_passed
+from rewardplane.serve.scorers.code_cases import split_tests
 from rewardplane.serve.scorers.common import as_text
 from rewardplane.serve.scorers.options import ScorerOptions
-from rewardplane.serve.scorers.sandbox import _split_tests as split_tests
 
 _FENCE = re.compile(r"```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)```", re.DOTALL)
 RUN_ERRORS = ("timeout", "memory_limit", "output_limit", "sandbox_error")
+LOCAL_SANDBOX_OPTIONS = (
+    "isolation",
+    "timeout_s",
+    "memory_mb",
+    "max_output_bytes",
+    "max_file_mb",
+    "max_open_files",
+    "max_processes",
+    "tmpfs_mb",
+)
+"""Options handed to `LocalSandbox` as they are (its keyword arguments bear the same names)."""
 
 
 def extract_code(response: str) -> str:
@@ -67,7 +81,7 @@ def parse_reference(ref: Any) -> dict[str, Any] | ItemError:
         if not isinstance(ref["tests"], str) or not ref["tests"].strip():
             return ItemError("bad_input", "code: reference.tests must be non-empty Python source")
         try:
-            compile(ref["tests"], "<tests>", "exec")
+            split_tests(ref["tests"])  # cached: the scorer splits the same tests again for free
         except (SyntaxError, ValueError) as exc:
             return ItemError("bad_input", f"code: reference.tests does not compile: {exc}")
         return {"mode": "assert", "tests": ref["tests"]}
@@ -99,16 +113,24 @@ def outputs_match(got: str, want: str, how: str) -> bool:
 
 class CodeOptions(ScorerOptions):
     backend: Literal["local", "sandbox_fusion"] = "local"
-    """`local`: this host's sandbox (warm runners in namespaces with rlimits); `sandbox_fusion`:
-    a SandboxFusion server's `POST {url}/run_code`."""
+    """`local`: this host's sandbox (a zygote forking each run into namespaces with rlimits and a
+    minimal root); `sandbox_fusion`: a SandboxFusion server's `POST {url}/run_code`."""
     isolation: Literal["namespaces", "rlimits"] = "namespaces"
-    """local: user + mount + network + PID namespaces with rlimits, or rlimits only (no
-    filesystem or network isolation; only when set explicitly)."""
+    """local: user + mount + network + PID namespaces, a minimal read-only root and rlimits, or
+    rlimits only (no filesystem, network or process isolation; only when set explicitly)."""
     scoring: Literal["fraction", "all_or_nothing"] = "fraction"
     """The fraction of test cases passed, or 1.0 only when every case passes."""
     compare: Literal["lines", "tokens", "exact"] = "lines"
     """stdin/stdout cases: per line with trailing whitespace and blank lines ignored,
     whitespace-separated tokens, or byte for byte."""
+    unsplittable_tests: Literal["run", "error"] = "run"
+    """Assert-style cases that cannot be split into EXPR and EXPECTED (loops, helper asserts):
+    `run` runs them inside the sandbox as a whole (counted in /metrics as `tests_unsplittable`),
+    `error` refuses such an item (`bad_input`)."""
+    packages: list[str] = Field(default_factory=list)
+    """local only (refused with sandbox_fusion): import names the programs may use beyond the
+    standard library, with their dependencies; a name not installed here refuses the scorer at
+    load."""
     timeout_s: float = Field(5.0, gt=0)
     """Wall-clock and CPU-time limit per run: `timeout`."""
     memory_mb: int = Field(1024, ge=1)
@@ -136,16 +158,28 @@ class CodeOptions(ScorerOptions):
 
     not_in_identity: ClassVar[frozenset[str]] = frozenset({"prefork", "concurrency"})
 
+    @field_validator("packages")
+    @classmethod
+    def _import_names(cls, names: list[str]) -> list[str]:
+        for name in names:
+            if not name.isidentifier():
+                raise ValueError(f"{name!r} is not an import name")
+        return names
+
     @model_validator(mode="after")
-    def _url(self) -> CodeOptions:
+    def _backend_rules(self) -> CodeOptions:
         if self.backend == "sandbox_fusion" and not self.url:
             raise FieldError("url", "must be set with backend sandbox_fusion")
+        if self.packages and self.backend != "local":
+            raise FieldError("packages", "applies to backend local only")
         return self
 
 
 class CodeScorer(Scorer):
     """Each item's program against the tests in its reference, in the local sandbox or on a
-    SandboxFusion server, `concurrency` items at a time (see the module docstring)."""
+    SandboxFusion server, `concurrency` items at a time (see the module docstring). Assert-style
+    tests are split here (`code_cases.py`): the sandbox sends back each EXPR's value, compared
+    with its EXPECTED on this side."""
 
     kind: ClassVar[str] = "code"
     modality: ClassVar = "rule"
@@ -162,6 +196,11 @@ class CodeScorer(Scorer):
     def _pool(self) -> ThreadPoolExecutor:
         return ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix=f"code-{self.name}")
 
+    @functools.cached_property
+    def _counts(self) -> threading.local:
+        """The scoring thread's case counts of its last batch, for take_batch_stats."""
+        return threading.local()
+
     def load(self) -> None:
         o = self.options
         if o.backend == "sandbox_fusion":
@@ -174,7 +213,7 @@ class CodeScorer(Scorer):
                 max_output_bytes=o.max_output_bytes,
             )
             return
-        from rewardplane.serve.scorers.sandbox import LocalSandbox, probe
+        from rewardplane.serve.execution.sandbox import LocalSandbox, probe
 
         if o.isolation == "namespaces":
             ok, why = probe("namespaces")
@@ -184,56 +223,73 @@ class CodeScorer(Scorer):
                     f"namespaces ({why}); refusing to run untrusted code with rlimits only unless the "
                     "config sets options.isolation: rlimits explicitly"
                 )
-        self.sandbox = LocalSandbox(
-            isolation=o.isolation,
-            timeout_s=o.timeout_s,
-            memory_mb=o.memory_mb,
-            max_output_bytes=o.max_output_bytes,
-            max_file_mb=o.max_file_mb,
-            max_open_files=o.max_open_files,
-            max_processes=o.max_processes,
-            tmpfs_mb=o.tmpfs_mb,
-            prefork=o.prefork or min(4, self.concurrency),
-        )
-        self.sandbox.start()
+        local = o.model_dump(include=set(LOCAL_SANDBOX_OPTIONS))  # the sandbox's own names
+        try:
+            box = LocalSandbox(
+                packages=tuple(o.packages), prefork=o.prefork or min(4, self.concurrency), **local
+            )
+        except LookupError as exc:  # an allowed package this environment does not have
+            raise ConfigError(f"scorer {self.name!r} (code): options.packages: {exc}") from None
+        box.start()
+        self.sandbox = box
 
     def close(self) -> None:
         if self.sandbox is not None:
             self.sandbox.close()
             self.sandbox = None
 
-    def _score_one(self, item: ScoreItem) -> float | ItemError:
+    def _score_one(self, item: ScoreItem) -> tuple[float | ItemError, int, int]:
+        """(the item's result, its split cases, its unsplittable cases)."""
         ref = parse_reference(item.reference)
         if isinstance(ref, ItemError):
-            return ref
+            return ref, 0, 0
         code = extract_code(as_text(item.response))
         all_or_nothing = self.options.scoring == "all_or_nothing"
         if ref["mode"] == "assert":
-            r = self.sandbox.run({"mode": "assert", "code": code, "tests": ref["tests"]})
+            steps, cases = split_tests(ref["tests"])
+            unsplit = sum(c.kind == "run" for c in cases)
+            split = len(cases) - unsplit
+            if unsplit and self.options.unsplittable_tests == "error":
+                first = next(c for c in cases if c.kind == "run")
+                why = (
+                    f"code: test case {first.index} cannot be split ({first.source[:80]!r}) and "
+                    "options.unsplittable_tests is error"
+                )
+                return ItemError("bad_input", why), split, unsplit
+            r = self.sandbox.run({"mode": "assert", "code": code, "steps": steps})
             if r.status != "ok":
-                return ItemError(r.status, r.message)
-            if r.report:
-                passed, total = int(r.report.get("passed", 0)), int(r.report.get("total", 1))
-            else:  # the program ended the process before the tests could report: all failed
-                passed, total = 0, len(split_tests(ref["tests"])[1]) or 1
-            return float(passed == total) if all_or_nothing else passed / max(1, total)
+                return ItemError(r.status, r.message), split, unsplit
+            n, total = cases_passed(cases, r.records), len(cases)
+            return (float(n == total) if all_or_nothing else n / total), split, unsplit
         passed = 0
         for stdin, want in zip(ref["inputs"], ref["outputs"], strict=True):
             r = self.sandbox.run({"mode": "stdin", "code": code, "stdin": stdin})
             if r.status != "ok":
-                return ItemError(r.status, r.message)
-            ok = not r.report.get("error") and outputs_match(
+                return ItemError(r.status, r.message), 0, 0
+            ok = r.program_error() is None and outputs_match(
                 r.stdout.decode("utf-8", "replace"), want, self.options.compare
             )
             passed += ok
             if not ok and all_or_nothing:
-                return 0.0
+                return 0.0, 0, 0
         n = len(ref["inputs"])
-        return float(passed == n) if all_or_nothing else passed / n
+        return (float(passed == n) if all_or_nothing else passed / n), 0, 0
 
     def score_batch(self, items: list[ScoreItem]) -> list[float | ItemError]:
         assert self.sandbox is not None, "load() first"
-        return list(self._pool.map(self._score_one, items))
+        out = list(self._pool.map(self._score_one, items))
+        self._counts.value = {
+            "tests_split": sum(x[1] for x in out),
+            "tests_unsplittable": sum(x[2] for x in out),
+        }
+        return [x[0] for x in out]
+
+    def take_batch_stats(self) -> dict[str, int]:
+        """Assert-style cases of the last batch scored on this thread: split (compared here) and
+        unsplittable (run inside) — /metrics' `rewardplane_scorer_events_total`."""
+        counts = getattr(self._counts, "value", None) or {}
+        self._counts.value = None
+        return {k: v for k, v in counts.items() if v}
 
     def warmup_item(self) -> ScoreItem:
         return ScoreItem(
@@ -248,131 +304,20 @@ class CodeScorer(Scorer):
         if self.sandbox is None:
             return {}
         if o.backend == "sandbox_fusion":
-            return {"backend": o.backend, "limits": {"timeout_s": o.timeout_s, "memory_mb": o.memory_mb}}
+            return {
+                "backend": o.backend,
+                "url": o.url,
+                "limits": {"timeout_s": o.timeout_s, "memory_mb": o.memory_mb},
+            }
         return {
             "backend": o.backend,
             "isolation": (
-                "user+mount+network+pid+ipc namespaces, read-only /, private tmpfs /tmp, rlimits"
+                "user+mount+network+pid+ipc namespaces, minimal read-only root (interpreter, stdlib, "
+                "allowed packages), private tmpfs /tmp, no capabilities, rlimits"
                 if o.isolation == "namespaces"
-                else "rlimits only (no namespaces): no filesystem or network isolation"
+                else "rlimits only (no namespaces): no filesystem, network or process isolation"
             ),
+            "packages": list(o.packages),
             "process_limit": self.sandbox.process_limit(),
             "limits": self.sandbox.limits(),
         }
-
-
-_REPORT = "__rewardplane_report__"
-_HARNESS = """
-import json as _j, sys as _s
-_ns = {"__name__": "solution"}
-_err = None
-_passed = 0
-try:
-    exec(compile(%(code)r, "<solution>", "exec"), _ns)
-    for _stmt in %(setup)r:
-        exec(compile(_stmt, "<tests>", "exec"), _ns)
-except BaseException as _e:
-    _err = type(_e).__name__
-if _err is None:
-    for _case in %(cases)r:
-        try:
-            exec(compile(_case, "<tests>", "exec"), _ns)
-            _passed += 1
-        except BaseException:
-            pass
-_s.stdout.flush()
-print("\\n%(marker)s" + _j.dumps({"passed": _passed, "total": %(total)d, "error": _err}))
-"""
-
-
-class SandboxFusionClient:
-    """The SandboxFusion `POST {url}/run_code` API (what verl's sandbox_fusion reward uses).
-
-    Request: `{"code", "language", "stdin", "run_timeout", "compile_timeout", "memory_limit_MB"}`.
-    Response: `{"status": "Success"|"Failed"|"SandboxError", "message", "compile_result",
-    "run_result": {"status": "Finished"|"Error"|"TimeLimitExceeded", "return_code", "stdout",
-    "stderr", "execution_time"}}`. Mapped to the local sandbox's `RunResult` statuses."""
-
-    def __init__(
-        self,
-        url: str,
-        *,
-        timeout_s: float,
-        memory_mb: int,
-        language: str,
-        request_timeout_s: float,
-        max_output_bytes: int,
-    ) -> None:
-        import httpx
-
-        self.url = url.rstrip("/") + "/run_code"
-        self.timeout_s, self.memory_mb, self.language = timeout_s, memory_mb, language
-        self.max_output_bytes = max_output_bytes
-        self._http = httpx.Client(timeout=request_timeout_s)
-
-    def close(self) -> None:
-        self._http.close()
-
-    def run(self, job: dict[str, Any]) -> Any:
-        from rewardplane.serve.scorers.sandbox import RunResult
-
-        if job["mode"] == "assert":
-            setup, cases = split_tests(job["tests"])
-            code = _HARNESS % {
-                "code": job["code"],
-                "setup": setup,
-                "cases": cases or [],
-                "total": max(1, len(cases)),
-                "marker": _REPORT,
-            }
-            if not cases:  # the whole test script is the one case
-                code = code.replace(f"for _stmt in {setup!r}:", f"for _stmt in {[]!r}:")
-                code = code.replace(f"for _case in {[]!r}:", f"for _case in {[job['tests']]!r}:")
-            stdin = ""
-        else:
-            code, stdin = job["code"], job.get("stdin", "")
-        body = {
-            "code": code,
-            "language": self.language,
-            "stdin": stdin,
-            "run_timeout": self.timeout_s,
-            "compile_timeout": self.timeout_s,
-            "memory_limit_MB": self.memory_mb,
-        }
-        try:
-            r = self._http.post(self.url, json=body)
-        except Exception as exc:  # connection refused, read timeout, ...
-            return RunResult(
-                "sandbox_error", message=f"SandboxFusion request failed: {type(exc).__name__}: {exc}"
-            )
-        if r.status_code != 200:
-            return RunResult("sandbox_error", message=f"SandboxFusion answered HTTP {r.status_code}")
-        try:
-            data = r.json()
-            status = data["status"]
-        except (ValueError, KeyError, TypeError):
-            return RunResult("sandbox_error", message="SandboxFusion answered without a status")
-        run = data.get("run_result") or {}
-        compile_ = data.get("compile_result") or {}
-        if status == "SandboxError":
-            return RunResult("sandbox_error", message=f"SandboxFusion: {data.get('message', '')[:200]}")
-        if "TimeLimitExceeded" in (run.get("status"), compile_.get("status")):
-            return RunResult("timeout", message=f"SandboxFusion run_timeout {self.timeout_s:g} s")
-        stdout, stderr = run.get("stdout") or "", run.get("stderr") or ""
-        rc = run.get("return_code")
-        if rc in (137, -9) or "MemoryError" in stderr[-2000:]:
-            return RunResult(
-                "memory_limit", exit_code=rc, message=f"SandboxFusion memory_limit_MB {self.memory_mb}"
-            )
-        if len(stdout.encode()) > self.max_output_bytes:
-            return RunResult(
-                "output_limit", exit_code=rc, message=f"stdout over {self.max_output_bytes} bytes"
-            )
-        if job["mode"] == "assert":
-            head, _, tail = stdout.rpartition(_REPORT)
-            try:
-                report = json.loads(tail) if _ else {}
-            except ValueError:
-                report = {}
-            return RunResult("ok", head.encode(), report, exit_code=rc)
-        return RunResult("ok", stdout.encode(), {"error": None if rc == 0 else f"exit {rc}"}, exit_code=rc)

@@ -7,6 +7,9 @@ Pointwise: the judge rates the response on `scale` (default 1–10); the rating 
 `reference` (B); A wins → 1.0, tie → 0.5, B wins → 0.0 (`both_orders: true` also asks with A and B
 swapped and averages, against position bias).
 
+The prompt, the response and the reference sit between tags the text inside cannot close
+(`judge_prompts.fence`); the score is read from the judge's answer only, never from what it was shown.
+
 The answer is parsed with a regex (`parse: regex`, `pattern` with one group; the last match wins)
 or as JSON (`parse: json`, key `score` or `winner`; the last JSON object in the text). An answer
 that does not parse, a rating outside the scale, an empty answer or a refusal
@@ -20,9 +23,9 @@ score. Requests run on one asyncio loop: at most `concurrency` in flight, a toke
 the expectation of the rating over the top log-probabilities at the rating's token instead of the
 sampled rating; an endpoint without logprobs gives `judge_unparseable`, never a fallback.
 
-Both backends share everything but the answering: the messages (`_conversations`), the parsers
-(`judge_answers.py`: `parse_answer`, `expected_score`, over the text and the endpoint-shaped
-logprobs) and the pairwise combination (`_combine`). The local backend generates greedily, so
+Both backends share everything but the answering: the messages (`_conversations`), the templates
+and parsers (`judge_prompts.py`: the tagged templates and `fence`; `parse_answer`,
+`expected_score`, over the text and the endpoint-shaped logprobs) and the pairwise combination (`_combine`). The local backend generates greedily, so
 its HTTP options (url, retries, limits, deadline) are refused there rather than silently
 ignored. The options are `JudgeOptions` (docs/serve.md has the table).
 """
@@ -44,12 +47,13 @@ from rewardplane.core.errors import ConfigError
 from rewardplane.serve.protocol import ItemError, ScoreItem
 from rewardplane.serve.scorers.base import Scorer
 from rewardplane.serve.scorers.common import as_text, json_config, resolve_device
-from rewardplane.serve.scorers.judge_answers import (
+from rewardplane.serve.scorers.judge_prompts import (
     DEFAULT_PATTERNS,
     PAIRWISE_TEMPLATE,
     POINTWISE_TEMPLATE,
     Unparseable,
     expected_score,
+    fence,
     parse_answer,
 )
 from rewardplane.serve.scorers.options import ScorerOptions
@@ -292,6 +296,7 @@ class JudgeScorer(Scorer):
 
     def _messages(self, prompt: str, a: str, b: str | None) -> list[dict[str, str]]:
         lo, hi = (f"{x:g}" for x in self.scale)
+        prompt, a, b = fence(prompt), fence(a), fence(b) if b else b
         fields = {
             "prompt": prompt,
             "response": a,
@@ -300,7 +305,7 @@ class JudgeScorer(Scorer):
             "b": b or "",
             "lo": lo,
             "hi": hi,
-            "reference_block": f"\n[Reference answer]\n{b}\n" if b else "",
+            "reference_block": f"\n<reference>\n{b}\n</reference>\n" if b else "",
         }
         content = self.template.format(**fields)
         system = self.options.system

@@ -1,8 +1,8 @@
 """`math` scorer: is the final answer of the response equal to the item's `reference`?
 
 Built on `math-verify` (`pip install 'rewardplane[verifiers]'`): the answer is extracted from the
-response (`\\boxed{}`, LaTeX, or the last number/expression), parsed to sympy and compared with the
-parsed reference. 1.0 right, 0.0 wrong (or `format_bonus` for a wrong but boxed answer).
+response (the last `\\boxed{}` only, else LaTeX, or the last number/expression), parsed to sympy and
+compared with the parsed reference. 1.0 right, 0.0 wrong (or `format_bonus` for a wrong but boxed answer).
 
 Parsing and sympy comparison can take unbounded time or crash on adversarial text (a tower of
 exponents, thousands of nested `\\frac`). Peers run math-verify in threads with signal-based
@@ -26,11 +26,11 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from rewardplane.core.errors import ConfigError
+from rewardplane.serve.execution.procpool import DeadlinePool
 from rewardplane.serve.protocol import ItemError, ScoreItem
 from rewardplane.serve.scorers.base import Scorer
 from rewardplane.serve.scorers.common import as_text
 from rewardplane.serve.scorers.options import ScorerOptions
-from rewardplane.serve.scorers.procpool import DeadlinePool
 
 _NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?")
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
@@ -48,6 +48,23 @@ def _extraction(mode: str) -> tuple[list[Any], list[Any]]:
         pred = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
     gold = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
     return pred, gold
+
+
+def last_boxed(response: str) -> str | None:
+    """The content of the response's last `\\boxed{...}` (or `\\fbox{...}`), braces matched; ""
+    when that box is never closed; None without a box. Only this box is read: a response that boxes
+    several candidates is judged on its last one, not rewarded for any of them."""
+    starts = list(_BOXED.finditer(response))
+    if not starts:
+        return None
+    last = starts[-1]
+    depth, i = 1, last.end()
+    while i < len(response):
+        depth += {"{": 1, "}": -1}.get(response[i], 0)
+        if depth == 0:
+            return response[last.end() : i]
+        i += 1
+    return ""
 
 
 def _gold_text(reference: str) -> str:
@@ -117,10 +134,15 @@ def check_answer(response: str, reference: str, options: dict[str, Any]) -> tupl
     )
     if not gold:
         return ("error", "bad_input", f"reference {reference[:80]!r} does not parse as math")
-    boxed = _BOXED.search(response) is not None
+    box = last_boxed(response)
+    boxed = bool(box)
     text = response
     if mode == "boxed" and not boxed:
         return ("ok", 0.0)
+    if mode != "last_number" and box is not None:
+        if not box.strip():  # the last box is empty or never closed: no answer
+            return ("ok", 0.0)
+        text = "\\boxed{" + box + "}"
     if mode == "last_number":
         numbers = _NUMBER.findall(response)
         if not numbers:
@@ -143,8 +165,9 @@ def check_answer(response: str, reference: str, options: dict[str, Any]) -> tupl
 
 class MathOptions(ScorerOptions):
     extraction: Literal["auto", "boxed", "latex", "last_number"] = "auto"
-    """Where the answer is read: `auto` (`\\boxed{}` first, then any LaTeX, then a plain
-    expression), `boxed` (only a boxed answer counts), `latex`, or `last_number`."""
+    """Where the answer is read: `auto` (the last `\\boxed{}` first, and only that box, so boxing
+    every candidate earns nothing; then any LaTeX, then a plain expression), `boxed` (only a boxed
+    answer counts, the last one), `latex`, or `last_number`."""
     format_bonus: float = Field(0.0, ge=0, lt=1)
     """The score of a wrong answer that is boxed (0: wrong is wrong)."""
     rel_tol: float | None = Field(None, ge=0)

@@ -159,7 +159,7 @@ class _Proc:
             [
                 sys.executable,
                 "-c",
-                "from rewardplane.serve.scorers.procpool import worker_main; worker_main()",
+                "from rewardplane.serve.execution.procpool import worker_main; worker_main()",
                 spec_json,
                 str(theirs.fileno()),
             ],

@@ -1,0 +1,372 @@
+"""The zygote: a small, warm interpreter that pre-forks the units that run untrusted code.
+
+Started by the server (`sandbox.LocalSandbox.start`) as `python -I -S zygote.py --zygote <fd>`
+from an explicit environment (never the server's), with its configuration sent as the first
+message on that socket (never on the command line, which /proc shows). The processes that run
+code are forks of this small interpreter (no torch, no server threads, no site-packages but the
+allowed ones) instead of fresh interpreters (~37 ms) or forks of the server. Stdlib only; its
+siblings (`rootfs.py`, `limits.py`, `harness.py`, `channel.py`) are loaded by file path, never
+through the package (an isolated interpreter: the server's `sys.path` is not its own).
+
+Layout, per run:
+
+    server --SEQPACKET + SCM_RIGHTS--> zygote --fork--> unit --fork--> program's process
+
+All of it happens before a job exists (`prefork` units are kept ready). The unit: `setsid()`;
+joins its own pids cgroup when one is writable; when the server runs as root and the
+interpreter is world-readable, drops to uid/gid 65534 (so RLIMIT_NPROC means something); with
+`isolation: namespaces` it enters new user, mount, network, PID and IPC namespaces and forks the
+program's process, PID 1 of the new PID namespace (when it dies, the kernel kills everything in
+it — fork bombs included), which builds the minimal root, pivots into it (`rootfs.build_root`),
+drops every capability and waits for its job. Per run the zygote sends the program's process its
+job and stdout pipes and the records' nonce; the result pipe and the run's secret stay in the
+zygote, which reads the program's records pipe and writes the framed report when the unit ends
+(`Unit.finish`, `channel.Records`). The unit passes on how the program's process ended and
+hands the zygote a pidfd of it, by which the zygote kills it when the unit ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import selectors
+import signal
+import socket
+import sys
+import time
+from typing import Any
+
+PR_SET_PDEATHSIG = 1
+NOBODY = 65534
+EXIT_SETUP_FAILED = 125
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _sibling(name: str) -> Any:
+    """A sibling module loaded by its file path (the zygote never imports the package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        f"_rewardplane_sandbox_{name}", os.path.join(HERE, f"{name}.py")
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+rootfs: Any = None
+limits: Any = None
+harness: Any = None
+channel: Any = None
+
+
+def unit_main(cfg: dict[str, Any], unit_sock: socket.socket, job_sock: socket.socket, records_w: int) -> None:
+    """The unit: isolate, fork the program's process (PID 1 of the new PID namespace) before any
+    job exists, hand the zygote a pidfd of it, wait for it and pass on how it ended."""
+    try:
+        rootfs.load_libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        os.setsid()
+        if cfg.get("cgroup"):
+            limits.join_cgroup(cfg["cgroup"], int(cfg["max_processes"]))
+        if os.geteuid() == 0 and cfg.get("drop_root"):
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+        if cfg["isolation"] == "namespaces":
+            rootfs.enter_namespaces()
+            workdir = ""
+        else:
+            import tempfile
+
+            workdir = tempfile.mkdtemp(prefix="rp-sandbox-")
+        pid = os.fork()
+    except Exception as exc:
+        sys.stderr.write(f"sandbox unit setup failed: {exc}\n")
+        os._exit(EXIT_SETUP_FAILED)
+    if pid == 0:
+        try:
+            unit_sock.close()
+            program_main(cfg, job_sock, records_w, workdir)
+        except BaseException as exc:
+            sys.stderr.write(f"sandbox program process failed: {exc!r}\n")
+        os._exit(EXIT_SETUP_FAILED)
+    job_sock.close()
+    os.close(records_w)
+    status = None
+    try:
+        # the zygote kills the program's process by this handle when the unit ends, however it
+        # ends: a program that left the unit's process group and its parent-death signal still dies
+        handle = os.pidfd_open(pid)
+        socket.send_fds(unit_sock, [b"pidfd"], [handle])
+        os.close(handle)
+        _, status = os.waitpid(pid, 0)
+        unit_sock.send(b"%d" % status)  # the exact wait status: an exit code is not a signal
+    except Exception as exc:
+        sys.stderr.write(f"sandbox unit failed: {exc!r}\n")
+    if workdir:
+        import shutil
+
+        shutil.rmtree(workdir, ignore_errors=True)
+    if status is None:
+        os._exit(EXIT_SETUP_FAILED)
+    os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
+
+
+def program_main(cfg: dict[str, Any], job_sock: socket.socket, records_w: int, workdir: str) -> None:
+    """The program's process (PID 1 of the unit's PID namespace: when it dies, the kernel kills
+    everything it started — fork bombs included): build the root, drop every privilege, then run
+    the job in the harness (`harness.child_main`)."""
+    rootfs.load_libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if cfg["isolation"] == "namespaces":
+        rootfs.build_root(cfg)
+        workdir, home = "/tmp/work", "/tmp/home"
+        os.makedirs(home)
+    else:
+        home = workdir
+    os.makedirs(workdir, exist_ok=True)
+    os.chdir(workdir)
+    os.environ.clear()
+    os.environ.update(HOME=home, PATH="/usr/bin:/bin", LANG="C.UTF-8", TMPDIR=workdir, PYTHONHASHSEED="0")
+    sys.executable = cfg["executable"]
+    rootfs.drop_privileges()
+    harness.child_main(cfg, job_sock, records_w, limits.set_rlimits)
+
+
+class Unit:
+    """The zygote's handle on one unit: its sockets, its records pipe, and once it runs a job,
+    the job's id, result pipe, secret and records."""
+
+    def __init__(self, pid: int, sock: socket.socket, prog: socket.socket, records_r: int) -> None:
+        self.pid, self.sock, self.prog, self.records_r = pid, sock, prog, records_r
+        self.pidfd = os.pidfd_open(pid)
+        self.job_id = 0
+        self.res_w: int | None = None
+        self.secret = b""
+        self.handle: int | None = None  # a pidfd of its program's process
+        self.records: Any = None
+
+    def fds(self) -> list[int]:
+        extra = [fd for fd in (self.res_w, self.handle) if fd is not None]
+        return [self.sock.fileno(), self.prog.fileno(), self.records_r, self.pidfd, *extra]
+
+    def start(self, job_id: int, secret: bytes, fds: list[int]) -> None:
+        """Hand the job to the program's process (job and stdout pipes, the records' nonce) and
+        keep the result pipe and the secret here."""
+        self.sock.settimeout(10.0)  # a unit still setting up sends its program's handle first
+        _, handles, _, _ = socket.recv_fds(self.sock, 16, 1)
+        self.handle = handles[0] if handles else None
+        nonce = os.urandom(16).hex().encode()
+        socket.send_fds(self.prog, [nonce], fds[:2])
+        self.job_id, self.secret, self.res_w = job_id, secret, os.dup(fds[2])
+        self.records = channel.Records(nonce)
+        os.set_blocking(self.records_r, False)
+
+    def read_records(self) -> bool:
+        """Take what the records pipe holds; False at its end."""
+        try:
+            while chunk := os.read(self.records_r, 1 << 16):
+                self.records.feed(chunk)
+            return False
+        except BlockingIOError:
+            return True
+
+    def finish(self, isolation: str) -> int:
+        """The unit ended: reap it, report to the server (framed with the secret), return its
+        exit code for the server's control message."""
+        _, status = os.waitpid(self.pid, 0)
+        code = 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        self.read_records()
+        self.records.finish()
+        meta: dict[str, Any] = {"isolation": isolation, "exit": None, "signal": None}
+        try:
+            self.sock.setblocking(False)
+            program = int(self.sock.recv(64))
+            meta["signal" if os.WIFSIGNALED(program) else "exit"] = (
+                os.WTERMSIG(program) if os.WIFSIGNALED(program) else os.WEXITSTATUS(program)
+            )
+            report = self.records.report(self.secret, meta)
+        except (OSError, ValueError):  # the unit itself was killed: no report (the server decides)
+            report = b""
+        with contextlib.suppress(OSError):
+            os.set_blocking(self.res_w, True)
+            view = memoryview(report)
+            while view:
+                view = view[os.write(self.res_w, view) :]
+        self.close()
+        return code
+
+    def close(self) -> None:
+        kill_program(self.handle)
+        self.handle = None
+        for fd in (self.res_w, self.records_r, self.pidfd):
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self.res_w = None
+        self.sock.close()
+        self.prog.close()
+
+
+def zygote_main(ctl: socket.socket, cfg: dict[str, Any]) -> None:
+    import gc
+
+    rootfs.make_undumpable()
+    sys.path.extend(cfg["root"]["sys_path"])  # the allowed packages' directories (see rootfs.plan)
+    for mod in ("ast", "builtins", "io", "json", "resource", "tempfile", "shutil", "ctypes", "re", "math"):
+        __import__(mod)
+    for mod in ("platform", "selectors", "importlib.util", *cfg.get("preimport", [])):
+        with contextlib.suppress(ImportError):
+            __import__(mod)
+    gc.collect()
+    gc.freeze()
+    sel = selectors.DefaultSelector()
+    sel.register(ctl, selectors.EVENT_READ, ("ctl", None))
+    ready: list[Unit] = []
+    running: dict[int, Unit] = {}  # by the unit's pidfd
+    cgroup_busy: list[int] = []
+    if cfg.get("cgroup"):
+        os.makedirs(cfg["cgroup"], exist_ok=True)
+
+    def fork_unit() -> None:
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # the unit's
+        to_prog, prog = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # its program's
+        records_r, records_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                sel.close()
+                ctl.close()
+                mine.close()
+                to_prog.close()
+                os.close(records_r)
+                for unit in [*ready, *running.values()]:  # nothing of another unit's run comes along
+                    for fd in unit.fds():
+                        os.close(fd)
+                unit_main(cfg, theirs, prog, records_w)
+            finally:
+                os._exit(EXIT_SETUP_FAILED)
+        theirs.close()
+        prog.close()
+        os.close(records_w)
+        unit = Unit(pid, mine, to_prog, records_r)
+        ready.append(unit)
+        sel.register(unit.pidfd, selectors.EVENT_READ, ("idle", unit))
+
+    def shutdown(*_: Any) -> None:
+        units = [*ready, *running.values()]
+        for unit in units:
+            kill_program(unit.handle)
+            kill_group(unit.pid)
+        if cfg.get("cgroup"):
+            for unit in units:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(unit.pid, 0)
+            left = [u.pid for u in units] + cgroup_busy
+            for _ in range(100):  # namespace teardown can lag on a loaded host
+                left = limits.rm_cgroups(cfg["cgroup"], left)
+                if not left:
+                    break
+                time.sleep(0.05)
+            with contextlib.suppress(OSError):
+                os.rmdir(cfg["cgroup"])
+        os._exit(0)
+
+    # Ctrl-C reaches the whole foreground process group: the server shuts down and closes the
+    # socket, which ends the zygote; a SIGTERM of its own cleans up the same way.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, shutdown)
+
+    def send(obj: dict[str, Any]) -> None:
+        ctl.send(json.dumps(obj).encode())
+
+    def reaped(pid: int) -> None:
+        if cfg.get("cgroup"):
+            cgroup_busy[:] = limits.rm_cgroups(cfg["cgroup"], [*cgroup_busy, pid])
+
+    for _ in range(int(cfg["prefork"])):
+        fork_unit()
+    while True:
+        events = sel.select(timeout=0.5)
+        if cgroup_busy:
+            cgroup_busy[:] = limits.rm_cgroups(cfg["cgroup"], cgroup_busy)
+        for key, _ in events:
+            kind, unit = key.data
+            if kind == "ctl":
+                try:
+                    data, fds, _, _ = socket.recv_fds(ctl, 1 << 16, 3)
+                except OSError:
+                    data = b""
+                if not data:  # the server went away: take every unit with us
+                    shutdown()
+                msg = json.loads(data)
+                if msg["op"] != "run":
+                    continue
+                if not ready:
+                    fork_unit()
+                unit = ready.pop(0)
+                sel.unregister(unit.pidfd)
+                try:  # the program gets its job and stdout; the result pipe and secret stay here
+                    unit.start(msg["id"], msg["secret"].encode(), fds)
+                    running[unit.pidfd] = unit
+                    sel.register(unit.pidfd, selectors.EVENT_READ, ("run", unit))
+                    sel.register(unit.records_r, selectors.EVENT_READ, ("records", unit))
+                    send({"op": "started", "id": msg["id"], "pid": unit.pid})
+                except OSError as exc:
+                    kill_group(unit.pid)
+                    os.waitpid(unit.pid, 0)
+                    unit.close()
+                    send({"op": "failed", "id": msg["id"], "message": f"sandbox unit unusable: {exc}"})
+                finally:
+                    for fd in fds:
+                        os.close(fd)
+                while len(ready) < int(cfg["prefork"]):
+                    fork_unit()
+            elif kind == "records":
+                if unit.res_w is not None and not unit.read_records():  # (a finished unit: stale)
+                    sel.unregister(unit.records_r)
+            elif kind == "run":
+                running.pop(unit.pidfd)
+                sel.unregister(unit.pidfd)
+                with contextlib.suppress(KeyError, ValueError):
+                    sel.unregister(unit.records_r)
+                code = unit.finish(cfg["isolation"])
+                send({"op": "exit", "id": unit.job_id, "code": code})
+                reaped(unit.pid)
+            else:  # an idle unit died (setup failed): drop it; runs fork fresh ones on demand
+                sel.unregister(unit.pidfd)
+                os.waitpid(unit.pid, 0)
+                ready.remove(unit)
+                unit.close()
+                reaped(unit.pid)
+
+
+def kill_program(handle: int | None) -> None:
+    """SIGKILL a unit's program's process by its pidfd (PID 1 of its namespace: everything in it
+    dies with it), then close the handle."""
+    if handle is None:
+        return
+    with contextlib.suppress(OSError):
+        signal.pidfd_send_signal(handle, signal.SIGKILL)
+    os.close(handle)
+
+
+def kill_group(pid: int) -> None:
+    for fn in (os.killpg, os.kill):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            fn(pid, signal.SIGKILL)
+
+
+def main(argv: list[str]) -> None:
+    global rootfs, limits, harness, channel
+    rootfs, limits, harness, channel = (_sibling(n) for n in ("rootfs", "limits", "harness", "channel"))
+    ctl = socket.socket(fileno=int(argv[2]))
+    msg = json.loads(ctl.recv(1 << 22))  # the configuration comes first, never on the command line
+    zygote_main(ctl, msg["cfg"])
+
+
+if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--zygote":
+    main(sys.argv)

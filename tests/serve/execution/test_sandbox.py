@@ -1,0 +1,234 @@
+"""The local sandbox on its own (`LocalSandbox`, no scorer): the view a program gets inside the
+namespaces, the job shapes, the limits enforced from outside, and a zygote that comes back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rewardplane.serve.execution import sandbox as sandbox_mod
+from rewardplane.serve.execution.sandbox import LocalSandbox
+from support.exploits import processes_named
+
+NAMESPACES_OK = sandbox_mod.probe("namespaces")[0]
+needs_ns = pytest.mark.skipif(not NAMESPACES_OK, reason="the kernel refuses user+mount+net namespaces here")
+
+
+@pytest.fixture(scope="module")
+def box():
+    b = LocalSandbox(isolation="namespaces" if NAMESPACES_OK else "rlimits", timeout_s=2.0, prefork=2)
+    b.start()
+    yield b
+    b.close()
+
+
+def run(box: LocalSandbox, code: str, stdin: str = ""):
+    return box.run({"mode": "stdin", "code": code, "stdin": stdin})
+
+
+def test_stdin_job_reads_its_input_and_reports(box):
+    r = run(box, "print(int(input()) * 2)", "21\n")
+    assert r.status == "ok" and r.stdout == b"42\n" and r.program_error() is None, r
+    r = run(box, "raise ValueError('no')")
+    assert r.status == "ok" and r.program_error() == "ValueError"
+    assert run(box, "import sys\nsys.exit(0)").program_error() is None
+    assert run(box, "import sys\nsys.exit(3)").program_error() == "SystemExit(3)"
+    assert run(box, "import os\nos._exit(4)").program_error() == "exit 4"
+
+
+def test_wall_clock_limit_is_enforced_from_outside_and_the_box_recovers(box):
+    r = box.run({"mode": "stdin", "code": "import time\ntime.sleep(30)", "stdin": ""}, timeout_s=0.5)
+    assert r.status == "timeout" and r.wall_s < 5
+    assert run(box, "print('next')").stdout == b"next\n"
+
+
+def test_a_dead_zygote_is_restarted_on_the_next_run(box):
+    box._proc.kill()
+    box._proc.wait()
+    deadline_ok = False
+    for _ in range(50):  # the reader thread notices the EOF, the next run starts a fresh zygote
+        r = run(box, "print('back')")
+        if r.status == "ok":
+            deadline_ok = r.stdout == b"back\n"
+            break
+    assert deadline_ok and box.restarts >= 1
+
+
+@needs_ns
+def test_sandbox_view_is_isolated(box):
+    code = (
+        "import os, socket\n"
+        "print(os.getpid(), os.getcwd(), len([p for p in os.listdir('/proc') if p.isdigit()]))\n"
+        "print(sorted(n for _, n in socket.if_nameindex()))\n"
+    )
+    r = run(box, code)
+    pid, cwd, nprocs = r.stdout.decode().splitlines()[0].split()
+    assert pid == "1" and cwd == "/tmp/work" and int(nprocs) <= 2
+    assert r.stdout.decode().splitlines()[1] == "['lo']"  # a fresh network namespace
+    # the runner keeps the server's uid: home directories and secrets are covered, the
+    # interpreter's own files stay importable
+    code = (
+        "import os, fractions, statistics\n"
+        "print(open('/etc/shadow').read() == '' if os.path.exists('/etc/shadow') else True)\n"
+        "print(os.listdir('/home') if os.path.isdir('/home') else [])\n"
+    )
+    r = run(box, code)
+    assert r.status == "ok" and r.program_error() is None, r
+    assert r.stdout.decode().splitlines() == ["True", "[]"]
+
+
+ASSERT_JOB = {"mode": "assert", "code": "def f(x):\n    return x + 1", "steps": []}
+
+
+def assert_job(*steps, code: str = ASSERT_JOB["code"]) -> dict:
+    return {"mode": "assert", "code": code, "steps": [list(s) for s in steps]}
+
+
+def test_assert_job_records_values_in_order(box):
+    r = box.run(
+        assert_job(
+            ("setup", "import math"),
+            ("expr", 0, "f(1)"),
+            ("expr", 1, "(f(2), {1: {2}})"),
+            ("run", 2, "assert f(3) == 4"),
+            ("expr", 3, "f(None)"),
+            ("expr", 4, "iter([])"),
+        )
+    )
+    assert r.status == "ok", r
+    assert r.records == [
+        {"i": 0, "v": 2},
+        {"i": 1, "v": {"tuple": [3, {"dict": [[1, {"set": [2]}]]}]}},
+        {"i": 2, "ok": True},
+        {"i": 3, "raised": "TypeError"},
+        {"i": 4, "unencodable": "builtins.list_iterator"},
+    ]
+
+
+def test_an_exit_ends_the_run_and_later_cases_have_no_record(box):
+    r = box.run(assert_job(("expr", 0, "f(1)"), ("run", 1, "import sys; sys.exit(0)"), ("expr", 2, "f(2)")))
+    assert r.status == "ok" and r.records == [{"i": 0, "v": 2}]
+    r = box.run(assert_job(("expr", 0, "f(1)"), code="import os\nos._exit(0)"))
+    assert r.status == "ok" and r.records == [] and r.report["exit"] == 0
+
+
+def test_records_need_the_nonce_and_the_report_needs_the_secret(box):
+    # the program writes what used to be a passing report to every descriptor it has
+    code = (
+        "import os, json\n"
+        "forged = json.dumps({'i': 0, 'v': 2, 'passed': 2, 'total': 2, 'error': None}).encode()\n"
+        "for fd in range(64):\n"
+        "    try:\n"
+        "        os.write(fd, b'\\n' + forged + b'\\n')\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "def f(x):\n"
+        "    return 0\n"
+    )
+    r = box.run(assert_job(("expr", 0, "f(1)"), code=code))
+    assert r.status == "ok" and r.records == [{"i": 0, "v": 0}], r
+    assert r.report["forged"] >= 1  # the line reached the unit's records pipe and was dropped
+
+
+@needs_ns
+def test_the_environment_is_explicit_never_the_servers(monkeypatch):
+    monkeypatch.setenv("RP_TEST_MARKER", "marker-5f1e9c")
+    monkeypatch.setenv("REWARDPLANE_TOKEN", "token-9b2d77")
+    b = LocalSandbox(timeout_s=5.0, prefork=1)
+    b.start()
+    try:
+        zygote_env = Path(f"/proc/{b._proc.pid}/environ").read_bytes()
+        zygote_cmdline = Path(f"/proc/{b._proc.pid}/cmdline").read_bytes()
+        for secret in (b"marker-5f1e9c", b"token-9b2d77"):
+            assert secret not in zygote_env and secret not in zygote_cmdline
+        code = (
+            "import os, glob\n"
+            "seen = repr(dict(os.environ)).encode()\n"
+            "for p in glob.glob('/proc/*/environ') + glob.glob('/proc/*/cmdline'):\n"
+            "    try:\n"
+            "        seen += open(p, 'rb').read()\n"
+            "    except OSError:\n"
+            "        pass\n"
+            "print(b'marker-5f1e9c' in seen, b'token-9b2d77' in seen, sorted(os.environ))\n"
+        )
+        r = run(b, code)
+        assert r.status == "ok", r
+        assert r.stdout.decode().split(" ", 2)[:2] == ["False", "False"], r.stdout
+        assert "RP_TEST_MARKER" not in r.stdout.decode()
+    finally:
+        b.close()
+
+
+@needs_ns
+def test_the_root_holds_the_interpreter_and_nothing_of_the_server(box, tmp_path):
+    import os
+    import sys
+
+    secret = tmp_path / "token.txt"
+    secret.write_text("token-9b2d77")
+    repo = Path(__file__).resolve().parents[3]
+    venv_site = [p for p in sys.path if p.endswith("site-packages")]
+    code = (
+        "import os, json, importlib.util\n"
+        f"paths = {[str(secret), str(tmp_path), str(repo / 'pyproject.toml'), str(repo), os.getcwd(), *venv_site]!r}\n"
+        "seen = {p: os.path.exists(p) for p in paths}\n"
+        "mods = {m: importlib.util.find_spec(m) is not None for m in ['numpy', 'yaml', 'rewardplane', 'pip']}\n"
+        "import decimal, sqlite3, zlib, ctypes, ssl, hashlib, json\n"
+        "print(json.dumps([sorted(os.listdir('/')), sorted(os.listdir('/etc')), sorted(os.listdir('/dev')), seen, mods]))\n"
+    )
+    r = run(box, code)
+    assert r.status == "ok" and r.program_error() is None, (r, r.records)
+    import json
+
+    top, etc, dev, seen, mods = json.loads(r.stdout)
+    bound_tops = {p.split("/")[1] for p in box.cfg["root"]["binds"]}
+    assert (
+        set(top)
+        <= {"bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "sbin", "tmp", "usr"} | bound_tops
+    )
+    assert "home" not in top and (repo.parts[1] not in top or repo.parts[1] in bound_tops)
+    assert set(etc) <= {"passwd", "group", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime"}
+    assert {"null", "zero", "urandom"} <= set(dev) and "sda" not in dev and "mem" not in dev
+    assert not any(seen.values()), seen  # the token file, its directory, the checkout, the venv, cwd
+    assert not any(mods.values()), mods  # no site-packages at all by default
+
+
+@needs_ns
+def test_allowed_packages_and_only_them():
+    b = LocalSandbox(timeout_s=10.0, prefork=1, packages=("yaml",))
+    b.start()
+    try:
+        code = (
+            "import importlib.util, yaml\n"
+            "print(yaml.safe_load('a: 1'), importlib.util.find_spec('numpy') is None)\n"
+        )
+        r = run(b, code)
+        assert r.status == "ok" and r.stdout == b"{'a': 1} True\n", (r, r.records)
+    finally:
+        b.close()
+    with pytest.raises(LookupError, match="not installed"):
+        LocalSandbox(packages=("surely_not_a_package_here",))
+
+
+@needs_ns
+def test_the_program_dies_with_its_unit_even_outside_its_process_group():
+    """Without a pids cgroup to sweep, the zygote's pidfd of the program's process (PID 1 of its
+    namespace) is what kills a program that left the unit's process group and its parent-death
+    signal when the wall clock ends the run."""
+    b = LocalSandbox(timeout_s=1.0, prefork=1)
+    b.cfg["cgroup"] = None
+    b.start()
+    code = (
+        "import ctypes, os, time\n"
+        "libc = ctypes.CDLL(None)\n"
+        "libc.prctl(15, b'rpescape2', 0, 0, 0)\n"
+        "libc.prctl(1, 0, 0, 0, 0)\n"
+        "os.setpgid(0, 0)\n"
+        "time.sleep(60)\n"
+    )
+    try:
+        assert run(b, code).status == "timeout"
+    finally:
+        b.close()
+    assert processes_named("rpescape2") == []
