@@ -112,7 +112,9 @@ class InProcessBackend:
                 await batcher.run_in_thread(scorer.load)
                 warm = await batcher.run_in_thread(scorer.score_batch, [scorer.warmup_item()])
                 value = check_value(warm[0]) if len(warm) == 1 else ItemError("scorer_failed", "no value")
-                if isinstance(value, ItemError) or not math.isfinite(value):
+                if isinstance(value, ItemError):  # its code and message as written, never a repr
+                    raise RuntimeError(f"warm-up failed: {value.code}: {value.message}")
+                if not math.isfinite(value):
                     raise RuntimeError(f"warm-up did not produce a finite score: {value}")
             except Exception as exc:
                 cause = " ".join(f"{type(exc).__name__}: {exc}".split())  # one line

@@ -430,3 +430,33 @@ def test_real_engine_transformers_serve_smollm2(tmp_path):
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+
+
+def test_a_failed_warm_up_shows_the_judges_answer_and_the_pattern_as_written(url, caplog):
+    """A judge whose pattern does not match what it answers (issue 37): the one-line load failure
+    says what the judge answered (cut) and the pattern as the config wrote it, once escaped."""
+    import asyncio
+    import logging
+
+    from rewardplane.serve.backend import InProcessBackend
+
+    pattern = r"Rating:\s*(\d+)"
+    spec = {
+        "name": "judge",
+        "kind": "judge",
+        "options": {"url": url, "model": "fake-judge", "pattern": pattern},
+    }
+    backend = InProcessBackend(make_config([spec]))
+    with caplog.at_level(logging.ERROR, logger="rewardplane.serve.backend"):
+        asyncio.run(backend.start())
+    try:
+        status = backend.ready()[1]["judge"]
+        text = status if isinstance(status, str) else json.dumps(status)
+        line = next(r.getMessage() for r in caplog.records if "failed to load" in r.getMessage())
+        for shown in (text, line):
+            assert f"no match for the pattern {pattern};" in shown, shown
+            assert 'the judge answered "Clear and right. Score: 9"' in shown, shown
+            assert "\\\\" not in shown and "ItemError(" not in shown
+        assert "\n" not in line
+    finally:
+        asyncio.run(backend.stop())

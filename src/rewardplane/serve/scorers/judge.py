@@ -52,6 +52,7 @@ from rewardplane.serve.scorers.judge_prompts import (
     PAIRWISE_TEMPLATE,
     POINTWISE_TEMPLATE,
     Unparseable,
+    excerpt,
     expected_score,
     fence,
     parse_answer,
@@ -290,9 +291,12 @@ class JudgeScorer(Scorer):
     def _parsed(self, text: str, logprobs: Any) -> float:
         """An answer → its score, by the configured parser; raises `Unparseable`."""
         o = self.options
-        if o.score_from == "logprobs":
-            return expected_score(text, logprobs, pattern=self.pattern, scale=self.scale)
-        return parse_answer(text, mode=o.mode, parse=o.parse, pattern=self.pattern, scale=self.scale)
+        try:
+            if o.score_from == "logprobs":
+                return expected_score(text, logprobs, pattern=self.pattern, scale=self.scale)
+            return parse_answer(text, mode=o.mode, parse=o.parse, pattern=self.pattern, scale=self.scale)
+        except Unparseable as exc:  # the answer beside the reason: a wrong pattern shows at once
+            raise Unparseable(f"{exc}; the judge answered {excerpt(text)}") from None
 
     def _messages(self, prompt: str, a: str, b: str | None) -> list[dict[str, str]]:
         lo, hi = (f"{x:g}" for x in self.scale)
@@ -387,7 +391,7 @@ class JudgeScorer(Scorer):
             )
         except Unparseable as exc:
             self.counters["unparseable"] += 1
-            return ItemError("judge_unparseable", str(exc)[:300])
+            return ItemError("judge_unparseable", str(exc)[:400])
         except (Retryable, Fatal) as exc:
             self.counters["errors"] += 1
             return ItemError("judge_error", f"judge endpoint failed: {exc}"[:300])
@@ -430,7 +434,7 @@ class JudgeScorer(Scorer):
                 out.append(self._combine([self._parsed(a.text, a.logprobs) for a in mine]))
             except Unparseable as exc:
                 self.counters["unparseable"] += 1
-                out.append(ItemError("judge_unparseable", str(exc)[:300]))
+                out.append(ItemError("judge_unparseable", str(exc)[:400]))
         return out
 
     def warmup_item(self) -> ScoreItem:

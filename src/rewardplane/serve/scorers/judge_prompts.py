@@ -79,6 +79,12 @@ class Unparseable(Exception):
     pass
 
 
+def excerpt(text: str | None, limit: int = 160) -> str:
+    """The judge's answer on one line, cut to `limit` characters, quoted: what an error shows."""
+    flat = " ".join((text or "").split())
+    return json.dumps(flat if len(flat) <= limit else flat[:limit] + "…", ensure_ascii=False)
+
+
 def parse_answer(
     text: str, *, mode: str, parse: str, pattern: re.Pattern[str], scale: tuple[float, float]
 ) -> float:
@@ -101,7 +107,7 @@ def parse_answer(
     else:
         matches = pattern.findall(text)
         if not matches:
-            raise Unparseable(f"no match for {pattern.pattern!r}")
+            raise Unparseable(f"no match for the pattern {pattern.pattern}")
         raw = matches[-1]
     if mode == "pairwise":
         verdict = str(raw).strip().upper()
@@ -129,7 +135,7 @@ def expected_score(
 
     matches = list(pattern.finditer(text or ""))
     if not matches:
-        raise Unparseable(f"no match for {pattern.pattern!r}")
+        raise Unparseable(f"no match for the pattern {pattern.pattern}")
     start = matches[-1].start(1)
     if not isinstance(logprobs, list) or not logprobs:
         raise Unparseable("the endpoint returned no logprobs (does it support logprobs/top_logprobs?)")
