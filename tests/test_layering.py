@@ -202,3 +202,26 @@ def test_no_test_module_imports_another():
                 if mod.split(".")[-1] in names or mod.split(".")[0] in names:
                     found.append(f"{path.relative_to(tests)}:{node.lineno} imports {mod}")
     assert found == []
+
+
+MAX_MODULE_LINES = 600
+
+
+def test_no_module_is_over_600_lines():
+    """Short modules with one job (docs/architecture.md); a module that grows past this splits by job."""
+    long = {
+        str(p.relative_to(ROOT)): n
+        for p in PACKAGE.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert not long, f"modules over {MAX_MODULE_LINES} lines: {long}"
+
+
+def test_no_support_module_shadows_the_standard_library():
+    """tests/support is on sys.path (and is sys.path[0] for the scripts run from it, such as
+    bench_fake_server.py): a `support/http.py` there made `import http` inside uvicorn fail."""
+    import sys
+
+    support = ROOT / "tests" / "support"
+    shadowing = sorted(p.stem for p in support.glob("*.py") if p.stem in sys.stdlib_module_names)
+    assert not shadowing, f"tests/support modules named like standard-library modules: {shadowing}"

@@ -13,7 +13,7 @@ import pytest
 from rewardplane.serve.protocol import ItemError, ScoreItem
 from rewardplane.serve.scorers.judge import JudgeScorer
 from rewardplane.serve.scorers.math import MathScorer
-from support.http import chat_completion, reply_json
+from support.http_doubles import chat_completion, reply_json
 
 CLOSING = re.compile(r"[<\uff1c]\s*/\s*response\s*>", re.I)
 """What a lenient reader takes for the end of the response block."""

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from support.http import reply_json
+from support.http_doubles import reply_json
 
 
 class FakeSandboxFusion(BaseHTTPRequestHandler):
