@@ -34,7 +34,7 @@ class DoubleScorer(Scorer):
     `options.fail_warmup` breaks the warm-up. Every batch size is recorded in `batches`."""
 
     kind: ClassVar[str] = "double"
-    modality: ClassVar = "text"
+    modality: ClassVar = "rule"  # a rule (the length): "" scores 0.0 (docs/serve.md "Admission")
     Options = DoubleOptions
     batches: ClassVar[list[int]] = []
 

@@ -22,6 +22,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 from rewardplane.cli import main
 from rewardplane.core.errors import ConfigError
 from rewardplane.data.synth import builtin_tokenizer
+from rewardplane.serve.admission import admitted
 from rewardplane.serve.config import ScorerSpec, build_scorer
 from rewardplane.serve.protocol import RAW_TEXT, ItemError, ScoreItem
 from rewardplane.serve.scorers.common import as_messages
@@ -148,7 +149,8 @@ def test_text_eos_truncates_as_the_scorer_does_and_keeps_its_item_errors(trained
     long_prompt = ("Name a fruit, any fruit at all. " * 4, " kiwi.")
     full = tok(trl_text(tok, *long_prompt))["input_ids"]
     assert len(full) > 12
-    got = s.prepare_many(items([long_prompt, ("Hi.", " kiwi " * 20), ("Hi.", "  ")]))
+    batch = items([long_prompt, ("Hi.", " kiwi " * 20), ("Hi.", "  ")])
+    got = admitted(s, batch, s.prepare_many)  # the admission contract first, as the service does
     assert got[0] == full[-12:]  # the oldest tokens cut, the EOS kept
     assert isinstance(got[1], ItemError) and got[1].code == "too_long"  # a response alone too long
     assert got[2] == -2.0  # empty_response handling is unchanged

@@ -40,6 +40,7 @@ from pydantic import Field
 
 from rewardplane.core.errors import ConfigError, RewardplaneError
 from rewardplane.data.tokenize import CHAT_TEMPLATE, TEXT_EOS
+from rewardplane.serve.admission import PROMPT, RESPONSE
 from rewardplane.serve.protocol import RAW_TEXT, ItemError, ScoreItem
 from rewardplane.serve.scorers.common import ModelScorer, as_messages, as_text, torch_dtype, weights_digest
 from rewardplane.serve.scorers.options import ScorerOptions
@@ -180,17 +181,14 @@ class SeqClsOptions(TextOptions):
 class SeqClsScorer(ModelScorer):
     kind: ClassVar[str] = "hf_seqcls"
     modality: ClassVar = "text"
+    reads: ClassVar[frozenset[str]] = frozenset({PROMPT, RESPONSE})
     Options = SeqClsOptions
     shapes: ClassVar[tuple[str, ...]] = TEXT_SHAPES
 
     def __init__(self, name: str, *args: Any, **kwargs: Any) -> None:
         super().__init__(name, *args, **kwargs)
         o = self.options
-        self.max_length, self.empty_response, self.pipeline_depth = (
-            o.max_length,
-            o.empty_response,
-            o.pipeline_depth,
-        )
+        self.max_length, self.pipeline_depth = o.max_length, o.pipeline_depth
         self.prompts = PromptCache(o.prompt_cache)
         self.plain_text = o.plain_text or CHAT_TEMPLATE  # settled in load(), against what the model records
         self.attention = "padded"
@@ -309,11 +307,7 @@ class SeqClsScorer(ModelScorer):
         todo: list[tuple[int, Any, str]] = []  # (position, rendered prompt, text to encode)
         plain: list[tuple[int, str, str]] = []  # (position, prompt, response): text_eos items
         for k, item in enumerate(items):
-            if self.empty_response == "error" and not as_text(item.response).strip():
-                out[k] = ItemError(
-                    "bad_input", "empty response (the scorer's empty_response option is 'error')"
-                )
-            elif (item.metadata or {}).get(RAW_TEXT) is True and isinstance(item.response, str):
+            if (item.metadata or {}).get(RAW_TEXT) is True and isinstance(item.response, str):
                 out[k] = self._raw_ids(item.response)
             elif self._text_eos(item):
                 plain.append((k, item.prompt, item.response))  # type: ignore[arg-type]
@@ -405,17 +399,15 @@ class SeqClsScorer(ModelScorer):
             return ItemError("bad_input", "the text has no tokens")
         return list(ids[-self.max_length :])
 
-    def prepare(self, item: ScoreItem) -> list[int] | float | ItemError:
-        """Tokenise on admission: token ids, or the fixed reward an empty response is configured to get."""
+    def prepare(self, item: ScoreItem) -> list[int] | ItemError:
+        """Tokenise on admission (after the admission contract, `serve/admission.py`, which
+        applies `empty_response`): token ids, or why the item cannot be scored."""
         return self.prepare_many([item])[0]
 
-    def prepare_many(self, items: list[ScoreItem]) -> list[list[int] | float | ItemError]:
+    def prepare_many(self, items: list[ScoreItem]) -> list[list[int] | ItemError]:
         """`prepare` for a request's items together: one tokenizer call (fast tokenizers encode a
         batch with the GIL released), a GRPO group's prompt rendered and tokenised once."""
-        empty = self.empty_response
-        fixed = [not isinstance(empty, str) and not as_text(i.response).strip() for i in items]
-        encoded = iter(self.encode_many([i for i, f in zip(items, fixed, strict=True) if not f]))
-        return [float(empty) if f else next(encoded) for f in fixed]  # type: ignore[arg-type]
+        return self.encode_many(items)
 
     def prepared_tokens(self, prepared: Any) -> int:
         return len(prepared) if isinstance(prepared, list) else 0
