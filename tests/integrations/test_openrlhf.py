@@ -123,6 +123,45 @@ def plain_forward_of_the_served_rm(text: str) -> float:
         return float(twin.model(input_ids=torch.tensor([ids])).logits[0, 0])
 
 
+@pytest.fixture(scope="module")
+def template_end_server(tmp_path_factory):
+    """A reward model trained (one step, tiny) on the built-in ChatML tokenizer: its checkpoint
+    records `score_position: template_end`, so it was trained to be read after ChatML's "\n"."""
+    from rewardplane.data.synth import builtin_tokenizer
+    from support.rm import train_tiny_checkpoint
+    from support.serve import LiveServer, make_config
+
+    checkpoint = str(train_tiny_checkpoint(tmp_path_factory.mktemp("template_end"), builtin_tokenizer()))
+    spec = {"kind": "rm", "path": checkpoint, "device": "cpu", "max_wait_ms": 1}
+    as_given = {**spec, "name": "rm_as_given", "options": {"complete_turn": False}}
+    with LiveServer(make_config([{**spec, "name": "rm"}, as_given])) as live:
+        yield live
+
+
+def test_raw_mode_reads_a_template_end_checkpoint_where_v1_score_does(
+    template_end_server, direct_scores, tokenizer
+):
+    """Issue 38 item 5: the policy's sequence stops at `<|im_end|>`; the checkpoint was trained at
+    the template's end (the newline after it). `complete_turn` (on: the checkpoint records
+    template_end) appends the newline, so a raw ChatML query scores what `/v1/score` gives the same
+    conversation; read as given (OpenRLHF's own server, `complete_turn: false`) it is one token
+    early and scores differently (the issue measured -2.41 against -1.22 on the demo RM)."""
+    url = template_end_server.url
+    out = run_executor(f"{url}/get_reward?scorer=rm", tokenizer, "Hello there, friend!")
+    assert query_of(out, tokenizer).endswith("<|im_end|>")
+    conversation = {
+        "id": "0",
+        "prompt": [{"role": "user", "content": "Say hello."}],
+        "response": [{"role": "assistant", "content": "Hello there, friend!"}],
+    }
+    want = direct_scores(url, "rm", [conversation])[0]
+    assert out["scores"] == [pytest.approx(want, abs=1e-5)]
+    early = run_executor(f"{url}/get_reward?scorer=rm_as_given", tokenizer, "Hello there, friend!")
+    assert abs(early["scores"][0] - want) > 1e-3
+    extra = {s["name"]: s["extra"] for s in httpx.get(f"{url}/v1/scorers").json()["scorers"]}
+    assert extra["rm"]["complete_turn"] is True and extra["rm_as_given"]["complete_turn"] is False
+
+
 def test_split_mode_rerenders_prompt_and_response_for_the_scorer(server, direct_scores, tokenizer):
     out = run_executor(f"{server.url}/get_reward?scorer=rm&mode=split", tokenizer, "Hello there, friend!")
     query = query_of(out, tokenizer)
