@@ -237,3 +237,27 @@ def test_the_documented_flags_are_the_ones_openrlhf_0_11_parses(capsys):
         ppo_args(["--remote_rm_url", "http://h:8000/get_reward"])
     assert exit_info.value.code == 2
     assert "unrecognized arguments: --remote_rm_url" in capsys.readouterr().err
+
+
+def test_a_composites_components_reach_openrlhfs_extra_logs(
+    server, direct_scores, direct_components, tokenizer
+):
+    """Issue 38 item 4: OpenRLHF logs `extra_logs`; a composite's answer carries each component
+    (`<name>/<component>`) next to the total, the same keys in every answer (OpenRLHF stacks them)."""
+    out = run_executor(f"{server.url}/get_reward?scorer=reward&mode=split", tokenizer, "Hello there, friend!")
+    item = {"id": "0", "prompt": PROMPT, "response": "Hello there, friend!"}
+    total, parts = (
+        direct_scores(server.url, "reward", [item])[0],
+        direct_components(server.url, "reward", [item])[0],
+    )
+    assert out["scores"] == [pytest.approx(total, abs=1e-5)]
+    assert set(out["extra_logs"]) == {"reward", "reward/model", "reward/length"}
+    assert out["extra_logs"]["reward/model"] == [pytest.approx(parts["model"], abs=1e-5)]
+    assert out["extra_logs"]["reward/length"] == [parts["length"]]
+    # renormalize: a left-out component has no number, so the count left out is logged instead
+    r = httpx.post(f"{server.url}/get_reward?scorer=lenient", json={"query": ["abcd", "NAN!"]})
+    assert r.status_code == 200, r.text
+    assert r.json()["scores"] == [12.0, 12.0] and r.json()["extra_logs"]["lenient/left_out"] == [0.0, 1.0]
+    assert set(r.json()["extra_logs"]) == {"lenient", "lenient/left_out"}
+    failed = httpx.post(f"{server.url}/get_reward?scorer=guarded", json={"query": ["abcd", "NAN!"]})
+    assert failed.status_code == 500 and failed.json()["code"] == "non_finite"  # never a number

@@ -169,3 +169,15 @@ def png_bytes(size: tuple[int, int] = (40, 30), seed: int = 0) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(arr).save(buf, format="PNG")
     return buf.getvalue()
+
+
+def score_requests(url: str) -> float:
+    """How many `POST /v1/score` requests the service at `url` has answered (its own /metrics)."""
+    import httpx
+
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("rewardplane_requests_total{") and 'route="/v1/score"' in line
+    )

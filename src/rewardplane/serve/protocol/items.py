@@ -122,6 +122,14 @@ class DetailedScore(float):
         obj.detail = dict(detail or {})
         return obj
 
+    @staticmethod
+    def components_of(value: object) -> dict[str, float]:
+        """A result's component scores (a composite's `details.components`); {} for any other."""
+        if not isinstance(value, DetailedScore):
+            return {}
+        components = value.detail.get(COMPONENTS)
+        return dict(components) if isinstance(components, dict) else {}
+
 
 @dataclass(frozen=True)
 class ScorerInfo:
