@@ -83,7 +83,7 @@ def admit(item: ScoreItem, reads: frozenset[str], empty_response: str | float) -
         return ItemError("bad_input", "reference is not valid Unicode (a lone UTF-16 surrogate)")
     if RESPONSE in reads and empty_response != "score" and _is_empty(item.response):
         if empty_response == "error":
-            return ItemError("bad_input", "empty response (the scorer's empty_response option is 'error')")
+            return ItemError("bad_input", "empty response (the scorer's empty_response policy is 'error')")
         return float(empty_response)
     return None
 

@@ -154,7 +154,8 @@ class Component(KindSpec):
     schema_name: ClassVar[str] = "component"
 
     name: str = Field(min_length=1)
-    """The component's name: in `details.left_out`, in `GET /v1/scorers`, unique in the composite."""
+    """The component's name (not `score`): its key in `details.components` and the trainers'
+    answers, in `GET /v1/scorers`; unique in the composite."""
     kind: str | None = None
     """The scorer kind of an inline component (any kind but `composite`)."""
     scorer: str | None = Field(None, min_length=1)
@@ -194,7 +195,8 @@ class CompositeOptions(ScorerOptions):
     group_normalize: bool = False
     """After aggregation, (r - mean) / std over the items of one `group_id` (GRPO)."""
     group_size: int | None = Field(None, ge=1)
-    """Items per group; required with `group_normalize` (a group not whole in a batch fails)."""
+    """Items per group; required with `group_normalize`, at most `max_batch_size` (a group is
+    normalised only when whole in one batch; the batcher never splits a request's group)."""
     group_scale: Literal["std", "none"] = "std"
     """Divide by the group's std, or only subtract its mean (Dr. GRPO)."""
     std_ddof: Literal[0, 1] = 1
