@@ -18,7 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from support.http import chat_completion, reply_json
+from support.http_doubles import chat_completion, reply_json
 from support.serve import LiveServer, jpeg_bytes, make_config
 
 pytest.importorskip("math_verify")
