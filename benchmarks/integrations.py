@@ -15,6 +15,23 @@ Routes are interleaved over `--rounds` rounds (rotated order) and the median kep
 a shared machine hits every route alike. Reported per route: items/s and the ratio to `v1_score` (goal ≥ 0.95, docs/benchmarks/integrations.md).
 
     python3 benchmarks/integrations.py --out integrations.json
+
+`--components` (issue 38 item 4) measures what reward components cost each adapter instead. The
+server also hosts the composite `reward` (the hosted `rm` at weight 1 + the response length at
+0.01), and each adapter's components route is compared with its scalar route for that
+composite, call for call:
+
+  trl    `RemoteReward(scorer="reward")` (the total) vs `RemoteRewards(composite="reward")`,
+         both of its functions called per batch as GRPOTrainer calls them (one request)
+  verl   `compute_score_async(..., components=False)` vs the default `{"score", <component>...}`,
+         64 items gathered on one event loop
+
+One caller sends `--pairs` pairs per round, the two routes alternating which goes first, so the
+drift of a shared machine hits both alike; per round the ratio of the median call times
+(components ÷ scalar), then their median over `--rounds` rounds and the spread (min–max). Goal:
+at most 1.05.
+
+    python3 benchmarks/integrations.py --components --rounds 5 --pairs 40 --out components.json
 """
 
 from __future__ import annotations
@@ -56,7 +73,103 @@ def parse_args(argv=None):
     )
     p.add_argument("--routes", default="v1_score,openrlhf,gateway,trl,verl")
     p.add_argument("--rounds", type=int, default=3, help="routes interleaved this many times; median kept")
+    p.add_argument("--components", action="store_true", help="scalar vs components route per adapter")
+    p.add_argument("--pairs", type=int, default=40, help="--components: call pairs per round")
     return p.parse_args(argv)
+
+
+COMPOSITE = {
+    "name": "reward",
+    "kind": "composite",
+    "max_batch_size": 1024,
+    "max_wait_ms": 2.0,
+    "options": {
+        "components": [
+            {"name": "model", "scorer": "rm", "weight": 1.0},
+            {"name": "length", "kind": "length", "weight": 0.01},
+        ]
+    },
+}
+"""`--components`: the composite whose scalar and components routes are compared."""
+
+
+def component_calls(url: str, batch: int) -> dict[str, tuple]:
+    """adapter -> (its scalar call, its components call) for the composite `reward`, each
+    scoring `batch` items once and returning what the trainer would get."""
+    from rewardplane.integrations.trl import RemoteReward, RemoteRewards
+    from rewardplane.integrations.verl import compute_score_async
+
+    prompts, responses = PROMPTS[:batch], RESPONSES[:batch]
+    scalar, functions = RemoteReward(url, scorer="reward"), RemoteRewards(url, composite="reward")
+    loop = asyncio.new_event_loop()
+
+    def trl_components() -> list:
+        return [f(prompts=prompts, completions=responses) for f in functions]
+
+    def verl(components: bool):
+        async def chunk() -> list:
+            return await asyncio.gather(
+                *(
+                    compute_score_async(
+                        "bench", r, None, {"prompt": p}, url=url, scorer="reward", components=components
+                    )
+                    for p, r in zip(prompts, responses, strict=True)
+                )
+            )
+
+        return lambda: loop.run_until_complete(chunk())
+
+    return {
+        "trl": (lambda: scalar(prompts=prompts, completions=responses), trl_components),
+        "verl": (verl(False), verl(True)),
+    }
+
+
+def paired(calls: tuple, pairs: int) -> tuple[float, float]:
+    """(median call time of the scalar route, of the components route), over `pairs` pairs
+    called back to back, alternating which goes first."""
+    times: tuple[list[float], list[float]] = ([], [])
+    for k in range(pairs):
+        for which in (0, 1) if k % 2 == 0 else (1, 0):
+            started = time.perf_counter()
+            calls[which]()
+            times[which].append(time.perf_counter() - started)
+    return statistics.median(times[0]), statistics.median(times[1])
+
+
+def components_main(args, spec: dict, result: dict) -> dict:
+    """`--components`: per adapter, the components ÷ scalar ratio of each round, their median
+    and spread."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = Path(tmp) / "service.yaml"
+        cfg.write_text(yaml.safe_dump({"scorers": [spec, COMPOSITE]}))
+        with running_server(["--config", str(cfg)], Path(tmp), ready_timeout_s=600) as url:
+            calls = component_calls(url, args.batch)
+            for pair in calls.values():  # warm both routes (connections, the look-ups)
+                pair[0](), pair[1]()
+            medians: dict[str, list[tuple[float, float]]] = {name: [] for name in calls}
+            for k in range(args.rounds):
+                for name, pair in calls.items():
+                    scalar_s, components_s = paired(pair, args.pairs)
+                    medians[name].append((scalar_s, components_s))
+                    print(
+                        f"round {k} {name:5s} scalar {scalar_s * 1e3:7.1f} ms  components"
+                        f" {components_s * 1e3:7.1f} ms  ratio {components_s / scalar_s:.3f}",
+                        flush=True,
+                    )
+    result["settings"] = {k: result["settings"][k] for k in ("shape", "dtype", "batch")}
+    result["settings"].update(pairs=args.pairs, rounds=args.rounds, callers=1)
+    result["components"] = {}
+    for name, rounds in medians.items():
+        ratios = [c / s for s, c in rounds]
+        result["components"][name] = {
+            "median": statistics.median(ratios),
+            "min": min(ratios),
+            "max": max(ratios),
+            "rounds": ratios,
+            "call_ms": [[round(s * 1e3, 2), round(c * 1e3, 2)] for s, c in rounds],
+        }
+    return result
 
 
 def v1_items(prompts: list[str], responses: list[str]) -> list[dict]:
@@ -215,6 +328,12 @@ def main(argv=None) -> int:
         },
         "routes": {},
     }
+    if args.components:
+        components_main(args, spec, result)
+        if args.out:
+            args.out.write_text(json.dumps(result, indent=2))
+        print(json.dumps({k: round(v["median"], 3) for k, v in result["components"].items()}))
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         cfg = Path(tmp) / "service.yaml"
         cfg.write_text(yaml.safe_dump({"scorers": [spec]}))

@@ -198,9 +198,24 @@ def test_health_and_rewards(server):
     health = httpx.get(server.url + "/health").json()
     assert health["status"] == "ok" and health["rewards"]["rm"] == ["ready"]
     assert set(httpx.get(server.url + "/rewards").json()["rewards"]) == {
-        "rm",
-        "len",
-        "exact",
-        "double",
-        "clip",
+        *("rm", "len", "exact", "double", "clip"),
+        *("reward", "guarded", "lenient"),  # the composites
     }
+
+
+def test_a_composites_components_follow_its_total(server, direct_scores, direct_components):
+    """Issue 38 item 4: protocol "1" answers `{reward: {metric: value}}`; a composite's total is
+    the first metric (the one UniRL's client reads), its components follow under their names."""
+    client = GatewayClient(server.url, ["reward", "lenient"])
+    wire = [client.wire_request([{"text": "Say hello."}, {"text": t}]) for t in ("Hello there!", "NAN")]
+    merged = client.post(wire)
+    items = [{"id": str(i), "prompt": [{"role": "user", "content": "Say hello."}], "response": t}
+             for i, t in enumerate(("Hello there!", "NAN"))]  # fmt: skip
+    totals, parts = direct_scores(server.url, "reward", items), direct_components(server.url, "reward", items)
+    for result, total, want in zip(merged["results"], totals, parts, strict=True):
+        assert list(result["reward"]) == ["score", "model", "length"]
+        assert result["reward"]["score"] == pytest.approx(total, abs=1e-5)
+        assert {k: result["reward"][k] for k in want} == pytest.approx(want, abs=1e-5)
+    values, problems = GatewayClient(server.url, ["reward"]).rewards(merged)  # its first metric
+    assert problems == [None, None] and values == pytest.approx(totals, abs=1e-5)
+    assert merged["results"][1]["lenient"] == {"score": 9.0, "len": 3.0}  # `dbl` left out: no key

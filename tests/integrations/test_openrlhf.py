@@ -123,6 +123,45 @@ def plain_forward_of_the_served_rm(text: str) -> float:
         return float(twin.model(input_ids=torch.tensor([ids])).logits[0, 0])
 
 
+@pytest.fixture(scope="module")
+def template_end_server(tmp_path_factory):
+    """A reward model trained (one step, tiny) on the built-in ChatML tokenizer: its checkpoint
+    records `score_position: template_end`, so it was trained to be read after ChatML's "\n"."""
+    from rewardplane.data.synth import builtin_tokenizer
+    from support.rm import train_tiny_checkpoint
+    from support.serve import LiveServer, make_config
+
+    checkpoint = str(train_tiny_checkpoint(tmp_path_factory.mktemp("template_end"), builtin_tokenizer()))
+    spec = {"kind": "rm", "path": checkpoint, "device": "cpu", "max_wait_ms": 1}
+    as_given = {**spec, "name": "rm_as_given", "options": {"complete_turn": False}}
+    with LiveServer(make_config([{**spec, "name": "rm"}, as_given])) as live:
+        yield live
+
+
+def test_raw_mode_reads_a_template_end_checkpoint_where_v1_score_does(
+    template_end_server, direct_scores, tokenizer
+):
+    """Issue 38 item 5: the policy's sequence stops at `<|im_end|>`; the checkpoint was trained at
+    the template's end (the newline after it). `complete_turn` (on: the checkpoint records
+    template_end) appends the newline, so a raw ChatML query scores what `/v1/score` gives the same
+    conversation; read as given (OpenRLHF's own server, `complete_turn: false`) it is one token
+    early and scores differently (the issue measured -2.41 against -1.22 on the demo RM)."""
+    url = template_end_server.url
+    out = run_executor(f"{url}/get_reward?scorer=rm", tokenizer, "Hello there, friend!")
+    assert query_of(out, tokenizer).endswith("<|im_end|>")
+    conversation = {
+        "id": "0",
+        "prompt": [{"role": "user", "content": "Say hello."}],
+        "response": [{"role": "assistant", "content": "Hello there, friend!"}],
+    }
+    want = direct_scores(url, "rm", [conversation])[0]
+    assert out["scores"] == [pytest.approx(want, abs=1e-5)]
+    early = run_executor(f"{url}/get_reward?scorer=rm_as_given", tokenizer, "Hello there, friend!")
+    assert abs(early["scores"][0] - want) > 1e-3
+    extra = {s["name"]: s["extra"] for s in httpx.get(f"{url}/v1/scorers").json()["scorers"]}
+    assert extra["rm"]["complete_turn"] is True and extra["rm_as_given"]["complete_turn"] is False
+
+
 def test_split_mode_rerenders_prompt_and_response_for_the_scorer(server, direct_scores, tokenizer):
     out = run_executor(f"{server.url}/get_reward?scorer=rm&mode=split", tokenizer, "Hello there, friend!")
     query = query_of(out, tokenizer)
@@ -198,3 +237,27 @@ def test_the_documented_flags_are_the_ones_openrlhf_0_11_parses(capsys):
         ppo_args(["--remote_rm_url", "http://h:8000/get_reward"])
     assert exit_info.value.code == 2
     assert "unrecognized arguments: --remote_rm_url" in capsys.readouterr().err
+
+
+def test_a_composites_components_reach_openrlhfs_extra_logs(
+    server, direct_scores, direct_components, tokenizer
+):
+    """Issue 38 item 4: OpenRLHF logs `extra_logs`; a composite's answer carries each component
+    (`<name>/<component>`) next to the total, the same keys in every answer (OpenRLHF stacks them)."""
+    out = run_executor(f"{server.url}/get_reward?scorer=reward&mode=split", tokenizer, "Hello there, friend!")
+    item = {"id": "0", "prompt": PROMPT, "response": "Hello there, friend!"}
+    total, parts = (
+        direct_scores(server.url, "reward", [item])[0],
+        direct_components(server.url, "reward", [item])[0],
+    )
+    assert out["scores"] == [pytest.approx(total, abs=1e-5)]
+    assert set(out["extra_logs"]) == {"reward", "reward/model", "reward/length"}
+    assert out["extra_logs"]["reward/model"] == [pytest.approx(parts["model"], abs=1e-5)]
+    assert out["extra_logs"]["reward/length"] == [parts["length"]]
+    # renormalize: a left-out component has no number, so the count left out is logged instead
+    r = httpx.post(f"{server.url}/get_reward?scorer=lenient", json={"query": ["abcd", "NAN!"]})
+    assert r.status_code == 200, r.text
+    assert r.json()["scores"] == [12.0, 12.0] and r.json()["extra_logs"]["lenient/left_out"] == [0.0, 1.0]
+    assert set(r.json()["extra_logs"]) == {"lenient", "lenient/left_out"}
+    failed = httpx.post(f"{server.url}/get_reward?scorer=guarded", json={"query": ["abcd", "NAN!"]})
+    assert failed.status_code == 500 and failed.json()["code"] == "non_finite"  # never a number

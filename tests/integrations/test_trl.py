@@ -16,8 +16,9 @@ from trl import GRPOTrainer
 from trl.trainer.utils import get_callable_name, is_async_callable
 
 from rewardplane.core.errors import UsageError
-from rewardplane.integrations.trl import AsyncRemoteReward, RemoteReward
+from rewardplane.integrations.trl import AsyncRemoteReward, RemoteReward, RemoteRewards
 from rewardplane.serve.client import ScoreError, ServiceError
+from support.serve import score_requests
 from support.trl_policy import grpo_args, tiny_policy
 
 PROMPTS = ["Say hello.", "Two plus two?", "Name a colour.", "Hi there."]
@@ -146,3 +147,97 @@ def test_reward_functions_pickle_without_their_connections(server):
         clone = pickle.loads(pickle.dumps(reward))
         assert clone.__name__ == "rewardplane_len"
     assert clone is not None and not math.isnan(asyncio.run(clone(["p"], ["abc"]))[0])
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_grpo_trainer_gets_each_component_as_a_reward_function_from_one_request_per_batch(
+    server, direct_components, tmp_path, asynchronous
+):
+    """Issue 38 item 4: `RemoteRewards(url, composite=...)` is one TRL reward function per
+    component, so TRL's `reward_weights` and GDPO (`multi_objective_aggregation=
+    "normalize_then_sum"`) apply; its functions share one `POST /v1/score` per batch."""
+    model, tokenizer = tiny_policy()
+    rewards = RemoteRewards(server.url, composite="reward", asynchronous=asynchronous)
+    assert [get_callable_name(f) for f in rewards] == [
+        "rewardplane_reward.model",
+        "rewardplane_reward.length",
+    ]
+    assert all(is_async_callable(f) == asynchronous for f in rewards)
+    assert rewards.weights == [0.5, 0.01]  # the composite's: TRL's weighted sum is its total
+    args = grpo_args(
+        tmp_path,
+        tokenizer,
+        max_steps=2,
+        reward_weights=rewards.weights,
+        multi_objective_aggregation="normalize_then_sum",
+    )
+    dataset = Dataset.from_dict({"prompt": PROMPTS})
+    trainer = RecordingGRPOTrainer(
+        model=model, reward_funcs=rewards, args=args, train_dataset=dataset, processing_class=tokenizer
+    )
+    before = score_requests(server.url)
+    trainer.train()
+    assert score_requests(server.url) - before == len(trainer.recorded) == 2  # one per batch
+    for step_prompts, completions, per_func in trainer.recorded:
+        items = [
+            {"id": str(i), "prompt": p, "response": c}
+            for i, (p, c) in enumerate(zip(step_prompts, completions, strict=True))
+        ]
+        want = direct_components(server.url, "reward", items)
+        for column, name in enumerate(["model", "length"]):
+            expected = torch.tensor([w[name] for w in want], dtype=torch.float64)
+            assert torch.allclose(per_func[:, column].double(), expected, atol=1e-5, rtol=0), name
+    logged = trainer.state.log_history[0]
+    assert (
+        "rewards/rewardplane_reward.model/mean" in logged
+        and "rewards/rewardplane_reward.length/mean" in logged
+    )
+
+
+def test_remote_rewards_for_several_scorers_share_one_request_per_batch(server, direct_scores):
+    rm, length = rewards = RemoteRewards(server.url, scorers=["rm", "len"])
+    assert rewards.weights == [1.0, 1.0] and [f.__name__ for f in rewards] == [
+        "rewardplane_rm",
+        "rewardplane_len",
+    ]
+    prompts, completions = ["Say hello.", "Hi"], ["Hello!", "Good day"]
+    items = [
+        {"id": str(i), "prompt": p, "response": c}
+        for i, (p, c) in enumerate(zip(prompts, completions, strict=True))
+    ]
+    before = score_requests(server.url)
+    got = [f(prompts=prompts, completions=completions) for f in rewards]  # as TRL calls them, in order
+    assert score_requests(server.url) - before == 1
+    assert got[0] == pytest.approx(direct_scores(server.url, "rm", items), abs=1e-5)
+    assert got[1] == [6.0, 8.0]
+    before = score_requests(server.url)
+    assert rm(prompts=prompts, completions=completions) == got[0]  # TRL's next step: a new batch
+    assert length(prompts=prompts, completions=["a"] * 2) == [1.0, 1.0]  # other completions: anew
+    assert score_requests(server.url) - before == 2
+    clone = pickle.loads(pickle.dumps(rewards))
+    assert [f.__name__ for f in clone] == ["rewardplane_rm", "rewardplane_len"]
+    assert clone[1](prompts=["p"], completions=["abc"]) == [3.0]
+
+
+def test_a_component_without_a_number_is_a_failure_never_a_value(server):
+    """The composite failed the row (`guarded`, on_failure fail): every component function fails
+    it, TRL's unscorable row. A component left out under `renormalize` (`lenient`) has no number:
+    its function fails the row, the other component scores it."""
+    completions = ["abcd", "NAN!"]
+    guarded = RemoteRewards(server.url, composite="guarded", on_error="none")
+    assert [f(prompts=["p", "p"], completions=completions) for f in guarded] == [[4.0, None], [4.0, None]]
+    lenient = RemoteRewards(server.url, composite="lenient", on_error="none")
+    metrics = {}
+    got = [f(prompts=["p", "p"], completions=completions, log_metric=metrics.__setitem__) for f in lenient]
+    assert got == [[4.0, 4.0], [4.0, None]]
+    assert metrics["rewardplane_lenient.dbl/failed_frac"] == 0.5
+    strict = RemoteRewards(server.url, composite="lenient")
+    assert strict[0](prompts=["p", "p"], completions=completions) == [4.0, 4.0]
+    with pytest.raises(ScoreError) as info:
+        strict[1](prompts=["p", "p"], completions=completions)
+    ((failure),) = info.value.failures
+    assert (failure.id, failure.scorer, failure.code) == ("1", "lenient.dbl", "non_finite")
+    with pytest.raises(UsageError, match="not a composite"):
+        RemoteRewards(server.url, composite="len")
+    with pytest.raises(UsageError, match="one of them"):
+        RemoteRewards(server.url)

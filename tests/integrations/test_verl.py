@@ -161,3 +161,64 @@ def test_the_rollouts_step_and_data_source_reach_the_services_audit(tokenizer, t
             time.sleep(0.05)
     assert [v["version"] for v in body["versions"]] == [7] and body["counts"]["unversioned"] == 0
     assert body["versions"][0]["sources"]["rewardplane_test"]["n"] == n
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_composite_answers_with_its_components_and_verls_gdpo_reads_them(
+    server, direct_components, direct_scores, tokenizer, tmp_path, name
+):
+    """Issue 38 item 4: for a composite, `compute_score*` return `{"score": total, <component>:
+    value}`; verl's reward manager keeps the total as the reward and every key as extra reward
+    info, which its GDPO advantage reads by `algorithm.gdpo_reward_keys`."""
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.core_algos import compute_gdpo_outcome_advantage
+
+    w = reward_loop_worker(tmp_path, name, url=server.url, scorer="reward")
+    data = padded_chunk(tokenizer, GOOD)
+    outputs = run(w, w.compute_score_batch(data))
+    items = [
+        {"id": str(i), "prompt": QUESTIONS[i], "response": RESPONSES[i], "reference": TRUTHS[i]}
+        for i in range(3)
+    ]
+    totals, parts = direct_scores(server.url, "reward", items), direct_components(server.url, "reward", items)
+    assert [o["reward_score"] for o in outputs] == pytest.approx(totals, abs=1e-5)
+    for out, want, total in zip(outputs, parts, totals, strict=True):
+        assert set(out["reward_extra_info"]) == {"score", "model", "length"}
+        assert out["reward_extra_info"]["score"] == pytest.approx(total, abs=1e-5)
+        assert {k: out["reward_extra_info"][k] for k in want} == pytest.approx(want, abs=1e-5)
+
+    def gdpo(extra_infos: list[dict]) -> torch.Tensor:
+        # the batch as RewardLoopManager.compute_rm_score builds it: one array per extra-info key
+        keys = list(extra_infos[0])
+        non_tensor = {k: np.array([info[k] for info in extra_infos]) for k in keys}
+        rewards = resolve_reward_manager_cls(w.config).assemble_rm_scores(
+            data, [i["score"] for i in extra_infos]
+        )
+        mask = data.batch["attention_mask"][:, data.batch["prompts"].shape[1] :]
+        config = OmegaConf.create(
+            {"gdpo_reward_keys": ["model", "length"], "gdpo_reward_weights": [0.5, 0.01]}
+        )
+        return compute_gdpo_outcome_advantage(
+            rewards, mask, np.array(["q"] * 3), config=config, non_tensor_batch=non_tensor, batch=data.batch
+        )[0]
+
+    ours = gdpo([o["reward_extra_info"] for o in outputs])
+    reference = gdpo([{"score": t, **p} for t, p in zip(totals, parts, strict=True)])
+    assert torch.isfinite(ours).all() and torch.allclose(ours, reference, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_component_without_a_number_fails_the_sample_and_components_false_gives_the_total(
+    server, tokenizer, tmp_path, name
+):
+    """verl stacks each extra-info key over the samples: an answer without a component (left out
+    by `renormalize`) cannot ride along, so it raises; `components=false` keeps the total alone."""
+    data = padded_chunk(tokenizer)  # the fourth response has "NAN": `lenient` leaves `dbl` out
+    w = reward_loop_worker(tmp_path, name, url=server.url, scorer="lenient")
+    with pytest.raises(ScoreError) as info:
+        run(w, w.compute_score_batch(data))
+    assert [(f.scorer, f.code) for f in info.value.failures] == [("lenient.dbl", "non_finite")]
+    w = reward_loop_worker(tmp_path, name, url=server.url, scorer="lenient", components=False)
+    outputs = run(w, w.compute_score_batch(data))
+    assert all(set(o["reward_extra_info"]) == {"acc"} for o in outputs)  # a float: verl's own key
+    assert outputs[3]["reward_score"] == 3 * len(RESPONSES[3])  # renormalised: len alone, scaled

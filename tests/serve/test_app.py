@@ -288,7 +288,9 @@ def test_queue_full_429_and_queue_timeout_504():
 
         def one(k: int) -> httpx.Response:
             return httpx.post(
-                s.url + "/v1/score", json={"scorers": ["slow"], "items": [{"id": str(k)}]}, timeout=30
+                s.url + "/v1/score",
+                json={"scorers": ["slow"], "items": [{"id": str(k), "response": "x"}]},
+                timeout=30,
             )
 
         with concurrent.futures.ThreadPoolExecutor(8) as pool:

@@ -15,7 +15,7 @@ class LengthScorer(Scorer):
     """Scores len(response); `prepare` tokenises to characters; 'boom' raises inside a batch."""
 
     kind: ClassVar[str] = "test_len"
-    modality: ClassVar = "text"
+    modality: ClassVar = "rule"  # admission leaves "" to the rule: its own prepare refuses it here
     packs_tokens: ClassVar[bool] = True
 
     def __init__(self) -> None:

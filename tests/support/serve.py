@@ -34,7 +34,7 @@ class DoubleScorer(Scorer):
     `options.fail_warmup` breaks the warm-up. Every batch size is recorded in `batches`."""
 
     kind: ClassVar[str] = "double"
-    modality: ClassVar = "text"
+    modality: ClassVar = "rule"  # a rule (the length): "" scores 0.0 (docs/serve.md "Admission")
     Options = DoubleOptions
     batches: ClassVar[list[int]] = []
 
@@ -169,3 +169,15 @@ def png_bytes(size: tuple[int, int] = (40, 30), seed: int = 0) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(arr).save(buf, format="PNG")
     return buf.getvalue()
+
+
+def score_requests(url: str) -> float:
+    """How many `POST /v1/score` requests the service at `url` has answered (its own /metrics)."""
+    import httpx
+
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("rewardplane_requests_total{") and 'route="/v1/score"' in line
+    )

@@ -193,6 +193,30 @@ def render(tokenizer, messages: list[Message], *, add_generation_prompt: bool) -
     )
 
 
+_TURN_SENTINEL = "rewardplane-turn-sentinel"
+
+
+def turn_end(tokenizer) -> tuple[str, str] | None:
+    """(the end-of-turn text, what the template renders after it) of an assistant turn that ends
+    a conversation: ChatML's ("<|im_end|>", "\\n"), Llama 3's ("<|eot_id|>", ""). What a policy's
+    decoded sequence lacks when it stops at the end-of-turn token, and a `template_end` reward
+    model was trained to be read after (OpenRLHF's raw mode, `complete_turn`). None without a
+    chat template, or when the template renders no end-of-turn text after the content."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        return None
+    messages = [{"role": "user", "content": "u"}, {"role": "assistant", "content": _TURN_SENTINEL}]
+    try:
+        text = render(tokenizer, messages, add_generation_prompt=False)
+    except Exception:  # a template that refuses this conversation shape: nothing to complete
+        return None
+    at = text.rfind(_TURN_SENTINEL)
+    if at < 0:
+        return None
+    tail = text[at + len(_TURN_SENTINEL) :]
+    end = tail.rstrip()
+    return (end, tail[len(end) :]) if end else None
+
+
 def completion_text(
     tokenizer,
     prompt: list[Message],

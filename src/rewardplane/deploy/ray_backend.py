@@ -33,6 +33,7 @@ from rewardplane.deploy.gateway import decode_batches, decode_timing
 from rewardplane.deploy.mps import ManagedMps
 from rewardplane.deploy.ray_lifecycle import RayLifecycle, error_of, raise_error, replica_lost
 from rewardplane.deploy.transport import decode_items, decode_results, encode_items, encode_results
+from rewardplane.serve.admission import admitted
 from rewardplane.serve.errors import ServeError
 from rewardplane.serve.lifecycle import (
     Lifecycle,
@@ -121,7 +122,8 @@ class ScorerReplica:
         items = [item for item, _ in entries]
         started = time.perf_counter()
         try:
-            values = await self._run(self.scorer.score_batch, items)
+            # the admission contract first (serve/admission.py), as the in-process batcher applies it
+            values = await self._run(admitted, self.scorer, items, self.scorer.score_batch)
             if len(values) != len(items):
                 values = [ItemError("scorer_failed", f"scorer returned {len(values)} values")] * len(items)
             else:

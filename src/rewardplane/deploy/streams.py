@@ -28,6 +28,7 @@ class OwnStream(Scorer):
         self.inner = inner
         self.kind = inner.kind
         self.modality = inner.modality
+        self.reads = inner.reads  # the admission contract is the wrapped scorer's
         self.stream: Any = None
 
     def load(self) -> None:
@@ -66,6 +67,14 @@ class OwnStream(Scorer):
 
     def bind_hosted(self, hosted: dict[str, Any]) -> None:
         self.inner.bind_hosted(hosted)
+
+    @property
+    def empty_response(self) -> str | float:
+        return self.inner.empty_response
+
+    @property
+    def groups_in_one_batch(self) -> bool:  # type: ignore[override]
+        return self.inner.groups_in_one_batch
 
     @property
     def packs_tokens(self) -> bool:  # type: ignore[override]

@@ -90,22 +90,51 @@ def score_item(
     return item
 
 
-def split_results(results: list[ItemScores], scorer: str) -> tuple[list[float | None], list[ItemFailure]]:
-    """Each item's score (None where it failed) and the failures, checked once more for finiteness."""
+def _score_of(result: ItemScores, scorer: str) -> float | dict[str, str]:
+    """An item's score from `scorer`, or why there is none as `{"code", "message"}`."""
+    if scorer in result.errors:
+        return result.errors[scorer]
+    value = result.scores.get(scorer)
+    if value is None or not math.isfinite(value):
+        return {"code": "non_finite", "message": f"the service answered {value!r}"}
+    return float(value)
+
+
+def split_results(
+    results: list[ItemScores], scorer: str, component: str | None = None
+) -> tuple[list[float | None], list[ItemFailure]]:
+    """Each item's score (None where it failed) and the failures, checked once more for
+    finiteness: the scorer's own, or with `component` one of a composite scorer's components
+    (`ItemScores.component`: an error where the composite failed the item or left it out).
+    A component's failures are named `<scorer>.<component>`."""
+    label = scorer if component is None else f"{scorer}.{component}"
     values: list[float | None] = []
     failures: list[ItemFailure] = []
     for r in results:
-        value = r.scores.get(scorer)
-        if scorer in r.errors:
-            err = r.errors[scorer]
-            failures.append(ItemFailure(r.id, scorer, str(err.get("code")), str(err.get("message", ""))))
-            values.append(None)
-        elif value is None or not math.isfinite(value):
-            failures.append(ItemFailure(r.id, scorer, "non_finite", f"the service answered {value!r}"))
+        value = _score_of(r, scorer) if component is None else r.component(scorer, component)
+        if isinstance(value, dict):
+            code, message = str(value.get("code")), str(value.get("message", ""))
+            failures.append(ItemFailure(r.id, label, code, message))
             values.append(None)
         else:
             values.append(float(value))
     return values, failures
+
+
+def composite_components(listed: list[dict[str, Any]], name: str, url: str) -> list[dict[str, Any]]:
+    """The components (`{name, weight, ...}`) of composite scorer `name`, from `GET /v1/scorers`;
+    a UsageError for a scorer the service does not host or one that is not a composite."""
+    entry = next((s for s in listed if s.get("name") == name), None)
+    if entry is None:
+        raise UsageError(
+            f"the service at {url} has no scorer {name!r} (it has {[s['name'] for s in listed]})"
+        )
+    components = (entry.get("extra") or {}).get("components")
+    if entry.get("kind") != "composite" or not isinstance(components, list):
+        raise UsageError(
+            f"scorer {name!r} at {url} is a {entry.get('kind')!r}, not a composite: it has no components"
+        )
+    return components
 
 
 def raise_failures(failures: list[ItemFailure], results: list[ItemScores]) -> None:

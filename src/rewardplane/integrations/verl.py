@@ -20,13 +20,23 @@ trajectory by the agent loop as its generation ends, or per sample of a chunk by
 - `compute_score(...)`: the same, blocking; the manager runs it in the worker's thread pool, one
   call per sample.
 
+A composite scorer's answer is a dict (verl's extra reward info): `{"score": total,
+"<component>": value, ...}`, each component's raw score before the composite aggregates it. The
+manager keeps `score` as the reward and every key in `reward_extra_info`, which verl gathers
+into the batch under the key's name: what its GDPO advantage reads
+(`algorithm.adv_estimator=gdpo`, `algorithm.gdpo_reward_keys=[<component>, ...]`, weights in
+`algorithm.gdpo_reward_weights`) and what it logs. verl stacks each key over the samples, so
+every answer carries every component: one without a number (the composite failed the item, or
+left the component out under `on_failure: renormalize`) raises `ScoreError` instead. Set
+`+reward.custom_reward_function.reward_kwargs.components=false` for the total alone (a float).
+
 verl passes only the response (`solution_str`, decoded with special tokens stripped), never the
 prompt. The prompt is read from `extra_info["prompt"]`, else `extra_info["question"]` (verl's
 data-preparation scripts store the question there): a string, or `{role, content}` messages. A
 scorer that needs a prompt (every kind except the rule scorers `exact_match`, `regex`, `length`)
 raises `UsageError` when neither is there. `ground_truth` is sent as the item's `reference`.
 
-Settings: `url`, `scorer`, `token` (and `timeout`, `max_retries`) from verl's `reward_kwargs`,
+Settings: `url`, `scorer`, `token` (and `timeout`, `max_retries`, `components`) from verl's `reward_kwargs`,
 else `REWARDPLANE_URL` / `REWARDPLANE_SCORER` / `REWARDPLANE_TOKEN`; with no scorer the service
 must host exactly one. Other keyword arguments verl adds are ignored.
 
@@ -57,7 +67,10 @@ _lock = threading.Lock()
 _clients: dict[tuple, RewardClient] = {}
 _async_clients: dict[tuple, tuple[asyncio.AbstractEventLoop, AsyncRewardClient]] = {}
 _kinds: dict[tuple[str, str], str] = {}
+_components: dict[tuple[str, str], tuple[str, ...]] = {}
 _default_scorer: dict[str, str] = {}
+TOTAL = "score"
+"""The key of the total in a composite's answer, verl's reward (`result["score"]`)."""
 
 
 def _settings(kwargs: Mapping[str, Any]) -> tuple[str, str | None, dict[str, Any]]:
@@ -110,6 +123,10 @@ def _resolve(url: str, scorer: str | None, client: RewardClient) -> tuple[str, s
         )
     with _lock:
         _kinds.update({(url, name): kind for name, kind in kinds.items()})
+        for entry in listed:
+            if entry.get("kind") == "composite":
+                names = (c.get("name") for c in (entry.get("extra") or {}).get("components", ()))
+                _components[(url, entry["name"])] = tuple(str(n) for n in names)
     return scorer, kinds[scorer]
 
 
@@ -153,31 +170,38 @@ def _audit_metadata(extra_info: Any, data_source: Any) -> dict[str, Any]:
     return meta
 
 
-def _value(results: list[ItemScores], scorer: str) -> float:
+def _answer(
+    results: list[ItemScores], url: str, scorer: str, kwargs: Mapping[str, Any]
+) -> float | dict[str, float]:
+    """The item's score, or for a composite (unless `components=false`) `{"score": total,
+    <component>: value, ...}`; any failure, a component's included, raises `ScoreError`."""
     values, failures = common.split_results(results, scorer)
-    common.raise_failures(failures, results)
-    return float(values[0])  # type: ignore[arg-type]
+    components = _components.get((url, scorer), ()) if kwargs.get("components", True) else ()
+    parts = {c: common.split_results(results, scorer, c) for c in components}
+    common.raise_failures(failures + [f for _, fails in parts.values() for f in fails], results)
+    if not components:
+        return float(values[0])  # type: ignore[arg-type]
+    return {TOTAL: float(values[0]), **{c: float(v[0]) for c, (v, _) in parts.items()}}  # type: ignore[arg-type]
 
 
 def compute_score(
     data_source: Any, solution_str: str, ground_truth: Any, extra_info: Any = None, **kwargs: Any
-) -> float:
-    """The service's score for one response (the reward loop runs it in a thread); failures raise."""
+) -> float | dict[str, float]:
+    """The service's score for one response (the reward loop runs it in a thread), a dict with
+    the components for a composite; failures raise."""
     url, scorer, client_kwargs = _settings(kwargs)
     client = _client(url, client_kwargs)
     scorer, kind = _resolve(url, scorer, client)
-    return _value(
-        client.score([_item(scorer, kind, solution_str, ground_truth, extra_info, data_source)], [scorer]),
-        scorer,
-    )
+    item = _item(scorer, kind, solution_str, ground_truth, extra_info, data_source)
+    return _answer(client.score([item], [scorer]), url, scorer, kwargs)
 
 
 async def compute_score_async(
     data_source: Any, solution_str: str, ground_truth: Any, extra_info: Any = None, **kwargs: Any
-) -> float:
+) -> float | dict[str, float]:
     """`compute_score` as a coroutine: verl's Reward Loop awaits it (no thread per sample)."""
     url, scorer, client_kwargs = _settings(kwargs)
     if scorer is None or (url, scorer) not in _kinds:  # the one-time look-up, off the event loop
         scorer, _kind = await asyncio.to_thread(_resolve, url, scorer, _client(url, client_kwargs))
     item = _item(scorer, _kinds[(url, scorer)], solution_str, ground_truth, extra_info, data_source)
-    return _value(await _async_client(url, client_kwargs).score([item], [scorer]), scorer)
+    return _answer(await _async_client(url, client_kwargs).score([item], [scorer]), url, scorer, kwargs)

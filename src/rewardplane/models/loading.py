@@ -21,6 +21,7 @@ from rewardplane.data.collate import Batch
 from rewardplane.data.tokenize import (
     END_OF_TURN,
     PLAIN_TEXT_MODES,
+    SCORE_POSITIONS,
     TEMPLATE_END,
     TEXT_EOS,
     recorded_settings,
@@ -241,6 +242,22 @@ def recorded_plain_text(path: str | Path) -> str | None:
             code="bad_checkpoint",
         )
     return mode
+
+
+def recorded_score_position(path: str | Path) -> str | None:
+    """Where the model in directory `path` was trained to be read, where the directory records
+    it: a rewardplane checkpoint's `score_position` (none recorded: `end_of_turn`, rewardplane
+    before issue 24) or an export's (`rewardplane_export.json`); None for a directory that
+    records nothing (a Hugging Face model) or whose record cannot be read."""
+    path = Path(path)
+    if not is_checkpoint(path):
+        position = export_record(path).get("score_position")
+        return position if position in SCORE_POSITIONS else None
+    try:
+        meta = read_metadata(path)
+    except CheckpointError:
+        return None
+    return meta.get("score_position") or END_OF_TURN
 
 
 HF_REFUSED_PREFIX = "rewardplane-"

@@ -10,10 +10,14 @@ scorer's processes) gets up to that many batches at once, each from its own thre
 is not left idle behind one batch's slowest item, and skips the batch window while it has a
 free slot (a fuller batch buys it nothing; the window would only add to every item's latency).
 
-Items are prepared on admission (`Scorer.prepare_many`: tokenisation, decoding; a request's
-items together, so a scorer can share work across them) in a small thread pool, off the event
-loop and off the scoring thread; an item that cannot be prepared fails alone there and never
-reaches a batch. A batch then holds up to `max_batch_size` items and, with a
+Items are admitted first (`serve/admission.py`: the contract every kind shares, by what the
+scorer declares it reads: a missing response, text that cannot be encoded, the
+`empty_response` policy), then prepared (`Scorer.prepare_many`: tokenisation, decoding; a
+request's items together, so a scorer can share work across them), in a small thread pool, off
+the event loop and off the scoring thread; an item refused or that cannot be prepared fails
+alone there (or gets its fixed reward) and never reaches a batch. A scorer whose items must be
+scored a group at a time (`Scorer.groups_in_one_batch`) never has a request's run of one
+`group_id` split across two batches. A batch then holds up to `max_batch_size` items and, with a
 token budget, up to that many tokens: the sum of its items' tokens for a padding-free scorer
 (`packs_tokens`), rows x longest row for a padded one. Batches are taken in arrival order, so a
 long item is never passed over by shorter ones behind it.
@@ -34,6 +38,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from rewardplane.serve.admission import admitted
 from rewardplane.serve.metrics import BatchStats, ServeMetrics, outcome
 from rewardplane.serve.protocol import DetailedScore, ItemError, ScoreItem, ServeError
 from rewardplane.serve.scorers.base import Scorer
@@ -84,6 +89,13 @@ class DeviceEstimate:
         self._last_done = now
         if idle:
             self.free_at = now
+
+
+@dataclass(frozen=True)
+class _Answered:
+    """An item answered on admission without scoring: its `empty_response` fixed reward."""
+
+    value: float
 
 
 @dataclass
@@ -233,9 +245,9 @@ class DynamicBatcher:
         ]
         queued = []
         for e in entries:
-            if isinstance(e.payload, ItemError):  # failed on admission: never reaches a batch
+            if isinstance(e.payload, ItemError | _Answered):  # answered on admission: no batch
                 e.started = now
-                e.future.set_result((e.payload, 0.0))
+                e.future.set_result((getattr(e.payload, "value", e.payload), 0.0))
             else:
                 queued.append(e)
         self._queue.extend(queued)
@@ -255,16 +267,20 @@ class DynamicBatcher:
         return [r[0] for r in results]
 
     async def _prepare_all(self, items: list[ScoreItem]) -> list[object]:
-        """`Scorer.prepare` for every item, on the admission threads (identity for scorers that
-        prepare nothing). A prepare that raises fails its item as `bad_input`."""
+        """The admission contract, then `Scorer.prepare` for every admitted item, on the
+        admission threads (a scorer that prepares nothing: admission only, on the loop, and the
+        item is its own payload). A prepare that raises fails its item as `bad_input`."""
         if self._prepare_pool is None:
-            return list(items)
+            return admitted(self.scorer, items, list, _Answered)
         loop = asyncio.get_running_loop()
         chunks = [items[i : i + PREPARE_CHUNK] for i in range(0, len(items), PREPARE_CHUNK)]
         done = await asyncio.gather(
-            *(loop.run_in_executor(self._prepare_pool, self._prepare_chunk, c) for c in chunks)
+            *(loop.run_in_executor(self._prepare_pool, self._admit_chunk, c) for c in chunks)
         )
         return [p for chunk in done for p in chunk]
+
+    def _admit_chunk(self, items: list[ScoreItem]) -> list[object]:
+        return admitted(self.scorer, items, self._prepare_chunk, _Answered)
 
     def _prepare_chunk(self, items: list[ScoreItem]) -> list[object]:
         try:
@@ -306,15 +322,29 @@ class DynamicBatcher:
                     )
                 )
 
+    def _group_run(self, group_id: str) -> int:
+        """How many queued entries, from the head, belong to `group_id` (one request's run)."""
+        n = 0
+        for entry in self._queue:
+            if entry.item.group_id != group_id:
+                break
+            n += 1
+        return n
+
     def _take(self) -> list[_Entry]:
         batch: list[_Entry] = []
         max_tokens = total_tokens = 0
         packed = self.scorer.packs_tokens
+        whole_groups = self.scorer.groups_in_one_batch
         while self._queue and len(batch) < self.max_batch_size:
             entry = self._queue[0]
             if entry.future.done():  # cancelled by a caller that went away
                 self._queue.popleft()
                 continue
+            gid = entry.item.group_id
+            starts_group = whole_groups and batch and gid is not None and gid != batch[-1].item.group_id
+            if starts_group and len(batch) + self._group_run(gid) > self.max_batch_size:
+                break  # the next group starts the next batch, whole
             if self.token_budget and entry.tokens is not None and batch:
                 if packed:  # padding-free: the batch costs its tokens
                     cost = total_tokens + entry.tokens

@@ -60,9 +60,11 @@ def test_a_failed_component_fails_the_item_by_default():
 def test_renormalize_leaves_out_and_says_so():
     s = build(on_failure="renormalize", components=[{**LEN, "weight": 1.0}, {**DOUBLE, "weight": 3.0}])
     ok, err = s.score_batch([item("abcd"), item("ERR")])
-    assert ok == 16.0 and not isinstance(ok, CompositeScore)
+    assert ok == 16.0 and ok.left_out == () and ok.detail == {"components": {"len": 4.0, "dbl": 4.0}}
     # only `len` is left: 3 * (1 + 3) / 1 -- the weights of the rest are rescaled to the total
     assert err == 12.0 and isinstance(err, CompositeScore) and err.left_out == ("dbl",)
+    assert err.detail["components"] == {"len": 3.0}  # the left-out one has no number
+    assert err.detail["component_errors"]["dbl"]["code"] == "bad_image"
     assert s.info().extra["left_out_counts"] == {"len": 0, "dbl": 1}
     mean = build(aggregation="mean", on_failure="renormalize", components=[LEN, DOUBLE])
     (m,) = mean.score_batch([item("ERR")])
@@ -188,9 +190,9 @@ def test_through_http_with_groups():
         assert info["options"]["group_normalize"] is True and info["options"]["group_size"] == 2
 
 
-def test_left_out_reaches_the_http_response_and_the_python_client():
-    """`details[<composite>].left_out` through a real server: present only for the items that
-    were renormalised, absent from every other item (old clients see the bodies they knew)."""
+def test_components_and_left_out_reach_the_http_response_and_the_python_client():
+    """`details[<composite>]` through a real server: every item's components beside the total;
+    `left_out` (with each left-out component's error) only for the items that were renormalised."""
     from rewardplane.serve.client import RewardClient
 
     comp = {
@@ -205,12 +207,18 @@ def test_left_out_reaches_the_http_response_and_the_python_client():
         )
         assert r.status_code == 200, r.text
         ok, left = r.json()["results"]
-        assert "details" not in ok and ok["scores"]["reward"] == 16.0
-        assert left["scores"]["reward"] == 12.0 and left["details"] == {"reward": {"left_out": ["dbl"]}}
+        assert ok["details"] == {"reward": {"components": {"len": 4.0, "dbl": 4.0}}}
+        assert ok["scores"]["reward"] == 16.0 and "len" not in ok["details"]  # a plain scorer has none
+        assert left["scores"]["reward"] == 12.0
+        assert left["details"]["reward"]["components"] == {"len": 3.0}
+        assert left["details"]["reward"]["left_out"] == ["dbl"]
+        assert left["details"]["reward"]["component_errors"]["dbl"]["code"] == "bad_image"
         with RewardClient(server.url) as client:
             got = client.score(items, ["reward"])
-        assert got[0].details == {} and got[1].details == {"reward": {"left_out": ["dbl"]}}
-        assert got[1].scores == {"reward": 12.0}
+        assert got[0].details == {"reward": {"components": {"len": 4.0, "dbl": 4.0}}}
+        assert got[1].details["reward"]["left_out"] == ["dbl"] and got[1].scores == {"reward": 12.0}
+        assert (got[0].component("reward", "dbl"), got[1].component("reward", "len")) == (4.0, 3.0)
+        assert got[1].component("reward", "dbl")["code"] == "bad_image"  # an error, never a number
 
 
 HOSTED = [
@@ -334,3 +342,53 @@ def test_hosted_references_are_checked():
             assert time.monotonic() < deadline
             time.sleep(0.05)
         assert status.startswith("failed") and "nope" in status
+
+
+def test_a_group_must_fit_one_batch_and_no_component_is_named_score():
+    """Issue 37 item 9: a group larger than `max_batch_size` could never be normalised, so the
+    config is refused at the dotted key; `score` is the total's key in the gateway and verl."""
+    grouped = {"components": [LEN], "group_normalize": True, "group_size": 6}
+    with pytest.raises(ConfigError) as info:
+        make_config([{"name": "c", "kind": "composite", "max_batch_size": 4, "options": grouped}])
+    assert "scorers[0].options.group_size: 6 items per group cannot fit max_batch_size 4" in str(info.value)
+    with pytest.raises(ConfigError, match=re.escape("options.group_size: 6 items per group cannot fit")):
+        CompositeScorer("c", options=grouped, max_batch_size=5)
+    make_config([{"name": "c", "kind": "composite", "max_batch_size": 6, "options": grouped}])
+    with pytest.raises(
+        ConfigError, match=re.escape("options.components[1].name: 'score' is the total's key")
+    ):
+        CompositeScorer("c", options={"components": [LEN, {**HAS_X, "name": "score"}]})
+
+
+def test_the_batcher_never_splits_a_group_across_batches():
+    """Issue 37 item 9: `group_size: 6` under `max_batch_size: 32` with whole groups in one
+    request. Batches of 32 in arrival order cut the sixth group (items 30-35) in two, and its
+    items failed as `group_incomplete`; the batcher now closes a batch before a group that does
+    not fit, so every group is normalised, even behind a stray partial group of another client."""
+    comp = {
+        "name": "reward",
+        "kind": "composite",
+        "max_batch_size": 32,
+        "max_wait_ms": 50,
+        "options": {"components": [LEN], "group_normalize": True, "group_size": 6},
+    }
+    with LiveServer(make_config([comp])) as server:
+        stray = [{"id": f"s{k}", "response": "x" * k, "group_id": "stray"} for k in range(4)]
+        whole = [
+            {"id": f"g{g}-{k}", "response": "y" * (g + k + 1), "group_id": f"g{g}"}
+            for g in range(10)
+            for k in range(6)
+        ]
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            bodies = [{"scorers": ["reward"], "items": items} for items in (stray, whole)]
+            import concurrent.futures as cf
+
+            with cf.ThreadPoolExecutor(2) as pool:
+                answers = list(pool.map(lambda b: client.post("/v1/score", json=b).json(), bodies))
+        stray_out, whole_out = (a["results"] for a in answers)
+        assert {r["errors"]["reward"]["code"] for r in stray_out} == {"group_incomplete"}
+        assert all(r["errors"] == {} for r in whole_out), [r for r in whole_out if r["errors"]][:2]
+        first = [r["scores"]["reward"] for r in whole_out[:6]]
+        raw = [float(k + 1) for k in range(6)]
+        mean, std = statistics.mean(raw), statistics.stdev(raw)
+        assert first == pytest.approx([(v - mean) / std for v in raw])

@@ -22,6 +22,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 from rewardplane.cli import main
 from rewardplane.core.errors import ConfigError
 from rewardplane.data.synth import builtin_tokenizer
+from rewardplane.serve.admission import admitted
 from rewardplane.serve.config import ScorerSpec, build_scorer
 from rewardplane.serve.protocol import RAW_TEXT, ItemError, ScoreItem
 from rewardplane.serve.scorers.common import as_messages
@@ -148,7 +149,8 @@ def test_text_eos_truncates_as_the_scorer_does_and_keeps_its_item_errors(trained
     long_prompt = ("Name a fruit, any fruit at all. " * 4, " kiwi.")
     full = tok(trl_text(tok, *long_prompt))["input_ids"]
     assert len(full) > 12
-    got = s.prepare_many(items([long_prompt, ("Hi.", " kiwi " * 20), ("Hi.", "  ")]))
+    batch = items([long_prompt, ("Hi.", " kiwi " * 20), ("Hi.", "  ")])
+    got = admitted(s, batch, s.prepare_many)  # the admission contract first, as the service does
     assert got[0] == full[-12:]  # the oldest tokens cut, the EOS kept
     assert isinstance(got[1], ItemError) and got[1].code == "too_long"  # a response alone too long
     assert got[2] == -2.0  # empty_response handling is unchanged
@@ -226,13 +228,14 @@ def test_message_items_keep_the_chat_template_and_text_eos_items_bypass_the_prom
         tokenize_branch(tok, as_messages(i.prompt, "user"), as_messages(i.response, "assistant")).input_ids
         for i in conversations
     ]
-    # a request mixing both: every item as alone; the raw OpenRLHF path is unaffected
+    # a request mixing both: every item as alone; the raw OpenRLHF path keeps its own reading
+    # (its turn completed: the checkpoint records template_end, so complete_turn is on)
     raw = ScoreItem("raw", "", "<|im_start|>user\nHi<|im_end|>", metadata={RAW_TEXT: True})
     mixed = [*items(PLAIN[:2]), *conversations, raw]
     fresh = scorer(checkpoint)
     together = fresh.prepare_many(mixed)
     assert together == [fresh.prepare(i) for i in mixed]
-    assert together[-1] == tok(raw.response, add_special_tokens=False)["input_ids"]
+    assert together[-1] == tok(raw.response + "\n", add_special_tokens=False)["input_ids"]
     # only the conversations rendered a prompt (3 distinct), the plain items none
     only_plain = scorer(checkpoint)
     only_plain.prepare_many(items(PLAIN))
@@ -266,3 +269,50 @@ def test_an_export_serves_as_the_checkpoint_it_came_from(trained):
         assert load_reward_model(export)[2]["plain_text"] == mode  # and eval reads it too
     with pytest.raises(ConfigError, match="tokenised as 'text_eos'"):
         scorer(root / "hf", kind="hf_seqcls", plain_text="chat_template")
+
+
+def test_complete_turn_is_on_where_the_directory_records_template_end(trained, tmp_path):
+    """OpenRLHF's raw query stops at the policy's end-of-turn text; a model trained at
+    `template_end` is read after the template's suffix ("\\n" for ChatML). On by default where the
+    directory records template_end (a checkpoint, an export), off where it records end_of_turn or
+    nothing (a bare Hugging Face directory); the option overrides either way."""
+    from rewardplane.data.builtin_tokenizer import build_tokenizer
+
+    checkpoint, _legacy, root = trained
+    bare = tmp_path / "bare"
+    shutil.copytree(root / "hf", bare)
+    (bare / "rewardplane_export.json").unlink()
+    eot = tmp_path / "eot"
+    shutil.copytree(checkpoint, eot)
+    meta = json.loads((eot / "rewardplane.json").read_text())
+    del meta["score_position"]  # as written before issue 24: read at the end-of-turn marker
+    (eot / "rewardplane.json").write_text(json.dumps(meta))
+    text = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>"
+    raw = ScoreItem("raw", "", text, metadata={RAW_TEXT: True})
+    cases = [
+        (checkpoint, "rm", {}, True),
+        (root / "hf", "hf_seqcls", {}, True),
+        (bare, "hf_seqcls", {}, False),
+        (eot, "rm", {}, False),
+        (checkpoint, "rm", {"complete_turn": False}, False),
+        (bare, "hf_seqcls", {"complete_turn": True}, True),
+    ]
+    for path, kind, options, on in cases:
+        s = scorer(path, kind, **options)
+        assert s.info().extra["complete_turn"] is on, (path.name, options)
+        want = s.tokenizer(text + ("\n" if on else ""), add_special_tokens=False)["input_ids"]
+        assert s.prepare(raw) == want, (path.name, options)
+        done = ScoreItem("done", "", text + "\n", metadata={RAW_TEXT: True})  # already complete
+        assert s.prepare(done) == s.tokenizer(text + "\n", add_special_tokens=False)["input_ids"]
+    assert scorer(checkpoint).info().identity != scorer(checkpoint, complete_turn=False).info().identity
+    plain = tmp_path / "plain-tok"
+    build_tokenizer(["Hello there."] * 4, vocab_size=300, chat_template=False).save_pretrained(plain)
+    spec = ScorerSpec(
+        name="s",
+        kind="hf_seqcls",
+        shape="tiny-text-rm",
+        device="cpu",
+        options={"complete_turn": True, "tokenizer": str(plain)},
+    )
+    with pytest.raises(ConfigError, match="options.complete_turn needs a chat template"):
+        build_scorer(spec).load()

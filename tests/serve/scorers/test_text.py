@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from rewardplane.core.errors import ConfigError
+from rewardplane.serve.admission import admitted
 from rewardplane.serve.protocol import ItemError, ScoreItem
 from rewardplane.serve.scorers.text import SeqClsScorer
 
@@ -20,14 +21,19 @@ def items(*responses: str) -> list[ScoreItem]:
     return [ScoreItem(id=str(k), prompt="Say hello.", response=r) for k, r in enumerate(responses)]
 
 
+def admitted_scores(s: SeqClsScorer, batch: list[ScoreItem]) -> list:
+    """What the service answers: the admission contract (serve/admission.py), then the scorer."""
+    return admitted(s, batch, s.score_batch)
+
+
 def test_empty_or_blank_responses_are_bad_input_by_default_or_get_the_configured_reward():
     batch = items("Hello there!", "", "   \n")
-    default = scorer().score_batch(batch)
+    default = admitted_scores(scorer(), batch)
     assert isinstance(default[0], float)
     assert [r.code for r in default[1:]] == ["bad_input", "bad_input"]
-    fixed = scorer(empty_response=-1.5).score_batch(batch)
+    fixed = admitted_scores(scorer(empty_response=-1.5), batch)
     assert fixed[1:] == [-1.5, -1.5] and fixed[0] == default[0]
-    scored = scorer(empty_response="score").score_batch(batch)
+    scored = admitted_scores(scorer(empty_response="score"), batch)
     assert all(isinstance(r, float) for r in scored)
     with pytest.raises(ConfigError, match="empty_response"):
         SeqClsScorer("rm", shape="tiny-text-rm", options={"empty_response": "zero"})
@@ -116,8 +122,8 @@ def test_a_group_sharing_a_prompt_gets_the_unshared_ids_and_renders_the_prompt_o
 def test_a_group_scores_like_its_items_one_by_one_and_bad_items_fail_alone():
     s = scorer(max_length=40)
     batch = [*items("Hello there!", "", "Hello! " * 30), ScoreItem(id="x", prompt=[], response="Hi")]
-    prepared = s.prepare_many(batch)
-    assert prepared == [s.prepare(i) for i in batch]
+    prepared = admitted(s, batch, s.prepare_many)
+    assert prepared == admitted(s, batch, lambda todo: [s.prepare(i) for i in todo])
     assert isinstance(prepared[0], list)
     assert [p.code for p in prepared[1:]] == ["bad_input", "too_long", "bad_input"]
     with pytest.raises(TypeError):  # a lone surrogate spoils a shared tokenizer call...

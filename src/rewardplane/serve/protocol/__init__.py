@@ -8,7 +8,7 @@ scorer, a route or a backend.
 
 | module | holds |
 | --- | --- |
-| `items.py` | `ScoreItem` (the one definition of an item), `ItemError`, `DetailedScore`, `ScorerInfo`, `RAW_TEXT` |
+| `items.py` | `ScoreItem` (the one definition of an item), `ItemError`, `DetailedScore` (and a composite's detail keys), `ScorerInfo`, `RAW_TEXT` |
 | `errors.py` | `RequestErrorCode` (with HTTP status), `ItemErrorCode`, `ServeError`, the error body |
 | `endpoints.py` | paths and headers of the service's own API, timing headers |
 | `guards.py` | what every JSON body goes through: finite numbers, depth limit, one-line errors |
@@ -91,6 +91,9 @@ from rewardplane.serve.protocol.guards import (
     parse_trainer_body,
 )
 from rewardplane.serve.protocol.items import (
+    COMPONENT_ERRORS,
+    COMPONENTS,
+    LEFT_OUT,
     RAW_TEXT,
     DetailedScore,
     ImageIn,
@@ -136,6 +139,9 @@ from rewardplane.serve.protocol.score import (
 )
 
 __all__ = [
+    "COMPONENTS",
+    "COMPONENT_ERRORS",
+    "LEFT_OUT",
     "DEPLOYMENT_ROUTE",
     "DEPTH_CHUNK",
     "GATEWAY_ERROR_CODES",

@@ -12,7 +12,8 @@ GATEWAY_HEALTH_ROUTE = "/health"
 GATEWAY_REWARDS_ROUTE = "/rewards"
 GATEWAY_PROTOCOL_VERSION = "1"
 GATEWAY_METRIC = "score"
-"""The one sub-metric each reward reports: `results[i][reward] = {"score": value}`."""
+"""The sub-metric every reward reports first, its total: `results[i][reward] = {"score": value}`;
+a composite's components follow it under their names (`{"score": total, "correct": 1.0, ...}`)."""
 
 GATEWAY_ERROR_CODES: dict[str, int] = {
     "unknown_scorer": 400,  # a required reward the service does not host

@@ -50,7 +50,16 @@ class ScoreItem:
 
     id: str = field(metadata=wire(min_length=1, max_length=512))
     prompt: str | list[Message] = field(metadata=wire(str | list[MessageIn], default=""))
-    response: str | list[Message] = field(metadata=wire(str | list[MessageIn], default=""))
+    response: str | list[Message] | None = field(
+        metadata=wire(
+            str | list[MessageIn] | None,
+            default=None,
+            description="the text or assistant turn(s) scored; absent or null: a missing response",
+        )
+    )
+    """None when the request has none: a scorer that reads responses refuses the item at
+    admission (`bad_input`, `serve/admission.py`), and `""` is an empty response, which each
+    kind's `empty_response` policy decides."""
     image: bytes | None = field(default=None, metadata=wire(ImageIn | None))
     reference: str | dict[str, Any] | list[Any] | int | float | bool | None = field(
         default=None,
@@ -90,11 +99,21 @@ class ItemError:
     message: str
 
 
+COMPONENTS = "components"
+"""`details[<composite>][COMPONENTS]`: each component's score for the item (finite numbers only)."""
+LEFT_OUT = "left_out"
+"""`details[<composite>][LEFT_OUT]`: the components left out of the item's reward (`on_failure:
+renormalize`); each has no number, and its error is under `COMPONENT_ERRORS`."""
+COMPONENT_ERRORS = "component_errors"
+"""`details[<composite>][COMPONENT_ERRORS]`: a left-out component → its `{"code", "message"}`."""
+
+
 class DetailedScore(float):
     """A score (a float, usable as one everywhere) with per-item detail that travels to the
     client next to it: `results[i].details[scorer]` on the wire (docs/serve.md). A scorer returns
-    one where a bare number would hide something the caller should see, such as the components a
-    composite left out of this item's reward. `detail` is a JSON object; empty means none."""
+    one where a bare number would hide something the caller should see, such as a composite's
+    components and those it left out of this item's reward. `detail` is a JSON object; empty
+    means none."""
 
     detail: dict[str, Any]
 
@@ -102,6 +121,14 @@ class DetailedScore(float):
         obj = super().__new__(cls, value)
         obj.detail = dict(detail or {})
         return obj
+
+    @staticmethod
+    def components_of(value: object) -> dict[str, float]:
+        """A result's component scores (a composite's `details.components`); {} for any other."""
+        if not isinstance(value, DetailedScore):
+            return {}
+        components = value.detail.get(COMPONENTS)
+        return dict(components) if isinstance(components, dict) else {}
 
 
 @dataclass(frozen=True)

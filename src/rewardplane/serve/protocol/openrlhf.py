@@ -24,4 +24,7 @@ class OpenRLHFRewardRequest(BaseModel):
 class OpenRLHFRewardResponse(BaseModel):
     rewards: list[float]
     scores: list[float]
-    extra_logs: dict[str, list[float]] = Field(description="the scorer's score under its name")
+    extra_logs: dict[str, list[float]] = Field(
+        description="the scorer's score under its name; a composite's components as `<name>/<component>` "
+        "(under on_failure renormalize: `<name>/left_out`, the components left out of each reward)"
+    )

@@ -18,7 +18,13 @@ from typing import Annotated, Any, get_type_hints
 from pydantic import BaseModel, Field, JsonValue, TypeAdapter, ValidationError, create_model
 
 from rewardplane.serve.protocol.codec import ItemIn, image_bytes
-from rewardplane.serve.protocol.errors import HTTP_ERROR_CODE, ErrorOut, ServeError, error_body
+from rewardplane.serve.protocol.errors import (
+    HTTP_ERROR_CODE,
+    INVALID_RESPONSE_CODE,
+    ErrorOut,
+    ServeError,
+    error_body,
+)
 from rewardplane.serve.protocol.guards import (
     Strict,
     first_error,
@@ -26,7 +32,14 @@ from rewardplane.serve.protocol.guards import (
     validate,
     yielding_object,
 )
-from rewardplane.serve.protocol.items import DetailedScore, ItemError, ScoreItem, ScorerInfo
+from rewardplane.serve.protocol.items import (
+    COMPONENT_ERRORS,
+    COMPONENTS,
+    DetailedScore,
+    ItemError,
+    ScoreItem,
+    ScorerInfo,
+)
 
 # --- POST /v1/score: request
 
@@ -117,8 +130,9 @@ class ItemOut(BaseModel):
     errors: dict[str, ErrorOut]
     details: dict[str, dict[str, JsonValue]] | None = Field(
         default=None,
-        description="scorer -> what its score leaves unsaid for this item (a composite's `left_out`); "
-        "absent when no scorer has any",
+        description="scorer -> what its score leaves unsaid for this item: a composite's "
+        "`components` (each component's score), `left_out` and `component_errors`; absent when no "
+        "scorer has any",
     )
 
 
@@ -171,8 +185,32 @@ class ItemScores:
     scores: dict[str, float]
     errors: dict[str, dict[str, str]] = field(default_factory=dict)
     details: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Scorer → what its score leaves unsaid for this item, e.g. `{"reward": {"left_out": ["rm"]}}`
-    when a renormalising composite scored without a component; empty for most items."""
+    """Scorer → what its score leaves unsaid for this item: a composite's `components` (each
+    component's score), and `left_out` / `component_errors` when it renormalised without some;
+    empty for a scorer that reports none."""
+
+    def component(self, scorer: str, name: str) -> float | dict[str, str]:
+        """Composite `scorer`'s component `name` for this item: its score (a finite number), or
+        why there is none as `{"code", "message"}`: the composite failed the item (its error),
+        left the component out (the component's error), or the answer carries no number for it
+        (`invalid_response`). Never a number that the service did not send as one."""
+        if scorer in self.errors:
+            return self.errors[scorer]
+        detail = self.details.get(scorer)
+        detail = detail if isinstance(detail, dict) else {}
+        values = detail.get(COMPONENTS)
+        value = values.get(name) if isinstance(values, dict) else None
+        if _score_problem(value) is None:
+            return float(value)  # type: ignore[arg-type]
+        errors = detail.get(COMPONENT_ERRORS)
+        if isinstance(errors, dict) and name in errors:
+            return _error(errors[name])
+        if value is not None:
+            return {
+                "code": INVALID_RESPONSE_CODE,
+                "message": f"component {name!r} of {scorer!r} is {value!r}",
+            }
+        return {"code": INVALID_RESPONSE_CODE, "message": f"no score for component {name!r} of {scorer!r}"}
 
 
 RESPONSE_PROBLEMS = {

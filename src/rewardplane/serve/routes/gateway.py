@@ -7,7 +7,9 @@ request's earlier conditioning turn is not scored); for text scorers, as an exte
 turn's text is the response and the earlier turns' texts are the prompt (user turns).
 `metadata.reference` (else `metadata.answer`) becomes the item's `reference`.
 
-The answer keeps request order: `results[i][reward] = {"score": value}` or
+The answer keeps request order: `results[i][reward] = {"score": value}` (a composite adds each
+of its components' scores after the total: `{"score": total, "<component>": value, ...}`; a
+component left out by `on_failure: renormalize` has no key, never a number) or
 `errors[i][reward] = "code: message"` (per reward, so one failing scorer leaves the others),
 and `identities[i]` echoes `request_id`, `sample_id`, `group_id`, `source_rank`,
 `policy_version` and `idempotency_key` exactly, with `scorer_version` = the scorer's identity
@@ -33,7 +35,14 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from rewardplane.serve.protocol import ItemError, ScoreItem, ServeError, error_body, parse_trainer_body
+from rewardplane.serve.protocol import (
+    DetailedScore,
+    ItemError,
+    ScoreItem,
+    ServeError,
+    error_body,
+    parse_trainer_body,
+)
 from rewardplane.serve.protocol import gateway as wire
 from rewardplane.serve.routes.context import RouteContext, error_response, raw_body
 
@@ -230,8 +239,11 @@ def gateway_router(ctx: RouteContext) -> APIRouter:
                 for (i, _), value in zip(ok, scored, strict=True):
                     if isinstance(value, ItemError):
                         errors[i][name] = f"{value.code}: {value.message}"
-                    else:
-                        results[i][name] = {wire.GATEWAY_METRIC: float(value)}
+                    else:  # the total first (the metric a client reads), then the components
+                        results[i][name] = {
+                            wire.GATEWAY_METRIC: float(value),
+                            **DetailedScore.components_of(value),
+                        }
             if keyed:
                 fresh = set(todo)
                 for i, r in enumerate(reqs):

@@ -6,15 +6,19 @@ sequence (prompt + response, special tokens kept) as the policy saw it, and read
 (else `rewards`) and `extra_logs` from the answer. It has no per-item errors: on any failure it
 retries five times and then leaves the reward `None`. So here a failed item fails the whole
 request with `{"code", "message"}`, where `code` is the item's own error code (`bad_input`,
-`non_finite`, ...): never a made-up number.
+`non_finite`, ...): never a made-up number. `extra_logs` holds the score under the scorer's name
+and, for a composite, its components (`component_logs`), which OpenRLHF logs with its metrics.
 
 Modes (`?mode=`, default `raw`):
 - `raw`: each query is scored as the text it is, the way OpenRLHF's own reward-model server
   does: text model scorers tokenise it with the reward model's tokenizer, no chat template and
   no added special tokens (`serve.protocol.RAW_TEXT`), and read the reward at its last
   token — so the end-of-sequence marker the policy emitted (`<|im_end|>`, `</s>`), kept in the
-  query, is where the score is read. Rule scorers (`length`, `regex`, `exact_match`) read the
-  response field (with `labels[i]` as `reference`).
+  query, is where the score is read. Except where the model was trained to be read later: a
+  scorer with `complete_turn` (on for checkpoints that record `template_end`) appends what its
+  chat template renders after that end-of-turn text (ChatML's newline) first, so the query
+  scores what `/v1/score` gives the same conversation. Rule scorers (`length`, `regex`,
+  `exact_match`) read the response field (with `labels[i]` as `reference`).
 - `split`: the query is cut at `prompts[i]`; the prompt and the rest (the response, trailing
   end-of-sequence markers such as `<|im_end|>` or `</s>` removed) are scored as `/v1/score`
   scores a string prompt and response: rendered with the scorer's own chat template, or as the
@@ -34,9 +38,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from rewardplane.serve.protocol import (
+    LEFT_OUT,
     RAW_TEXT,
+    DetailedScore,
     ItemError,
     ScoreItem,
+    ScorerInfo,
     ServeError,
     error_body,
     parse_trainer_body,
@@ -94,6 +101,24 @@ def build_items(body: OpenRLHFRewardRequest, mode: str) -> list[ScoreItem | Item
     return items
 
 
+def component_logs(name: str, info: ScorerInfo, results: list[Any]) -> dict[str, list[float]]:
+    """A composite's components as OpenRLHF `extra_logs` keys, the same keys in every answer
+    (OpenRLHF stacks each key over the samples): `<name>/<component>` per component, or, under
+    `on_failure: renormalize` (where a left-out component has no number), `<name>/left_out`,
+    the count left out of each query's reward. Empty for any other scorer."""
+    if info.kind != "composite":
+        return {}
+    if info.options.get("on_failure") == "renormalize":
+        return {f"{name}/left_out": [float(len(r.detail.get(LEFT_OUT, ()))) for r in results]}
+    logs: dict[str, list[float]] = {}
+    for component in (c["name"] for c in info.extra.get("components", ())):
+        values = [DetailedScore.components_of(r).get(component) for r in results]
+        if any(v is None for v in values):  # a total without its components: never made up
+            raise ServeError("scorer_failed", f"scorer {name!r} answered without component {component!r}")
+        logs[f"{name}/{component}"] = values  # type: ignore[assignment]
+    return logs
+
+
 def openrlhf_router(ctx: RouteContext) -> APIRouter:
     router = APIRouter()
 
@@ -140,8 +165,13 @@ def openrlhf_router(ctx: RouteContext) -> APIRouter:
             ctx.count(OPENRLHF_ROUTE, status, first.code, started)
             return JSONResponse(error_body(first.code, message), status_code=status)
         values: list[Any] = [float(r) for r in results]
+        try:
+            logs = {name: values, **component_logs(name, ctx.backend.scorer_infos()[name], results)}
+        except ServeError as err:
+            ctx.count(OPENRLHF_ROUTE, err.status, err.code, started)
+            return error_response(err)
         ctx.count(OPENRLHF_ROUTE, 200, "", started)
-        out = {"rewards": values, "scores": values, "extra_logs": {name: values}}
+        out = {"rewards": values, "scores": values, "extra_logs": logs}
         if ctx.audit is not None:  # the audit's flat metrics, logged by OpenRLHF (docs/audit.md)
             out["extra_logs"].update({key: [value] * len(values) for key, value in ctx.audit.flat.items()})
         return Response(json.dumps(out, allow_nan=False), media_type="application/json")

@@ -16,6 +16,7 @@ from rewardplane import __version__
 from rewardplane.core.config import FieldError, parse
 from rewardplane.core.errors import ConfigError
 from rewardplane.core.hashing import sha256_json
+from rewardplane.serve.admission import PROMPT, REFERENCE, RESPONSE
 from rewardplane.serve.protocol.items import ItemError, Modality, ScoreItem, ScorerInfo
 from rewardplane.serve.scorers.options import ScorerOptions
 
@@ -148,6 +149,29 @@ class Scorer(abc.ABC):
     def item_tokens(self, item: ScoreItem) -> int | None:
         """Approximate token count, for the batcher's token budget. None: the scorer has no budget."""
         return None
+
+    reads: ClassVar[frozenset[str]] = frozenset({PROMPT, RESPONSE, REFERENCE})
+    """The item fields the kind's score depends on (`prompt`, `response`, `reference`,
+    `image`): the admission contract (`serve/admission.py`) refuses an item whose field it reads
+    is missing (the response) or cannot be encoded, before `prepare`. The default is every text
+    field; a kind that reads fewer says so (an image scorer never reads the response)."""
+
+    @property
+    def empty_response(self) -> str | float:
+        """What admission does with an empty or whitespace-only response: `error` (`bad_input`),
+        `score` (scored as given) or a number (that fixed reward). A kind with an
+        `empty_response` option applies it; otherwise a scorer of text (`modality: text`, a
+        model reading the response) refuses it and a rule or verifier (`modality: rule`) scores
+        it by its rule, as contract line 1 says (docs/serve.md "Admission")."""
+        option = getattr(self.options, "empty_response", None)
+        if option is not None:
+            return option
+        return "error" if self.modality == "text" else "score"
+
+    groups_in_one_batch: ClassVar[bool] = False
+    """True: items that share a `group_id` must be scored in one batch (a composite that
+    normalises per group), so the batcher never splits a request's run of a group across two
+    batches."""
 
     packs_tokens: ClassVar[bool] = False
     """How a batch's token budget is spent: True, the sum of its items' tokens (a padding-free

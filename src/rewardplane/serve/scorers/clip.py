@@ -37,6 +37,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from rewardplane.core.errors import ConfigError
+from rewardplane.serve.admission import IMAGE, PROMPT
 from rewardplane.serve.graphs import BucketGraphs, bucket_sizes
 from rewardplane.serve.images import (
     DEFAULT_MAX_ASPECT,
@@ -185,6 +186,8 @@ class ClipOptions(ImageOptions):
 class ClipScorer(ModelScorer):
     kind: ClassVar[str] = "clip"
     modality: ClassVar = "image_text"
+    reads: ClassVar[frozenset[str]] = frozenset({PROMPT, IMAGE})
+    """The caption (the prompt) and the image; never the response."""
     Options = ClipOptions
     shapes: ClassVar[tuple[str, ...]] = tuple(CLIP_SHAPES)
 

@@ -26,15 +26,26 @@ Inline components that hold a model move with the composite's own offload/onload
 w_i (default 1): `weighted_sum` = Σ w_i s_i; `mean` = Σ w_i s_i / Σ w_i; `min`/`max` over s_i
 (weights must be left at 1).
 
+**Components.** Every score is a `CompositeScore` (a float) that carries each component's own
+score for the item, before aggregation and group normalisation; the response carries them next
+to the total, as `results[i].details[<composite>] = {"components": {name: value, ...}}`, so a
+trainer can weight or normalise them itself (TRL's `reward_weights` and GDPO, verl's
+`gdpo_reward_keys`; docs/integrations.md). A component is never named `score` (the gateway and
+verl put the total under that key).
+
+**Admission.** The composite reads no item field itself: each inline component applies the
+admission contract it declares (`serve/admission.py`: a missing response, text that cannot be
+encoded, its own `empty_response` policy) to the items before it scores them, and a hosted
+component applies it in its own queue; a component's refusal is that component's failure.
+
 **Failures.** By default a component that fails an item (any per-item error, a non-finite or
 non-number value, or the component raising) fails the composite for that item, with the
-component's error code and a message naming the component. With `on_failure: renormalize` the
-failed components are left out and the weights of the rest are rescaled (`weighted_sum`:
-Σ_ok w_i s_i · Σ_all w / Σ_ok w; `mean`: Σ_ok w_i s_i / Σ_ok w_i; `min`/`max` over the rest),
-unless a left-out component is `required: true` or every component failed. The returned value is
-then a `CompositeScore` (a float) whose `left_out` names the components left out; the response
-carries them next to the score, as `results[i].details[<composite>] = {"left_out": [...]}`, and
-`info().extra` counts them per component.
+component's error code and a message naming the component: the total is an error, never a
+number. With `on_failure: renormalize` the failed components are left out and the weights of
+the rest are rescaled (`weighted_sum`: Σ_ok w_i s_i · Σ_all w / Σ_ok w; `mean`: Σ_ok w_i s_i /
+Σ_ok w_i; `min`/`max` over the rest), unless a left-out component is `required: true` or every
+component failed. A left-out component has no number: the detail names it under `left_out`, with
+its error under `component_errors`, and `info().extra` counts them per component.
 
 **Group normalisation** (`group_normalize: true`): after aggregation, items with the same
 `group_id` are normalised together: a_i = (r_i - mean) / std (or only - mean with
@@ -45,7 +56,9 @@ exactly 0.0 — no learning signal, as in GRPO. A group is normalised only when 
 with fewer or more items than `group_size` in the batch (split across requests/batches) is
 `group_incomplete` for each of its items; a group in which any item failed is `group_incomplete`
 for the others (a mean over the survivors would be a different signal). Send whole groups in one
-request and keep `max_batch_size` a multiple of the group size.
+request: the batcher never splits a request's run of one `group_id` across two batches
+(`groups_in_one_batch`), and a `group_size` larger than the scorer's `max_batch_size` (a group
+that could never fit one batch) is refused when the config is read.
 """
 
 from __future__ import annotations
@@ -58,24 +71,52 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from rewardplane.core.config import FieldError
 from rewardplane.core.errors import ConfigError
+from rewardplane.serve.admission import admitted
 from rewardplane.serve.config import KindSpec, ScorerSpec, build_scorer
-from rewardplane.serve.protocol import DetailedScore, ItemError, ScoreItem
+from rewardplane.serve.protocol import (
+    COMPONENT_ERRORS,
+    COMPONENTS,
+    LEFT_OUT,
+    DetailedScore,
+    ItemError,
+    ScoreItem,
+)
 from rewardplane.serve.scorers.base import Scorer
 from rewardplane.serve.scorers.options import ScorerOptions
 
 INLINE_KEYS = frozenset({"kind", "options", "path", "shape", "dtype", "device"})
+RESERVED_NAME = "score"
+"""No component has this name: the gateway's and verl's answers hold the total under it."""
 
 
 class CompositeScore(DetailedScore):
-    """A float that remembers which components were left out (renormalised) for this item; the
-    response carries them as `details[<composite>] = {"left_out": [...]}`."""
+    """A composite's total for one item, with each component's score (`components`) and the
+    components left out of it with their errors (`left_out`); the response carries them as
+    `details[<composite>]`."""
 
-    def __new__(cls, value: float, left_out: tuple[str, ...] = ()) -> CompositeScore:
-        return super().__new__(cls, value, {"left_out": list(left_out)} if left_out else None)
+    def __new__(
+        cls,
+        value: float,
+        components: dict[str, float] | None = None,
+        left_out: dict[str, ItemError] | None = None,
+    ) -> CompositeScore:
+        detail: dict[str, Any] = {COMPONENTS: dict(components or {})}
+        if left_out:
+            detail[LEFT_OUT] = list(left_out)
+            detail[COMPONENT_ERRORS] = {
+                n: {"code": e.code, "message": e.message} for n, e in left_out.items()
+            }
+        return super().__new__(cls, value, detail)
 
     @property
     def left_out(self) -> tuple[str, ...]:
-        return tuple(self.detail.get("left_out", ()))
+        return tuple(self.detail.get(LEFT_OUT, ()))
+
+    def with_value(self, value: float) -> CompositeScore:
+        """The same components and left-out ones with another total (a group-normalised one)."""
+        out = CompositeScore(value)
+        out.detail = self.detail
+        return out
 
 
 def _checked(value: object) -> float | ItemError:
@@ -113,7 +154,8 @@ class Component(KindSpec):
     schema_name: ClassVar[str] = "component"
 
     name: str = Field(min_length=1)
-    """The component's name: in `details.left_out`, in `GET /v1/scorers`, unique in the composite."""
+    """The component's name (not `score`): its key in `details.components` and the trainers'
+    answers, in `GET /v1/scorers`; unique in the composite."""
     kind: str | None = None
     """The scorer kind of an inline component (any kind but `composite`)."""
     scorer: str | None = Field(None, min_length=1)
@@ -153,7 +195,8 @@ class CompositeOptions(ScorerOptions):
     group_normalize: bool = False
     """After aggregation, (r - mean) / std over the items of one `group_id` (GRPO)."""
     group_size: int | None = Field(None, ge=1)
-    """Items per group; required with `group_normalize` (a group not whole in a batch fails)."""
+    """Items per group; required with `group_normalize`, at most `max_batch_size` (a group is
+    normalised only when whole in one batch; the batcher never splits a request's group)."""
     group_scale: Literal["std", "none"] = "std"
     """Divide by the group's std, or only subtract its mean (Dr. GRPO)."""
     std_ddof: Literal[0, 1] = 1
@@ -164,6 +207,11 @@ class CompositeOptions(ScorerOptions):
         names = [c.name for c in self.components]
         if len(set(names)) != len(names):
             raise FieldError("components", f"component names must be unique, got {names}")
+        if RESERVED_NAME in names:
+            raise FieldError(
+                f"components[{names.index(RESERVED_NAME)}].name",
+                f"{RESERVED_NAME!r} is the total's key in the gateway's and verl's answers; name the component otherwise",
+            )
         if self.group_normalize and self.group_size is None:
             raise FieldError("group_size", "must be set with group_normalize (items per group, >= 1)")
         agg = self.aggregation
@@ -183,6 +231,8 @@ class CompositeScorer(Scorer):
     kind: ClassVar[str] = "composite"
     modality: ClassVar = "rule"
     Options = CompositeOptions
+    reads: ClassVar[frozenset[str]] = frozenset()
+    """None itself: each component admits the items by its own declaration (module docstring)."""
 
     def __init__(self, name: str, *args: Any, **kwargs: Any) -> None:
         super().__init__(name, *args, **kwargs)
@@ -195,8 +245,21 @@ class CompositeScorer(Scorer):
         )
         self._warmup = ScoreItem(id="warmup", prompt="", response="")
 
+    @property
+    def groups_in_one_batch(self) -> bool:  # type: ignore[override]
+        """Normalising per group: a group's items are scored in one batch."""
+        return self.options.group_normalize
+
     @classmethod
     def check_spec(cls, spec: Any) -> None:
+        o = spec.options
+        batch = getattr(spec, "max_batch_size", None)  # a component spec has none
+        if o.group_normalize and o.group_size is not None and batch is not None and o.group_size > batch:
+            raise FieldError(
+                "options.group_size",
+                f"{o.group_size} items per group cannot fit max_batch_size {batch}: a group is"
+                f" normalised only when it is whole in one batch; raise max_batch_size to at least {o.group_size}",
+            )
         for i, c in enumerate(spec.options.components):
             if c.scorer == spec.name:
                 raise FieldError(
@@ -248,10 +311,12 @@ class CompositeScorer(Scorer):
                 close()
 
     def _component_results(self, items: list[ScoreItem]) -> list[list[float | ItemError]]:
-        def run(scorer: Scorer) -> list[float | ItemError]:
+        def run(scorer: Any, inline: bool) -> list[float | ItemError]:
             batch = [scorer.warmup_item() if it is self._warmup else it for it in items]
             try:
-                values = scorer.score_batch(batch)
+                # an inline component admits the items by its own contract; a hosted one's
+                # queue does that for it
+                values = admitted(scorer, batch, scorer.score_batch) if inline else scorer.score_batch(batch)
             except Exception as exc:
                 err = ItemError("scorer_failed", f"raised {type(exc).__name__}: {str(exc)[:200]}")
                 return [err] * len(items)
@@ -261,10 +326,15 @@ class CompositeScorer(Scorer):
                 ] * len(items)
             return [_checked(v) for v in values]
 
-        return list(self._pool.map(run, self.scorers))
+        inline = [not c.scorer for c in self.components]
+        return list(self._pool.map(run, self.scorers, inline))
 
-    def _aggregate(self, values: list[float | ItemError]) -> float | ItemError:
-        ok = [(c, v) for c, v in zip(self.components, values, strict=True) if not isinstance(v, ItemError)]
+    def _aggregate(self, values: list[float | ItemError]) -> CompositeScore | ItemError:
+        ok = [
+            (c, float(v))
+            for c, v in zip(self.components, values, strict=True)
+            if not isinstance(v, ItemError)
+        ]
         failed = [(c, v) for c, v in zip(self.components, values, strict=True) if isinstance(v, ItemError)]
         if failed:
             first_c, first_e = failed[0]
@@ -285,15 +355,13 @@ class CompositeScorer(Scorer):
                 if w_ok == 0:
                     return ItemError(failed[0][1].code, "the components left have zero total weight")
                 value *= sum(c.weight for c in self.components) / w_ok
-        if failed:
-            for c, _ in failed:
-                self.left_out_counts[c.name] += 1
-            return CompositeScore(value, tuple(c.name for c, _ in failed))
-        return value
+        for c, _ in failed:
+            self.left_out_counts[c.name] += 1
+        return CompositeScore(value, {c.name: v for c, v in ok}, {c.name: e for c, e in failed})
 
     def score_batch(self, items: list[ScoreItem]) -> list[float | ItemError]:
         per_component = self._component_results(items)
-        out = [self._aggregate([col[i] for col in per_component]) for i in range(len(items))]
+        out: list[Any] = [self._aggregate([col[i] for col in per_component]) for i in range(len(items))]
         o = self.options
         if not o.group_normalize:
             return out
@@ -314,8 +382,7 @@ class CompositeScorer(Scorer):
             else:
                 values = group_normalize([float(out[i]) for i in idx], scale=o.group_scale, ddof=o.std_ddof)
                 for i, v in zip(idx, values, strict=True):
-                    prev = out[i]
-                    out[i] = CompositeScore(v, prev.left_out) if isinstance(prev, CompositeScore) else v
+                    out[i] = out[i].with_value(v)
                 continue
             for i in idx:
                 if not isinstance(out[i], ItemError):

@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from rewardplane.core.config import FieldError
+from rewardplane.serve.admission import REFERENCE, RESPONSE
 from rewardplane.serve.protocol import ItemError, ScoreItem
 from rewardplane.serve.scorers.base import Scorer
 from rewardplane.serve.scorers.common import as_text
@@ -24,6 +25,9 @@ from rewardplane.serve.scorers.options import ScorerOptions
 
 class _RuleScorer(Scorer):
     modality: ClassVar = "rule"
+    reads: ClassVar[frozenset[str]] = frozenset({RESPONSE})
+    """The response only; an empty one is scored by the rule ("" has length 0, a pattern may
+    match it, a reference may be empty)."""
 
     def load(self) -> None:
         """Nothing to load."""
@@ -37,6 +41,7 @@ class ExactMatchOptions(ScorerOptions):
 class ExactMatchScorer(_RuleScorer):
     kind: ClassVar[str] = "exact_match"
     Options = ExactMatchOptions
+    reads: ClassVar[frozenset[str]] = frozenset({RESPONSE, REFERENCE})
 
     def _norm(self, text: str) -> str:
         return " ".join(text.split()).casefold() if self.options.normalize else text

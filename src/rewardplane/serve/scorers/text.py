@@ -40,6 +40,7 @@ from pydantic import Field
 
 from rewardplane.core.errors import ConfigError, RewardplaneError
 from rewardplane.data.tokenize import CHAT_TEMPLATE, TEXT_EOS
+from rewardplane.serve.admission import PROMPT, RESPONSE
 from rewardplane.serve.protocol import RAW_TEXT, ItemError, ScoreItem
 from rewardplane.serve.scorers.common import ModelScorer, as_messages, as_text, torch_dtype, weights_digest
 from rewardplane.serve.scorers.options import ScorerOptions
@@ -162,6 +163,12 @@ class TextOptions(ScorerOptions):
     plain text + EOS) or `chat_template`; null: what the model directory records, else
     `chat_template` (the identity holds the convention in use). One that contradicts the record
     is refused at load."""
+    complete_turn: bool | None = None
+    """OpenRLHF raw mode (`/get_reward`): a query that ends with the chat template's end-of-turn
+    text (ChatML's `<|im_end|>`) gets what the template renders after it (ChatML's newline)
+    before the reward is read, where a `template_end` model was trained to be read. null: on
+    for a checkpoint or export that records `score_position: template_end`, off otherwise (a
+    Hugging Face directory is read as OpenRLHF's own server reads it)."""
     seed: int = 0
     """Named shapes: the seed of the random initialisation."""
     tokenizer: str | None = None
@@ -180,19 +187,17 @@ class SeqClsOptions(TextOptions):
 class SeqClsScorer(ModelScorer):
     kind: ClassVar[str] = "hf_seqcls"
     modality: ClassVar = "text"
+    reads: ClassVar[frozenset[str]] = frozenset({PROMPT, RESPONSE})
     Options = SeqClsOptions
     shapes: ClassVar[tuple[str, ...]] = TEXT_SHAPES
 
     def __init__(self, name: str, *args: Any, **kwargs: Any) -> None:
         super().__init__(name, *args, **kwargs)
         o = self.options
-        self.max_length, self.empty_response, self.pipeline_depth = (
-            o.max_length,
-            o.empty_response,
-            o.pipeline_depth,
-        )
+        self.max_length, self.pipeline_depth = o.max_length, o.pipeline_depth
         self.prompts = PromptCache(o.prompt_cache)
         self.plain_text = o.plain_text or CHAT_TEMPLATE  # settled in load(), against what the model records
+        self.turn_end: tuple[str, str] | None = None  # complete_turn: settled in load()
         self.attention = "padded"
         self.backbone = self.head = None
         self.pooled_pad: int | None = None
@@ -242,6 +247,7 @@ class SeqClsScorer(ModelScorer):
             model.config.pad_token_id = tokenizer.pad_token_id
         self.model = model.to(device=self.device).eval()
         self.tokenizer = tokenizer
+        self.turn_end = self._settle_complete_turn()
         self.backbone, self.head = self._backbone_and_head()
         self.attention = self._choose_attention()
         self.packs_tokens = self.attention == "varlen"
@@ -273,6 +279,37 @@ class SeqClsScorer(ModelScorer):
                 f" with plain-text rows tokenised as {recorded!r}; drop the option or set it to {recorded!r}"
             )
         return option or recorded or CHAT_TEMPLATE
+
+    def _settle_complete_turn(self) -> tuple[str, str] | None:
+        """The template's (end-of-turn text, suffix) that raw queries are completed with, or None:
+        the `complete_turn` option, else on where the model directory records `template_end`.
+        On without a template that renders an end of turn is a one-line ConfigError."""
+        from rewardplane.data.tokenize import TEMPLATE_END, turn_end
+        from rewardplane.models.loading import recorded_score_position
+
+        option = self.options.complete_turn
+        if option is None:
+            option = self.path is not None and recorded_score_position(self.path) == TEMPLATE_END
+        if not option:
+            return None
+        end = turn_end(self.tokenizer)
+        if end is None and self.options.complete_turn:
+            raise ConfigError(
+                f"scorer {self.name!r}: options.complete_turn needs a chat template that ends a turn"
+                " with text (this tokenizer has none); drop the option"
+            )
+        return end
+
+    def _complete_turn(self, text: str) -> str:
+        """A raw query that stops at (or within) the template's end of an assistant turn, with
+        the rest of that end appended (`complete_turn`)."""
+        if self.turn_end is None:
+            return text
+        end, suffix = self.turn_end
+        for k in range(len(suffix), -1, -1):  # the longest part of the suffix already there
+            if text.endswith(end + suffix[:k]):
+                return text + suffix[k:]
+        return text
 
     def _backbone_and_head(self):
         """(backbone, last-token head) when the model scores as head(last hidden), else (None, None)."""
@@ -309,11 +346,7 @@ class SeqClsScorer(ModelScorer):
         todo: list[tuple[int, Any, str]] = []  # (position, rendered prompt, text to encode)
         plain: list[tuple[int, str, str]] = []  # (position, prompt, response): text_eos items
         for k, item in enumerate(items):
-            if self.empty_response == "error" and not as_text(item.response).strip():
-                out[k] = ItemError(
-                    "bad_input", "empty response (the scorer's empty_response option is 'error')"
-                )
-            elif (item.metadata or {}).get(RAW_TEXT) is True and isinstance(item.response, str):
+            if (item.metadata or {}).get(RAW_TEXT) is True and isinstance(item.response, str):
                 out[k] = self._raw_ids(item.response)
             elif self._text_eos(item):
                 plain.append((k, item.prompt, item.response))  # type: ignore[arg-type]
@@ -395,27 +428,26 @@ class SeqClsScorer(ModelScorer):
         return ids
 
     def _raw_ids(self, text: str) -> list[int] | ItemError:
-        """A whole decoded sequence (special tokens as text) tokenised as given, oldest tokens cut
-        past `max_length`: the reward is read at its last token."""
+        """A whole decoded sequence (special tokens as text) tokenised as given (its turn
+        completed under `complete_turn`), oldest tokens cut past `max_length`: the reward is read
+        at its last token."""
         try:
-            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            ids = self.tokenizer(self._complete_turn(text), add_special_tokens=False)["input_ids"]
         except (ValueError, TypeError) as exc:
             return ItemError("bad_input", f"cannot encode: {exc}"[:500])
         if not ids:
             return ItemError("bad_input", "the text has no tokens")
         return list(ids[-self.max_length :])
 
-    def prepare(self, item: ScoreItem) -> list[int] | float | ItemError:
-        """Tokenise on admission: token ids, or the fixed reward an empty response is configured to get."""
+    def prepare(self, item: ScoreItem) -> list[int] | ItemError:
+        """Tokenise on admission (after the admission contract, `serve/admission.py`, which
+        applies `empty_response`): token ids, or why the item cannot be scored."""
         return self.prepare_many([item])[0]
 
-    def prepare_many(self, items: list[ScoreItem]) -> list[list[int] | float | ItemError]:
+    def prepare_many(self, items: list[ScoreItem]) -> list[list[int] | ItemError]:
         """`prepare` for a request's items together: one tokenizer call (fast tokenizers encode a
         batch with the GIL released), a GRPO group's prompt rendered and tokenised once."""
-        empty = self.empty_response
-        fixed = [not isinstance(empty, str) and not as_text(i.response).strip() for i in items]
-        encoded = iter(self.encode_many([i for i, f in zip(items, fixed, strict=True) if not f]))
-        return [float(empty) if f else next(encoded) for f in fixed]  # type: ignore[arg-type]
+        return self.encode_many(items)
 
     def prepared_tokens(self, prepared: Any) -> int:
         return len(prepared) if isinstance(prepared, list) else 0
@@ -497,8 +529,13 @@ class SeqClsScorer(ModelScorer):
         return results
 
     def identity_options(self) -> dict[str, Any]:
-        """The plain-text convention in use, whether set or recorded by the model directory."""
-        return {**super().identity_options(), "plain_text": self.plain_text}
+        """The plain-text convention and `complete_turn` in use, whether set or recorded by the
+        model directory."""
+        return {
+            **super().identity_options(),
+            "plain_text": self.plain_text,
+            "complete_turn": self.turn_end is not None,
+        }
 
     def info_extra(self) -> dict[str, Any]:
         return {
@@ -507,6 +544,7 @@ class SeqClsScorer(ModelScorer):
             "prefix_sharing": self.options.prefix_sharing and self.attention == "varlen",
             "pipeline_depth": self.concurrent_batches,
             "plain_text": self.plain_text,
+            "complete_turn": self.turn_end is not None,
         }
 
 
