@@ -72,6 +72,8 @@ def generate_rows(n: int, seed: int = 0, *, annotator_noise: bool = True) -> lis
     The annotator's draws come from their own stream, so `annotator_noise=False` gives the
     same rows with the rule's labels, and a prefix of `n` rows is the same for any larger `n`.
     """
+    # the seed strings keep the pre-rename name: they define the rows (and every hash, probe and
+    # accuracy quoted from them), not the package
     rng = random.Random(f"rewardkit-synth:{seed}")
     annotator = random.Random(f"rewardkit-synth-annotator:{seed}")
     rows = []

@@ -158,6 +158,7 @@ def template_sha256(tokenizer) -> str:
     """Hash of the chat template actually applied (the plain template when there is none)."""
     template = getattr(tokenizer, "chat_template", None)
     if template is None:
+        # the pre-rename name stays: checkpoints and probes recorded this hash
         return sha256_text("rewardkit-plain-template\n" + PLAIN_TEMPLATE)
     return sha256_text(template) if isinstance(template, str) else sha256_json(template)
 

@@ -1,5 +1,5 @@
 """OpenRLHF's remote reward model wire format: `POST /get_reward` (OpenRLHF 0.11
-`--remote_rm_url`), served by `rewardplane.serve.routes.openrlhf` (docs/integrations.md). Its
+`--reward.remote_url`, `--remote_rm_url` before 0.11), served by `rewardplane.serve.routes.openrlhf` (docs/integrations.md). Its
 whole-request errors use the `{"code", "message"}` body."""
 
 from __future__ import annotations

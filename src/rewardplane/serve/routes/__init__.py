@@ -11,7 +11,7 @@ document.
 - `metrics`: `GET /metrics`.
 - `lifecycle`: `/v1/lifecycle` (offload, onload, drain, state), for backends that have one.
 - `deployment`: `GET /v1/deployment`, for the deploy gateway and Ray Serve.
-- `openrlhf`: `POST /get_reward` (OpenRLHF's `--remote_rm_url`).
+- `openrlhf`: `POST /get_reward` (OpenRLHF's `--reward.remote_url`).
 - `gateway`: the reward-gateway protocol "1" (`POST /score`, `GET /health`, `GET /rewards`).
 - `audit`: `GET /v1/audit`, when the service config has an `audit:` section (docs/audit.md).
 """

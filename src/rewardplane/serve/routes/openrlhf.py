@@ -1,4 +1,5 @@
-"""OpenRLHF's remote reward model protocol: `POST /get_reward` (OpenRLHF 0.11 `--remote_rm_url`).
+"""OpenRLHF's remote reward model protocol: `POST /get_reward` (OpenRLHF ≥ 0.11's
+`--reward.remote_url`; `--remote_rm_url` before 0.11).
 
 OpenRLHF's single-turn agent executor sends one sample per call,
 `{"query": [text], "prompts": [prompt], "labels": [label]}`, where `query` is the whole decoded
@@ -125,7 +126,7 @@ def openrlhf_router(ctx: RouteContext) -> APIRouter:
     @router.post(
         OPENRLHF_ROUTE,
         response_model=OpenRLHFRewardResponse,
-        summary="OpenRLHF remote reward model (--remote_rm_url http://HOST:PORT/get_reward)",
+        summary="OpenRLHF remote reward model (--reward.remote_url http://HOST:PORT/get_reward)",
         openapi_extra=raw_body(OpenRLHFRewardRequest),
     )
     async def get_reward(request: Request, scorer: str | None = None, mode: str = "raw") -> Response:
