@@ -187,7 +187,8 @@ def test_the_root_holds_the_interpreter_and_nothing_of_the_server(box, tmp_path)
         set(top)
         <= {"bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "sbin", "tmp", "usr"} | bound_tops
     )
-    assert "home" not in top and (repo.parts[1] not in top or repo.parts[1] in bound_tops)
+    # a checkout under /tmp shares its top with the private /tmp; `seen` shows the checkout is not there
+    assert "home" not in top and (repo.parts[1] not in top or repo.parts[1] in bound_tops | {"tmp"})
     assert set(etc) <= {"passwd", "group", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime"}
     assert {"null", "zero", "urandom"} <= set(dev) and "sda" not in dev and "mem" not in dev
     assert not any(seen.values()), seen  # the token file, its directory, the checkout, the venv, cwd
@@ -232,3 +233,34 @@ def test_the_program_dies_with_its_unit_even_outside_its_process_group():
     finally:
         b.close()
     assert processes_named("rpescape2") == []
+
+
+@needs_ns
+def test_an_allowed_package_under_the_hosts_tmp_is_bound_on_the_private_tmp(tmp_path, monkeypatch):
+    """A checkout or a venv under /tmp (CI's, a fresh clone's): the allowed package's directory is
+    opened before the new root covers the host's /tmp and bound, read-only, on the private /tmp
+    at its own path; nothing else of that directory shows."""
+    assert str(tmp_path).startswith("/tmp/")
+    site = tmp_path / "site-packages"
+    (site / "rp_tmp_pkg").mkdir(parents=True)
+    (site / "rp_tmp_pkg" / "__init__.py").write_text("ANSWER = 42\n")
+    (site / "neighbour.py").write_text("SECRET = 'x'\n")
+    info = site / "rp_tmp_pkg-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: rp-tmp-pkg\nVersion: 0.1\n")
+    (info / "RECORD").write_text("rp_tmp_pkg/__init__.py,,\nrp_tmp_pkg-0.1.dist-info/METADATA,,\n")
+    (info / "top_level.txt").write_text("rp_tmp_pkg\n")
+    monkeypatch.syspath_prepend(str(site))
+    b = LocalSandbox(timeout_s=10.0, prefork=1, packages=("rp_tmp_pkg",))
+    b.start()
+    try:
+        code = (
+            "import os, rp_tmp_pkg\n"
+            f"site = {str(site)!r}\n"
+            "writable = os.access(os.path.join(site, 'rp_tmp_pkg'), os.W_OK)\n"
+            "print(rp_tmp_pkg.ANSWER, os.path.exists(os.path.join(site, 'neighbour.py')), writable)\n"
+        )
+        r = run(b, code)
+        assert r.status == "ok" and r.stdout == b"42 False False\n", (r, r.records)
+    finally:
+        b.close()

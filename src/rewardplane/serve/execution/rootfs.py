@@ -210,19 +210,38 @@ def _mkpath(path: str, is_dir: bool) -> None:
             os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o644))
 
 
-def _bind_all(libc: Any, sources: list[str]) -> None:
-    """Bind each host path at the same path under NEW_ROOT, through a descriptor opened before
-    NEW_ROOT covered the host's /tmp."""
-    for src, fd in [(s, os.open(s, os.O_PATH)) for s in sources]:
-        try:
-            via = f"/proc/self/fd/{fd}"
-            _mkpath(NEW_ROOT + src, os.path.isdir(via))
-            check(
-                libc.mount(via.encode(), (NEW_ROOT + src).encode(), None, MS_BIND | MS_REC, None),
-                f"bind {src}",
-            )
-        finally:
-            os.close(fd)
+def _bind_all(libc: Any, sources: list[str], fds: dict[str, int]) -> None:
+    """Bind each host path at the same path under NEW_ROOT, through its descriptor in `fds`,
+    opened before NEW_ROOT covered the host's /tmp (a checkout or a venv may live there)."""
+    for src in sources:
+        via = f"/proc/self/fd/{fds[src]}"
+        _mkpath(NEW_ROOT + src, os.path.isdir(via))
+        check(
+            libc.mount(via.encode(), (NEW_ROOT + src).encode(), None, MS_BIND | MS_REC, None),
+            f"bind {src}",
+        )
+
+
+def _assemble(libc: Any, root: dict[str, Any], fds: dict[str, int], *, under_tmp: bool) -> list[str]:
+    """The binds, covers and allowed packages of the plan that lie under /tmp (`under_tmp`) or
+    not: the first kind go on the private /tmp once it is mounted, the rest before. Returns the
+    mount points made, for the caller to make read-only."""
+
+    def pick(paths: list[str]) -> list[str]:
+        return [p for p in paths if _under(p, ["/tmp"]) == under_tmp]
+
+    binds, covers, packages = pick(root["binds"]), pick(root["covers"]), pick(root["packages"])
+    _bind_all(libc, binds, fds)
+    for path in covers:
+        _mkpath(NEW_ROOT + path, True)
+        check(
+            libc.mount(
+                b"tmpfs", (NEW_ROOT + path).encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"size=4k,mode=755"
+            ),
+            path,
+        )
+    _bind_all(libc, packages, fds)  # allowed entries, also inside a covered directory
+    return [NEW_ROOT + p for p in (*binds, *covers, *packages)]
 
 
 def _readonly(libc: Any, path: str) -> None:
@@ -253,19 +272,14 @@ def build_root(cfg: dict[str, Any]) -> None:
 
     libc = load_libc()
     root, new = cfg["root"], NEW_ROOT
-    # sources are opened before the new root covers the host's /tmp (one may live there)
+    # every source is opened before the new root covers the host's /tmp (one may live there)
+    fds = {src: os.open(src, os.O_PATH) for src in {*root["binds"], *root["packages"]}}
     check(
         libc.mount(b"tmpfs", new.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"size=1m,mode=755"), "root tmpfs"
     )
-    _bind_all(libc, root["binds"])
+    _assemble(libc, root, fds, under_tmp=False)
     for path, target in root["links"].items():
         os.symlink(target, new + path)
-    for path in root["covers"]:
-        check(
-            libc.mount(b"tmpfs", (new + path).encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"size=4k,mode=755"),
-            path,
-        )
-    _bind_all(libc, root["packages"])  # allowed entries, also inside a covered directory
     os.makedirs(new + "/dev", exist_ok=True)
     for name in ("null", "zero", "urandom"):
         _mkpath(f"{new}/dev/{name}", False)
@@ -288,6 +302,12 @@ def build_root(cfg: dict[str, Any]) -> None:
     _readonly(libc, new)
     size = f"size={int(cfg['tmpfs_mb'])}m,mode=1777".encode()
     check(libc.mount(b"tmpfs", (new + "/tmp").encode(), b"tmpfs", MS_NOSUID | MS_NODEV, size), "tmpfs /tmp")
+    # what lives under the host's /tmp (a checkout's venv, an interpreter) goes on the private
+    # /tmp at its own path, read-only like the rest; the tmpfs around it stays writable
+    for mount_point in _assemble(libc, root, fds, under_tmp=True):
+        _readonly(libc, mount_point)
+    for fd in fds.values():
+        os.close(fd)
     # a /proc of this PID namespace: the host's processes are not visible (mounted while the host's
     # /proc is still in the namespace, which the kernel requires of a user namespace)
     check(
