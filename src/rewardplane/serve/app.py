@@ -161,7 +161,6 @@ def create_app(
     )
     app.state.metrics = metrics
     app.state.backend = backend
-    app.state.audit = audit
     install_error_handlers(app)
     install_openapi(app)
     return app
