@@ -196,18 +196,23 @@ def test_the_root_holds_the_interpreter_and_nothing_of_the_server(box, tmp_path)
 
 
 @needs_ns
-def test_allowed_packages_and_only_them():
-    b = LocalSandbox(timeout_s=10.0, prefork=1, packages=("yaml",))
+def run_allowing(packages: tuple[str, ...], code: str):
+    """`code`'s result in a fresh sandbox that allows `packages`."""
+    b = LocalSandbox(timeout_s=10.0, prefork=1, packages=packages)
     b.start()
     try:
-        code = (
-            "import importlib.util, yaml\n"
-            "print(yaml.safe_load('a: 1'), importlib.util.find_spec('numpy') is None)\n"
-        )
-        r = run(b, code)
-        assert r.status == "ok" and r.stdout == b"{'a': 1} True\n", (r, r.records)
+        return run(b, code)
     finally:
         b.close()
+
+
+def test_allowed_packages_and_only_them():
+    code = (
+        "import importlib.util, yaml\n"
+        "print(yaml.safe_load('a: 1'), importlib.util.find_spec('numpy') is None)\n"
+    )
+    r = run_allowing(("yaml",), code)
+    assert r.status == "ok" and r.stdout == b"{'a': 1} True\n", (r, r.records)
     with pytest.raises(LookupError, match="not installed"):
         LocalSandbox(packages=("surely_not_a_package_here",))
 
@@ -251,16 +256,11 @@ def test_an_allowed_package_under_the_hosts_tmp_is_bound_on_the_private_tmp(tmp_
     (info / "RECORD").write_text("rp_tmp_pkg/__init__.py,,\nrp_tmp_pkg-0.1.dist-info/METADATA,,\n")
     (info / "top_level.txt").write_text("rp_tmp_pkg\n")
     monkeypatch.syspath_prepend(str(site))
-    b = LocalSandbox(timeout_s=10.0, prefork=1, packages=("rp_tmp_pkg",))
-    b.start()
-    try:
-        code = (
-            "import os, rp_tmp_pkg\n"
-            f"site = {str(site)!r}\n"
-            "writable = os.access(os.path.join(site, 'rp_tmp_pkg'), os.W_OK)\n"
-            "print(rp_tmp_pkg.ANSWER, os.path.exists(os.path.join(site, 'neighbour.py')), writable)\n"
-        )
-        r = run(b, code)
-        assert r.status == "ok" and r.stdout == b"42 False False\n", (r, r.records)
-    finally:
-        b.close()
+    code = (
+        "import os, rp_tmp_pkg\n"
+        f"site = {str(site)!r}\n"
+        "writable = os.access(os.path.join(site, 'rp_tmp_pkg'), os.W_OK)\n"
+        "print(rp_tmp_pkg.ANSWER, os.path.exists(os.path.join(site, 'neighbour.py')), writable)\n"
+    )
+    r = run_allowing(("rp_tmp_pkg",), code)
+    assert r.status == "ok" and r.stdout == b"42 False False\n", (r, r.records)
