@@ -21,7 +21,8 @@ import tracemalloc
 
 import numpy as np
 
-from rewardplane.eval.bootstrap import DEFAULT_REPLICATES, bootstrap_mean, default_chunk_rows
+from rewardplane.core.resample import DEFAULT_REPLICATES, default_chunk_rows
+from rewardplane.eval.bootstrap import bootstrap_mean
 
 
 def _values(n: int) -> np.ndarray:

@@ -4,7 +4,7 @@ Data: N RewardBench-2-shaped items (default 3,000; best-of-4: one chosen and thr
 responses per prompt, subsets Factuality / Precise IF / Math / Safety / Focus), written as JSONL
 in the published schema. Lengths as benchmarks/serve_text.py's corpus: prompt tokens log-normal
 (median 150, σ 0.7), responses log-normal (median 330, σ 0.9), each ChatML rendering kept in
-[64, 2048] tokens, words from serve_text.WORDS through its byte-level BPE. The texts are built
+[64, 2048] tokens, words from serve_text_corpus.WORDS through its byte-level BPE. The texts are built
 from word indices drawn with NumPy (every word is one token of that BPE, so a text of n words
 is n tokens and nothing is tokenised to size it): the first version tokenised and re-rendered
 every text in Python loops and ran out of time on the H200 before printing anything.
@@ -49,7 +49,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import serve_text  # the corpus words, tokenizer, model builder and ceiling of the text-serving benchmark
+import serve_text_corpus  # the text-serving benchmark's corpus words and tokenizer
+import serve_text_models  # its model builder, passes and ceiling
 
 SUBSETS = ("Factuality", "Precise IF", "Math", "Safety", "Focus")
 STARTED = time.perf_counter()
@@ -58,7 +59,7 @@ STARTED = time.perf_counter()
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=None, help="JSON results (rewritten after every step)")
-    p.add_argument("--shape", default="qwen2-0.5b", choices=sorted(serve_text.SHAPES))
+    p.add_argument("--shape", default="qwen2-0.5b", choices=sorted(serve_text_models.SHAPES))
     p.add_argument("--items", type=int, default=3000)
     p.add_argument("--max-batch-tokens", type=int, default=65536, help="tokens per packed forward")
     p.add_argument("--replicates", type=int, default=10_000, help="the eval's bootstrap replicates")
@@ -86,8 +87,8 @@ def build_items(tokenizer, n: int, seed: int, scale: float = 1.0) -> list[dict]:
 
     from rewardplane.data.tokenize import tokenize_branch
 
-    words = np.array(serve_text.WORDS)
-    joined = " ".join(serve_text.WORDS)
+    words = np.array(serve_text_corpus.WORDS)
+    joined = " ".join(serve_text_corpus.WORDS)
     if len(tokenizer(joined, add_special_tokens=False)["input_ids"]) != len(words):
         raise SystemExit("serve_text's words are no longer one token each; the lengths below would be wrong")
     template = len(tokenize_branch(tokenizer, [{"role": "user", "content": "a"}],
@@ -118,7 +119,7 @@ def rates(seconds: float, items: int, texts: int, tokens: int, params: int, devi
         "completions_per_s": texts / seconds,
         "pairs_per_s": texts / 2 / seconds,
         "tokens_per_s": tokens / seconds,
-        "mfu": 2 * params * tokens / seconds / serve_text.PEAK_FLOPS if device == "cuda" else None,
+        "mfu": 2 * params * tokens / seconds / serve_text_models.PEAK_FLOPS if device == "cuda" else None,
     }
 
 
@@ -144,7 +145,7 @@ def main(argv=None) -> int:
     import transformers
 
     import rewardplane.models.attention  # noqa: F401  (registers rk_varlen)
-    from rewardplane.eval.benchmarks import tokenize_texts
+    from rewardplane.eval.benchmarks.runner import tokenize_texts
 
     args = parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -170,7 +171,7 @@ def main(argv=None) -> int:
             args.out.write_text(json.dumps(result, indent=2))
 
     progress(f"building {args.items} items ({args.shape}, {device}, {dtype})")
-    tokenizer = serve_text.build_tokenizer()
+    tokenizer = serve_text_corpus.build_tokenizer()
     rows = build_items(tokenizer, args.items, args.seed, args.length_scale)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -178,8 +179,10 @@ def main(argv=None) -> int:
         data.write_text("".join(json.dumps(r) + "\n" for r in rows))
         warm_data.write_text("".join(json.dumps(r) + "\n" for r in rows[: min(16, len(rows) // 3)]))
         progress("building the model and saving it as an HF directory")
-        model = serve_text.build_model(args.shape, len(tokenizer), tokenizer.pad_token_id, device, "sdpa")
-        params = serve_text.non_embedding_params(model)
+        model = serve_text_models.build_model(
+            args.shape, len(tokenizer), tokenizer.pad_token_id, device, "sdpa"
+        )
+        params = serve_text_models.non_embedding_params(model)
         model.save_pretrained(root / "model")
         tokenizer.save_pretrained(root / "model")
 
@@ -212,11 +215,11 @@ def main(argv=None) -> int:
         result["ceiling"] = {}
         for name, share in (("c", False), ("c+", True)):
             progress(f"ceiling ({name}): planning and timing")
-            run, saved = serve_text.packed_pass(model, seqs, args.max_batch_tokens, share)
-            warm, _ = serve_text.packed_pass(
+            run, saved = serve_text_models.packed_pass(model, seqs, args.max_batch_tokens, share)
+            warm, _ = serve_text_models.packed_pass(
                 model, seqs[: min(96, len(seqs) // 4)], args.max_batch_tokens, share
             )
-            seconds = serve_text.timed(run, warm, device, args.repeats)
+            seconds = serve_text_models.timed(run, warm, device, args.repeats)
             result["ceiling"][name] = {**rates(seconds, len(rows), texts, tokens, params, device),
                                        "saved_tokens": saved}  # fmt: skip
             progress(f"ceiling ({name}): {result['ceiling'][name]['completions_per_s']:.1f} completions/s")

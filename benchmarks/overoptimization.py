@@ -247,7 +247,7 @@ def part_runs(args: argparse.Namespace, *, by: str, versions: int) -> list[dict[
 
 
 def part_null(args: argparse.Namespace) -> list[dict[str, Any]]:
-    from rewardplane.serve.audit.simulate import NULLS, false_alarms
+    from audit_nulls import NULLS, false_alarms  # benchmarks/, beside this script
 
     rows = []
     for null in NULLS:

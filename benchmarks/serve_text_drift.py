@@ -95,13 +95,13 @@ def per_seq(model, seqs, taps=None):
 
 
 def padded_batches(model, seqs, pad, batch=8):
-    import serve_text as st
+    import serve_text_models
 
     with torch.inference_mode():
         return [
             x
             for k in range(0, len(seqs), batch)
-            for x in st.padded_logits(model, seqs[k : k + batch], pad, DEV).tolist()
+            for x in serve_text_models.padded_logits(model, seqs[k : k + batch], pad, DEV).tolist()
         ]
 
 
@@ -114,7 +114,7 @@ def layer_errors(h, ref):
 def drift(shape: str, n_groups: int, group_size: int) -> dict:
     from transformers import AutoModelForSequenceClassification
 
-    import serve_text as st
+    import serve_text_corpus
     from rewardplane.models import tiny
     from rewardplane.models.packed_scoring import packed_scores, plan_packed
     from rewardplane.serve.scorers import text
@@ -129,8 +129,8 @@ def drift(shape: str, n_groups: int, group_size: int) -> dict:
                                     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
                                     "head_dim": 16}  # fmt: skip
         text.SeqClsScorer.shapes = (*text.TEXT_SHAPES, shape)
-    tok = st.build_tokenizer()
-    rows = st.build_corpus(tok, n_groups, group_size, seed=0)
+    tok = serve_text_corpus.build_tokenizer()
+    rows = serve_text_corpus.build_corpus(tok, n_groups, group_size, seed=0)
     seqs = [r["ids"] for r in rows]
     pad = tok.pad_token_id
     res: dict = {"shape": shape, "n": len(seqs), "tokens": [min(map(len, seqs)), max(map(len, seqs))]}
@@ -242,14 +242,14 @@ def checkpoint(ck: str) -> dict:
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    import serve_text as st
-    from rewardplane.serve.config import ScorerSpec, build_scorer
+    import serve_text_corpus
     from rewardplane.serve.protocol import ScoreItem
+    from rewardplane.serve.scorers.registry import ScorerSpec, build_scorer
     from serve_text_parity import compare, one_at_a_time
     from smollm2_weights import CORPUS
 
     tok = AutoTokenizer.from_pretrained(ck)
-    rows = st.build_corpus(tok, CORPUS["n_groups"], CORPUS["group_size"], CORPUS["seed"])
+    rows = serve_text_corpus.build_corpus(tok, CORPUS["n_groups"], CORPUS["group_size"], CORPUS["seed"])
     items = [ScoreItem(r["id"], r["prompt"], r["response"]) for r in rows]
     scorer = build_scorer(ScorerSpec(name="rm", kind="rm", path=ck, dtype="bf16", device=DEV))
     scorer.load()

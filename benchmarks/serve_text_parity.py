@@ -89,7 +89,7 @@ def served_in_process(spec, items) -> tuple[dict, dict]:
     import torch
     from transformers import AutoModelForSequenceClassification
 
-    from rewardplane.serve.config import build_scorer
+    from rewardplane.serve.scorers.registry import build_scorer
 
     scorer = build_scorer(spec)
     scorer.load()
@@ -190,8 +190,8 @@ def served_over_http(
 def parity(label: str, spec_doc: dict, rows: list[dict], *, request_body, deploy: bool) -> dict:
     """Every path against the reference for one scorer; `rows` are corpus rows (id, prompt,
     response, group)."""
-    from rewardplane.serve.config import ScorerSpec
     from rewardplane.serve.protocol import ScoreItem
+    from rewardplane.serve.scorers.registry import ScorerSpec
 
     items = [ScoreItem(r["id"], r["prompt"], r["response"]) for r in rows]
     scores, facts = served_in_process(ScorerSpec(**spec_doc), items)

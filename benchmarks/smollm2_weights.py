@@ -100,9 +100,9 @@ def _load(path: Path) -> dict[str, np.ndarray]:
 def corpus_tokens(tokenizer) -> set[int]:
     """Every token id the smollm2 section's corpus holds, and the tokenizer's special ids."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import serve_text
+    import serve_text_corpus
 
-    rows = serve_text.build_corpus(tokenizer, CORPUS["n_groups"], CORPUS["group_size"], CORPUS["seed"])
+    rows = serve_text_corpus.build_corpus(tokenizer, CORPUS["n_groups"], CORPUS["group_size"], CORPUS["seed"])
     return {t for r in rows for t in r["ids"]} | set(tokenizer.all_special_ids)
 
 

@@ -65,8 +65,8 @@ def test_old_artifacts_evaluate_on_the_old_probe_to_the_same_scores(copies, tmp_
 def test_old_artifacts_serve_the_scores_rewardkit_evaluated(copies, name):
     """The `rm` scorer reads the old metadata too (plain_text, score position) and scores each
     plain-text pair's chosen response as rewardkit's eval did."""
-    from rewardplane.serve.config import ScorerSpec, build_scorer
     from rewardplane.serve.protocol import ScoreItem
+    from rewardplane.serve.scorers.registry import ScorerSpec, build_scorer
 
     scorer = build_scorer(ScorerSpec(name="rm", kind="rm", path=str(copies / name), device="cpu"))
     scorer.load()

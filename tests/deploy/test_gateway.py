@@ -16,8 +16,7 @@ import pytest
 
 from rewardplane.deploy.config import DeviceProbe, parse_deploy_config
 from rewardplane.deploy.gateway import GatewayBackend
-from rewardplane.serve.errors import ServeError
-from rewardplane.serve.protocol import ItemError
+from rewardplane.serve.protocol import ItemError, ServeError
 from support.deploy_fakes import CPU, FAST, install_fake_control, items, pid_alive
 
 

@@ -13,7 +13,7 @@ from rewardplane.deploy.config import parse_deploy_config
 from rewardplane.deploy.gateway import GatewayBackend
 from rewardplane.deploy.launch import deploy_backend
 from rewardplane.serve.config import config_from_dict
-from rewardplane.serve.errors import ServeError
+from rewardplane.serve.protocol import ServeError
 from support.deploy_fakes import CPU, FAST, items
 from support.serve import LiveServer
 

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from rewardplane.deploy.ray_lifecycle import MIXED, RayLifecycle, merge_results, merge_states
-from rewardplane.serve.errors import ServeError
+from rewardplane.serve.protocol import ServeError
 
 
 def described(state, *, at=1.0, bytes_on_device=0, error=None, transitions=1):

@@ -19,8 +19,7 @@ import pytest
 from rewardplane.cli import main
 from rewardplane.core.errors import UsageError
 from rewardplane.data.synth import builtin_tokenizer
-from rewardplane.eval import benchmarks
-from rewardplane.eval.benchmarks import rewardbench2
+from rewardplane.eval.benchmarks import rewardbench2, runner
 from rewardplane.eval.compare import compare_examples
 from rewardplane.eval.settings import EvalSettings
 from rewardplane.objectives.base import PairScorer
@@ -31,7 +30,7 @@ REPLICATES = 500
 
 
 def run(tmp_path, benchmark, data, scorer=None, **kw):
-    return benchmarks.evaluate_benchmark(
+    return runner.evaluate_benchmark(
         benchmark=benchmark, data_path=data, model_path="fake", out_dir=tmp_path,
         options=EvalSettings(device="cpu", replicates=REPLICATES), scorer=scorer or fake_scorer(), **kw,
     )  # fmt: skip
@@ -132,11 +131,11 @@ def test_rewardbench2_best_of_4_and_ties_by_hand(tmp_path):
 def test_ties_shares_sum_to_the_released_formula():
     """The per-row shares average to the Ties score for any scores, including a zero correct spread."""
     items = [
-        benchmarks.Item("ref:1", "Ties", "p", ("a",), ("b", "c")),
-        benchmarks.Item("tied:1", "Ties", "p", ("a", "d"), ("b", "c")),
-        benchmarks.Item("tied:2", "Ties", "q", ("a", "d"), ("b",)),
+        runner.Item("ref:1", "Ties", "p", ("a",), ("b", "c")),
+        runner.Item("tied:1", "Ties", "p", ("a", "d"), ("b", "c")),
+        runner.Item("tied:2", "Ties", "q", ("a", "d"), ("b",)),
     ]
-    items = [benchmarks.Item(i.id, i.subset, i.prompt, i.chosen, i.rejected,
+    items = [runner.Item(i.id, i.subset, i.prompt, i.chosen, i.rejected,
                              {"ties_kind": i.id.split(":")[0], "ties_prompt": i.id.split(":")[1]}) for i in items]  # fmt: skip
     chosen = [np.array([1.0]), np.array([2.0, 2.0]), np.array([0.0, 1.0])]
     rejected = [np.array([0.0, 3.0]), np.array([1.0, 0.5]), np.array([0.5])]
@@ -346,8 +345,8 @@ def test_batched_tokenisation_equals_one_tokenize_branch_per_text(make, monkeypa
         for p in ("What is 2+2?", "Explain\n\nrecursion.", "naïve café 漢字")
         for r in ("Four.", "\n\nIt calls itself.", " leading space", "", "x" * 40)
     ]
-    monkeypatch.setattr(benchmarks, "ENCODE_CHUNK", 4)
-    branches, _, _ = benchmarks.tokenize_texts(tok, keys, max_length=10_000, truncation="truncate")
+    monkeypatch.setattr(runner, "ENCODE_CHUNK", 4)
+    branches, _, _ = runner.tokenize_texts(tok, keys, max_length=10_000, truncation="truncate")
     for (prompt, response), got in zip(keys, branches, strict=True):
         try:
             want = tk.tokenize_branch(
@@ -394,7 +393,7 @@ def test_texts_tokenised_in_chunks_give_the_result_of_one_chunk(tmp_path, monkey
     ))  # fmt: skip
     results = {}
     for size in (1, 10_000):
-        monkeypatch.setattr(benchmarks, "STREAM_ITEMS", size)
+        monkeypatch.setattr(runner, "STREAM_ITEMS", size)
         scorer = streaming_scorer()
         summary = run(
             tmp_path / str(size), "rewardbench", data, scorer=scorer, max_length=40, truncation="drop"

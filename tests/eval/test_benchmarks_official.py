@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from rewardplane.eval import benchmarks
+from rewardplane.eval.benchmarks import runner
 from rewardplane.eval.settings import EvalSettings
 from support.benchmark_scorer import fake_scorer
 
@@ -30,7 +30,7 @@ def released(benchmark: str) -> dict:
 
 
 def evaluate(tmp_path: Path, benchmark: str, data: Path) -> tuple[dict, list[dict]]:
-    summary = benchmarks.evaluate_benchmark(
+    summary = runner.evaluate_benchmark(
         benchmark=benchmark, data_path=data, model_path="fake", out_dir=tmp_path,
         options=EvalSettings(device="cpu", replicates=50), scorer=fake_scorer(),
     )  # fmt: skip

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from rewardplane.eval.bootstrap import bootstrap_mean, paired_bootstrap, replicate_means
+from rewardplane.core.resample import replicate_means
+from rewardplane.eval.bootstrap import bootstrap_mean, paired_bootstrap
 
 
 def _spec(values: np.ndarray, seed: int, replicates: int) -> tuple[np.ndarray, np.ndarray]:

@@ -18,9 +18,9 @@ from trl import GRPOTrainer
 from rewardplane.core.errors import UsageError
 from rewardplane.integrations.audit import AuditCallback, audit_metrics
 from rewardplane.integrations.trl import RemoteReward
-from rewardplane.serve.config import register_scorer
 from rewardplane.serve.scorers.base import ScoreItem, Scorer, ScorerInfo
 from rewardplane.serve.scorers.common import as_text
+from rewardplane.serve.scorers.registry import register_scorer
 from support.serve import LiveServer, make_config
 from support.trl_policy import grpo_args, tiny_policy
 

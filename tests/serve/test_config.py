@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from rewardplane.core.errors import ConfigError
-from rewardplane.serve.config import build_scorer, config_from_dict, load_config, scorer_registry
+from rewardplane.serve.config import config_from_dict, load_config
+from rewardplane.serve.scorers.registry import build_scorer, scorer_registry
 
 
 def test_loads_yaml_with_defaults(tmp_path, monkeypatch):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rewardplane.serve.config import ScorerSpec, build_scorer
 from rewardplane.serve.protocol import ItemError, ScoreItem
+from rewardplane.serve.scorers.registry import ScorerSpec, build_scorer
 from support.serve import jpeg_bytes
 
 

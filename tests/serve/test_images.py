@@ -17,10 +17,10 @@ import time
 import httpx
 import pytest
 
-from rewardplane.serve.config import ScorerSpec, build_scorer
 from rewardplane.serve.images import ImageDecoder, ImageRejected, decode_rgb, inspect_image
 from rewardplane.serve.prefetch import SharedDecoder
 from rewardplane.serve.protocol import ItemError, ScoreItem
+from rewardplane.serve.scorers.registry import ScorerSpec, build_scorer
 from support.hostile import hostile_images, jpeg_bomb, noise, peak_rss, png_bomb, served, server_process
 from support.serve import jpeg_bytes
 

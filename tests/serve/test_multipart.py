@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rewardplane.serve.errors import ServeError
 from rewardplane.serve.multipart import parse_multipart
+from rewardplane.serve.protocol import ServeError
 
 
 def encode(files: list[tuple[str, tuple]]) -> tuple[bytes, str]:

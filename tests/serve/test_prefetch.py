@@ -15,10 +15,11 @@ from rewardplane.deploy.supervisor import SupervisorSettings
 from rewardplane.deploy.transport import encode_items
 from rewardplane.deploy.worker import RelayMetrics, WorkerServer
 from rewardplane.serve.backend import InProcessBackend
-from rewardplane.serve.config import build_scorer, config_from_dict
+from rewardplane.serve.config import config_from_dict
 from rewardplane.serve.images import ImageDecoder
 from rewardplane.serve.prefetch import SharedDecoder, share_image_decoding
 from rewardplane.serve.protocol import ItemError, ScoreItem
+from rewardplane.serve.scorers.registry import build_scorer
 
 BAD_JPEG = b"\xff\xd8garbage\xff\xd9"
 SERVICE = {
@@ -305,7 +306,7 @@ def test_consolidated_gateway_over_real_worker_matches_in_process_scores():
 
 @pytest.mark.gpu
 def test_cuda_prefetch_puts_pillow_images_on_the_device_and_keeps_scores_exact():
-    from rewardplane.serve.config import ScorerSpec
+    from rewardplane.serve.scorers.registry import ScorerSpec
 
     spec = ScorerSpec(name="c", kind="clip", shape="tiny-clip", device="cuda")
     own, shared_user = build_scorer(spec), build_scorer(spec)
@@ -344,7 +345,7 @@ def test_cuda_consolidated_scorers_on_own_streams_with_shared_decode_score_exact
     two threads at once (as the consolidated worker runs them): bit-equal to scoring alone."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from rewardplane.serve.config import ScorerSpec
+    from rewardplane.serve.scorers.registry import ScorerSpec
 
     specs = [ScorerSpec(name=n, kind="clip", shape="tiny-clip", device="cuda", options={"seed": k})
              for k, n in enumerate("lh")]  # fmt: skip

@@ -20,13 +20,13 @@ from rewardplane.serve.protocol import (
     MAX_JSON_DEPTH,
     ROUTE_ERROR_CODES,
     DetailedScore,
-    GatewayScoreRequest,
     ItemError,
     ItemIn,
     ItemScores,
     RequestErrorCode,
     ScoreItem,
     ServeError,
+    UniRLScoreRequest,
     decode_score_response,
     encode_score_request,
     item_fields,
@@ -253,8 +253,8 @@ def test_a_trainer_body_nested_too_deep_is_refused_even_in_an_ignored_field():
     for inner, refused in ((MAX_JSON_DEPTH - 1, False), (MAX_JSON_DEPTH, True)):
         raw = json.dumps({"protocol_version": "1", "requests": [], "extension": _nested(inner)})
         if not refused:
-            assert parse_trainer_body(raw, GatewayScoreRequest).requests == []
+            assert parse_trainer_body(raw, UniRLScoreRequest).requests == []
             continue
         with pytest.raises(ServeError) as info:
-            parse_trainer_body(raw, GatewayScoreRequest)
+            parse_trainer_body(raw, UniRLScoreRequest)
         assert info.value.code == "invalid_request" and "deeper than" in info.value.message

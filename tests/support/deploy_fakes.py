@@ -22,10 +22,10 @@ from typing import Any
 
 from rewardplane.deploy.config import DeviceProbe
 from rewardplane.deploy.supervisor import SupervisorSettings
-from rewardplane.serve.config import register_scorer
 from rewardplane.serve.protocol import ScoreItem, ScorerInfo
 from rewardplane.serve.scorers.base import Scorer
 from rewardplane.serve.scorers.options import ScorerOptions
+from rewardplane.serve.scorers.registry import register_scorer
 
 FAKE_CONTROL = r"""#!{python}
 import json, os, subprocess, sys

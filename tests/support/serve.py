@@ -14,11 +14,12 @@ import uvicorn
 
 from rewardplane.serve.app import create_app
 from rewardplane.serve.backend import InProcessBackend
-from rewardplane.serve.config import ServiceConfig, config_from_dict, register_scorer
+from rewardplane.serve.config import ServiceConfig, config_from_dict
 from rewardplane.serve.protocol import ItemError, ScoreItem, ScorerInfo
 from rewardplane.serve.scorers.base import Scorer
 from rewardplane.serve.scorers.common import as_text
 from rewardplane.serve.scorers.options import ScorerOptions
+from rewardplane.serve.scorers.registry import register_scorer
 
 
 class DoubleOptions(ScorerOptions):

@@ -41,7 +41,7 @@ def _say_overlap(entry: dict | None, who: str = "the model") -> None:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from rewardplane.eval.benchmarks import is_examples_file
+    from rewardplane.eval.benchmarks.runner import is_examples_file
     from rewardplane.eval.compare import compare_examples, compare_pairs, format_benchmark_table, format_table
 
     if is_examples_file(args.a) or is_examples_file(args.b):
@@ -83,7 +83,7 @@ def _settings(args: argparse.Namespace) -> EvalSettings:
 
 
 def _eval_benchmark(args: argparse.Namespace) -> int:
-    from rewardplane.eval.benchmarks import evaluate_benchmark
+    from rewardplane.eval.benchmarks.runner import evaluate_benchmark
 
     summary = evaluate_benchmark(
         benchmark=args.benchmark,

@@ -99,7 +99,8 @@ def token_from_args(args: argparse.Namespace) -> str | None:
 
 
 def _demo_config():
-    from rewardplane.serve.config import ScorerSpec, ServiceConfig
+    from rewardplane.serve.config import ServiceConfig
+    from rewardplane.serve.scorers.registry import ScorerSpec
 
     if not DEMO_MODEL.is_dir():
         raise UsageError(

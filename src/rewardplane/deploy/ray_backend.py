@@ -34,7 +34,6 @@ from rewardplane.deploy.mps import ManagedMps
 from rewardplane.deploy.ray_lifecycle import RayLifecycle, error_of, raise_error, replica_lost
 from rewardplane.deploy.transport import decode_items, decode_results, encode_items, encode_results
 from rewardplane.serve.admission import admitted
-from rewardplane.serve.errors import ServeError
 from rewardplane.serve.lifecycle import (
     Lifecycle,
     describe_process,
@@ -44,7 +43,7 @@ from rewardplane.serve.lifecycle import (
     warm_up,
 )
 from rewardplane.serve.metrics import BatchStats, ServeMetrics, outcome
-from rewardplane.serve.protocol import ItemError, ScoreItem, ScorerInfo
+from rewardplane.serve.protocol import ItemError, ScoreItem, ScorerInfo, ServeError
 from rewardplane.serve.timing import record_timing
 
 log = logging.getLogger(__name__)
@@ -69,7 +68,8 @@ class ScorerReplica:
         for module in imports:
             importlib.import_module(module)
         from rewardplane.serve.batcher import check_value
-        from rewardplane.serve.config import build_scorer, config_from_dict
+        from rewardplane.serve.config import config_from_dict
+        from rewardplane.serve.scorers.registry import build_scorer
 
         (self.spec,) = config_from_dict({"scorers": [spec]}).scorers
         self.scorer = build_scorer(self.spec)

@@ -166,7 +166,8 @@ async def run_worker(
     from rewardplane.deploy.profiling import ProfileWindow, profile_window
     from rewardplane.deploy.streams import OwnStream
     from rewardplane.serve.backend import InProcessBackend
-    from rewardplane.serve.config import build_scorer, config_from_dict
+    from rewardplane.serve.config import config_from_dict
+    from rewardplane.serve.scorers.registry import build_scorer
 
     window = ProfileWindow.from_env()  # a bad setting fails here, before any model loads
     metrics = RelayMetrics()

@@ -213,7 +213,8 @@ def compare_examples(
     bootstrapped, so the point difference is exactly score(B) − score(A)), P(B > A), and the
     exact McNemar test on the strict per-example `correct`.
     """
-    from rewardplane.eval.benchmarks import common, get, read_examples
+    from rewardplane.eval.benchmarks import common
+    from rewardplane.eval.benchmarks.runner import get, read_examples
 
     rows_a, rows_b = read_examples(path_a), read_examples(path_b)
     bench_a, bench_b = rows_a[0]["benchmark"], rows_b[0]["benchmark"]

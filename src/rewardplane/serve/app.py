@@ -24,7 +24,7 @@ from rewardplane import __version__
 from rewardplane.serve.audit import AuditStream
 from rewardplane.serve.audit.metrics import AuditMetrics
 from rewardplane.serve.backend import ScoringBackend
-from rewardplane.serve.config import ServiceConfig, kind_option_schemas
+from rewardplane.serve.config import ServiceConfig
 from rewardplane.serve.metrics import CountEveryResponse, ServeMetrics
 from rewardplane.serve.protocol import (
     HTTP_ERROR_CODE,
@@ -37,6 +37,7 @@ from rewardplane.serve.protocol import (
 )
 from rewardplane.serve.routes import BODY_MODELS, RouteContext, error_response, route_paths, service_routers
 from rewardplane.serve.routes.context import UNAUTHORIZED_MESSAGE
+from rewardplane.serve.scorers.registry import kind_option_schemas
 
 log = logging.getLogger(__name__)
 

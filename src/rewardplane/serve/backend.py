@@ -16,12 +16,13 @@ from collections.abc import AsyncIterator
 from typing import Any, Protocol, runtime_checkable
 
 from rewardplane.serve.batcher import DynamicBatcher, ItemResult, check_value
-from rewardplane.serve.config import ServiceConfig, build_scorer
+from rewardplane.serve.config import ServiceConfig
 from rewardplane.serve.lifecycle import Lifecycle, describe_process, merge_ready, run_action, scorer_lifecycle
 from rewardplane.serve.metrics import ServeMetrics
 from rewardplane.serve.prefetch import SharedDecoder, share_image_decoding
 from rewardplane.serve.protocol import ItemError, ScoreItem, ScorerInfo, ServeError
 from rewardplane.serve.scorers.base import Scorer
+from rewardplane.serve.scorers.registry import build_scorer
 from rewardplane.serve.timing import record_timing
 
 __all__ = ["InProcessBackend", "ItemError", "ItemResult", "ScoringBackend", "record_timing"]

@@ -4,13 +4,18 @@ docs/audit.md states (short versions of `benchmarks/overoptimization.py --part n
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from rewardplane.serve.audit.alarms import Acc, BinStats, Evaluator
 from rewardplane.serve.audit.config import AuditAlarms
-from rewardplane.serve.audit.simulate import NULLS, false_alarms
 from rewardplane.serve.audit.stats import kendall_tau
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
+from audit_nulls import NULLS, false_alarms
 
 
 def make_bin(b: int, proxy: np.ndarray, auditor: np.ndarray, sig: int = 0) -> BinStats:

@@ -18,12 +18,13 @@ from rewardplane.core.config import parse
 from rewardplane.core.errors import ConfigError
 from rewardplane.deploy.config import parse_deploy_config
 from rewardplane.deploy.launch import service_config
-from rewardplane.serve.config import BUILTIN_SCORERS, config_from_dict, register_scorer, scorer_class
+from rewardplane.serve.config import config_from_dict
 from rewardplane.serve.protocol import ScoreItem
 from rewardplane.serve.scorers.base import Scorer
 from rewardplane.serve.scorers.composite import Component
 from rewardplane.serve.scorers.math import MathScorer
 from rewardplane.serve.scorers.options import ScorerOptions, options_table
+from rewardplane.serve.scorers.registry import BUILTIN_SCORERS, register_scorer, scorer_class
 from support.deploy_fakes import CPU
 from support.serve import LiveServer, make_config
 

@@ -23,9 +23,9 @@ from rewardplane.cli import main
 from rewardplane.core.errors import ConfigError
 from rewardplane.data.synth import builtin_tokenizer
 from rewardplane.serve.admission import admitted
-from rewardplane.serve.config import ScorerSpec, build_scorer
 from rewardplane.serve.protocol import RAW_TEXT, ItemError, ScoreItem
 from rewardplane.serve.scorers.common import as_messages
+from rewardplane.serve.scorers.registry import ScorerSpec, build_scorer
 from support.rm import train_tiny_checkpoint
 
 torch.set_num_threads(1)  # 2 shared cores: intra-op threads only contend for these tiny models

@@ -161,8 +161,8 @@ def test_seqcls_service_equals_plain_forward_and_is_batch_invariant(server, mode
 
 
 def test_text_items_that_cannot_be_scored_are_item_errors():
-    from rewardplane.serve.config import ScorerSpec, build_scorer
     from rewardplane.serve.protocol import ItemError, ScoreItem
+    from rewardplane.serve.scorers.registry import ScorerSpec, build_scorer
 
     s = build_scorer(
         ScorerSpec(name="t", kind="hf_seqcls", shape="tiny-text-rm", device="cpu", options={"max_length": 40})
@@ -183,7 +183,7 @@ def test_text_items_that_cannot_be_scored_are_item_errors():
 def test_identity_is_stable_and_tracks_weights_dtype_and_options(model_dirs, tmp_path):
     from transformers import CLIPModel
 
-    from rewardplane.serve.config import ScorerSpec, build_scorer
+    from rewardplane.serve.scorers.registry import ScorerSpec, build_scorer
 
     def ident(**kw):
         s = build_scorer(ScorerSpec(name="c", kind="clip", device="cpu", **kw))
@@ -212,8 +212,8 @@ def test_identity_is_stable_and_tracks_weights_dtype_and_options(model_dirs, tmp
 
 
 def test_pickscore_and_divisor_conventions():
-    from rewardplane.serve.config import ScorerSpec, build_scorer
     from rewardplane.serve.protocol import ScoreItem
+    from rewardplane.serve.scorers.registry import ScorerSpec, build_scorer
 
     items = [ScoreItem(str(k), PROMPTS[k], "", IMAGES[k]) for k in range(3)]
     scores = {}
@@ -229,8 +229,8 @@ def test_pickscore_and_divisor_conventions():
 
 
 def test_clip_undecodable_image_inside_batch_is_per_item_bad_image():
-    from rewardplane.serve.config import ScorerSpec, build_scorer
     from rewardplane.serve.protocol import ItemError, ScoreItem
+    from rewardplane.serve.scorers.registry import ScorerSpec, build_scorer
 
     s = build_scorer(ScorerSpec(name="x", kind="clip", shape="tiny-clip", device="cpu"))
     s.load()
@@ -267,8 +267,8 @@ def test_rm_scorer_matches_hf_seqcls_on_a_seqcls_directory(model_dirs):
     """`rm` loads through rewardplane.models.loading (branch rm); on an HF seqcls directory it must
     give exactly the `hf_seqcls` numbers."""
     pytest.importorskip("rewardplane.models.loading")
-    from rewardplane.serve.config import ScorerSpec, build_scorer
     from rewardplane.serve.protocol import ScoreItem
+    from rewardplane.serve.scorers.registry import ScorerSpec, build_scorer
 
     items = [ScoreItem(i["id"], i["prompt"], i["response"]) for i in RM_ITEMS]
     scores = {}
@@ -292,8 +292,8 @@ def test_rm_scorer_on_a_rewardplane_checkpoint_equals_the_eval_scoring_path(tmp_
     from rewardplane.models.loading import load_reward_model, write_model_files
     from rewardplane.models.reward_model import RewardModel
     from rewardplane.models.tiny import tiny_config
-    from rewardplane.serve.config import ScorerSpec, build_scorer
     from rewardplane.serve.protocol import ScoreItem
+    from rewardplane.serve.scorers.registry import ScorerSpec, build_scorer
 
     tok = build_tokenizer(["hello world, a reward model", "say hi politely"] * 4, vocab_size=300)
     torch.manual_seed(2)

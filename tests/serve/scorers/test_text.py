@@ -169,7 +169,7 @@ def test_a_model_that_pads_with_eos_is_read_where_transformers_pools_on_both_pat
 
     from rewardplane.data.synth import builtin_tokenizer
     from rewardplane.models.tiny import tiny_config
-    from rewardplane.serve.config import ScorerSpec, build_scorer
+    from rewardplane.serve.scorers.registry import ScorerSpec, build_scorer
 
     tok = builtin_tokenizer()
     config = tiny_config("tiny-llama", num_labels=1, pad_token_id=tok.eos_token_id)

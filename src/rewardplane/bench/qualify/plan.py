@@ -25,7 +25,7 @@ from rewardplane.bench.sweep import Sweep
 from rewardplane.core.config import ConfigModel, Dtype, canonical_dtype, load, parse, validate_section
 from rewardplane.core.errors import ConfigError
 from rewardplane.deploy.config import PLACEMENT_KEYS
-from rewardplane.serve.config import ScorerSpec
+from rewardplane.serve.scorers.registry import ScorerSpec
 
 DEFAULT_ATOL = {"fp16": 1e-3, "bf16": 1e-3, "fp32": 1e-5}
 MODE_ORDER = ("dedicated", "shared", "mps", "consolidated")

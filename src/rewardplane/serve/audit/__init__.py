@@ -8,7 +8,6 @@
 - `alarms`: `overoptimization`, `decorrelation`, `signature`, each a stated one-sided test.
 - `signatures`: hack signatures read from a response's text.
 - `metrics`: the Prometheus gauges and counters.
-- `simulate`: null streams, to measure the alarms' false-alarm rates.
 """
 
 from rewardplane.serve.audit.config import AuditConfig

@@ -25,7 +25,7 @@ that bin and the bins before it, so a decision never looks ahead; R is the windo
 is above `max_rate`, or above the first window's Wilson upper bound plus `min_rise`.
 
 The false-alarm rate of each rule under the null is measured by simulation
-(`rewardplane.serve.audit.simulate`, docs/audit.md's table).
+(`benchmarks/audit_nulls.py`, docs/audit.md's table).
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from statistics import NormalDist
 
 import numpy as np
 
-from rewardplane.eval.bootstrap import replicate_means
+from rewardplane.core.resample import replicate_means
 
 TAU_MAX_ITEMS = 4096
 """τ is computed on at most this many items (an evenly spaced, order-preserving subsample):
@@ -150,7 +150,7 @@ def welch_z(a: Moments, b: Moments) -> float:
 
 
 def mean_interval(values: np.ndarray, *, seed: int, replicates: int) -> dict[str, float | list[float] | int]:
-    """The evaluation's percentile bootstrap (`eval.bootstrap.replicate_means`) of a mean:
+    """The evaluation's percentile bootstrap (`core.resample.replicate_means`) of a mean:
     `{"n", "mean", "ci_95"}`; a single value has no interval (its ends are the value)."""
     values = np.asarray(values, dtype=np.float64)
     values = values[np.isfinite(values)]

@@ -15,7 +15,7 @@ scorer, a route or a backend.
 | `codec.py` | items between wire and `ScoreItem` (`ItemIn`, JSON, multipart, items files) |
 | `score.py` | `/v1/score`, `/v1/scorers`, health and lifecycle bodies; request parser, response codec |
 | `openrlhf.py` | OpenRLHF's `/get_reward` |
-| `gateway.py` | the reward-gateway protocol "1" |
+| `unirl.py` | the UniRL reward protocol "1" |
 
 Every public name is importable from here (`from rewardplane.serve.protocol import ScoreItem`).
 """
@@ -66,21 +66,6 @@ from rewardplane.serve.protocol.errors import (
     RequestErrorCode,
     ServeError,
     error_body,
-)
-from rewardplane.serve.protocol.gateway import (
-    GATEWAY_ERROR_CODES,
-    GATEWAY_HEALTH_ROUTE,
-    GATEWAY_METRIC,
-    GATEWAY_PROTOCOL_VERSION,
-    GATEWAY_REWARDS_ROUTE,
-    GATEWAY_SCORE_ROUTE,
-    GatewayHealth,
-    GatewayIdentity,
-    GatewayRequestItem,
-    GatewayRewards,
-    GatewayScoreRequest,
-    GatewayScoreResponse,
-    GatewayTurn,
 )
 from rewardplane.serve.protocol.guards import (
     DEPTH_CHUNK,
@@ -137,6 +122,21 @@ from rewardplane.serve.protocol.score import (
     score_response,
     scorer_info_json,
 )
+from rewardplane.serve.protocol.unirl import (
+    UNIRL_ERROR_CODES,
+    UNIRL_HEALTH_ROUTE,
+    UNIRL_METRIC,
+    UNIRL_PROTOCOL_VERSION,
+    UNIRL_REWARDS_ROUTE,
+    UNIRL_SCORE_ROUTE,
+    UniRLHealth,
+    UniRLIdentity,
+    UniRLRequestItem,
+    UniRLRewards,
+    UniRLScoreRequest,
+    UniRLScoreResponse,
+    UniRLTurn,
+)
 
 __all__ = [
     "COMPONENTS",
@@ -144,12 +144,12 @@ __all__ = [
     "LEFT_OUT",
     "DEPLOYMENT_ROUTE",
     "DEPTH_CHUNK",
-    "GATEWAY_ERROR_CODES",
-    "GATEWAY_HEALTH_ROUTE",
-    "GATEWAY_METRIC",
-    "GATEWAY_PROTOCOL_VERSION",
-    "GATEWAY_REWARDS_ROUTE",
-    "GATEWAY_SCORE_ROUTE",
+    "UNIRL_ERROR_CODES",
+    "UNIRL_HEALTH_ROUTE",
+    "UNIRL_METRIC",
+    "UNIRL_PROTOCOL_VERSION",
+    "UNIRL_REWARDS_ROUTE",
+    "UNIRL_SCORE_ROUTE",
     "HTTP_ERROR_CODE",
     "IDEMPOTENCY_KEY_HEADER",
     "IMAGE",
@@ -184,13 +184,13 @@ __all__ = [
     "DecodedResponse",
     "DetailedScore",
     "ErrorOut",
-    "GatewayHealth",
-    "GatewayIdentity",
-    "GatewayRequestItem",
-    "GatewayRewards",
-    "GatewayScoreRequest",
-    "GatewayScoreResponse",
-    "GatewayTurn",
+    "UniRLHealth",
+    "UniRLIdentity",
+    "UniRLRequestItem",
+    "UniRLRewards",
+    "UniRLScoreRequest",
+    "UniRLScoreResponse",
+    "UniRLTurn",
     "ImageIn",
     "ItemError",
     "ItemErrorCode",

@@ -1,6 +1,6 @@
 """Paths and headers of the reward service's own API (docs/serve.md "API").
 
-The trainer protocols' paths sit with their bodies (`openrlhf.py`, `gateway.py`)."""
+The trainer protocols' paths sit with their bodies (`openrlhf.py`, `unirl.py`)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ document.
 - `lifecycle`: `/v1/lifecycle` (offload, onload, drain, state), for backends that have one.
 - `deployment`: `GET /v1/deployment`, for the deploy gateway and Ray Serve.
 - `openrlhf`: `POST /get_reward` (OpenRLHF's `--reward.remote_url`).
-- `gateway`: the reward-gateway protocol "1" (`POST /score`, `GET /health`, `GET /rewards`).
+- `unirl`: the UniRL reward protocol "1" (`POST /score`, `GET /health`, `GET /rewards`).
 - `audit`: `GET /v1/audit`, when the service config has an `audit:` section (docs/audit.md).
 """
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from rewardplane.serve.routes import gateway, lifecycle, openrlhf, score
+from rewardplane.serve.routes import lifecycle, openrlhf, score, unirl
 from rewardplane.serve.routes.audit import audit_router
 from rewardplane.serve.routes.context import RouteContext, error_response
 from rewardplane.serve.routes.deployment import deployment_router, serves_deployment
@@ -30,7 +30,7 @@ from rewardplane.serve.routes.scorers import scorers_router
 
 __all__ = ["BODY_MODELS", "RouteContext", "error_response", "route_paths", "service_routers"]
 
-BODY_MODELS = (*score.BODY_MODELS, *lifecycle.BODY_MODELS, *openrlhf.BODY_MODELS, *gateway.BODY_MODELS)
+BODY_MODELS = (*score.BODY_MODELS, *lifecycle.BODY_MODELS, *openrlhf.BODY_MODELS, *unirl.BODY_MODELS)
 """Every body a route reads raw: their schemas go into the OpenAPI document's components."""
 
 
@@ -39,7 +39,7 @@ def service_routers(ctx: RouteContext) -> list[APIRouter]:
     routers = [
         score.score_router(ctx),
         openrlhf.openrlhf_router(ctx),  # the trainer protocols (docs/integrations.md)
-        gateway.gateway_router(ctx),
+        unirl.unirl_router(ctx),
         scorers_router(ctx),
     ]
     if serves_deployment(ctx):

@@ -48,7 +48,7 @@ class RouteContext:
     """The bearer token every `/v1/*` route needs; None: no authentication."""
     metrics: ServeMetrics
     kinds: dict[str, Any] = field(default_factory=dict)
-    """Each hosted kind's option schemas (`serve.config.kind_option_schemas`), for `/v1/scorers`."""
+    """Each hosted kind's option schemas (`serve.scorers.registry.kind_option_schemas`), for `/v1/scorers`."""
     audit: AuditStream | None = None
     """The audit stream (docs/audit.md), offered every scored request; None: no `audit:` section."""
 

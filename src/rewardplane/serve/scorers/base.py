@@ -79,7 +79,7 @@ class Scorer(abc.ABC):
 
     @classmethod
     def from_spec(cls, spec: Any) -> Scorer:
-        """Build from a `rewardplane.serve.config.ScorerSpec` (options already typed)."""
+        """Build from a `rewardplane.serve.scorers.registry.ScorerSpec` (options already typed)."""
         return cls(
             spec.name,
             spec.options,

@@ -72,7 +72,6 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from rewardplane.core.config import FieldError
 from rewardplane.core.errors import ConfigError
 from rewardplane.serve.admission import admitted
-from rewardplane.serve.config import KindSpec, ScorerSpec, build_scorer
 from rewardplane.serve.protocol import (
     COMPONENT_ERRORS,
     COMPONENTS,
@@ -83,6 +82,7 @@ from rewardplane.serve.protocol import (
 )
 from rewardplane.serve.scorers.base import Scorer
 from rewardplane.serve.scorers.options import ScorerOptions
+from rewardplane.serve.scorers.registry import KindSpec, ScorerSpec, build_scorer
 
 INLINE_KEYS = frozenset({"kind", "options", "path", "shape", "dtype", "device"})
 RESERVED_NAME = "score"

@@ -1,6 +1,6 @@
-"""A stand-in for the reward-gateway client of UniRL (`unirl/reward/remote.py`, `RemoteRewardBackend`),
+"""A stand-in for the reward client of UniRL (`unirl/reward/remote.py`, `RemoteRewardBackend`),
 which is not installable here: it builds and checks requests the way that client does, written
-from its documented behaviour, so the gateway route is tested against the client's semantics.
+from its documented behaviour, so the UniRL route is tested against the client's semantics.
 
 What it reproduces: images as RGB JPEG (quality 95) in base64; `history` of one turn, or a
 conditioning turn first for image-to-image; per-item identities whose `request_id` is the sample
@@ -43,7 +43,7 @@ def _digest(*parts: str) -> str:
 
 
 @dataclass
-class GatewayClient:
+class UniRLClient:
     base_url: str
     required_rewards: list[str]
     expected_scorer_version: str | None = None

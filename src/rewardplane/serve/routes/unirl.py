@@ -1,4 +1,4 @@
-"""The reward-gateway protocol "1" (UniRL's `RemoteRewardBackend` and its reward service).
+"""The UniRL reward protocol "1" (UniRL's `RemoteRewardBackend` and its reward service).
 
 `POST /score` takes `{"protocol_version": "1", "requests": [...]}`; each request names its
 `required_rewards` (here: scorer names) and carries a `history` of `{text, image_b64}` turns.
@@ -43,26 +43,26 @@ from rewardplane.serve.protocol import (
     error_body,
     parse_trainer_body,
 )
-from rewardplane.serve.protocol import gateway as wire
+from rewardplane.serve.protocol import unirl as wire
 from rewardplane.serve.routes.context import RouteContext, error_response, raw_body
 
 IDEMPOTENCY_CACHE_SIZE = 65536
-BODY_MODELS = (wire.GatewayScoreRequest,)
+BODY_MODELS = (wire.UniRLScoreRequest,)
 
 
-class _GatewayError(Exception):
+class _UniRLError(Exception):
     def __init__(self, status: int, code: str, message: str) -> None:
         super().__init__(message)
         self.status, self.code, self.message = status, code, message
 
 
-def _fingerprint(req: wire.GatewayRequestItem) -> str:
+def _fingerprint(req: wire.UniRLRequestItem) -> str:
     payload = req.model_dump(mode="json", exclude={"idempotency_key"})
     encoded = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
     return hashlib.sha256(encoded.encode()).hexdigest()
 
 
-def _identity(req: wire.GatewayRequestItem, scorer_version: str | None) -> dict[str, Any]:
+def _identity(req: wire.UniRLRequestItem, scorer_version: str | None) -> dict[str, Any]:
     return {
         "request_id": req.request_id,
         "sample_id": req.sample_id,
@@ -74,7 +74,7 @@ def _identity(req: wire.GatewayRequestItem, scorer_version: str | None) -> dict[
     }
 
 
-def _metadata(req: wire.GatewayRequestItem) -> dict[str, Any] | None:
+def _metadata(req: wire.UniRLRequestItem) -> dict[str, Any] | None:
     """The request's metadata with its `policy_version` added, where the audit stream reads the
     policy version of every item (docs/audit.md); a version already in the metadata wins."""
     if req.policy_version is None or (req.metadata is not None and "policy_version" in req.metadata):
@@ -82,7 +82,7 @@ def _metadata(req: wire.GatewayRequestItem) -> dict[str, Any] | None:
     return {**(req.metadata or {}), "policy_version": req.policy_version}
 
 
-def _item(index: int, req: wire.GatewayRequestItem, image_text: bool) -> ScoreItem | ItemError:
+def _item(index: int, req: wire.UniRLRequestItem, image_text: bool) -> ScoreItem | ItemError:
     """The `ScoreItem` a scorer sees for request `index` (an image scorer's when `image_text`,
     else a text or rule scorer's), or why it cannot have one."""
     last = req.history[-1]
@@ -124,7 +124,7 @@ def _item(index: int, req: wire.GatewayRequestItem, image_text: bool) -> ScoreIt
     )
 
 
-def gateway_router(ctx: RouteContext) -> APIRouter:
+def unirl_router(ctx: RouteContext) -> APIRouter:
     router = APIRouter()
     cache: OrderedDict[str, tuple[str, dict[str, dict[str, float]]]] = OrderedDict()
 
@@ -133,29 +133,29 @@ def gateway_router(ctx: RouteContext) -> APIRouter:
         return {n: infos[n].identity for n in names}
 
     @router.post(
-        wire.GATEWAY_SCORE_ROUTE,
-        response_model=wire.GatewayScoreResponse,
-        summary="reward-gateway protocol 1",
-        openapi_extra=raw_body(wire.GatewayScoreRequest),
+        wire.UNIRL_SCORE_ROUTE,
+        response_model=wire.UniRLScoreResponse,
+        summary="UniRL reward protocol 1",
+        openapi_extra=raw_body(wire.UniRLScoreRequest),
     )
     async def score(request: Request) -> Response:
         started = time.perf_counter()
         try:
             ctx.check_auth(request)
-            body = parse_trainer_body(await ctx.read_body(request), wire.GatewayScoreRequest)
-            if body.protocol_version != wire.GATEWAY_PROTOCOL_VERSION:
-                raise _GatewayError(
+            body = parse_trainer_body(await ctx.read_body(request), wire.UniRLScoreRequest)
+            if body.protocol_version != wire.UNIRL_PROTOCOL_VERSION:
+                raise _UniRLError(
                     400, "unsupported_protocol", f"unsupported protocol_version={body.protocol_version!r}"
                 )
             if body.grad_mode:
-                raise _GatewayError(400, "unsupported_input", "grad_mode is not supported by this service")
+                raise _UniRLError(400, "unsupported_input", "grad_mode is not supported by this service")
             reqs = body.requests
             if len(reqs) > ctx.limits.max_items:
                 raise ServeError("too_many_items", f"{len(reqs)} requests exceed {ctx.limits.max_items}")
             names = list(dict.fromkeys(n for r in reqs for n in r.required_rewards))
             unknown, loading = ctx.ready_names(names)
             if unknown:
-                raise _GatewayError(
+                raise _UniRLError(
                     400,
                     "unknown_scorer",
                     f"unknown reward: {unknown}. available: {ctx.backend.scorer_names()}",
@@ -167,13 +167,13 @@ def gateway_router(ctx: RouteContext) -> APIRouter:
             for i, r in enumerate(reqs):  # one pass; the first bad request (in order) answers
                 for t in r.history:
                     if t.image_ipc is not None:
-                        raise _GatewayError(
+                        raise _UniRLError(
                             400, "unsupported_input", f"requests[{i}]: image_ipc needs a handshake"
                         )
                 if r.scorer_version is not None:
                     pinned = [version[n] for n in r.required_rewards]
                     if len(pinned) != 1 or pinned[0] != r.scorer_version:
-                        raise _GatewayError(
+                        raise _UniRLError(
                             400,
                             "scorer_version_mismatch",
                             f"requests[{i}] pins scorer_version {r.scorer_version!r}; "
@@ -194,14 +194,14 @@ def gateway_router(ctx: RouteContext) -> APIRouter:
                         continue
                     if key in first_of_key:
                         if prints[first_of_key[key]] != prints[i]:
-                            raise _GatewayError(
+                            raise _UniRLError(
                                 409, "idempotency_conflict", f"idempotency key {key!r} reused in one batch"
                             )
                         continue
                     first_of_key[key] = i
                     if (hit := cache.get(key)) is not None:
                         if hit[0] != prints[i]:
-                            raise _GatewayError(
+                            raise _UniRLError(
                                 409,
                                 "idempotency_conflict",
                                 f"idempotency key {key!r} was used for a different payload",
@@ -241,7 +241,7 @@ def gateway_router(ctx: RouteContext) -> APIRouter:
                         errors[i][name] = f"{value.code}: {value.message}"
                     else:  # the total first (the metric a client reads), then the components
                         results[i][name] = {
-                            wire.GATEWAY_METRIC: float(value),
+                            wire.UNIRL_METRIC: float(value),
                             **DetailedScore.components_of(value),
                         }
             if keyed:
@@ -256,11 +256,11 @@ def gateway_router(ctx: RouteContext) -> APIRouter:
                         cache.move_to_end(key)
                         while len(cache) > IDEMPOTENCY_CACHE_SIZE:
                             cache.popitem(last=False)
-        except _GatewayError as err:
-            ctx.count(wire.GATEWAY_SCORE_ROUTE, err.status, err.code, started)
+        except _UniRLError as err:
+            ctx.count(wire.UNIRL_SCORE_ROUTE, err.status, err.code, started)
             return JSONResponse(error_body(err.code, err.message), status_code=err.status)
         except ServeError as err:
-            ctx.count(wire.GATEWAY_SCORE_ROUTE, err.status, err.code, started)
+            ctx.count(wire.UNIRL_SCORE_ROUTE, err.status, err.code, started)
             return error_response(err)
         identities = [
             _identity(
@@ -272,15 +272,15 @@ def gateway_router(ctx: RouteContext) -> APIRouter:
             for r in reqs
         ]
         out = {
-            "protocol_version": wire.GATEWAY_PROTOCOL_VERSION,
+            "protocol_version": wire.UNIRL_PROTOCOL_VERSION,
             "results": results,
             "errors": errors,
             "identities": identities,
         }
-        ctx.count(wire.GATEWAY_SCORE_ROUTE, 200, "", started)
+        ctx.count(wire.UNIRL_SCORE_ROUTE, 200, "", started)
         return Response(json.dumps(out, allow_nan=False), media_type="application/json")
 
-    @router.get(wire.GATEWAY_HEALTH_ROUTE, response_model=wire.GatewayHealth)
+    @router.get(wire.UNIRL_HEALTH_ROUTE, response_model=wire.UniRLHealth)
     async def health() -> dict[str, Any]:
         _, details = ctx.backend.ready()
         rewards = {}
@@ -289,7 +289,7 @@ def gateway_router(ctx: RouteContext) -> APIRouter:
             rewards[name] = [status if isinstance(status, str) else json.dumps(status, default=str)]
         return {"status": "ok", "rewards": rewards}
 
-    @router.get(wire.GATEWAY_REWARDS_ROUTE, response_model=wire.GatewayRewards)
+    @router.get(wire.UNIRL_REWARDS_ROUTE, response_model=wire.UniRLRewards)
     async def rewards(request: Request) -> dict[str, list[str]]:
         ctx.check_auth(request)
         return {"rewards": list(ctx.backend.scorer_names())}

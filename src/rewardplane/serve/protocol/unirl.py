@@ -1,21 +1,21 @@
-"""The reward-gateway protocol "1" (UniRL's `RemoteRewardBackend`): `POST /score`,
-`GET /health`, `GET /rewards`, served by `rewardplane.serve.routes.gateway`
+"""The UniRL reward protocol "1" (UniRL's `RemoteRewardBackend`): `POST /score`,
+`GET /health`, `GET /rewards`, served by `rewardplane.serve.routes.unirl`
 (docs/integrations.md). Its whole-request errors use the `{"code", "message"}` body, with the
-codes of `GATEWAY_ERROR_CODES` besides the service's own."""
+codes of `UNIRL_ERROR_CODES` besides the service's own."""
 
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
-GATEWAY_SCORE_ROUTE = "/score"
-GATEWAY_HEALTH_ROUTE = "/health"
-GATEWAY_REWARDS_ROUTE = "/rewards"
-GATEWAY_PROTOCOL_VERSION = "1"
-GATEWAY_METRIC = "score"
+UNIRL_SCORE_ROUTE = "/score"
+UNIRL_HEALTH_ROUTE = "/health"
+UNIRL_REWARDS_ROUTE = "/rewards"
+UNIRL_PROTOCOL_VERSION = "1"
+UNIRL_METRIC = "score"
 """The sub-metric every reward reports first, its total: `results[i][reward] = {"score": value}`;
 a composite's components follow it under their names (`{"score": total, "correct": 1.0, ...}`)."""
 
-GATEWAY_ERROR_CODES: dict[str, int] = {
+UNIRL_ERROR_CODES: dict[str, int] = {
     "unknown_scorer": 400,  # a required reward the service does not host
     "unsupported_protocol": 400,  # protocol_version other than "1"
     "scorer_version_mismatch": 400,  # a pin that differs, or pins a request with several rewards
@@ -24,7 +24,7 @@ GATEWAY_ERROR_CODES: dict[str, int] = {
 }
 
 
-class GatewayTurn(BaseModel):
+class UniRLTurn(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     text: str = ""
@@ -34,7 +34,7 @@ class GatewayTurn(BaseModel):
     video_path: str | None = None
 
 
-class GatewayIdentity(BaseModel):
+class UniRLIdentity(BaseModel):
     """Echoed exactly as sent, except `scorer_version`: the scorer's identity."""
 
     request_id: str | int | None = None
@@ -46,36 +46,36 @@ class GatewayIdentity(BaseModel):
     idempotency_key: str | None = None
 
 
-class GatewayRequestItem(GatewayIdentity):
+class UniRLRequestItem(UniRLIdentity):
     # One request: what to score (`history`), with which rewards, and the identity to echo.
     # (No docstring: the OpenAPI document describes it as it always has.)
     model_config = ConfigDict(extra="ignore")
 
-    history: list[GatewayTurn] = Field(min_length=1)
+    history: list[UniRLTurn] = Field(min_length=1)
     required_rewards: list[str] = Field(min_length=1)
     metadata: dict[str, JsonValue] | None = None
     idempotency_key: str | None = Field(default=None, max_length=512)
 
 
-class GatewayScoreRequest(BaseModel):
+class UniRLScoreRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    protocol_version: str = GATEWAY_PROTOCOL_VERSION
-    requests: list[GatewayRequestItem]
+    protocol_version: str = UNIRL_PROTOCOL_VERSION
+    requests: list[UniRLRequestItem]
     grad_mode: bool = False
 
 
-class GatewayScoreResponse(BaseModel):
-    protocol_version: str = GATEWAY_PROTOCOL_VERSION
+class UniRLScoreResponse(BaseModel):
+    protocol_version: str = UNIRL_PROTOCOL_VERSION
     results: list[dict[str, dict[str, float]]]
     errors: list[dict[str, str]]
-    identities: list[GatewayIdentity]
+    identities: list[UniRLIdentity]
 
 
-class GatewayHealth(BaseModel):
+class UniRLHealth(BaseModel):
     status: str = "ok"
     rewards: dict[str, list[str]]
 
 
-class GatewayRewards(BaseModel):
+class UniRLRewards(BaseModel):
     rewards: list[str]

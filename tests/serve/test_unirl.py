@@ -1,5 +1,5 @@
-"""The reward-gateway protocol "1" (`POST /score`, `GET /health`, `GET /rewards`) driven the way
-UniRL's `RemoteRewardBackend` drives it (tests/support/gateway_client.py mirrors that client)."""
+"""The UniRL reward protocol "1" (`POST /score`, `GET /health`, `GET /rewards`) driven the way
+UniRL's `RemoteRewardBackend` drives it (tests/support/unirl_client.py mirrors that client)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import httpx
 import pytest
 from PIL import Image
 
-from support.gateway_client import GatewayClient, jpeg_b64
 from support.serve import DoubleScorer, LiveServer, RecordingScorer, make_config
+from support.unirl_client import UniRLClient, jpeg_b64
 
 
 def scorer_identity(url: str, name: str) -> str:
@@ -23,7 +23,7 @@ def image(seed: int) -> Image.Image:
 
 
 def test_image_requests_equal_v1_score_and_echo_identities(server, direct_scores):
-    client = GatewayClient(server.url, ["clip"], request_batch_size=2, source_rank=3)
+    client = UniRLClient(server.url, ["clip"], request_batch_size=2, source_rank=3)
     assert client.is_available()
     captions = ["a red square", "a blue square", "a cat", "a dog", "noise"]
     wire = [
@@ -48,7 +48,7 @@ def test_image_requests_equal_v1_score_and_echo_identities(server, direct_scores
 
 
 def test_an_image_to_image_request_scores_the_last_turn(server, direct_scores):
-    client = GatewayClient(server.url, ["clip"])
+    client = UniRLClient(server.url, ["clip"])
     last = jpeg_b64(image(1))
     wire = [
         client.wire_request(
@@ -62,7 +62,7 @@ def test_an_image_to_image_request_scores_the_last_turn(server, direct_scores):
 
 
 def test_text_turns_for_text_scorers(server, direct_scores):
-    client = GatewayClient(server.url, ["rm", "len"])
+    client = UniRLClient(server.url, ["rm", "len"])
     wire = [client.wire_request([{"text": "Say hello."}, {"text": "Hello there!"}], sample_id=11)]
     merged = client.post(wire)
     want_rm = direct_scores(
@@ -72,13 +72,13 @@ def test_text_turns_for_text_scorers(server, direct_scores):
     )
     assert merged["results"][0]["rm"]["score"] == pytest.approx(want_rm[0], abs=1e-5)
     assert merged["results"][0]["len"]["score"] == 12.0
-    exact = GatewayClient(server.url, ["exact"])
+    exact = UniRLClient(server.url, ["exact"])
     out = exact.post([exact.wire_request([{"text": "2+2?"}, {"text": "4"}], metadata={"answer": "4"})])
     assert out["results"][0]["exact"]["score"] == 1.0
 
 
 def test_per_reward_errors_are_isolated_and_non_finite_is_never_sent(server):
-    client = GatewayClient(server.url, ["len", "double"])
+    client = UniRLClient(server.url, ["len", "double"])
     merged = client.post([client.wire_request([{"text": "q"}, {"text": t}]) for t in ("ok", "INF", "NAN")])
     assert merged["results"][0] == {"len": {"score": 2.0}, "double": {"score": 2.0}}
     for row in (1, 2):
@@ -86,13 +86,13 @@ def test_per_reward_errors_are_isolated_and_non_finite_is_never_sent(server):
         assert merged["errors"][row]["double"].startswith("non_finite")
     values, problems = client.rewards(merged)
     assert values == [2.0, None, None] and "double" in problems[1]
-    clip = GatewayClient(server.url, ["clip"])
+    clip = UniRLClient(server.url, ["clip"])
     merged = clip.post([clip.wire_request([{"text": "no image"}])])
     assert merged["errors"][0]["clip"].startswith("missing_image")
 
 
 def test_idempotency_keys_replay_or_conflict(server):
-    client = GatewayClient(server.url, ["double"])
+    client = UniRLClient(server.url, ["double"])
     wire = [client.wire_request([{"text": "q"}, {"text": "replay me"}], sample_id="k1")]
     first = client.post(wire)
     calls = len(DoubleScorer.batches)
@@ -169,16 +169,16 @@ def test_what_a_scorer_sees_for_each_history_shape():
 
 def test_version_pins_and_request_errors(server):
     identity = scorer_identity(server.url, "len")
-    pinned = GatewayClient(server.url, ["len"], expected_scorer_version=identity)
+    pinned = UniRLClient(server.url, ["len"], expected_scorer_version=identity)
     assert pinned.rewards(pinned.post([pinned.wire_request([{"text": "q"}, {"text": "abc"}])]))[0] == [3.0]
     for client in (
-        GatewayClient(server.url, ["len"], expected_scorer_version="stale"),
-        GatewayClient(server.url, ["len", "rm"], expected_scorer_version=identity),
+        UniRLClient(server.url, ["len"], expected_scorer_version="stale"),
+        UniRLClient(server.url, ["len", "rm"], expected_scorer_version=identity),
     ):
         with pytest.raises(Exception) as info:
             client.post([client.wire_request([{"text": "q"}, {"text": "abc"}])])
         assert info.value.response.status_code == 400 and client.posts == 1  # a 400 is not retried
-    unknown = GatewayClient(server.url, ["nope"])
+    unknown = UniRLClient(server.url, ["nope"])
     with pytest.raises(Exception) as info:
         unknown.post([unknown.wire_request([{"text": "x"}])])
     assert info.value.response.status_code == 400 and "nope" in info.value.response.json()["message"]
@@ -206,7 +206,7 @@ def test_health_and_rewards(server):
 def test_a_composites_components_follow_its_total(server, direct_scores, direct_components):
     """Issue 38 item 4: protocol "1" answers `{reward: {metric: value}}`; a composite's total is
     the first metric (the one UniRL's client reads), its components follow under their names."""
-    client = GatewayClient(server.url, ["reward", "lenient"])
+    client = UniRLClient(server.url, ["reward", "lenient"])
     wire = [client.wire_request([{"text": "Say hello."}, {"text": t}]) for t in ("Hello there!", "NAN")]
     merged = client.post(wire)
     items = [{"id": str(i), "prompt": [{"role": "user", "content": "Say hello."}], "response": t}
@@ -216,6 +216,6 @@ def test_a_composites_components_follow_its_total(server, direct_scores, direct_
         assert list(result["reward"]) == ["score", "model", "length"]
         assert result["reward"]["score"] == pytest.approx(total, abs=1e-5)
         assert {k: result["reward"][k] for k in want} == pytest.approx(want, abs=1e-5)
-    values, problems = GatewayClient(server.url, ["reward"]).rewards(merged)  # its first metric
+    values, problems = UniRLClient(server.url, ["reward"]).rewards(merged)  # its first metric
     assert problems == [None, None] and values == pytest.approx(totals, abs=1e-5)
     assert merged["results"][1]["lenient"] == {"score": 9.0, "len": 3.0}  # `dbl` left out: no key
