@@ -209,7 +209,7 @@ class CompositeOptions(ScorerOptions):
     aggregation: Literal["weighted_sum", "mean", "min", "max"] = "weighted_sum"
     """Σ w·s, Σ w·s / Σ w, or the min / max over the components' scores."""
     on_failure: Literal["fail", "renormalize"] = "fail"
-    """A failed component fails the item, or is left out and the rest reweighted (unless `required`)."""
+    """A failed component fails the item; or a service failure is left out and the rest reweighted, an item failure counts as the component's `floor` (unless `required`)."""
     group_normalize: bool = False
     """After aggregation, (r - mean) / std over the items of one `group_id` (GRPO)."""
     group_size: int | None = Field(None, ge=1)
