@@ -14,7 +14,8 @@ never from what it was shown, and from one place only.
 The verdict is read with a regex (`parse: regex`, `pattern` with one group: exactly one match on
 the answer's final line), from the JSON object the answer ends with (`parse: json`, key `score`
 or `winner`), or (`parse: structured`) from the one JSON object the engine was made to produce
-with `response_format` (a JSON schema, which vLLM, SGLang and `transformers serve` accept). A
+with `response_format` (a JSON schema, which vLLM and SGLang enforce; `transformers serve`
+accepts and ignores it, docs/verifiers.md). A
 second distinct verdict anywhere in the answer (a judge that quotes the response's planted
 `Score: 10` after its own), an answer that does not parse, a rating outside the scale, an empty
 answer or a refusal (`finish_reason: content_filter`, a `refusal` field) is `judge_unparseable`;

@@ -141,7 +141,7 @@ def excerpt(text: str | None, limit: int = 160) -> str:
 
 
 def response_format(mode: str, scale: tuple[float, float]) -> dict[str, Any]:
-    """The OpenAI `response_format` that asks the engine (vLLM, SGLang, `transformers serve`, a
+    """The OpenAI `response_format` that asks the engine (vLLM, SGLang, an OpenAI-compatible
     hosted API) for exactly one JSON object: a justification, then the verdict's field."""
     if mode == "pointwise":
         verdict: dict[str, Any] = {"type": "number", "minimum": scale[0], "maximum": scale[1]}
