@@ -5,7 +5,7 @@
   (`<prompt>`, `<response>`, `<reference>`, `<response_a>`, `<response_b>`) that the text inside
   cannot close: `fence` normalises the text as a tokenizer may read it (NFKC, invisible
   characters removed, the other look-alikes of `<`, `/`, `>` made ASCII) and takes the opening
-  bracket off any tag of those names, in linear time (RE2), so no spelling of a closing tag lets
+  bracket off any tag of those names, in linear time, so no spelling of a closing tag lets
   a response end its block early and write instructions or a fake verdict outside it
   (tests/security/test_judge_and_math_hacking.py, test_judge_verdicts.py).
 - The answer's parsers, which read the judge's answer only, never what it was shown, and from
@@ -21,6 +21,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import json
+import re
 from typing import Any
 
 import re2
@@ -72,15 +73,15 @@ _LOOKALIKES = {
 }
 """Look-alikes of `<`, `/` and `>` that NFKC leaves alone (angle quotes and brackets, the division
 and fraction slashes, the combining long solidus and what NFKC composes with it: `≮`, `≯`)."""
-_TO_ASCII = str.maketrans(
-    {
-        **{chr(c): None for lo, hi in _INVISIBLE_RANGES for c in range(lo, hi + 1)},
-        **{c: ascii_char for ascii_char, chars in _LOOKALIKES.items() for c in chars},
-    }
+_INVISIBLE = re.compile(
+    "[" + "".join(f"{chr(lo)}-{chr(hi)}" if hi > lo else chr(lo) for lo, hi in _INVISIBLE_RANGES) + "]+"
 )
-_DELIMITER = re2.compile(r"(?i)<([\s\pZ]*/?[\s\pZ]*(?:prompt|response_a|response_b|response|reference)\b)")
-"""An opening or closing tag of the templates' names, after `normalize` (RE2: linear time, so
-`x <` and 16,000 spaces costs what it reads)."""
+"""Runs of invisible characters: one character class, so linear in `re` as well."""
+_DELIMITER = re.compile(r"<(?=\s*(?:/\s*)?(?:prompt|response_a|response_b|response|reference)\b)", re.I)
+"""A `<` that opens or closes one of the templates' tags. Linear by construction: the lookahead
+reads only the spaces after its own `<`, and its two runs of spaces are kept apart by the `/`, so
+backtracking one run never retries the other (the old `\\s*/?\\s*` split one run of 16,000
+spaces every possible way); the replacement is a constant, so `sub` never calls back into Python."""
 
 
 def normalize(text: str) -> str:
@@ -89,7 +90,15 @@ def normalize(text: str) -> str:
     `<`, `/`, `>` mapped to ASCII."""
     import unicodedata
 
-    return unicodedata.normalize("NFKC", text).translate(_TO_ASCII)
+    text = unicodedata.normalize("NFKC", text)
+    if text.isascii():
+        return text
+    text = _INVISIBLE.sub("", text)
+    for ascii_char, chars in _LOOKALIKES.items():
+        for char in chars:
+            if char in text:  # a few C-speed passes; `str.translate` with a dict is ~20x slower
+                text = text.replace(char, ascii_char)
+    return text
 
 
 def fence(text: str) -> str:
@@ -98,7 +107,7 @@ def fence(text: str) -> str:
     spaces or any case), so no spelling of a closing tag survives and a response cannot close its
     block and write outside it. The judge is shown the normalised text: what was checked is
     exactly what it reads."""
-    return _DELIMITER.sub(lambda m: "&lt;" + m.group(1), normalize(text))
+    return _DELIMITER.sub("&lt;", normalize(text))
 
 
 INSTRUCTIONS = {
