@@ -261,3 +261,17 @@ def test_a_composites_components_reach_openrlhfs_extra_logs(
     assert set(r.json()["extra_logs"]) == {"lenient", "lenient/left_out"}
     failed = httpx.post(f"{server.url}/get_reward?scorer=guarded", json={"query": ["abcd", "NAN!"]})
     assert failed.status_code == 500 and failed.json()["code"] == "non_finite"  # never a number
+
+
+def test_item_penalty_rewards_the_items_own_failure_and_says_which_kind(server):
+    """`double`: "ERR" is an item-kind failure, "NAN" a service-kind one."""
+    body = {"query": ["ok", "ERR"], "prompts": ["", ""], "labels": [None, None]}
+    r = httpx.post(f"{server.url}/get_reward?scorer=double", json=body)
+    assert r.status_code == 422 and r.json()["code"] == "bad_image" and r.json()["kind"] == "item"
+    r = httpx.post(f"{server.url}/get_reward?scorer=double&item_penalty=-1", json=body)
+    assert r.status_code == 200, r.text
+    assert r.json()["rewards"] == [2.0, -1.0] and r.json()["extra_logs"]["double/penalised"] == [0.0, 1.0]
+    r = httpx.post(
+        f"{server.url}/get_reward?scorer=double&item_penalty=-1", json={**body, "query": ["ok", "NAN"]}
+    )
+    assert r.status_code == 500 and r.json()["kind"] == "service"  # never penalised: OpenRLHF retries

@@ -241,3 +241,26 @@ def test_a_component_without_a_number_is_a_failure_never_a_value(server):
         RemoteRewards(server.url, composite="len")
     with pytest.raises(UsageError, match="one of them"):
         RemoteRewards(server.url)
+
+
+def test_item_penalty_rewards_the_items_own_failures_and_service_failures_still_follow_on_error(server):
+    """`double`: "ERR" is an item-kind failure (the policy's doing), "NAN" a service-kind one."""
+    metrics = {}
+    reward = RemoteReward(server.url, scorer="double", on_error="none", item_penalty=-1.0)
+    out = reward(prompts=["p"] * 3, completions=["ok", "ERR", "NAN"], log_metric=metrics.__setitem__)
+    assert out == [2.0, -1.0, None]
+    assert metrics == {
+        "rewardplane_double/failed_frac": pytest.approx(1 / 3),
+        "rewardplane_double/penalised_frac": pytest.approx(1 / 3),
+    }
+    with pytest.raises(ScoreError) as info:
+        RemoteReward(server.url, scorer="double")(prompts=["p"] * 3, completions=["ok", "ERR", "NAN"])
+    assert [(f.code, f.kind) for f in info.value.failures] == [
+        ("bad_image", "item"),
+        ("non_finite", "service"),
+    ]
+    assert [f.id for f in info.value.item_failures] == ["1"] and [
+        f.id for f in info.value.service_failures
+    ] == ["2"]
+    with pytest.raises(UsageError, match="item_penalty"):
+        RemoteReward(server.url, scorer="double", item_penalty=float("nan"))

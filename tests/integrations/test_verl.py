@@ -222,3 +222,17 @@ def test_a_component_without_a_number_fails_the_sample_and_components_false_give
     outputs = run(w, w.compute_score_batch(data))
     assert all(set(o["reward_extra_info"]) == {"acc"} for o in outputs)  # a float: verl's own key
     assert outputs[3]["reward_score"] == 3 * len(RESPONSES[3])  # renormalised: len alone, scaled
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_item_penalty_rewards_the_items_own_failure_and_a_service_failure_still_raises(
+    server, tokenizer, tmp_path, name
+):
+    """`double`: "ERR" is an item-kind failure (penalised), "NAN" a service-kind one (raises)."""
+    responses = [GOOD[0], "ERR", GOOD[2]]
+    w = reward_loop_worker(tmp_path, name, url=server.url, scorer="double", item_penalty=-1.0)
+    outputs = run(w, w.compute_score_batch(padded_chunk(tokenizer, responses)))
+    assert [o["reward_score"] for o in outputs] == [float(len(GOOD[0])), -1.0, float(len(GOOD[2]))]
+    with pytest.raises(ScoreError) as info:
+        run(w, w.compute_score_batch(padded_chunk(tokenizer, [GOOD[0], "NAN"])))
+    assert [(f.code, f.kind) for f in info.value.failures] == [("non_finite", "service")]

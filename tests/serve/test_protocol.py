@@ -21,6 +21,7 @@ from rewardplane.serve.protocol import (
     ROUTE_ERROR_CODES,
     DetailedScore,
     ItemError,
+    ItemErrorCode,
     ItemIn,
     ItemScores,
     RequestErrorCode,
@@ -136,7 +137,7 @@ def test_a_response_decodes_to_what_was_encoded():
     assert decoded.problems == ()
     assert decoded.results == [
         ItemScores("a", {"s": 0.5, "t": 1.0}, {}, {"s": {"left_out": ["rm"]}}),
-        ItemScores("b", {"t": -2.0}, {"s": {"code": "non_finite", "message": "NaN"}}, {}),
+        ItemScores("b", {"t": -2.0}, {"s": {"code": "non_finite", "message": "NaN", "kind": "service"}}, {}),
     ]
     assert decode_score_response(body, ["b", "a"], ["s", "t"]).problems == ("order_mismatch",)
     assert decode_score_response(body, ["a", "b"], ["s"]).problems == ("extra_scorer",)
@@ -180,6 +181,10 @@ def _doc_codes(heading: str, column: int) -> set[str]:
 
 def test_docs_list_exactly_the_codes_the_protocol_defines():
     assert _doc_codes("Per-item errors", 1) == set(ITEM_ERROR_CODES)
+    text = DOCS.read_text()
+    table = text[text.index("Per-item errors") :].split("\n\n")[1]
+    kinds = {row.split("|")[1].strip(" `"): row.split("|")[2].strip() for row in table.splitlines()[2:]}
+    assert kinds == {code.value: code.kind for code in ItemErrorCode}  # one kind per code, as defined
     defined = {code.value for code in RequestErrorCode} | set(ROUTE_ERROR_CODES.values())
     assert _doc_codes("Whole-request errors", 2) == defined
 

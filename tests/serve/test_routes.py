@@ -72,7 +72,7 @@ def test_the_score_route_alone_checks_the_request_and_every_value():
     results = r.json()["results"]
     assert results[0]["scores"] == {"n": 3.0}
     assert results[1]["errors"]["n"]["code"] == "non_finite"  # the route's own check, not the backend's
-    assert results[2]["errors"]["n"] == {"code": "bad_input", "message": "bad"}
+    assert results[2]["errors"]["n"] == {"code": "bad_input", "message": "bad", "kind": "item"}
     pinned = http.post("/v1/score", json={"scorers": ["n"], "items": items[:1], "pin": {"n": "other"}})
     assert pinned.status_code == 409 and pinned.json()["code"] == "identity_mismatch"
     many = http.post("/v1/score", json={"scorers": ["n"], "items": [{"id": str(k)} for k in range(5)]})

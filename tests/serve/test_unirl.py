@@ -219,3 +219,14 @@ def test_a_composites_components_follow_its_total(server, direct_scores, direct_
     values, problems = UniRLClient(server.url, ["reward"]).rewards(merged)  # its first metric
     assert problems == [None, None] and values == pytest.approx(totals, abs=1e-5)
     assert merged["results"][1]["lenient"] == {"score": 9.0, "len": 3.0}  # `dbl` left out: no key
+
+
+def test_each_error_says_whose_failure_it_is(server):
+    """`error_kinds`, beside the protocol's `errors` (which UniRL's client reads unchanged)."""
+    client = UniRLClient(server.url, ["len", "double"])
+    reqs = [client.wire_request([{"text": "q"}, {"text": t}]) for t in ("ok", "ERR", "NAN")]
+    raw = httpx.post(
+        f"{server.url}/score", json={"protocol_version": "1", "requests": reqs}, timeout=60
+    ).json()
+    assert raw["error_kinds"] == [{}, {"double": "item"}, {"double": "service"}]
+    assert raw["errors"][1]["double"].startswith("bad_image: ")

@@ -31,7 +31,8 @@ class DoubleOptions(ScorerOptions):
 
 class DoubleScorer(Scorer):
     """Scores len(response), except: "NAN" -> NaN, "INF" -> inf, "RAISE" -> the batch raises,
-    "STR" -> a non-number, "ERR" -> an ItemError. `options.sleep_s` slows every batch,
+    "STR" -> a non-number, "ERR" -> an item-kind ItemError (`bad_image`), "DOWN" -> a
+    service-kind one (`sandbox_error`). `options.sleep_s` slows every batch,
     `options.fail_warmup` breaks the warm-up. Every batch size is recorded in `batches`."""
 
     kind: ClassVar[str] = "double"
@@ -63,6 +64,8 @@ class DoubleScorer(Scorer):
                 out.append("not a number")
             elif "ERR" in text:
                 out.append(ItemError("bad_image", "double item error"))
+            elif "DOWN" in text:
+                out.append(ItemError("sandbox_error", "double service error"))
             else:
                 out.append(float(len(text)))
         return out

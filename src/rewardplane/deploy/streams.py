@@ -29,6 +29,7 @@ class OwnStream(Scorer):
         self.kind = inner.kind
         self.modality = inner.modality
         self.reads = inner.reads  # the admission contract is the wrapped scorer's
+        self.lowest_score = inner.lowest_score  # what a composite floors an item failure at
         self.stream: Any = None
 
     def load(self) -> None:

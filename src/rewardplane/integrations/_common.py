@@ -12,6 +12,9 @@ from typing import Any
 from rewardplane.core.errors import UsageError
 from rewardplane.serve.client import ItemFailure, ItemScores, ScoreError
 
+ITEM_KIND = "item"
+"""`ItemFailure.kind` of a failure the item caused (docs/serve.md "Failure kinds")."""
+
 
 def setting(value: str | None, env: str, *, required: bool = False, what: str = "") -> str | None:
     """`value` if given, else the environment variable `env`; missing and `required` is a UsageError."""
@@ -101,24 +104,49 @@ def _score_of(result: ItemScores, scorer: str) -> float | dict[str, str]:
 
 
 def split_results(
-    results: list[ItemScores], scorer: str, component: str | None = None
-) -> tuple[list[float | None], list[ItemFailure]]:
-    """Each item's score (None where it failed) and the failures, checked once more for
-    finiteness: the scorer's own, or with `component` one of a composite scorer's components
-    (`ItemScores.component`: an error where the composite failed the item or left it out).
-    A component's failures are named `<scorer>.<component>`."""
+    results: list[ItemScores],
+    scorer: str,
+    component: str | None = None,
+    *,
+    item_penalty: float | None = None,
+) -> tuple[list[float | None], list[ItemFailure], list[ItemFailure]]:
+    """Each item's score (None where it failed), the failures, and the failures penalised:
+    checked once more for finiteness, the scorer's own, or with `component` one of a composite
+    scorer's components (`ItemScores.component`: an error where the composite failed the item or
+    left it out). A component's failures are named `<scorer>.<component>`. With `item_penalty`,
+    a failure of the item's own kind (`ItemFailure.kind == "item"`: the policy's doing) gets that
+    value instead and is listed apart; a service failure stays a failure (mask or retry)."""
     label = scorer if component is None else f"{scorer}.{component}"
     values: list[float | None] = []
     failures: list[ItemFailure] = []
+    penalised: list[ItemFailure] = []
     for r in results:
         value = _score_of(r, scorer) if component is None else r.component(scorer, component)
         if isinstance(value, dict):
             code, message = str(value.get("code")), str(value.get("message", ""))
-            failures.append(ItemFailure(r.id, label, code, message))
+            failure = ItemFailure(r.id, label, code, message, str(value.get("kind", "")))
+            if item_penalty is not None and failure.kind == ITEM_KIND:
+                penalised.append(failure)
+                values.append(float(item_penalty))
+                continue
+            failures.append(failure)
             values.append(None)
         else:
             values.append(float(value))
-    return values, failures
+    return values, failures, penalised
+
+
+def check_penalty(item_penalty: float | None) -> float | None:
+    """`item_penalty` as a finite float (a reward), or None; anything else is a UsageError."""
+    if item_penalty is None:
+        return None
+    if (
+        isinstance(item_penalty, bool)
+        or not isinstance(item_penalty, int | float)
+        or not math.isfinite(item_penalty)
+    ):
+        raise UsageError(f"item_penalty must be a finite number or None, got {item_penalty!r}")
+    return float(item_penalty)
 
 
 def composite_components(listed: list[dict[str, Any]], name: str, url: str) -> list[dict[str, Any]]:

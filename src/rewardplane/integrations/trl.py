@@ -60,6 +60,7 @@ from typing import Any, Literal
 from rewardplane.core.errors import UsageError
 from rewardplane.integrations._common import (
     as_turns,
+    check_penalty,
     composite_components,
     pick_scorer,
     raise_failures,
@@ -137,9 +138,18 @@ class _Settings:
     """What every reward function of this module takes besides the service: failure policy,
     the dataset column sent as `reference`, request size, the audit callback."""
 
-    def __init__(self, on_error: OnError, reference_key: str | None, batch_size: int, audit: Any) -> None:
+    def __init__(
+        self,
+        on_error: OnError,
+        reference_key: str | None,
+        batch_size: int,
+        audit: Any,
+        item_penalty: float | None = None,
+    ) -> None:
         if on_error not in ("raise", "none"):
             raise UsageError(f"on_error must be 'raise' or 'none', got {on_error!r}")
+        # the reward of an item-kind failure (the policy's doing); None: it follows on_error too
+        self.item_penalty = check_penalty(item_penalty)
         if batch_size < 1:
             raise UsageError(f"batch_size must be >= 1, got {batch_size}")
         self.on_error, self.reference_key, self.batch_size = on_error, reference_key, batch_size
@@ -192,11 +202,15 @@ class _Settings:
         if audit and self.audit is not None and callable(log_metric):  # audit/* next to TRL's own
             for key, value in self.audit.metrics.items():
                 log_metric(key, value)
-        values, failures = split_results(results, scorer, component)
+        values, failures, penalised = split_results(
+            results, scorer, component, item_penalty=self.item_penalty
+        )
         if self.on_error == "raise":
             raise_failures(failures, results)
         if callable(log_metric) and values:  # on_error="none": how much of the batch had no reward
             log_metric(f"{name}/failed_frac", len(failures) / len(values))
+            if self.item_penalty is not None:
+                log_metric(f"{name}/penalised_frac", len(penalised) / len(values))
         return values
 
 
@@ -214,8 +228,9 @@ class _RemoteRewardBase:
         timeout: float = 120.0,
         max_retries: int = 6,
         audit: Any = None,
+        item_penalty: float | None = None,
     ) -> None:
-        self.settings = _Settings(on_error, reference_key, batch_size, audit)
+        self.settings = _Settings(on_error, reference_key, batch_size, audit, item_penalty)
         self.remote = _Remote(url, token, timeout, max_retries)
         self.url, self.token, self.on_error = self.remote.url, self.remote.token, on_error
         scorer = setting(scorer, "REWARDPLANE_SCORER")
@@ -238,6 +253,8 @@ class RemoteReward(_RemoteRewardBase):
     `REWARDPLANE_TOKEN`; with no scorer, the service must host exactly one. `reference_key` names a
     dataset column sent as each item's `reference` (e.g. for `exact_match`). Requests of up to
     `batch_size` items; retries as `RewardClient` does (429/503/connection errors).
+    `item_penalty`: the reward of a failure of the item's own kind (a timeout, a crash, an
+    unreadable judge answer: the policy's doing); service failures still follow `on_error`.
     """
 
     def __call__(
@@ -299,11 +316,12 @@ class RemoteRewards(list):
         audit: Any = None,
         asynchronous: bool = False,
         prefix: str = "rewardplane_",
+        item_penalty: float | None = None,
     ) -> None:
         super().__init__()
         if (scorers is None) == (composite is None):
             raise UsageError("RemoteRewards needs scorers=[...] or composite=NAME (one of them)")
-        self.settings = _Settings(on_error, reference_key, batch_size, audit)
+        self.settings = _Settings(on_error, reference_key, batch_size, audit, item_penalty)
         self.remote = _Remote(url, token, timeout, max_retries)
         if composite is not None:
             listed = self.remote.scorers()

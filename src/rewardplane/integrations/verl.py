@@ -175,13 +175,14 @@ def _answer(
 ) -> float | dict[str, float]:
     """The item's score, or for a composite (unless `components=false`) `{"score": total,
     <component>: value, ...}`; any failure, a component's included, raises `ScoreError`."""
-    values, failures = common.split_results(results, scorer)
+    penalty = common.check_penalty(kwargs.get("item_penalty"))
+    values, failures, _ = common.split_results(results, scorer, item_penalty=penalty)
     components = _components.get((url, scorer), ()) if kwargs.get("components", True) else ()
-    parts = {c: common.split_results(results, scorer, c) for c in components}
-    common.raise_failures(failures + [f for _, fails in parts.values() for f in fails], results)
+    parts = {c: common.split_results(results, scorer, c, item_penalty=penalty) for c in components}
+    common.raise_failures(failures + [f for _, fails, _ in parts.values() for f in fails], results)
     if not components:
         return float(values[0])  # type: ignore[arg-type]
-    return {TOTAL: float(values[0]), **{c: float(v[0]) for c, (v, _) in parts.items()}}  # type: ignore[arg-type]
+    return {TOTAL: float(values[0]), **{c: float(v[0]) for c, (v, _, _) in parts.items()}}  # type: ignore[arg-type]
 
 
 def compute_score(

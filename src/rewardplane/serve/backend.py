@@ -245,6 +245,10 @@ class HostedScorer:
     def info(self) -> ScorerInfo:
         return self.backend._infos[self.name]
 
+    @property
+    def lowest_score(self) -> float | None:
+        return self.backend._scorers[self.name].lowest_score
+
 
 def _referenced_first(scorers: list[Scorer]) -> list[Scorer]:
     """Scorers named by others load (and warm up) before those that score through them."""

@@ -30,6 +30,7 @@ import httpx
 
 from rewardplane.core.errors import RewardplaneError
 from rewardplane.serve.protocol import (
+    FAILURE_KINDS,
     HTTP_ERROR_CODE,
     IDEMPOTENCY_KEY_HEADER,
     INVALID_RESPONSE_CODE,
@@ -42,6 +43,7 @@ from rewardplane.serve.protocol import (
     ScoreItem,
     decode_score_response,
     encode_score_request,
+    failure_kind,
     lifecycle_route,
 )
 from rewardplane.serve.retries import RetryPolicy
@@ -63,6 +65,12 @@ class ItemFailure:
     scorer: str
     code: str
     message: str
+    kind: str = ""
+    """`item` (the policy's own failure) or `service` (mask or retry); empty: `failure_kind(code)`."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in FAILURE_KINDS:
+            object.__setattr__(self, "kind", failure_kind(self.code))
 
 
 class ServiceError(RewardplaneError):
@@ -97,6 +105,16 @@ class ScoreError(RewardplaneError):
         super().__init__(f"{len(failures)} item score(s) failed: {head}{more}")
         self.failures = failures
         self.results = results
+
+    @property
+    def service_failures(self) -> list[ItemFailure]:
+        """The failures that are not the policy's doing (mask the samples, or retry the batch)."""
+        return [f for f in self.failures if f.kind == "service"]
+
+    @property
+    def item_failures(self) -> list[ItemFailure]:
+        """The items' own failures (what the policy wrote): penalise, never retry."""
+        return [f for f in self.failures if f.kind == "item"]
 
 
 def score_request_kwargs(
@@ -134,7 +152,11 @@ def _parse(
         found = "; ".join(RESPONSE_PROBLEMS[p] for p in decoded.problems)
         raise ServiceError(200, INVALID_RESPONSE_CODE, f"the answer is not what was asked: {found}")
     results = decoded.results
-    failures = [ItemFailure(r.id, s, e["code"], e["message"]) for r in results for s, e in r.errors.items()]
+    failures = [
+        ItemFailure(r.id, s, e["code"], e["message"], e.get("kind", ""))
+        for r in results
+        for s, e in r.errors.items()
+    ]
     if failures and not allow_partial:
         raise ScoreError(failures, results)
     return results
@@ -484,7 +506,10 @@ class _Stream:
             result = ItemScores(item_id, wire.scores, wire.errors, wire.details)
             if fut.done():
                 continue
-            failures = [ItemFailure(result.id, s, e["code"], e["message"]) for s, e in result.errors.items()]
+            failures = [
+                ItemFailure(result.id, s, e["code"], e["message"], e.get("kind", ""))
+                for s, e in result.errors.items()
+            ]
             if failures and not client.allow_partial:
                 fut.set_exception(ScoreError(failures, [result]))
             else:

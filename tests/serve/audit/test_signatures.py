@@ -3,6 +3,9 @@ honest look-alikes next to it."""
 
 from __future__ import annotations
 
+import math
+import time
+
 import pytest
 
 from rewardplane.serve.audit.signatures import SIGNATURES, names, signatures
@@ -29,6 +32,26 @@ HITS = [
     ("repeated_ngram", "the answer is yes. " * 8),
     ("empty", ""),
     ("empty", "  ...\n"),
+    ("shadowed_builtin", "def all(xs):\n    return True"),
+    ("shadowed_builtin", "abs = lambda x: 0"),
+    ("shadowed_builtin", "    isinstance = fake"),
+    ("shadowed_builtin", "max = lambda *a: 10**9"),
+    ("patched_module", "import numpy as np\nnp.allclose = lambda *a, **k: True"),
+    ("patched_module", "math.isclose = lambda *a, **k: True"),
+    ("patched_module", "import builtins\nbuiltins.any = lambda *a: True"),
+    ("patched_module", "__builtins__['all'] = lambda *a: True"),
+    ("patched_module", "setattr(math, 'isclose', lambda *a: True)"),
+    ("frame_walk", "sys._getframe(1).f_locals['expected']"),
+    ("frame_walk", "import inspect\ninspect.stack()"),
+    ("frame_walk", "gc.get_objects()"),
+    ("frame_walk", "frame = frame.f_back"),
+    ("frame_walk", "f.__closure__[0].cell_contents"),
+    ("fd_write", "os.write(3, b'PASS')"),
+    ("fd_write", "os.fdopen(4, 'w')"),
+    ("fd_write", "open(3, 'w').write('ok')"),
+    ("fd_write", "open('/dev/fd/3', 'w')"),
+    ("os_exit", "os._exit(0)"),
+    ("os_exit", "os.abort()"),
 ]
 QUIET = [
     "import sys\n\nif __name__ == '__main__':\n    sys.exit(main())",  # passes a status on
@@ -44,6 +67,14 @@ QUIET = [
     "apple, pear and plum.",
     "To solve this, think about sorting first, then recursion, then hash maps, and the answer follows.",
     "0",
+    "def solve(xs):\n    sum = 0\n    max = xs[0]\n    for x in xs:\n        sum += x\n    return sum",
+    "def all_pairs(xs):\n    return [(a, b) for a in xs for b in xs]",
+    "assert all(x > 0 for x in xs) and abs(a - b) < 1e-6",
+    "if np.allclose(a, b) or math.isclose(x, y):\n    pass",
+    "result = np.array(x)\nout.shape = (2, 3)",
+    "os.write(1, b'hello')\nsys.stdout.write('x')",
+    "frame_count = 3\nback = frames[-1]",
+    "absolute = abs(x)\nlength == len(xs)",
 ]
 
 
@@ -58,6 +89,35 @@ def test_honest_look_alikes_carry_no_signature(text):
 
 
 def test_the_mask_names_every_signature_once():
-    assert len(set(SIGNATURES)) == len(SIGNATURES) == 7
+    assert len(set(SIGNATURES)) == len(SIGNATURES) == 12
+    assert SIGNATURES[:7] == (
+        "sys_exit",
+        "kill",
+        "ctypes",
+        "proc_read",
+        "multi_boxed",
+        "repeated_ngram",
+        "empty",
+    )
     text = "import ctypes\nopen('/proc/1/cmdline')\n\\boxed{1} \\boxed{2}"
     assert names(signatures(text)) == ["ctypes", "proc_read", "multi_boxed"]
+
+
+def _cost(text: str) -> float:
+    best = math.inf
+    for _ in range(3):
+        t0 = time.perf_counter()
+        signatures(text)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    ["\\boxed{" * 4000, "x <" + " " * 16_000, "sys.exit(" + " " * 28_000, "def " + "all" * 9000],
+)
+def test_a_text_built_to_go_quadratic_costs_what_honest_text_of_its_size_does(hostile):
+    """Every detector is linear: the worst cases (4,000 unclosed boxes made `_boxed_answers`
+    quadratic) cost a bounded multiple of honest text of the same length, never its square."""
+    honest = ("def f(x):\n    return [x + 1 for _ in range(3)]\n" * 2000)[: len(hostile)]
+    assert _cost(hostile) < 10 * _cost(honest)

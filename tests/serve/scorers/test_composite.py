@@ -57,26 +57,43 @@ def test_a_failed_component_fails_the_item_by_default():
     assert isinstance(raised, ItemError) and raised.code == "scorer_failed"
 
 
-def test_renormalize_leaves_out_and_says_so():
+def test_renormalize_leaves_out_a_service_failure_and_says_so():
     s = build(on_failure="renormalize", components=[{**LEN, "weight": 1.0}, {**DOUBLE, "weight": 3.0}])
-    ok, err = s.score_batch([item("abcd"), item("ERR")])
+    ok, err = s.score_batch([item("abcd"), item("DOWN")])
     assert ok == 16.0 and ok.left_out == () and ok.detail == {"components": {"len": 4.0, "dbl": 4.0}}
-    # only `len` is left: 3 * (1 + 3) / 1 -- the weights of the rest are rescaled to the total
-    assert err == 12.0 and isinstance(err, CompositeScore) and err.left_out == ("dbl",)
-    assert err.detail["components"] == {"len": 3.0}  # the left-out one has no number
-    assert err.detail["component_errors"]["dbl"]["code"] == "bad_image"
+    # only `len` is left: 4 * (1 + 3) / 1 -- the weights of the rest are rescaled to the total
+    assert err == 16.0 and isinstance(err, CompositeScore) and err.left_out == ("dbl",)
+    assert err.detail["components"] == {"len": 4.0}  # the left-out one has no number
+    assert err.detail["component_errors"]["dbl"] == {
+        "code": "sandbox_error",
+        "message": "double service error",
+        "kind": "service",
+    }
     assert s.info().extra["left_out_counts"] == {"len": 0, "dbl": 1}
     mean = build(aggregation="mean", on_failure="renormalize", components=[LEN, DOUBLE])
-    (m,) = mean.score_batch([item("ERR")])
-    assert m == 3.0 and m.left_out == ("dbl",)
+    (m,) = mean.score_batch([item("DOWN")])
+    assert m == 4.0 and m.left_out == ("dbl",)
+
+
+def test_renormalize_never_leaves_out_the_items_own_failure():
+    """An item-kind failure (the policy's doing) counts as the component's lowest score, or
+    fails the item where the kind has none; it is never renormalised over."""
+    no_floor = build(on_failure="renormalize", components=[LEN, DOUBLE])  # `double` has no lowest score
+    (got,) = no_floor.score_batch([item("ERR")])
+    assert isinstance(got, ItemError) and got.code == "bad_image" and "'dbl'" in got.message
+    floored = build(on_failure="renormalize", components=[LEN, {**DOUBLE, "weight": 3.0, "floor": -1.0}])
+    (got,) = floored.score_batch([item("ERR")])
+    assert got == 3.0 + 3 * -1.0 and got.left_out == ()
+    assert got.detail["components"] == {"len": 3.0, "dbl": -1.0} and got.detail["floored"] == ["dbl"]
+    assert got.detail["component_errors"]["dbl"]["kind"] == "item"
 
 
 def test_renormalize_still_fails_for_required_or_all_failed():
     s = build(on_failure="renormalize", components=[LEN, {**DOUBLE, "required": True}])
-    (got,) = s.score_batch([item("ERR")])
-    assert isinstance(got, ItemError) and got.code == "bad_image"
+    (got,) = s.score_batch([item("DOWN")])
+    assert isinstance(got, ItemError) and got.code == "sandbox_error"
     both = build(on_failure="renormalize", components=[DOUBLE, {**DOUBLE, "name": "dbl2"}])
-    (got,) = both.score_batch([item("ERR")])
+    (got,) = both.score_batch([item("DOWN")])
     assert isinstance(got, ItemError)
 
 
@@ -201,7 +218,7 @@ def test_components_and_left_out_reach_the_http_response_and_the_python_client()
         "options": {"components": [LEN, {**DOUBLE, "weight": 3.0}], "on_failure": "renormalize"},
     }
     with LiveServer(make_config([comp, {"name": "len", "kind": "length"}])) as server:
-        items = [{"id": "ok", "response": "abcd"}, {"id": "left", "response": "ERR"}]
+        items = [{"id": "ok", "response": "abcd"}, {"id": "left", "response": "DOWN"}]
         r = httpx.post(
             server.url + "/v1/score", json={"scorers": ["reward", "len"], "items": items}, timeout=30
         )
@@ -209,16 +226,16 @@ def test_components_and_left_out_reach_the_http_response_and_the_python_client()
         ok, left = r.json()["results"]
         assert ok["details"] == {"reward": {"components": {"len": 4.0, "dbl": 4.0}}}
         assert ok["scores"]["reward"] == 16.0 and "len" not in ok["details"]  # a plain scorer has none
-        assert left["scores"]["reward"] == 12.0
-        assert left["details"]["reward"]["components"] == {"len": 3.0}
+        assert left["scores"]["reward"] == 16.0
+        assert left["details"]["reward"]["components"] == {"len": 4.0}
         assert left["details"]["reward"]["left_out"] == ["dbl"]
-        assert left["details"]["reward"]["component_errors"]["dbl"]["code"] == "bad_image"
+        assert left["details"]["reward"]["component_errors"]["dbl"]["code"] == "sandbox_error"
         with RewardClient(server.url) as client:
             got = client.score(items, ["reward"])
         assert got[0].details == {"reward": {"components": {"len": 4.0, "dbl": 4.0}}}
-        assert got[1].details["reward"]["left_out"] == ["dbl"] and got[1].scores == {"reward": 12.0}
-        assert (got[0].component("reward", "dbl"), got[1].component("reward", "len")) == (4.0, 3.0)
-        assert got[1].component("reward", "dbl")["code"] == "bad_image"  # an error, never a number
+        assert got[1].details["reward"]["left_out"] == ["dbl"] and got[1].scores == {"reward": 16.0}
+        assert (got[0].component("reward", "dbl"), got[1].component("reward", "len")) == (4.0, 4.0)
+        assert got[1].component("reward", "dbl")["code"] == "sandbox_error"  # an error, never a number
 
 
 HOSTED = [

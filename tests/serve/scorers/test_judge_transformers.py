@@ -83,7 +83,12 @@ def test_a_generated_answer_is_parsed_in_left_padded_batches(seven, tokenizer):
     got = s.score_batch(items)
     assert got == [pytest.approx((7 - 1) / 9)] * 4  # 4 prompts of different lengths, 2 batches of 2
     script_len = len(tokenizer("Score:7", add_special_tokens=False)["input_ids"]) + 1
-    assert s.info().extra["counters"] == {"prompts": 4, "generated_tokens": 4 * script_len, "unparseable": 0}
+    assert s.info().extra["counters"] == {
+        "prompts": 4,
+        "generated_tokens": 4 * script_len,
+        "unparseable": 0,
+        "truncated": 0,
+    }
 
 
 def test_an_answer_without_a_score_is_unparseable_never_a_default(tmp_path, tokenizer):
@@ -92,14 +97,18 @@ def test_an_answer_without_a_score_is_unparseable_never_a_default(tmp_path, toke
     assert isinstance(got, ItemError) and got.code == "judge_unparseable"
     assert s.info().extra["counters"]["unparseable"] == 1
     short = local(save_judge(tmp_path / "seven", tokenizer, "Score:7"), max_tokens=3)
-    (cut,) = short.score_batch([item("4")])  # max_new_tokens stops it before the rating
-    assert isinstance(cut, ItemError) and cut.code == "judge_unparseable"
+    (cut,) = short.score_batch([item("4")])  # max_new_tokens stops it: never parsed
+    assert isinstance(cut, ItemError) and cut.code == "judge_truncated"
+    assert short.info().extra["counters"]["truncated"] == 1
 
 
 def test_a_random_model_rambles_and_every_item_is_an_error_or_a_score_in_range(tmp_path, tokenizer):
     s = local(save_judge(tmp_path, tokenizer, None), max_tokens=8)
     got = s.score_batch([item(f"answer {i}", str(i)) for i in range(3)])
-    assert all((isinstance(g, ItemError) and g.code == "judge_unparseable") or 0 <= g <= 1 for g in got)
+    assert all(
+        (isinstance(g, ItemError) and g.code in ("judge_unparseable", "judge_truncated")) or 0 <= g <= 1
+        for g in got
+    )
     counters = s.info().extra["counters"]
     assert counters["prompts"] == 3 and 0 < counters["generated_tokens"] <= 3 * 8
 

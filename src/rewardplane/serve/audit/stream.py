@@ -232,19 +232,20 @@ class AuditStream:
         scored = await asyncio.gather(*(self._score(a, items) for a in self.auditors))
         audited: list[Audited] = []
         failed = 0
+        texts = [as_text(job.item.response) if job.item.response else "" for job in batch]
+        # the signatures read policy text: linear, but off the event loop (health checks wait on it)
+        masks = await asyncio.to_thread(lambda: [signatures(text) for text in texts])
         for i, job in enumerate(batch):
             values = {a.name: scored[k][i] for k, a in enumerate(self.auditors)}
             if all(math.isnan(v) for v in values.values()):
                 failed += 1
                 continue
-            text = as_text(job.item.response) if job.item.response else ""
+            text = texts[i]
             length = len(text.split()) if self.config.length_unit == "words" else len(text)
             truncated = (job.item.metadata or {}).get("truncated")
             cap = self.config.length_cap
             at_cap = truncated if isinstance(truncated, bool) else (cap is not None and length >= cap)
-            audited.append(
-                Audited(job.version, job.source, job.proxy, values, length, at_cap, signatures(text))
-            )
+            audited.append(Audited(job.version, job.source, job.proxy, values, length, at_cap, masks[i]))
         if failed:
             self._count("auditor_failed", failed)
         if audited:

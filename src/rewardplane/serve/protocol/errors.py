@@ -1,12 +1,13 @@
-"""Error codes of the wire: whole-request codes with their HTTP status, per-item codes,
-`ServeError` and the `{"code", "message"}` body (docs/serve.md's tables list exactly these; a
-test compares them). A code, once published, keeps its name and meaning."""
+"""Error codes of the wire: whole-request codes with their HTTP status, per-item codes with
+their kind (whose failure it is), `ServeError` and the `{"code", "message"}` body (docs/serve.md's
+tables list exactly these; a test compares them). A code, once published, keeps its name, its
+kind and its meaning."""
 
 from __future__ import annotations
 
 from enum import StrEnum
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from rewardplane.core.errors import RewardplaneError
 
@@ -64,32 +65,90 @@ INVALID_RESPONSE_CODE = "invalid_response"
 that is not a finite number, ...): the service never sends one; a proxy or a bug might."""
 
 
-class ItemErrorCode(_Code):
-    """Per-item error codes, inside `results[i].errors[scorer]`; the request itself succeeds."""
+ITEM = "item"
+"""A failure kind: the item's own, caused by what the policy wrote (its program looped, crashed
+or ran out of memory, its answer is empty, too long, or made the judge answer unreadably). It
+must never pay: a composite counts it as the component's lowest score (or fails the item), and
+an adapter may penalise it (docs/serve.md "Failure kinds")."""
+SERVICE = "service"
+"""A failure kind: not the policy's doing (an engine or a sandbox down, a worker lost, a bug, the
+request's own data incomplete). A trainer masks the sample or retries; a composite may
+renormalise over it."""
+FAILURE_KINDS: tuple[str, ...] = (ITEM, SERVICE)
 
-    NON_FINITE = "non_finite", "the scorer produced NaN or ±inf"
-    SCORER_FAILED = "scorer_failed", "the scorer raised on this batch or returned a non-number / wrong count"
-    BAD_IMAGE = "bad_image", "the image passed admission but failed to decode in the batch"
-    MISSING_REFERENCE = "missing_reference", "the scorer needs the item's `reference`"
+
+class ItemErrorCode(_Code):
+    """Per-item error codes, inside `results[i].errors[scorer]`; the request itself succeeds.
+    Each line is `(value, kind, meaning)`: `kind` is `ITEM` or `SERVICE`, whose failure it is."""
+
+    kind: str
+
+    def __new__(cls, value: str, *details: str) -> ItemErrorCode:
+        if len(details) != 2 or details[0] not in FAILURE_KINDS:
+            raise TypeError(f"ItemErrorCode {value!r}: give (value, ITEM or SERVICE, meaning)")
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.kind, member.meaning = details
+        return member
+
+    NON_FINITE = "non_finite", SERVICE, "the scorer produced NaN or ±inf"
+    SCORER_FAILED = (
+        "scorer_failed",
+        SERVICE,
+        "the scorer raised on this batch or returned a non-number / wrong count",
+    )
+    BAD_IMAGE = "bad_image", ITEM, "the image passed admission but failed to decode in the batch"
+    MISSING_REFERENCE = "missing_reference", SERVICE, "the scorer needs the item's `reference`"
     BAD_INPUT = (
         "bad_input",
+        ITEM,
         "an item the scorer cannot use (an empty response, an undecodable or hostile image)",
     )
-    TOO_LONG = "too_long", "a text item whose response alone exceeds `max_length` tokens"
-    WORKER_LOST = "worker_lost", "(deploy) the worker process holding the item died"
-    TIMEOUT = "timeout", "a verifier (math, code, judge) ran past its per-item wall-clock limit"
-    MEMORY_LIMIT = "memory_limit", "code under test went over the sandbox's memory limit"
-    OUTPUT_LIMIT = "output_limit", "code under test wrote more than the sandbox's output or file limit"
-    SANDBOX_ERROR = "sandbox_error", "the code sandbox (local or SandboxFusion) failed, not the code"
-    JUDGE_UNPARSEABLE = "judge_unparseable", "the judge's answer had no parseable score, or it refused"
-    JUDGE_ERROR = "judge_error", "the judge endpoint failed after its retries, or the deadline passed"
+    TOO_LONG = "too_long", ITEM, "a text item whose response alone exceeds `max_length` tokens"
+    WORKER_LOST = "worker_lost", SERVICE, "(deploy) the worker process holding the item died"
+    TIMEOUT = "timeout", ITEM, "a verifier (math, code) ran past its per-item wall-clock limit"
+    MEMORY_LIMIT = "memory_limit", ITEM, "code under test went over the sandbox's memory limit"
+    OUTPUT_LIMIT = (
+        "output_limit",
+        ITEM,
+        "code under test wrote more than the sandbox's output or file limit",
+    )
+    SANDBOX_ERROR = (
+        "sandbox_error",
+        SERVICE,
+        "the code sandbox (local or SandboxFusion) failed, not the code",
+    )
+    JUDGE_UNPARSEABLE = (
+        "judge_unparseable",
+        ITEM,
+        "the judge's answer had no single verdict where it belongs, or it refused",
+    )
+    JUDGE_TRUNCATED = (
+        "judge_truncated",
+        ITEM,
+        "the judge's answer was cut off at `max_tokens` (`finish_reason: length`); never parsed",
+    )
+    JUDGE_ERROR = (
+        "judge_error",
+        SERVICE,
+        "the judge endpoint failed after its retries, or its per-item deadline passed",
+    )
     GROUP_INCOMPLETE = (
         "group_incomplete",
+        SERVICE,
         "group normalisation needs the whole group_id group in one batch, every member scored",
     )
 
 
 ITEM_ERROR_CODES: tuple[str, ...] = tuple(code.value for code in ItemErrorCode)
+KIND_BY_CODE: dict[str, str] = {code.value: code.kind for code in ItemErrorCode}
+
+
+def failure_kind(code: str) -> str:
+    """Whose failure an item error is: `ITEM` or `SERVICE`. A code this table does not define (a
+    client's own `invalid_response`, a newer server's code) is the service's: a trainer masks it
+    rather than penalise the policy for something it may not have done."""
+    return KIND_BY_CODE.get(code, SERVICE)
 
 
 class ServeError(RewardplaneError):
@@ -113,12 +172,29 @@ class ServeError(RewardplaneError):
 
 
 def error_body(code: str, message: str) -> dict[str, str]:
-    """`{"code", "message"}`: a whole-request error body, and each per-item error."""
+    """`{"code", "message"}`: a whole-request error body."""
     return {"code": code, "message": message}
 
 
+def item_error_body(code: str, message: str) -> dict[str, str]:
+    """`{"code", "message", "kind"}`: a per-item error; `kind` (`item` / `service`) is
+    `failure_kind(code)`, sent so a trainer needs no copy of this table (older clients read
+    `code` and `message` and ignore it)."""
+    return {"code": code, "message": message, "kind": failure_kind(code)}
+
+
 class ErrorOut(BaseModel):
-    """`{"code", "message"}`: every whole-request error response, and each per-item error."""
+    """`{"code", "message"}`: every whole-request error response."""
 
     code: str
     message: str
+
+
+class ItemErrorOut(ErrorOut):
+    """`{"code", "message", "kind"}`: each per-item error."""
+
+    kind: str = Field(
+        SERVICE,
+        description="whose failure: `item` (the policy's own: penalise, never renormalise over it) "
+        "or `service` (mask or retry); absent from older servers: derive it from `code`",
+    )

@@ -104,8 +104,13 @@ COMPONENTS = "components"
 LEFT_OUT = "left_out"
 """`details[<composite>][LEFT_OUT]`: the components left out of the item's reward (`on_failure:
 renormalize`); each has no number, and its error is under `COMPONENT_ERRORS`."""
+FLOORED = "floored"
+"""`details[<composite>][FLOORED]`: the components that failed by the item's own doing (an
+`item`-kind error) under `on_failure: renormalize` and count as their lowest score, which
+`COMPONENTS` holds; their errors are under `COMPONENT_ERRORS`."""
 COMPONENT_ERRORS = "component_errors"
-"""`details[<composite>][COMPONENT_ERRORS]`: a left-out component → its `{"code", "message"}`."""
+"""`details[<composite>][COMPONENT_ERRORS]`: a left-out or floored component → its
+`{"code", "message", "kind"}`."""
 
 
 class DetailedScore(float):

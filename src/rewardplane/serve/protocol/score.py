@@ -22,8 +22,10 @@ from rewardplane.serve.protocol.errors import (
     HTTP_ERROR_CODE,
     INVALID_RESPONSE_CODE,
     ErrorOut,
+    ItemErrorOut,
     ServeError,
-    error_body,
+    failure_kind,
+    item_error_body,
 )
 from rewardplane.serve.protocol.guards import (
     Strict,
@@ -127,7 +129,7 @@ def items_from_request(
 class ItemOut(BaseModel):
     id: str
     scores: dict[str, float]
-    errors: dict[str, ErrorOut]
+    errors: dict[str, ItemErrorOut]
     details: dict[str, dict[str, JsonValue]] | None = Field(
         default=None,
         description="scorer -> what its score leaves unsaid for this item: a composite's "
@@ -163,7 +165,7 @@ def score_response(
         for name, values in by_scorer.items():
             r = values[i]
             if isinstance(r, ItemError):
-                errors[name] = error_body(r.code, r.message)
+                errors[name] = item_error_body(r.code, r.message)
             else:
                 scores[name] = float(r)
                 if isinstance(r, DetailedScore) and r.detail:
@@ -251,9 +253,14 @@ def _score_problem(value: Any) -> str | None:
 
 
 def _error(value: Any) -> dict[str, str]:
+    """An item error as `{"code", "message", "kind"}`; a server that predates `kind` (or sent one
+    that is not a kind) gets the kind of its code from this side's table."""
     if isinstance(value, dict):
-        return {"code": str(value.get("code", HTTP_ERROR_CODE)), "message": str(value.get("message", ""))}
-    return {"code": str(value), "message": ""}
+        code = str(value.get("code", HTTP_ERROR_CODE))
+        kind = value.get("kind")
+        kind = kind if kind in ("item", "service") else failure_kind(code)
+        return {"code": code, "message": str(value.get("message", "")), "kind": kind}
+    return {"code": str(value), "message": "", "kind": failure_kind(str(value))}
 
 
 def decode_score_response(

@@ -69,6 +69,11 @@ class UniRLScoreResponse(BaseModel):
     protocol_version: str = UNIRL_PROTOCOL_VERSION
     results: list[dict[str, dict[str, float]]]
     errors: list[dict[str, str]]
+    error_kinds: list[dict[str, str]] = Field(
+        default_factory=list,
+        description="an extension beside `errors`: per request, reward -> `item` (the policy's own "
+        "failure: penalise) or `service` (mask or retry); docs/serve.md 'Failure kinds'",
+    )
     identities: list[UniRLIdentity]
 
 

@@ -6,8 +6,11 @@ OpenRLHF's single-turn agent executor sends one sample per call,
 sequence (prompt + response, special tokens kept) as the policy saw it, and reads `scores`
 (else `rewards`) and `extra_logs` from the answer. It has no per-item errors: on any failure it
 retries five times and then leaves the reward `None`. So here a failed item fails the whole
-request with `{"code", "message"}`, where `code` is the item's own error code (`bad_input`,
-`non_finite`, ...): never a made-up number. `extra_logs` holds the score under the scorer's name
+request with `{"code", "message", "kind"}`, where `code` is the item's own error code
+(`bad_input`, `non_finite`, ...) and `kind` whose failure it is: never a made-up number. With
+`?item_penalty=X` a failure of the item's own kind (a timeout, a crash, an unreadable judge
+answer: the policy's doing) is rewarded X instead (`extra_logs["<scorer>/penalised"]` says
+which); a service failure still fails the request, which OpenRLHF retries. `extra_logs` holds the score under the scorer's name
 and, for a composite, its components (`component_logs`), which OpenRLHF logs with its metrics.
 
 Modes (`?mode=`, default `raw`):
@@ -31,6 +34,7 @@ Modes (`?mode=`, default `raw`):
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from typing import Any
@@ -39,6 +43,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from rewardplane.serve.protocol import (
+    COMPONENTS,
     LEFT_OUT,
     RAW_TEXT,
     DetailedScore,
@@ -46,7 +51,8 @@ from rewardplane.serve.protocol import (
     ScoreItem,
     ScorerInfo,
     ServeError,
-    error_body,
+    failure_kind,
+    item_error_body,
     parse_trainer_body,
 )
 from rewardplane.serve.protocol.openrlhf import (
@@ -120,6 +126,15 @@ def component_logs(name: str, info: ScorerInfo, results: list[Any]) -> dict[str,
     return logs
 
 
+def _penalty(value: float, info: ScorerInfo) -> DetailedScore:
+    """`?item_penalty=` in place of an item's own failure; a composite's components all take it
+    too, so `extra_logs` has a number for each (never one the scorer made up: it is the caller's)."""
+    if info.kind != "composite":
+        return DetailedScore(value, {})
+    names = [c["name"] for c in info.extra.get("components", ())]
+    return DetailedScore(value, {COMPONENTS: dict.fromkeys(names, value)})
+
+
 def openrlhf_router(ctx: RouteContext) -> APIRouter:
     router = APIRouter()
 
@@ -129,13 +144,19 @@ def openrlhf_router(ctx: RouteContext) -> APIRouter:
         summary="OpenRLHF remote reward model (--reward.remote_url http://HOST:PORT/get_reward)",
         openapi_extra=raw_body(OpenRLHFRewardRequest),
     )
-    async def get_reward(request: Request, scorer: str | None = None, mode: str = "raw") -> Response:
+    async def get_reward(
+        request: Request, scorer: str | None = None, mode: str = "raw", item_penalty: float | None = None
+    ) -> Response:
         started = time.perf_counter()
         try:
             ctx.check_auth(request)
             if mode not in OPENRLHF_MODES:
                 raise ServeError(
                     "invalid_request", f"mode must be one of {list(OPENRLHF_MODES)}, got {mode!r}"
+                )
+            if item_penalty is not None and not math.isfinite(item_penalty):
+                raise ServeError(
+                    "invalid_request", f"item_penalty must be a finite number, got {item_penalty}"
                 )
             body = _parse(await ctx.read_body(request))
             if len(body.query) > ctx.limits.max_items:
@@ -157,6 +178,12 @@ def openrlhf_router(ctx: RouteContext) -> APIRouter:
             return error_response(err)
         it = iter(scored)
         results = [x if isinstance(x, ItemError) else next(it) for x in built]
+        penalised = [0.0] * len(results)
+        if item_penalty is not None:
+            info = ctx.backend.scorer_infos()[name]
+            for i, r in enumerate(results):
+                if isinstance(r, ItemError) and failure_kind(r.code) == "item":
+                    results[i], penalised[i] = _penalty(item_penalty, info), 1.0
         failed = [(i, r) for i, r in enumerate(results) if isinstance(r, ItemError)]
         if failed:
             i, first = failed[0]
@@ -164,13 +191,15 @@ def openrlhf_router(ctx: RouteContext) -> APIRouter:
             more = f" (+{len(failed) - 1} more)" if len(failed) > 1 else ""
             message = f"query {i}, scorer {name!r}: {first.message}{more}"
             ctx.count(OPENRLHF_ROUTE, status, first.code, started)
-            return JSONResponse(error_body(first.code, message), status_code=status)
+            return JSONResponse(item_error_body(first.code, message), status_code=status)
         values: list[Any] = [float(r) for r in results]
         try:
             logs = {name: values, **component_logs(name, ctx.backend.scorer_infos()[name], results)}
         except ServeError as err:
             ctx.count(OPENRLHF_ROUTE, err.status, err.code, started)
             return error_response(err)
+        if item_penalty is not None:  # the same keys in every answer of a run (OpenRLHF stacks them)
+            logs[f"{name}/penalised"] = penalised
         ctx.count(OPENRLHF_ROUTE, 200, "", started)
         out = {"rewards": values, "scores": values, "extra_logs": logs}
         if ctx.audit is not None:  # the audit's flat metrics, logged by OpenRLHF (docs/audit.md)

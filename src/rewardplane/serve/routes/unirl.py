@@ -10,7 +10,8 @@ turn's text is the response and the earlier turns' texts are the prompt (user tu
 The answer keeps request order: `results[i][reward] = {"score": value}` (a composite adds each
 of its components' scores after the total: `{"score": total, "<component>": value, ...}`; a
 component left out by `on_failure: renormalize` has no key, never a number) or
-`errors[i][reward] = "code: message"` (per reward, so one failing scorer leaves the others),
+`errors[i][reward] = "code: message"` (per reward, so one failing scorer leaves the others;
+as an extension `error_kinds[i][reward]` says whose failure it is, `item` or `service`),
 and `identities[i]` echoes `request_id`, `sample_id`, `group_id`, `source_rank`,
 `policy_version` and `idempotency_key` exactly, with `scorer_version` = the scorer's identity
 (docs/serve.md "Identity"). A non-finite value is an error, never sent as a number.
@@ -41,6 +42,7 @@ from rewardplane.serve.protocol import (
     ScoreItem,
     ServeError,
     error_body,
+    failure_kind,
     parse_trainer_body,
 )
 from rewardplane.serve.protocol import unirl as wire
@@ -216,6 +218,7 @@ def unirl_router(ctx: RouteContext) -> APIRouter:
             else:
                 todo = list(range(len(reqs)))
             errors: list[dict[str, str]] = [{} for _ in reqs]
+            kinds: list[dict[str, str]] = [{} for _ in reqs]  # whose failure each error is
             for i in todo:
                 results[i] = {}
             infos = ctx.backend.scorer_infos()
@@ -231,6 +234,7 @@ def unirl_router(ctx: RouteContext) -> APIRouter:
                         x = items[i] = _item(i, reqs[i], image_text)
                     if isinstance(x, ItemError):
                         errors[i][name] = f"{x.code}: {x.message}"
+                        kinds[i][name] = failure_kind(x.code)
                     else:
                         ok.append((i, x))
                 if not ok:
@@ -239,6 +243,7 @@ def unirl_router(ctx: RouteContext) -> APIRouter:
                 for (i, _), value in zip(ok, scored, strict=True):
                     if isinstance(value, ItemError):
                         errors[i][name] = f"{value.code}: {value.message}"
+                        kinds[i][name] = failure_kind(value.code)
                     else:  # the total first (the metric a client reads), then the components
                         results[i][name] = {
                             wire.UNIRL_METRIC: float(value),
@@ -250,7 +255,7 @@ def unirl_router(ctx: RouteContext) -> APIRouter:
                     if not (key := r.idempotency_key):
                         continue
                     if (j := first_of_key[key]) != i:  # a key's duplicates share its answer
-                        results[i], errors[i] = dict(results[j]), dict(errors[j])
+                        results[i], errors[i], kinds[i] = dict(results[j]), dict(errors[j]), dict(kinds[j])
                     elif i in fresh and not errors[i]:  # only fully scored requests are stored
                         cache[key] = (prints[i], results[i])
                         cache.move_to_end(key)
@@ -275,6 +280,7 @@ def unirl_router(ctx: RouteContext) -> APIRouter:
             "protocol_version": wire.UNIRL_PROTOCOL_VERSION,
             "results": results,
             "errors": errors,
+            "error_kinds": kinds,
             "identities": identities,
         }
         ctx.count(wire.UNIRL_SCORE_ROUTE, 200, "", started)

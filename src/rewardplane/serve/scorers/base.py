@@ -150,6 +150,9 @@ class Scorer(abc.ABC):
         """Approximate token count, for the batcher's token budget. None: the scorer has no budget."""
         return None
 
+    lowest_score: ClassVar[float | None] = None
+    """The lowest score this kind gives (a verifier's 0.0), or None where it has none (a reward
+    model): what a composite counts for an item that failed this component by its own doing."""
     reads: ClassVar[frozenset[str]] = frozenset({PROMPT, RESPONSE, REFERENCE})
     """The item fields the kind's score depends on (`prompt`, `response`, `reference`,
     `image`): the admission contract (`serve/admission.py`) refuses an item whose field it reads

@@ -183,6 +183,7 @@ class CodeScorer(Scorer):
 
     kind: ClassVar[str] = "code"
     modality: ClassVar = "rule"
+    lowest_score: ClassVar[float | None] = 0.0
     Options = CodeOptions
 
     sandbox: Any = None

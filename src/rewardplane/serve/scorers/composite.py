@@ -41,11 +41,18 @@ component applies it in its own queue; a component's refusal is that component's
 **Failures.** By default a component that fails an item (any per-item error, a non-finite or
 non-number value, or the component raising) fails the composite for that item, with the
 component's error code and a message naming the component: the total is an error, never a
-number. With `on_failure: renormalize` the failed components are left out and the weights of
-the rest are rescaled (`weighted_sum`: Σ_ok w_i s_i · Σ_all w / Σ_ok w; `mean`: Σ_ok w_i s_i /
-Σ_ok w_i; `min`/`max` over the rest), unless a left-out component is `required: true` or every
-component failed. A left-out component has no number: the detail names it under `left_out`, with
-its error under `component_errors`, and `info().extra` counts them per component.
+number. With `on_failure: renormalize` a failure counts by its kind (`serve/protocol/errors.py`:
+whose failure it is). A *service* failure (an engine or sandbox down, a bug) is left out and the
+weights of the rest are rescaled (`weighted_sum`: Σ_ok w_i s_i · Σ_all w / Σ_ok w; `mean`:
+Σ_ok w_i s_i / Σ_ok w_i; `min`/`max` over the rest). An *item* failure (the program timed out,
+ran out of memory, the judge could not read a verdict: the policy's doing) is never renormalised
+over, since that would pay the policy for failing on purpose: the component counts as its
+lowest score (the component's `floor`, else the kind's `Scorer.lowest_score`, 0.0 for the
+verifiers and rules), and where it has none (a reward model) the item fails. A `required: true`
+component's failure, or every component failing, fails the item. A left-out component has no
+number: the detail names it under `left_out`; a floored one is under `floored` with its floor
+in `components`; both have their error under `component_errors`, and `info().extra` counts the
+left-out ones per component.
 
 **Group normalisation** (`group_normalize: true`): after aggregation, items with the same
 `group_id` are normalised together: a_i = (r_i - mean) / std (or only - mean with
@@ -75,10 +82,13 @@ from rewardplane.serve.admission import admitted
 from rewardplane.serve.protocol import (
     COMPONENT_ERRORS,
     COMPONENTS,
+    FLOORED,
     LEFT_OUT,
     DetailedScore,
     ItemError,
     ScoreItem,
+    failure_kind,
+    item_error_body,
 )
 from rewardplane.serve.scorers.base import Scorer
 from rewardplane.serve.scorers.options import ScorerOptions
@@ -90,22 +100,26 @@ RESERVED_NAME = "score"
 
 
 class CompositeScore(DetailedScore):
-    """A composite's total for one item, with each component's score (`components`) and the
-    components left out of it with their errors (`left_out`); the response carries them as
-    `details[<composite>]`."""
+    """A composite's total for one item, with each component's score (`components`), the
+    components left out of it (`left_out`: the service's failures) and those counted at their
+    lowest score (`floored`: the item's own failures), with their errors; the response carries
+    them as `details[<composite>]`."""
 
     def __new__(
         cls,
         value: float,
         components: dict[str, float] | None = None,
         left_out: dict[str, ItemError] | None = None,
+        floored: dict[str, ItemError] | None = None,
     ) -> CompositeScore:
         detail: dict[str, Any] = {COMPONENTS: dict(components or {})}
         if left_out:
             detail[LEFT_OUT] = list(left_out)
-            detail[COMPONENT_ERRORS] = {
-                n: {"code": e.code, "message": e.message} for n, e in left_out.items()
-            }
+        if floored:
+            detail[FLOORED] = list(floored)
+        failed = {**(left_out or {}), **(floored or {})}
+        if failed:
+            detail[COMPONENT_ERRORS] = {n: item_error_body(e.code, e.message) for n, e in failed.items()}
         return super().__new__(cls, value, detail)
 
     @property
@@ -164,6 +178,10 @@ class Component(KindSpec):
     """The component's weight (`weighted_sum`, `mean`); must stay 1 with `min` / `max`."""
     required: bool = False
     """With `on_failure: renormalize`: this component's failure still fails the item."""
+    floor: float | None = Field(None, allow_inf_nan=False)
+    """With `on_failure: renormalize`: the score an item-kind failure of this component (a
+    timeout, a crash, an unreadable judge answer: the policy's doing) counts as; null: the kind's
+    lowest score (0.0 for the verifiers and rules); a kind without one (a reward model) fails the item."""
 
     @field_validator("kind")
     @classmethod
@@ -191,7 +209,7 @@ class CompositeOptions(ScorerOptions):
     aggregation: Literal["weighted_sum", "mean", "min", "max"] = "weighted_sum"
     """Σ w·s, Σ w·s / Σ w, or the min / max over the components' scores."""
     on_failure: Literal["fail", "renormalize"] = "fail"
-    """A failed component fails the item, or is left out and the rest reweighted (unless `required`)."""
+    """A failed component fails the item; or a service failure is left out and the rest reweighted, an item failure counts as the component's `floor` (unless `required`)."""
     group_normalize: bool = False
     """After aggregation, (r - mean) / std over the items of one `group_id` (GRPO)."""
     group_size: int | None = Field(None, ge=1)
@@ -329,18 +347,49 @@ class CompositeScorer(Scorer):
         inline = [not c.scorer for c in self.components]
         return list(self._pool.map(run, self.scorers, inline))
 
+    def _counted(
+        self, failed: list[tuple[Component, Any, ItemError]]
+    ) -> tuple[list[tuple[Component, float]], dict[str, ItemError], dict[str, ItemError]] | ItemError:
+        """Under `on_failure: renormalize`: a service failure is left out; an item's own failure
+        counts as the component's lowest score (`floor`, else the kind's `lowest_score`), so a
+        failure the policy chose never scores above an honest wrong answer; with no lowest
+        score, or a `required` component failed, the item fails with that error."""
+        floored: list[tuple[Component, float]] = []
+        left_out: dict[str, ItemError] = {}
+        floored_errors: dict[str, ItemError] = {}
+        for c, scorer, e in failed:
+            error = ItemError(e.code, f"component {c.name!r} failed: {e.message}")
+            if c.required:
+                return error
+            if failure_kind(e.code) == "service":
+                left_out[c.name] = e
+                continue
+            floor = c.floor if c.floor is not None else getattr(scorer, "lowest_score", None)
+            if floor is None:
+                return error
+            floored.append((c, float(floor)))
+            floored_errors[c.name] = e
+        return floored, left_out, floored_errors
+
     def _aggregate(self, values: list[float | ItemError]) -> CompositeScore | ItemError:
-        ok = [
-            (c, float(v))
-            for c, v in zip(self.components, values, strict=True)
-            if not isinstance(v, ItemError)
-        ]
-        failed = [(c, v) for c, v in zip(self.components, values, strict=True) if isinstance(v, ItemError)]
+        triples = list(zip(self.components, self.scorers, values, strict=True))
+        ok = [(c, float(v)) for c, _, v in triples if not isinstance(v, ItemError)]
+        failed = [(c, s, v) for c, s, v in triples if isinstance(v, ItemError)]
+        left_out: dict[str, ItemError] = {}
+        floored: dict[str, ItemError] = {}
         if failed:
-            first_c, first_e = failed[0]
-            err = ItemError(first_e.code, f"component {first_c.name!r} failed: {first_e.message}")
-            if self.options.on_failure == "fail" or not ok or any(c.required for c, _ in failed):
-                return err
+            first_c, _, first_e = failed[0]
+            if self.options.on_failure == "fail":
+                return ItemError(first_e.code, f"component {first_c.name!r} failed: {first_e.message}")
+            counted = self._counted(failed)
+            if isinstance(counted, ItemError):
+                return counted
+            at_floor, left_out, floored = counted
+            ok = [*ok, *at_floor]
+            if not ok:
+                return ItemError(first_e.code, f"component {first_c.name!r} failed: {first_e.message}")
+        in_order = {c.name: i for i, c in enumerate(self.components)}
+        ok.sort(key=lambda cv: in_order[cv[0].name])
         agg = self.options.aggregation
         if agg == "min":
             value = min(v for _, v in ok)
@@ -350,14 +399,15 @@ class CompositeScorer(Scorer):
             value = sum(c.weight * v for c, v in ok) / sum(c.weight for c, _ in ok)
         else:
             value = sum(c.weight * v for c, v in ok)
-            if failed:
+            if left_out:
                 w_ok = sum(c.weight for c, _ in ok)
                 if w_ok == 0:
-                    return ItemError(failed[0][1].code, "the components left have zero total weight")
+                    code = next(iter(left_out.values())).code
+                    return ItemError(code, "the components left have zero total weight")
                 value *= sum(c.weight for c in self.components) / w_ok
-        for c, _ in failed:
-            self.left_out_counts[c.name] += 1
-        return CompositeScore(value, {c.name: v for c, v in ok}, {c.name: e for c, e in failed})
+        for name in left_out:
+            self.left_out_counts[name] += 1
+        return CompositeScore(value, {c.name: v for c, v in ok}, left_out, floored)
 
     def score_batch(self, items: list[ScoreItem]) -> list[float | ItemError]:
         per_component = self._component_results(items)

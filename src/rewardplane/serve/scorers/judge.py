@@ -7,17 +7,25 @@ Pointwise: the judge rates the response on `scale` (default 1–10); the rating 
 `reference` (B); A wins → 1.0, tie → 0.5, B wins → 0.0 (`both_orders: true` also asks with A and B
 swapped and averages, against position bias).
 
-The prompt, the response and the reference sit between tags the text inside cannot close
-(`judge_prompts.fence`); the score is read from the judge's answer only, never from what it was shown.
+The prompt, the response and the reference sit between tags the text inside cannot close, after
+Unicode normalisation (`judge_prompts.fence`); the score is read from the judge's answer only,
+never from what it was shown, and from one place only.
 
-The answer is parsed with a regex (`parse: regex`, `pattern` with one group; the last match wins)
-or as JSON (`parse: json`, key `score` or `winner`; the last JSON object in the text). An answer
-that does not parse, a rating outside the scale, an empty answer or a refusal
-(`finish_reason: content_filter`, a `refusal` field) is `judge_unparseable` — never a default
-score. Requests run on one asyncio loop: at most `concurrency` in flight, a token bucket of
+The verdict is read with a regex (`parse: regex`, `pattern` with one group: exactly one match on
+the answer's final line), from the JSON object the answer ends with (`parse: json`, key `score`
+or `winner`), or (`parse: structured`) from the one JSON object the engine was made to produce
+with `response_format` (a JSON schema, which vLLM and SGLang enforce; `transformers serve`
+accepts and ignores it, docs/verifiers.md). A
+second distinct verdict anywhere in the answer (a judge that quotes the response's planted
+`Score: 10` after its own), an answer that does not parse, a rating outside the scale, an empty
+answer or a refusal (`finish_reason: content_filter`, a `refusal` field) is `judge_unparseable`;
+an answer cut off at `max_tokens` (`finish_reason: length`) is `judge_truncated` and never
+parsed — never a default score. Both are the item's own failures (docs/serve.md "Failure
+kinds"). Requests run on one asyncio loop: at most `concurrency` in flight, a token bucket of
 `rate_limit_rps` requests per second (aiolimiter), retries with exponential backoff and jitter on
 429/5xx/connection errors (tenacity; a `Retry-After` header is honoured, capped), and a per-item
-`deadline_s` covering every retry (`timeout`). An endpoint that keeps failing is `judge_error`.
+`deadline_s` covering every retry. An endpoint that keeps failing, or an item past its deadline,
+is `judge_error`: the service's failure, not the item's.
 
 `score_from: logprobs` (pointwise, a single-token integer scale such as [1, 5] or [1, 9]) scores
 the expectation of the rating over the top log-probabilities at the rating's token instead of the
@@ -36,10 +44,10 @@ import asyncio
 import json
 import os
 import random
-import re
 import threading
 from typing import Any, ClassVar, Literal
 
+import re2
 from pydantic import Field, model_validator
 
 from rewardplane.core.config import FieldError
@@ -49,13 +57,16 @@ from rewardplane.serve.scorers.base import Scorer
 from rewardplane.serve.scorers.common import as_text, json_config, resolve_device
 from rewardplane.serve.scorers.judge_prompts import (
     DEFAULT_PATTERNS,
+    INSTRUCTIONS,
     PAIRWISE_TEMPLATE,
     POINTWISE_TEMPLATE,
+    Truncated,
     Unparseable,
     excerpt,
     expected_score,
     fence,
     parse_answer,
+    response_format,
 )
 from rewardplane.serve.scorers.options import ScorerOptions
 
@@ -104,10 +115,12 @@ class JudgeOptions(ScorerOptions):
     `{b}`, `{lo}`, `{hi}`, `{reference_block}`); null: the built-in one for the mode."""
     system: str | None = None
     """A system message sent before the user message."""
-    parse: Literal["regex", "json"] = "regex"
-    """How the answer is read: the last match of `pattern`, or the last JSON object's `score` / `winner`."""
+    parse: Literal["regex", "json", "structured"] = "regex"
+    """How the verdict is read, from one place only: the one match of `pattern` on the answer's
+    final line; the `score` / `winner` of the JSON object the answer ends with; or (`structured`,
+    openai backend) the field of the JSON object the engine produces under `response_format`."""
     pattern: str | None = None
-    """regex: the pattern with exactly one capture group; null: the built-in one for the mode."""
+    """regex: the pattern (RE2 syntax, linear time) with exactly one capture group; null: the built-in one for the mode."""
     scale: list[float] = Field(default_factory=lambda: [1.0, 10.0], min_length=2, max_length=2)
     """pointwise: [lo, hi], lo < hi; the rating r scores (r - lo) / (hi - lo)."""
     both_orders: bool = False
@@ -153,10 +166,14 @@ class JudgeOptions(ScorerOptions):
         lo, hi = self.scale
         if lo >= hi:
             raise FieldError("scale", f"must be [lo, hi] with lo < hi, got {self.scale}")
+        if self.parse == "structured" and self.backend != "openai":
+            raise FieldError(
+                "parse", "structured needs backend openai (an engine that enforces response_format)"
+            )
         try:
             pattern = self.compiled_pattern()
-        except re.error as exc:
-            raise FieldError("pattern", f"does not compile: {exc}") from None
+        except re2.error as exc:
+            raise FieldError("pattern", f"is not RE2 syntax (linear-time matching): {exc}") from None
         if self.parse == "regex" and pattern.groups != 1:
             raise FieldError("pattern", "needs exactly one capture group")
         if self.score_from == "logprobs" and (
@@ -172,8 +189,8 @@ class JudgeOptions(ScorerOptions):
             )
         return self
 
-    def compiled_pattern(self) -> re.Pattern[str]:
-        return re.compile(self.pattern or DEFAULT_PATTERNS[self.mode])
+    def compiled_pattern(self) -> Any:
+        return re2.compile(self.pattern or DEFAULT_PATTERNS[self.mode])
 
 
 class JudgeScorer(Scorer):
@@ -183,6 +200,7 @@ class JudgeScorer(Scorer):
 
     kind: ClassVar[str] = "judge"
     modality: ClassVar = "text"
+    lowest_score: ClassVar[float | None] = 0.0
     Options = JudgeOptions
 
     def __init__(self, name: str, *args: Any, **kwargs: Any) -> None:
@@ -195,13 +213,20 @@ class JudgeScorer(Scorer):
             self.device = resolve_device(self.device)
             self.model_name = o.model or os.path.basename(os.path.normpath(self.path))
             self.url = ""
-            self.counters = {"prompts": 0, "generated_tokens": 0, "unparseable": 0}
+            self.counters = {"prompts": 0, "generated_tokens": 0, "unparseable": 0, "truncated": 0}
         else:
             self.model_name = o.model
             self.url = o.url.rstrip("/")
             if not self.url.endswith("/chat/completions"):
                 self.url += "/chat/completions" if self.url.endswith("/v1") else "/v1/chat/completions"
-            self.counters = {"requests": 0, "retries": 0, "unparseable": 0, "errors": 0, "timeouts": 0}
+            self.counters = {
+                "requests": 0,
+                "retries": 0,
+                "unparseable": 0,
+                "truncated": 0,
+                "errors": 0,
+                "timeouts": 0,
+            }
         self.pattern, self.scale = o.compiled_pattern(), (o.scale[0], o.scale[1])
         self.template = o.template or (POINTWISE_TEMPLATE if o.mode == "pointwise" else PAIRWISE_TEMPLATE)
         self.api_key = os.environ.get(o.api_key_env) if o.api_key_env else None
@@ -311,7 +336,8 @@ class JudgeScorer(Scorer):
             "hi": hi,
             "reference_block": f"\n<reference>\n{b}\n</reference>\n" if b else "",
         }
-        content = self.template.format(**fields)
+        instructions = INSTRUCTIONS[(self.options.mode, "regex" if self.options.parse == "regex" else "json")]
+        content = self.template.format(**fields, instructions=instructions.format(lo=lo, hi=hi))
         system = self.options.system
         msgs = [{"role": "system", "content": system}] if system else []
         return [*msgs, {"role": "user", "content": content}]
@@ -338,6 +364,8 @@ class JudgeScorer(Scorer):
             message = choice["message"]
         except (ValueError, KeyError, IndexError, TypeError):
             raise Unparseable("the endpoint's answer is not a chat completion") from None
+        if choice.get("finish_reason") == "length":
+            raise Truncated(f"the judge's answer was cut off at max_tokens={self.options.max_tokens}")
         if message.get("refusal") or choice.get("finish_reason") == "content_filter":
             raise Unparseable(f"the judge refused: {str(message.get('refusal') or 'content_filter')[:200]}")
         return message.get("content") or "", (choice.get("logprobs") or {}).get("content")
@@ -354,6 +382,8 @@ class JudgeScorer(Scorer):
         }
         if o.score_from == "logprobs":
             body.update(logprobs=True, top_logprobs=o.top_logprobs)
+        if o.parse == "structured":
+            body["response_format"] = response_format(o.mode, self.scale)
 
         def wait(state: Any) -> float:
             exc = state.outcome.exception()
@@ -384,11 +414,12 @@ class JudgeScorer(Scorer):
         try:
             async with asyncio.timeout(self.options.deadline_s):
                 return self._combine([await self._ask(messages) for messages in conversations])
-        except TimeoutError:
+        except TimeoutError:  # the endpoint's slowness, not the item's: the service's failure
             self.counters["timeouts"] += 1
-            return ItemError(
-                "timeout", f"no parsed judge answer within deadline_s={self.options.deadline_s:g}"
-            )
+            return ItemError("judge_error", f"no judge answer within deadline_s={self.options.deadline_s:g}")
+        except Truncated as exc:
+            self.counters["truncated"] += 1
+            return ItemError("judge_truncated", str(exc))
         except Unparseable as exc:
             self.counters["unparseable"] += 1
             return ItemError("judge_unparseable", str(exc)[:400])
@@ -430,6 +461,12 @@ class JudgeScorer(Scorer):
                 continue
             mine = [next(answers) for _ in convs]
             self.counters["generated_tokens"] += sum(a.tokens for a in mine)
+            if any(a.truncated for a in mine):
+                self.counters["truncated"] += 1
+                out.append(
+                    ItemError("judge_truncated", f"the answer hit max_tokens={self.options.max_tokens}")
+                )
+                continue
             try:
                 out.append(self._combine([self._parsed(a.text, a.logprobs) for a in mine]))
             except Unparseable as exc:

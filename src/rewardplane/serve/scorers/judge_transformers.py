@@ -27,6 +27,9 @@ class Answer:
     "logprob"}]}`, whose tokens spell `text`; None unless top log-probabilities were asked for."""
     tokens: int
     """Generated tokens, the end-of-sequence token included when there was one."""
+    truncated: bool = False
+    """No end-of-sequence token within `max_new_tokens`: the answer was cut off (`finish_reason:
+    length` on an endpoint), so the scorer never parses it."""
 
 
 class _TopLogprobs:
@@ -136,12 +139,13 @@ class LocalJudgeModel:
             n = next((k for k, t in enumerate(gen) if t in eos), len(gen))
             answer_ids = gen[:n]
             tokens = min(len(gen), n + 1)
+            cut = n == len(gen) and len(gen) >= max_new_tokens
             if recorder is None:
                 text = self.tokenizer.decode(answer_ids, skip_special_tokens=True)
-                answers.append(Answer(text, None, tokens))
+                answers.append(Answer(text, None, tokens, cut))
                 continue
             logprobs = self._logprobs(answer_ids, [(v[row], i[row]) for v, i in steps[:n]])
-            answers.append(Answer("".join(e["token"] for e in logprobs), logprobs, tokens))
+            answers.append(Answer("".join(e["token"] for e in logprobs), logprobs, tokens, cut))
         return answers
 
     def _piece(self, token_id: int) -> str:

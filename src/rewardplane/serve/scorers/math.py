@@ -195,6 +195,7 @@ class MathScorer(Scorer):
 
     kind: ClassVar[str] = "math"
     modality: ClassVar = "rule"
+    lowest_score: ClassVar[float | None] = 0.0
     Options = MathOptions
 
     concurrent_batches: ClassVar[int] = 4

@@ -25,6 +25,7 @@ from rewardplane.serve.scorers.options import ScorerOptions
 
 class _RuleScorer(Scorer):
     modality: ClassVar = "rule"
+    lowest_score: ClassVar[float | None] = 0.0
     reads: ClassVar[frozenset[str]] = frozenset({RESPONSE})
     """The response only; an empty one is scored by the rule ("" has length 0, a pattern may
     match it, a reference may be empty)."""
