@@ -261,6 +261,18 @@ def _versions() -> dict[str, str]:
     return out
 
 
+def _commit() -> str:
+    """The repository's commit (+ "dirty" when the tree has changes): whose code rewardplane's column is."""
+    git = ["git", "-C", str(tasks_mod.REPO)]
+    head = subprocess.run(
+        [*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    dirty = subprocess.run(
+        [*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
+    )
+    return head + (" (dirty)" if dirty.stdout.strip() else "")
+
+
 def summarize(tasks: list[dict], scores: dict[str, dict[str, Any]], gsm: dict[str, dict]) -> dict:
     """The table: per verifier, exploits paid, honest rejected (with plain Python beside), mutants paid."""
     exploits = [t for t in tasks if t["kind"] == "exploit"]
@@ -339,7 +351,9 @@ def render(result: dict) -> str:
         + ", ".join(f"{k} {v:.0f} s" for k, v in result["seconds_per_verifier"].items()),
         f"- machine: {m['platform']}, {m['cores']} cores, Python {m['python']}; load average "
         f"{m['load_avg_at_start'][0]:.1f} at start, {m['load_avg_at_end'][0]:.1f} at end (a shared machine)",
-        "- versions: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items()),
+        "- versions: "
+        + ", ".join(f"{k} {v}" for k, v in result["versions"].items())
+        + f"; rewardplane at commit {result.get('commit', '?')}",
         f"- corpus: {result['corpus_exploits']} exploit classes (tests/support/exploit_corpus.py); mutants: "
         + ", ".join(f"{k} {v}" for k, v in result["mutants"].items()),
         "",
@@ -469,6 +483,7 @@ def main(argv: list[str] | None = None) -> None:
             "load_avg_at_end": os.getloadavg(),
         },
         "versions": _versions(),
+        "commit": _commit(),
         "command": " ".join(["python", *sys.argv]),
         "wall_s": time.time() - started,
         "seconds_per_verifier": timings,
