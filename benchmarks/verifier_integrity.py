@@ -403,6 +403,10 @@ def render(result: dict) -> str:
 NOTES = [
     "## How each verifier was called",
     "",
+    "rewardplane's column measures the code of the commit named above. The trusted evaluator of"
+    " issue 43 (tests outside the sandbox, the candidate reached by plain-data calls) changes it:"
+    " re-run the command after merging it.",
+    "",
     "- **rewardplane**: `rewardplane serve` with a `code` scorer (defaults, `packages: [numpy]`,"
     " `timeout_s: 5`) and a `math` scorer with `answer_format: gsm8k`; items over `POST /v1/score`,"
     ' 32 a request. The program is the item\'s response; the reference is the tests (`{"tests": ...}`'
