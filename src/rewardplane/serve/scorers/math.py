@@ -20,11 +20,13 @@ died, or ran out of `max_memory_mb`).
 from __future__ import annotations
 
 import os
-import re
+from decimal import Decimal, InvalidOperation
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field
+import re2
+from pydantic import Field, model_validator
 
+from rewardplane.core.config import FieldError
 from rewardplane.core.errors import ConfigError
 from rewardplane.serve.execution.procpool import DeadlinePool
 from rewardplane.serve.protocol import ItemError, ScoreItem
@@ -32,8 +34,10 @@ from rewardplane.serve.scorers.base import Scorer
 from rewardplane.serve.scorers.common import as_text
 from rewardplane.serve.scorers.options import ScorerOptions
 
-_NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?")
-_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
+# Request text is only ever scanned by RE2 (linear in the text, no backtracking) or by hand.
+_NUMBER = re2.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?")
+_BOXED = re2.compile(r"\\(?:boxed|fbox)\s*\{")
+GSM8K_MARKER = "####"
 
 
 def _extraction(mode: str) -> tuple[list[Any], list[Any]]:
@@ -65,6 +69,43 @@ def last_boxed(response: str) -> str | None:
             return response[last.end() : i]
         i += 1
     return ""
+
+
+def final_marker_number(text: str) -> Decimal | None:
+    """The number after the text's LAST `####` (GSM8K's final-answer line), or None: no marker, or
+    what follows it on its line is not a number. Commas and a `$` are dropped (`#### $1,000`), a
+    sentence's full stop is allowed. Nothing before the last marker is read, so a worked solution
+    whose text says `= 10%` and whose final line is `#### 11` answers 11. A hand scan: one `rfind`
+    and one pass over the rest of that line, linear in the text."""
+    at = text.rfind(GSM8K_MARKER)
+    if at < 0:
+        return None
+    end = text.find("\n", at)
+    line = text[at + len(GSM8K_MARKER) : end if end >= 0 else len(text)]
+    token = line.strip().lstrip("$").strip().replace(",", "")
+    if token.endswith("."):
+        token = token[:-1]
+    if not token or any(c not in "0123456789.-" for c in token):
+        return None
+    try:
+        value = Decimal(token)
+    except InvalidOperation:
+        return None
+    return value if value.is_finite() else None
+
+
+def _check_gsm8k(response: str, reference: str, options: dict[str, Any]) -> tuple[str, Any]:
+    """`answer_format: gsm8k`: the response's final `#### N` against the reference's number (a
+    bare number, or a whole GSM8K solution: its own final `#### N`)."""
+    gold = final_marker_number(reference if GSM8K_MARKER in reference else GSM8K_MARKER + reference)
+    if gold is None:
+        return ("error", "bad_input", f"reference {reference[:80]!r} is not a number or a '#### N' answer")
+    pred = final_marker_number(response)
+    if pred is None:
+        return ("ok", 0.0)
+    rel_tol = options.get("rel_tol")
+    right = pred == gold or (bool(rel_tol) and abs(pred - gold) <= Decimal(str(rel_tol)) * max(1, abs(gold)))
+    return ("ok", 1.0 if right else float(options.get("format_bonus", 0.0)))
 
 
 def _gold_text(reference: str) -> str:
@@ -121,6 +162,8 @@ def check_answer(response: str, reference: str, options: dict[str, Any]) -> tupl
     """("ok", score) or ("error", code, message). Runs inside a worker process (or in-thread in the
     benchmark's reference measurement); never called with a timeout of its own. `options`: the
     score-deciding `MathOptions` as JSON (absent keys take their defaults)."""
+    if options.get("answer_format", "math") == "gsm8k":
+        return _check_gsm8k(response, reference, options)
     from math_verify import parse, verify
 
     mode = options.get("extraction", "auto")
@@ -164,12 +207,16 @@ def check_answer(response: str, reference: str, options: dict[str, Any]) -> tupl
 
 
 class MathOptions(ScorerOptions):
+    answer_format: Literal["math", "gsm8k"] = "math"
+    """How responses write their final answer: `math` (LaTeX, `\\boxed{}` or a plain expression,
+    read as `extraction` says) or `gsm8k` (only the number on the last `#### N` line counts, as
+    verl's gsm8k reward reads it; nothing before it; no marker is no answer)."""
     extraction: Literal["auto", "boxed", "latex", "last_number"] = "auto"
     """Where the answer is read: `auto` (the last `\\boxed{}` first, and only that box, so boxing
     every candidate earns nothing; then any LaTeX, then a plain expression), `boxed` (only a boxed
     answer counts, the last one), `latex`, or `last_number`."""
     format_bonus: float = Field(0.0, ge=0, lt=1)
-    """The score of a wrong answer that is boxed (0: wrong is wrong)."""
+    """The score of a wrong answer that is boxed (`gsm8k`: that has its `#### N` line; 0: wrong is wrong)."""
     rel_tol: float | None = Field(None, ge=0)
     """Also accept numbers within this relative tolerance; null: math-verify's own comparison."""
     float_rounding: int = Field(6, ge=0)
@@ -188,6 +235,14 @@ class MathOptions(ScorerOptions):
     not_in_identity: ClassVar[frozenset[str]] = frozenset(
         {"timeout_s", "workers", "spares", "max_memory_mb", "depth"}
     )
+
+    @model_validator(mode="after")
+    def _one_way_to_read(self) -> MathOptions:
+        if self.answer_format == "gsm8k" and self.extraction != "auto":
+            raise FieldError(
+                "extraction", "applies to answer_format math; gsm8k reads the last '#### N' only"
+            )
+        return self
 
 
 class MathScorer(Scorer):
