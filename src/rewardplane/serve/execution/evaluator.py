@@ -187,7 +187,7 @@ class Conn:
             if type(v) is Stub and v._conn is self:
                 return {"fn": v._name}
             if type(v) is Remote and v._conn is self:
-                return {"ref": v._ref}
+                return {"ref": v._wire()}
             t = type(v)
             raise self.fail(Unverifiable(f"the tests pass a {t.__module__}.{t.__qualname__} to the program"))
 
@@ -252,25 +252,36 @@ def _crossing(self: Remote, *_: Any) -> Any:
 
 
 class Remote:
-    """An object that stays in the sandbox (not plain data). It can be passed back to the
-    program, called, or have an attribute set; any other use fails the case."""
+    """An object that stays in the sandbox (not plain data), or an attribute path on one
+    (`root.left`). It can be passed back to the program, have an attribute set, or — a whole
+    object, not an attribute — be called; anything else (comparing, truth, iterating, calling a
+    method: `s.istitle()` would ask the program to judge its own value) fails the case."""
 
-    __slots__ = ("_conn", "_ref")
+    __slots__ = ("_conn", "_ref", "_path")
 
-    def __init__(self, conn: Conn, ref: int) -> None:
+    def __init__(self, conn: Conn, ref: int, path: tuple[str, ...] = ()) -> None:
         object.__setattr__(self, "_conn", conn)
         object.__setattr__(self, "_ref", ref)
+        object.__setattr__(self, "_path", path)
+
+    def _wire(self) -> Any:
+        return [self._ref, *self._path] if self._path else self._ref
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._path:
+            return _crossing(self)
         return self._conn.call({"r": self._ref}, args, kwargs)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        reply = self._conn.ask({"op": "setattr", "r": self._ref, "n": name, "v": self._conn.args(value)})
+        msg = {"op": "setattr", "r": self._wire(), "n": name, "v": self._conn.args(value)}
+        reply = self._conn.ask(msg)
         if "x" in reply:
             raise self._conn.raised(reply)
 
     def __getattr__(self, name: str) -> Any:
-        return _crossing(self)
+        if name.startswith("_"):
+            return _crossing(self)
+        return Remote(self._conn, self._ref, (*self._path, name))
 
     def __repr__(self) -> str:
         return "<program object>"

@@ -116,9 +116,16 @@ class _Calls:
             return self.keep(value)
 
     def arg(self, tag: str, body: Any) -> Any:
-        if tag == "ref":
-            return self.refs[body]
-        return self.ns[body]
+        """A reference the evaluator sends back: an object kept here (with an attribute path:
+        `[ref, "left", ...]`), or one of the program's functions by name."""
+        if tag == "fn":
+            return self.ns[body]
+        if _type(body) is list:
+            obj = self.refs[body[0]]
+            for name in body[1:]:
+                obj = getattr(obj, name)
+            return obj
+        return self.refs[body]
 
     def describe(self, name: str) -> Any:
         if name not in self.ns:
@@ -136,7 +143,7 @@ class _Calls:
             return {"names": {n: d for n in msg["names"] if (d := self.describe(n)) is not None}}
         try:
             if op == "setattr":
-                setattr(self.refs[msg["r"]], msg["n"], plain.decode(msg["v"], self.arg))
+                setattr(self.arg("ref", msg["r"]), msg["n"], plain.decode(msg["v"], self.arg))
                 return {}
             fn = self.ns[msg["f"]] if "f" in msg else self.refs[msg["r"]]
             args = [plain.decode(a, self.arg) for a in msg["a"]]

@@ -8,6 +8,7 @@ crosses, identified by EXACT type against the classes captured here before any p
     list tuple dict set frozenset                                   nested, bounded
     collections: Counter OrderedDict defaultdict(builtin factory) deque namedtuple instances
     decimal.Decimal fractions.Fraction datetime.{date,datetime,time,timedelta} (fixed offsets)
+    the builtin types above themselves (`int`, `str`, ...: an argument such as `isinstance`'s)
     numpy ndarray (dtype + shape + bytes, no object dtype) and numpy scalars, when numpy is loaded
 
 Anything else (a program-defined class, a subclass of `str`, a function, a generator) does not
@@ -48,6 +49,8 @@ Decimal, Fraction = decimal.Decimal, fractions.Fraction
 _TIMES = {_dt.date: "date", _dt.datetime: "datetime", _dt.time: "time"}
 _FACTORIES = {None: None, int: "int", float: "float", str: "str", list: "list", dict: "dict", set: "set"}
 _FACTORY_BY_NAME = {v: k for k, v in _FACTORIES.items() if v}
+_TYPES = {t: t.__name__ for t in (bool, int, float, complex, str, bytes, list, tuple, dict, set, frozenset)}
+_TYPE_BY_NAME = {v: k for k, v in _TYPES.items()}
 _DTYPE = re.compile(r"[<>|=]?[?biufcSUmM]\d*(\[\w+\])?")
 _np: Any = None
 _np_scalars: frozenset = frozenset()
@@ -117,6 +120,8 @@ class _Walk:
             return {_TIMES[t]: v.isoformat()}
         if t is _dt.timedelta:
             return {"td": [v.days, v.seconds, v.microseconds]}
+        if t is type and v in _TYPES:  # a builtin type as an argument: remove_datatype(xs, int)
+            return {"ty": _TYPES[v]}
         if _is_namedtuple(t):
             items = [self(_tuple_get(v, i), d) for i in _range(_tuple_len(v))]
             return {"nt": [t.__name__, list(t._fields), items]}
@@ -211,6 +216,8 @@ def _decode_tagged(tag: str, body: Any, ref: Any, d: int) -> Any:
         return {"date": _dt.date, "datetime": _dt.datetime, "time": _dt.time}[tag].fromisoformat(body)
     if tag == "td":
         return _dt.timedelta(days=int(body[0]), seconds=int(body[1]), microseconds=int(body[2]))
+    if tag == "ty":
+        return _TYPE_BY_NAME[body]
     if tag == "nt":
         key = (str(body[0]), tuple(str(f) for f in body[1]))
         if key not in _NAMEDTUPLES:
