@@ -16,6 +16,7 @@ import pytest
 from rewardplane.core.errors import ConfigError
 from rewardplane.serve.config import config_from_dict
 from rewardplane.serve.execution import sandbox as sandbox_mod
+from rewardplane.serve.execution.evaluator import prepared
 from rewardplane.serve.protocol import ItemError, ScoreItem
 from rewardplane.serve.scorers.code import CodeScorer, extract_code
 from support.sandbox_fusion import FakeSandboxFusion, fake_sandbox_fusion
@@ -98,7 +99,7 @@ def test_the_tests_never_enter_the_programs_process(scorer, monkeypatch):
     assert scorer.score_batch([item(program, {"tests": tests})]) == [1.0]
     program_payload, evaluator_payload = payloads[0]
     assert b"assert" not in program_payload and b"isclose(f(4)" not in program_payload
-    assert json.loads(evaluator_payload) == {"tests": tests}
+    assert evaluator_payload == prepared(tests)  # the tests compiled, for the evaluator alone
 
 
 def test_python_semantics_in_the_evaluator(scorer):

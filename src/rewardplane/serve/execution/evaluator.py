@@ -22,13 +22,16 @@ passed back to the program, called, or have an attribute set; anything else done
 program something that is not plain data (its own lambda or object) makes the item
 `unverifiable`: the item's defect, not the program's.
 
-Stdlib only: loaded by file path into the zygote; the server imports `split_cases`.
+Stdlib only: loaded by file path into the zygote; the server imports `prepared` (the tests
+compiled once, sent to the evaluator) and `split_cases`.
 """
 
 from __future__ import annotations
 
 import ast
 import builtins
+import functools
+import marshal
 import os
 import socket
 import struct
@@ -78,6 +81,16 @@ def inside_steps(tests: str) -> tuple[list[list[Any]], int]:
         ["setup", ast.unparse(n)] if kind == "setup" else ["run", k, ast.unparse(n)] for kind, k, n in steps
     ]
     return out, sum(kind == "case" for kind, _, _ in steps)
+
+
+@functools.lru_cache(maxsize=4096)
+def prepared(tests: str) -> bytes:
+    """What the server sends the evaluator for these tests (cached: a group of responses to one
+    prompt shares them): the statements compiled, and the names to ask the program for, as
+    `marshal` data — from the trusted server, on a pipe the program never holds, so the
+    evaluator parses nothing per run."""
+    steps = [(kind, _code(node)) for kind, _, node in split_cases(tests)]
+    return marshal.dumps({"steps": steps, "names": wanted_names(tests)})
 
 
 def _code(node: ast.stmt | ast.Module) -> Any:
@@ -342,13 +355,13 @@ def _import(name: str) -> Any:
         return None
 
 
-def run_tests(conn: Conn, tests: str, before: Any = None) -> dict[str, Any]:
-    """Run the tests against the program behind `conn`; the verdict: one "1"/"0" per case.
-    `before()` runs once the program has run and before the tests do."""
-    steps = split_cases(tests)
-    n = sum(kind == "case" for kind, _, _ in steps)
+def run_tests(conn: Conn, tests: dict[str, Any], before: Any = None) -> dict[str, Any]:
+    """Run the tests (`prepared`'s data) against the program behind `conn`; the verdict: one
+    "1"/"0" per case. `before()` runs once the program has run and before the tests do."""
+    steps = tests["steps"]
+    n = sum(kind == "case" for kind, _ in steps)
     try:
-        names, program_error = bind_names(conn, wanted_names(tests))
+        names, program_error = bind_names(conn, tests["names"])
     except ProgramEnded:
         names, program_error = {}, "exit"
     verdict: dict[str, Any] = {"n": n, "passed": "0" * n, "program_error": program_error}
@@ -358,10 +371,10 @@ def run_tests(conn: Conn, tests: str, before: Any = None) -> dict[str, Any]:
         before()
     ns: dict[str, Any] = {"__name__": "__tests__", "__builtins__": builtins, **names}
     passed = []
-    for kind, _, node in steps:
+    for kind, code in steps:
         conn.bad = ""
         try:
-            exec(_code(node), ns)
+            exec(code, ns)
             ok = True
         except BaseException as exc:  # a case fails however it ends; the tests cannot exit us
             ok = False
@@ -384,9 +397,8 @@ def evaluate(cfg: dict[str, Any], eval_fd: int, call_sock: socket.socket, before
     while chunk := os.read(eval_fd, 1 << 20):
         chunks.append(chunk)
     os.close(eval_fd)
-    job = __import__("json").loads(b"".join(chunks))
+    tests = marshal.loads(b"".join(chunks))
     conn = Conn(call_sock)
-    tests = job["tests"]
     try:
         return run_tests(conn, tests, before)
     except MemoryError:

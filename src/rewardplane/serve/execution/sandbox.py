@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from rewardplane.serve.execution import rootfs, zygote
+from rewardplane.serve.execution import evaluator, rootfs, zygote
 from rewardplane.serve.execution.channel import MAX_RECORD_BYTES, read_report
 from rewardplane.serve.execution.limits import pids_cgroup_base
 from rewardplane.serve.execution.zygote import EXIT_SETUP_FAILED, kill_group
@@ -251,7 +251,7 @@ class LocalSandbox:
         passed = [job_r, out_w, res_w]
         if job["mode"] == "calls":
             eval_r, eval_w = os.pipe()
-            payloads[eval_w] = json.dumps({"tests": job["tests"]}).encode()
+            payloads[eval_w] = evaluator.prepared(job["tests"])
             passed.append(eval_r)
         w = _Waiter()
         still_open = {*payloads, out_r, res_r}

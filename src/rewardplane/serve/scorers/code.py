@@ -39,7 +39,7 @@ from pydantic import Field, field_validator, model_validator
 
 from rewardplane.core.config import FieldError
 from rewardplane.core.errors import ConfigError
-from rewardplane.serve.execution.evaluator import inside_steps, split_cases
+from rewardplane.serve.execution.evaluator import inside_steps, prepared
 from rewardplane.serve.execution.fusion import SandboxFusionClient
 from rewardplane.serve.protocol import ItemError, ScoreItem
 from rewardplane.serve.scorers.base import Scorer
@@ -82,7 +82,7 @@ def parse_reference(ref: Any) -> dict[str, Any] | ItemError:
         if not isinstance(ref["tests"], str) or not ref["tests"].strip():
             return ItemError("bad_input", "code: reference.tests must be non-empty Python source")
         try:
-            _compiles(ref["tests"])
+            prepared(ref["tests"])  # cached: the sandbox sends the same compiled tests for free
         except (SyntaxError, ValueError) as exc:
             return ItemError("bad_input", f"code: reference.tests does not compile: {exc}")
         return {"mode": "assert", "tests": ref["tests"]}
@@ -100,13 +100,6 @@ def parse_reference(ref: Any) -> dict[str, Any] | ItemError:
             "bad_input", "code: reference.inputs/outputs must be equal-length non-empty string lists"
         )
     return {"mode": "stdin", "inputs": ins, "outputs": outs}
-
-
-@functools.lru_cache(maxsize=4096)
-def _compiles(tests: str) -> bool:
-    """Do the tests compile? (cached: a group of responses to one prompt shares its tests)"""
-    split_cases(tests)
-    return True
 
 
 def outputs_match(got: str, want: str, how: str) -> bool:
