@@ -22,7 +22,10 @@ drops every capability and waits for its job. Per run the zygote sends the progr
 job and stdout pipes and the records' nonce; the result pipe and the run's secret stay in the
 zygote, which reads the program's records pipe and writes the framed report when the unit ends
 (`Unit.finish`, `channel.Records`). The unit passes on how the program's process ended and
-hands the zygote a pidfd of it, by which the zygote kills it when the unit ends.
+hands the zygote a pidfd of it, by which the zygote kills it when the unit ends. For a `calls`
+job (assert-style tests) the zygote also hands the unit the tests' pipe: the unit — outside the
+program's PID namespace, undumpable, with a socket to the program made before the fork — becomes
+the trusted evaluator (`evaluator.py`) and sends its verdict with the program's wait status.
 """
 
 from __future__ import annotations
