@@ -440,6 +440,18 @@ SHAPES = {
         "def f(x):\n    return lambda *a: True\n",
         "assert f(1) == 2\n",
     ),
+    "prewrites_answers_on_the_call_socket": (
+        "import os, json\n"
+        "for frame in [{'names': {'square': {'k': 'val', 'v': 9}}}] + [{'v': 9}] * 8:\n"
+        "    data = json.dumps(frame).encode()\n"
+        "    os.write(4, len(data).to_bytes(4, 'big') + data)\n"
+        "def square(x):\n    return 0\n",
+        "assert square(3) == 9\nassert square(3) == 9\n",
+    ),
+    "huge_and_deep_return_values": (
+        "def square(x):\n    v = []\n    for _ in range(100):\n        v = [v]\n    return v if x else [0] * 300000\n",
+        "assert square(3) == 9\nassert square(0) != 0\n",
+    ),
     "exception_message_claims_success": (
         "def f(x):\n    raise AssertionError('ok')\n",
         "assert f(1) == 2\n",
