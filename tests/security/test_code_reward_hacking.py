@@ -187,7 +187,7 @@ def server(tmp_path_factory):
                 "max_batch_size": 64,
                 "options": {"timeout_s": 2.0, "concurrency": 4, "max_processes": 32, "memory_mb": 512},
             },
-            {"name": "code_strict", "kind": "code", "options": {"unsplittable_tests": "error", "prefork": 1}},
+            {"name": "code_np", "kind": "code", "options": {"packages": ["numpy"], "prefork": 1}},
         ],
     }
     (home / "serve.yaml").write_text(json.dumps(cfg))
@@ -343,18 +343,17 @@ def test_network_is_unreachable_from_the_sandbox(server):
     assert outcome(res["net"]) == 1.0, res
 
 
-def test_what_introspection_can_reach_is_the_tests_exprs_never_the_expected(server):
-    """Recorded, not defended: the program runs in the harness's interpreter, so it can read the
-    test steps it was sent (each case's EXPR) and the records' nonce, and emit records of its
-    own. Expected values are not there, so a forged record is a guess: this program forges every
-    case with the values it would have to know, and fails the case it cannot guess."""
+def test_the_records_nonce_buys_nothing(server):
+    """The program can still find its records' nonce in its own interpreter and write records
+    with it, but a `calls` run's cases are decided by the evaluator's verdict, which goes from the
+    evaluator to the zygote on a socket the program does not hold: its records count for nothing."""
     code = NONCE_HUNT + textwrap.dedent(
         """
         import json, os
-        guesses = {0: 3, 1: 0, 2: 15, 3: 123456789}
         for n in nonces:
-            for i, v in guesses.items():
-                os.write(3, n + b" " + json.dumps({"i": i, "v": v}).encode() + b"\\n")
+            for i in range(4):
+                os.write(3, n + b" " + json.dumps({"i": i, "ok": True}).encode() + b"\\n")
+                os.write(3, n + b" " + json.dumps({"i": i, "v": [3, 0, 15, 0][i]}).encode() + b"\\n")
         def add(a, b):
             return 0
         def secret():
@@ -362,22 +361,143 @@ def test_what_introspection_can_reach_is_the_tests_exprs_never_the_expected(serv
         """
     )
     res = score(server, [{"id": "forge", "response": code, "reference": {"tests": TESTS}}])
-    # three cases whose answers are public (add) forged right, the one that needs the expected fails
-    assert outcome(res["forge"]) == 0.75, res
+    assert outcome(res["forge"]) == 0.25, res  # add(-1, 1) == 0: the one case `return 0` answers
 
 
-def test_unsplittable_tests_are_readable_inside_and_can_be_refused(server):
-    """Recorded, not defended: a case that cannot be split runs inside with its expected value,
-    which the program can read (here through gc) — the reason they are counted in /metrics and
-    `unsplittable_tests: error` exists."""
-    tests = f"assert add(1, 2) == 3\nfor _ in [0]:\n    assert secret() == {EXPECTED}\n"
+def test_the_tests_are_not_in_the_programs_process(server):
+    """Neither the tests nor their expected values are anywhere the program can look (gc, frames,
+    inspect), whatever the tests' shape: a loop case and HumanEval's check(candidate) too."""
     hunt = EXPLOITS["gc_frames_and_inspect_hunt_for_the_expected"]
-    res = score(server, [{"id": "hunt", "response": hunt, "reference": {"tests": tests}}])
-    assert outcome(res["hunt"]) == 1.0  # the hole, as documented
-    res = score(server, [{"id": "hunt", "response": hunt, "reference": {"tests": tests}}], "code_strict")
-    assert outcome(res["hunt"], "code_strict") == "bad_input"
+    tests = f"assert add(1, 2) == 3\nfor _ in [0]:\n    assert secret() == {EXPECTED}\n"
+    check = f"def check(candidate):\n    assert candidate() == {EXPECTED}\n\ncheck(secret)\n"
+    res = score(
+        server,
+        [
+            {"id": "loop", "response": hunt, "reference": {"tests": tests}},
+            {"id": "check", "response": hunt, "reference": {"tests": check}},
+        ],
+    )
+    assert outcome(res["loop"]) == 0.5 and outcome(res["check"]) == 0.0, res
     metrics = httpx.get(server.url + "/metrics", headers={"authorization": f"Bearer {TOKEN}"}).text
-    assert 'rewardplane_scorer_events_total{event="tests_unsplittable",scorer="code"}' in metrics
+    assert 'rewardplane_scorer_events_total{event="tests_evaluated",scorer="code"}' in metrics
+
+
+# the seven shapes that paid 1.0 when the tests ran in the program's process (issue 43), and more
+# of the same kind: each a wrong program against tests it must not pass
+SHAPES = {
+    "own_abs": (
+        "def abs(x):\n    return 0\ndef area(r):\n    return 0.0\n",
+        "assert abs(area(3) - 28.274333882308138) < 1e-6\n",
+    ),
+    "own_all": (
+        "def all(xs):\n    return True\ndef is_prime(n):\n    return False\n",
+        "assert all(is_prime(p) for p in [2, 3, 5, 7])\n",
+    ),
+    "own_any": (
+        "def any(xs):\n    return True\ndef is_prime(n):\n    return False\n",
+        "assert any(is_prime(p) for p in [4, 6, 7])\n",
+    ),
+    "patched_isclose_behind_from_import": (
+        "import math\nmath.isclose = lambda *a, **k: True\ndef area(r):\n    return 0.0\n",
+        "from math import isclose\nassert isclose(area(1), 3.14159, rel_tol=1e-3)\n",
+    ),
+    "str_subclass_istitle": (
+        "class S(str):\n    def istitle(self):\n        return True\ndef title_case(s):\n    return S(s)\n",
+        "assert title_case('hello world').istitle()\n",
+    ),
+    "humaneval_check_with_a_forged_ok_from_up_the_stack": (
+        NONCE_HUNT + "import json, os, sys\n"
+        "def square(x):\n"
+        "    f = sys._getframe()\n"
+        "    while f is not None:\n"
+        "        for v in list(f.f_locals.values()):\n"
+        "            if callable(v) and getattr(v, '__name__', '') == 'emit':\n"
+        "                v({'i': 0, 'ok': True})\n"
+        "        f = f.f_back\n"
+        "    for n in nonces:\n"
+        "        os.write(3, n + b' ' + json.dumps({'i': 0, 'ok': True}).encode() + b'\\n')\n"
+        "    os._exit(0)\n",
+        "def check(candidate):\n    assert candidate(3) == 9\n    assert candidate(4) == 16\n\ncheck(square)\n",
+    ),
+    "always_equal_inside_check": (
+        "class E:\n    __eq__ = lambda s, o: True\n    __ne__ = lambda s, o: False\n    __hash__ = lambda s: 0\n"
+        "def square(x):\n    return E()\n",
+        "def check(candidate):\n    assert candidate(3) == 9\n\ncheck(square)\n",
+    ),
+    "always_equal_in_a_loop_case": (
+        "class E:\n    __eq__ = lambda s, o: True\n    __bool__ = lambda s: True\ndef square(x):\n    return E()\n",
+        "for x in range(3):\n    assert square(x) == x * x\n",
+    ),
+    "own_isinstance_and_len_at_top_level": (
+        "def isinstance(*a):\n    return True\ndef len(x):\n    return 3\ndef f():\n    return None\n",
+        "assert isinstance(f(), list) and len(f()) == 3\n",
+    ),
+    "program_shadows_the_tests_module": (
+        "class M:\n    isclose = staticmethod(lambda *a, **k: True)\nmath = M()\ndef area(r):\n    return 0.0\n",
+        "assert math.isclose(area(1), 3.14159)\n",
+    ),
+    "returns_a_callable_equal_to_everything": (
+        "def f(x):\n    return lambda *a: True\n",
+        "assert f(1) == 2\n",
+    ),
+    "prewrites_answers_on_the_call_socket": (
+        "import os, json\n"
+        "for frame in [{'names': {'square': {'k': 'val', 'v': 9}}}] + [{'v': 9}] * 8:\n"
+        "    data = json.dumps(frame).encode()\n"
+        "    os.write(4, len(data).to_bytes(4, 'big') + data)\n"
+        "def square(x):\n    return 0\n",
+        "assert square(3) == 9\nassert square(3) == 9\n",
+    ),
+    "huge_and_deep_return_values": (
+        "def square(x):\n    v = []\n    for _ in range(100):\n        v = [v]\n    return v if x else [0] * 300000\n",
+        "assert square(3) == 9\nassert square(0) != 0\n",
+    ),
+    "exception_message_claims_success": (
+        "def f(x):\n    raise AssertionError('ok')\n",
+        "assert f(1) == 2\n",
+    ),
+}
+HONEST = {
+    "counter_vs_dict_literal": (
+        "from collections import Counter\ndef count(s):\n    return Counter(s)\n",
+        "assert count('abca') == {'a': 2, 'b': 1, 'c': 1}\n",
+    ),
+    "one_and_zero_vs_true_and_false": (
+        "def is_even(n):\n    return 1 if n % 2 == 0 else 0\n",
+        "assert is_even(4) == True\nassert is_even(3) == False\n",
+    ),
+    "humaneval_check": (
+        "def square(x):\n    return x * x\n",
+        "def check(candidate):\n    assert candidate(3) == 9\n    assert abs(candidate(0.5) - 0.25) < 1e-9\n\ncheck(square)\n",
+    ),
+    "in_place_sort": (
+        "def sort_it(xs):\n    xs.sort()\n",
+        "x = [3, 1, 2]\nsort_it(x)\nassert x == [1, 2, 3]\n",
+    ),
+}
+
+
+def test_the_seven_shapes_and_their_kin_score_below_one_and_honest_code_scores_one(server):
+    items = [{"id": k, "response": c, "reference": {"tests": t}} for k, (c, t) in SHAPES.items()]
+    items += [{"id": k, "response": c, "reference": {"tests": t}} for k, (c, t) in HONEST.items()]
+    got = {k: outcome(v) for k, v in score(server, items).items()}
+    won = {k: got[k] for k in SHAPES if isinstance(got[k], float) and got[k] >= 1.0}
+    assert not won, won
+    assert {k: got[k] for k in HONEST} == dict.fromkeys(HONEST, 1.0)
+
+
+def test_patched_numpy_allclose_with_numpy_allowed(server):
+    """The array crosses as dtype + shape + bytes; the tests' numpy is the evaluator's own."""
+    wrong = "import numpy as np\nnp.allclose = lambda *a, **k: True\ndef solve(x):\n    return np.zeros(3)\n"
+    right = "import numpy as np\ndef solve(x):\n    return np.arange(1.0, 4.0) * x\n"
+    tests = "import numpy as np\nassert np.allclose(solve(1), [1.0, 2.0, 3.0])\nassert solve(2).dtype == np.float64\n"
+    items = [
+        {"id": "wrong", "response": wrong, "reference": {"tests": tests}},
+        {"id": "right", "response": right, "reference": {"tests": tests}},
+    ]
+    res = score(server, items, "code_np")
+    # the wrong program's zeros fail the evaluator's own np.allclose; its dtype case is honest
+    assert outcome(res["wrong"], "code_np") == 0.5 and outcome(res["right"], "code_np") == 1.0, res
 
 
 def test_a_program_that_leaves_its_process_group_still_dies_with_its_run(server):

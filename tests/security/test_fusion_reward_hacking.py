@@ -1,18 +1,15 @@
 """Red team against the `code` scorer's SandboxFusion backend, with a SandboxFusion double that runs
-what it receives: the expected values never leave the scorer (no request holds one), the
-exploits that need the grader's cooperation score below 1.0, and the right program scores 1.0.
-The records share stdout with the program there, behind a nonce the program can read (it is in
-the script it runs in): forging with it is recorded here, and worth only the values it guesses."""
+what it receives. SandboxFusion runs one script and returns its stdout: the trusted evaluator
+cannot run there, so assert-style tests are `unverifiable` (never a number) unless the config
+sets `unsafe_run_inside: true` — and then they run in the program's own process, where the
+exploits of issue 43 pay: recorded here as the reason the option carries that name."""
 
 from __future__ import annotations
-
-import textwrap
 
 import pytest
 
 from rewardplane.serve.protocol import ScoreItem
 from rewardplane.serve.scorers.code import CodeScorer
-from support.exploits import NONCE_HUNT
 from support.sandbox_fusion import FakeSandboxFusion, fake_sandbox_fusion
 
 EXPECTED = 918273645
@@ -53,64 +50,44 @@ EXPLOITS = {
 
 
 @pytest.fixture(scope="module")
-def scorer():
-    with fake_sandbox_fusion() as url:
-        s = CodeScorer(
-            "sf", options={"backend": "sandbox_fusion", "url": url, "timeout_s": 3, "concurrency": 4}
-        )
-        s.load()
-        yield s
-        s.close()
+def url():
+    with fake_sandbox_fusion() as u:
+        yield u
+
+
+def make(url: str, **options) -> CodeScorer:
+    s = CodeScorer(
+        "sf", options={"backend": "sandbox_fusion", "url": url, "timeout_s": 3, "concurrency": 4, **options}
+    )
+    s.load()
+    return s
 
 
 def item(response: str, i: str) -> ScoreItem:
     return ScoreItem(id=i, prompt="", response=response, reference={"tests": TESTS})
 
 
-def test_exploits_score_below_one_and_no_request_holds_an_expected_value(scorer):
+def test_without_the_unsafe_option_assert_style_items_are_unverifiable_and_never_sent(url):
     FakeSandboxFusion.requests.clear()
-    names = ["right_before", *EXPLOITS, "right_after"]
-    programs = [RIGHT, *EXPLOITS.values(), RIGHT]
+    s = make(url)
+    got = s.score_batch([item(RIGHT, "right"), *(item(p, n) for n, p in EXPLOITS.items())])
+    assert {g.code for g in got} == {"unverifiable"}
+    assert FakeSandboxFusion.requests == []  # nothing ran: no number can come of it
+    s.close()
+
+
+def test_with_unsafe_run_inside_the_tests_share_the_programs_process_and_exploits_pay(url):
+    """Recorded, not defended: the option's name says so (docs/verifiers.md, "Reward hacking")."""
+    s = make(url, unsafe_run_inside=True)
     got = dict(
         zip(
-            names, scorer.score_batch([item(p, n) for n, p in zip(names, programs, strict=True)]), strict=True
+            ["right", *EXPLOITS],
+            s.score_batch([item(RIGHT, "right"), *(item(p, n) for n, p in EXPLOITS.items())]),
+            strict=True,
         )
     )
-    assert got.pop("right_before") == 1.0 and got.pop("right_after") == 1.0
-    won = {n: v for n, v in got.items() if isinstance(v, float) and v >= 1.0}
-    assert not won, won
-    assert got["loops_forever"].code == "timeout"
-    assert got["hunts_for_the_expected"] == pytest.approx(2 / 3)  # found nothing to return
-    # what was sent: the programs (two of which hold the value: RIGHT) and the harness with EXPRs
-    for body in FakeSandboxFusion.requests:
-        harness_part = body["code"].rsplit("fusion_main(", 1)[-1]
-        steps = harness_part.split('"steps"', 1)[-1]
-        assert str(EXPECTED) not in steps, steps[:300]
-
-
-def test_forging_records_with_the_nonce_from_the_script_is_a_guess(scorer):
-    """Recorded, not defended: the nonce is in the script the program runs in."""
-    code = NONCE_HUNT.replace("nonces", "cell_nonces") + textwrap.dedent(
-        """
-        import json, re, sys
-        # the script: a file SandboxFusion wrote (its argv[0]) or, here, python -c's argument
-        src = open(sys.argv[0]).read() if sys.argv[0] not in ("", "-c") else " ".join(sys.orig_argv)
-        frame = sys._getframe()
-        while frame.f_back is not None:
-            frame = frame.f_back
-        nonces = set(re.findall(r"'([0-9a-f]{32})'\\)", src)) | {
-            v for v in frame.f_globals.values() if isinstance(v, str) and re.fullmatch("[0-9a-f]{32}", v)
-        }
-        nonces |= {n.decode() for n in cell_nonces}
-        for n in nonces:
-            for i, v in enumerate([3, 0, 123]):
-                print("\\n" + n + " " + json.dumps({"i": i, "v": v}))
-        def add(a, b):
-            return 0
-        secret = lambda: 0
-        """
-    )
-    (got,) = scorer.score_batch([item(code, "forge")])
-    # found: its forged records come first and count; the two public answers are right, the
-    # expected value it had to guess is not
-    assert got == pytest.approx(2 / 3)
+    assert got["right"] == 1.0
+    assert got["always_equal"] == 1.0  # the comparison runs where the program's __eq__ is
+    assert got["hunts_for_the_expected"] == 1.0  # the tests, expected values included, are readable
+    assert got["sys_exit_at_import"] == 0.0 and got["loops_forever"].code == "timeout"
+    s.close()

@@ -100,7 +100,7 @@ class ServeMetrics:
         self.scorer_events = Counter(
             "rewardplane_scorer_events",
             "Scorer-specific counts by scorer and event, e.g. the code scorer's assert-style cases:"
-            " tests_split (compared outside the sandbox), tests_unsplittable (run inside as a whole)",
+            " tests_evaluated (run in the trusted evaluator), tests_inside (run in the program's process: unsafe_run_inside)",
             ["scorer", "event"],
             registry=r,
         )

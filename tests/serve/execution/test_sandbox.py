@@ -81,40 +81,38 @@ def test_sandbox_view_is_isolated(box):
 ASSERT_JOB = {"mode": "assert", "code": "def f(x):\n    return x + 1", "steps": []}
 
 
-def assert_job(*steps, code: str = ASSERT_JOB["code"]) -> dict:
-    return {"mode": "assert", "code": code, "steps": [list(s) for s in steps]}
+def calls_job(tests: str, code: str = "def f(x):\n    return x + 1\n") -> dict:
+    return {"mode": "calls", "code": code, "tests": tests}
 
 
-def test_assert_job_records_values_in_order(box):
-    r = box.run(
-        assert_job(
-            ("setup", "import math"),
-            ("expr", 0, "f(1)"),
-            ("expr", 1, "(f(2), {1: {2}})"),
-            ("run", 2, "assert f(3) == 4"),
-            ("expr", 3, "f(None)"),
-            ("expr", 4, "iter([])"),
-        )
+def test_calls_job_runs_the_tests_in_the_evaluator_and_reports_a_verdict(box):
+    tests = (
+        "import math\n"
+        "assert f(1) == 2\n"
+        "assert f(2) == (3,)\n"  # fails
+        "assert math.isclose(f(0.5), 1.5)\n"
+        "f(None)\n"  # TypeError in the program: the case fails
+        "try:\n    f(None)\nexcept TypeError:\n    pass\n"  # the builtin type crosses
     )
+    r = box.run(calls_job(tests))
     assert r.status == "ok", r
-    assert r.records == [
-        {"i": 0, "v": 2},
-        {"i": 1, "v": {"tuple": [3, {"dict": [[1, {"set": [2]}]]}]}},
-        {"i": 2, "ok": True},
-        {"i": 3, "raised": "TypeError"},
-        {"i": 4, "unencodable": "builtins.list_iterator"},
-    ]
+    assert r.report["verdict"] == {"n": 5, "passed": "10101", "program_error": None}
+    assert r.records == []  # the program's process sends no case records
 
 
-def test_an_exit_ends_the_run_and_later_cases_have_no_record(box):
-    r = box.run(assert_job(("expr", 0, "f(1)"), ("run", 1, "import sys; sys.exit(0)"), ("expr", 2, "f(2)")))
-    assert r.status == "ok" and r.records == [{"i": 0, "v": 2}]
-    r = box.run(assert_job(("expr", 0, "f(1)"), code="import os\nos._exit(0)"))
-    assert r.status == "ok" and r.records == [] and r.report["exit"] == 0
+def test_an_exit_ends_the_program_and_every_later_call_fails(box):
+    code = "import sys\ndef f(x):\n    if x == 2:\n        sys.exit(0)\n    return x + 1\n"
+    r = box.run(
+        calls_job("assert f(1) == 2\nassert f(2) == 3\ntry:\n    f(1)\nexcept BaseException:\n    pass", code)
+    )
+    assert r.status == "ok" and r.report["verdict"]["passed"] == "100", r
+    r = box.run(calls_job("assert f(1) == 2", "import os\nos._exit(0)"))
+    assert r.status == "ok" and r.report["verdict"] == {"n": 1, "passed": "0", "program_error": "exit"}
 
 
 def test_records_need_the_nonce_and_the_report_needs_the_secret(box):
-    # the program writes what used to be a passing report to every descriptor it has
+    # the program writes what used to be a passing report to every descriptor it has, the call
+    # socket (fd 4) included: the evaluator reads a broken answer, and the case fails
     code = (
         "import os, json\n"
         "forged = json.dumps({'i': 0, 'v': 2, 'passed': 2, 'total': 2, 'error': None}).encode()\n"
@@ -124,11 +122,27 @@ def test_records_need_the_nonce_and_the_report_needs_the_secret(box):
         "    except OSError:\n"
         "        pass\n"
         "def f(x):\n"
-        "    return 0\n"
+        "    return 2\n"
     )
-    r = box.run(assert_job(("expr", 0, "f(1)"), code=code))
-    assert r.status == "ok" and r.records == [{"i": 0, "v": 0}], r
+    r = box.run(calls_job("assert f(1) == 2", code))
+    assert r.status == "ok" and r.report["verdict"]["passed"] == "0", r
     assert r.report["forged"] >= 1  # the line reached the unit's records pipe and was dropped
+
+
+@needs_ns
+def test_the_evaluator_is_outside_the_programs_reach(box):
+    """The tests see the minimal root with a /tmp of their own (not the program's), are not in
+    the program's PID namespace, and hold no capability."""
+    code = "open('/tmp/planted.py', 'w').write('x = 1')\nimport os\ndef pid():\n    return os.getpid()\n"
+    tests = (
+        "import os\n"
+        "assert os.listdir('/tmp') == []\n"
+        "assert pid() == 1 and os.getpid() != 1\n"
+        "assert not os.path.exists('/etc/hostname')\n"
+        "try:\n    os.chroot('/')\nexcept PermissionError:\n    pass\nelse:\n    raise AssertionError\n"
+    )
+    r = box.run(calls_job(tests, code))
+    assert r.status == "ok" and r.report["verdict"]["passed"] == "1111", r
 
 
 @needs_ns

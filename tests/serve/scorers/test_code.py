@@ -16,6 +16,7 @@ import pytest
 from rewardplane.core.errors import ConfigError
 from rewardplane.serve.config import config_from_dict
 from rewardplane.serve.execution import sandbox as sandbox_mod
+from rewardplane.serve.execution.evaluator import prepared
 from rewardplane.serve.protocol import ItemError, ScoreItem
 from rewardplane.serve.scorers.code import CodeScorer, extract_code
 from support.sandbox_fusion import FakeSandboxFusion, fake_sandbox_fusion
@@ -71,43 +72,87 @@ def test_assert_style_tests(scorer):
     assert got == [pytest.approx(2 / 3), 1.0, 0.0, 0.0]
 
 
-def test_expected_values_never_enter_the_sandbox(scorer, monkeypatch):
+def test_the_tests_never_enter_the_programs_process(scorer, monkeypatch):
+    """The program's process gets the program only; the tests go to the evaluator's own pipe."""
     sent = []
     real = scorer.sandbox.run
 
     def spy(job, *args, **kwargs):
-        sent.append(json.dumps({k: v for k, v in job.items() if k != "code"}))  # the program has them
+        sent.append(job)
         return real(job, *args, **kwargs)
 
     monkeypatch.setattr(scorer.sandbox, "run", spy)
-    tests = (
-        "assert f(1) == 918273645\n"
-        "assert f(2) != 818273645\n"
-        "assert f(3) in (718273645, 1)\n"
-        "assert math.isclose(f(4), 618273645.5, rel_tol=1e-9)\n"
-        "assert abs(f(5) - 518273645) < 1\n"
-    )
-    program = (
-        "import math\ndef f(x):\n    return {1: 918273645, 3: 1, 4: 618273645.5, 5: 518273645.5}.get(x, 0)"
-    )
-    (got,) = scorer.score_batch([item(program, {"tests": "import math\n" + tests})])
+    tests = "import math\nassert f(1) == 918273645\nassert math.isclose(f(4), 618273645.5, rel_tol=1e-9)\n"
+    program = "import math\ndef f(x):\n    return {1: 918273645, 4: 618273645.5}.get(x, 0)"
+    (got,) = scorer.score_batch([item(program, {"tests": tests})])
     assert got == 1.0
-    assert len(sent) == 1 and "f(1)" in sent[0]
-    for expected in ("918273645", "818273645", "718273645", "618273645", "518273645"):
-        assert expected not in sent[0]
+    (job,) = sent
+    assert job["mode"] == "calls" and job["tests"] == tests  # to the sandbox object, which splits it:
+    payloads = []
+    real_pump = scorer.sandbox._pump
+
+    def pump(w, payloads_by_fd, *args):
+        payloads.append(list(payloads_by_fd.values()))
+        return real_pump(w, payloads_by_fd, *args)
+
+    monkeypatch.setattr(scorer.sandbox, "_pump", pump)
+    assert scorer.score_batch([item(program, {"tests": tests})]) == [1.0]
+    program_payload, evaluator_payload = payloads[0]
+    assert b"assert" not in program_payload and b"isclose(f(4)" not in program_payload
+    assert evaluator_payload == prepared(tests)  # the tests compiled, for the evaluator alone
 
 
-def test_unsplittable_tests_run_inside_counted_or_refused(scorer):
-    tests = "assert f(1) == 2\nfor x in range(3):\n    assert f(x) == x + 1\n"
-    (got,) = scorer.score_batch([item("def f(x): return x + 1", {"tests": tests})])
-    assert got == 1.0
-    assert scorer.take_batch_stats() == {"tests_split": 1, "tests_unsplittable": 1}
+def test_python_semantics_in_the_evaluator(scorer):
+    """The value is rebuilt as the real class and compared by the test's own `==`: the honest
+    answers plain Python accepts pass (Counter vs dict, 1 vs True, an in-place sort, a constant,
+    a module the program imported), HumanEval's check(candidate) runs, and loops are cases."""
+    cases = [
+        (
+            "from collections import Counter\ndef f(s):\n    return Counter(s)",
+            "assert f('aab') == {'a': 2, 'b': 1}",
+        ),
+        ("def f(x):\n    return 1 if x else 0", "assert f(3) == True\nassert f(0) == False"),
+        ("def f(xs):\n    xs.sort()", "x = [3, 1, 2]\nf(x)\nassert x == [1, 2, 3]"),
+        ("N = 7\ndef f():\n    return N", "assert f() == N == 7"),
+        (
+            "import math\ndef f(r):\n    return math.pi * r * r",
+            "assert math.isclose(f(1), 3.14159, rel_tol=1e-3)",
+        ),
+        (
+            "def f(a, b):\n    return a + b",
+            "def check(candidate):\n    assert candidate(1, 2) == 3\n\ncheck(f)",
+        ),
+        ("def f(x):\n    return x + 1", "for x in range(3):\n    assert f(x) == x + 1"),
+        (
+            "def f(x):\n    raise ValueError('no')",
+            "try:\n    f(1)\nexcept ValueError as e:\n    assert str(e) == 'no'",
+        ),
+        (
+            "class P:\n    def __init__(s, a):\n        s.a = a\ndef g(ps):\n    return sum(p.a for p in ps)",
+            "assert g([P(1), P(2)]) == 3",
+        ),
+    ]
+    got = scorer.score_batch([item(code, {"tests": tests}, str(i)) for i, (code, tests) in enumerate(cases)])
+    assert got == [1.0] * len(cases)
+    assert scorer.take_batch_stats() == {"tests_evaluated": 11}
     assert scorer.take_batch_stats() == {}  # taken once
-    strict = CodeScorer("strict", options={"unsplittable_tests": "error"})
-    strict.sandbox = scorer.sandbox
-    (got,) = strict.score_batch([item("def f(x): return x + 1", {"tests": tests})])
-    assert isinstance(got, ItemError) and got.code == "bad_input" and "cannot be split" in got.message
-    assert strict.score_batch([item("def f(x): return x + 1", {"tests": "assert f(1) == 2"})]) == [1.0]
+
+
+def test_what_cannot_cross(scorer):
+    """A value of the program's own type, a generator or a str subclass fails the case where the
+    tests use it; a test that passes the program its own lambda makes the item unverifiable."""
+    got = scorer.score_batch(
+        [
+            item("def f():\n    return (x for x in [1])", {"tests": "assert list(f()) == [1]"}),
+            item(
+                "class S(str):\n    def istitle(s):\n        return True\ndef f():\n    return S('x')",
+                {"tests": "assert f().istitle()"},
+            ),
+            item("def f(g):\n    return 1", {"tests": "assert f(lambda x: x) == 1"}),
+        ]
+    )
+    assert got[:2] == [0.0, 0.0]
+    assert isinstance(got[2], ItemError) and got[2].code == "unverifiable"
 
 
 @pytest.mark.parametrize("reference", [None, "not json", {"inputs": ["1"]}, {"tests": "assert ("}, [1, 2]])
@@ -200,8 +245,8 @@ def test_start_without_namespaces_needs_explicit_rlimits(monkeypatch):
 
 
 def test_options_are_checked():
-    with pytest.raises(ConfigError, match="unsplittable_tests"):
-        CodeScorer("c", options={"unsplittable_tests": "skip"})
+    with pytest.raises(ConfigError, match="unsafe_run_inside"):
+        CodeScorer("c", options={"unsafe_run_inside": "sometimes"})
     with pytest.raises(ConfigError, match="packages"):
         CodeScorer("c", options={"packages": "numpy"})
     with pytest.raises(ConfigError, match="packages"):
@@ -219,7 +264,6 @@ def test_options_are_checked():
 @pytest.mark.parametrize(
     ("options", "want"),
     [
-        ({"unsplittable_tests": "skip"}, "unsplittable_tests: 'skip' is not one of 'run' or 'error'"),
         ({"packages": "numpy"}, "packages: expected a list, got 'numpy'"),
         ({"packages": ["not a name"]}, "packages: 'not a name' is not an import name"),
         (
@@ -247,7 +291,8 @@ def fusion_url():
 
 def test_sandbox_fusion_backend(fusion_url):
     FakeSandboxFusion.requests.clear()  # the double is shared with other modules
-    s = CodeScorer("sf", options={"backend": "sandbox_fusion", "url": fusion_url, "timeout_s": 3})
+    options = {"backend": "sandbox_fusion", "url": fusion_url, "timeout_s": 3, "unsafe_run_inside": True}
+    s = CodeScorer("sf", options=options)
     s.load()
     tests = "assert f(1) == 2\nassert f(2) == 3\nassert f(3) == 5\n"
     got = s.score_batch(
@@ -272,6 +317,11 @@ def test_sandbox_fusion_backend(fusion_url):
     (err,) = s2.score_batch([item(RIGHT, ADD)])
     assert err.code == "sandbox_error"  # an unreachable sandbox is an error, never 0
     assert s.info().extra["backend"] == "sandbox_fusion"
+    # without the forgeable option, assert-style tests have no evaluator there: unverifiable
+    safe = CodeScorer("sf2", options={"backend": "sandbox_fusion", "url": fusion_url, "timeout_s": 3})
+    safe.load()
+    (err,) = safe.score_batch([item("def f(x): return x + 1", {"tests": tests})])
+    assert err.code == "unverifiable"
 
 
 def test_through_http():

@@ -11,7 +11,10 @@ has no capabilities. The zygote keeps the lines of the records pipe that carry t
 value the harness holds in the program's own process: it only stops blind writes — a program
 that finds it in its own memory can emit records, which are worth no more than returning those
 values), frames what it kept with the secret and adds how the program's process ended (its wait
-status, passed on by the unit). The server accepts only a report framed with that run's secret.
+status, passed on by the unit). The server accepts only a report framed with that run's secret. For assert-style tests the
+cases are decided by the evaluator's verdict, which the unit sends on its own socket to the zygote
+(the program holds no end of it) and the zygote puts in the report's meta; the program's records
+then carry only events (a MemoryError, a file limit).
 
 Stdlib only: `Records` is used by the zygote (loaded by file path); the server imports
 `read_report` through the package.

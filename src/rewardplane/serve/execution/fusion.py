@@ -1,13 +1,12 @@
-"""The SandboxFusion backend of the `code` scorer: the same jobs as the local sandbox, run by a
+"""The SandboxFusion backend of the `code` scorer: the local sandbox's stdin/stdout jobs, run by a
 SandboxFusion server (`POST {url}/run_code`, the API verl's sandbox_fusion reward uses).
 
-Expected values stay here as they do locally: an assert-style job is sent as the harness
-(`harness.py`, the same source the local sandbox runs) with the program and the test steps — each
-case's EXPR, never its EXPECTED — and the values come back on stdout as records, one line each,
-prefixed with a fresh per-run nonce. SandboxFusion returns only stdout, so the records share it
-with the program: the nonce keeps blind prints out, but the program can find it (it is in the
-script it runs in) and print records of its own — worth what returning those values is worth, and
-a pass for an unsplittable case (docs/verifiers.md, "Reward hacking").
+SandboxFusion runs one script and returns its stdout: there is no second process to hold the
+tests, so the trusted evaluator (`evaluator.py`) cannot run there. Assert-style tests run on it
+only with the option `unsafe_run_inside`: the script is the harness (`harness.py`) with the
+program and the tests' statements, run in the program's own process, and the records come back
+on stdout behind a fresh nonce that the program can find (it is in the script it runs in) —
+FORGEABLE, as the option's name says (docs/verifiers.md, "Reward hacking").
 """
 
 from __future__ import annotations
@@ -52,10 +51,10 @@ class SandboxFusionClient:
         self._http.close()
 
     def run(self, job: dict[str, Any]) -> RunResult:
-        """One job in the local sandbox's shapes; an assert-style job is sent as the harness's
+        """One job in the local sandbox's shapes; an `inside` job is sent as the harness's
         source with the job and a fresh nonce (`script`)."""
         nonce = os.urandom(16).hex()
-        if job["mode"] == "assert":
+        if job["mode"] == "inside":
             code, stdin = script(job, nonce), ""
         else:
             code, stdin = job["code"], job.get("stdin", "")
@@ -97,7 +96,7 @@ class SandboxFusionClient:
                 "output_limit", exit_code=rc, message=f"stdout over {self.max_output_bytes} bytes"
             )
         report = {"exit": rc, "signal": None}
-        if job["mode"] == "assert":
+        if job["mode"] == "inside":
             program_out, records = read_records(stdout, nonce)
             events = {r.get("event") for r in records}
             if "memory" in events:
@@ -109,8 +108,8 @@ class SandboxFusionClient:
 
 
 def script(job: dict[str, Any], nonce: str) -> str:
-    """The program SandboxFusion runs for an assert-style job: the harness's own source (the same
-    code the local sandbox runs) and a call with the job, which holds no expected value."""
+    """The program SandboxFusion runs for an `inside` job: the harness's own source (the same
+    code the local sandbox runs) and a call with the job."""
     return f"{HARNESS_SOURCE}\n\nfusion_main(__import__('json').loads({json.dumps(job)!r}), {nonce!r})\n"
 
 

@@ -1,23 +1,17 @@
 """The harness: what runs in the program's own process, around the program.
 
-For a stdin/stdout job it runs the program as `__main__` and records how it ended. For an
-assert-style job it runs the program, then the test steps the scorer sent, in order:
+- `stdin` job: run the program as `__main__` and record how it ended (its stdout is compared
+  outside);
+- `calls` job (assert-style tests, the default): run the program, then answer the trusted
+  evaluator's calls on fd 4 (`serve_calls`): each call names a function and carries plain-data
+  arguments; the answer is the value, or the exception's builtin type and message, as plain data
+  (`plain.py`). The tests are never here: nothing of them but the arguments of each call;
+- `inside` job (only with the option `unsafe_run_inside`, and on SandboxFusion): the tests'
+  statements run here after the program, `["setup", src]` and `["run", k, src]` — a case passes if
+  it completes. FORGEABLE: the program shares this interpreter with the tests.
 
-- `["setup", src]`: an import, def, class or assignment of the tests, executed;
-- `["expr", k, src]`: case k's EXPR (the left side of `assert EXPR == EXPECTED`, ...): evaluated,
-  and the value sent back as canonical JSON (`encode`). EXPECTED never comes here: the scorer
-  compares outside. A value that is not a builtin instance (a class with its own `__eq__`, a
-  subclass of `int` or `str`, a generator, ...) cannot be encoded and fails its case;
-- `["run", k, src]`: case k could not be split (a loop, a helper's asserts): executed as is; it
-  passes if it completes.
-
-Every record goes out through `emit`, one line each, as `<nonce> <json>`. Exiting in any way —
-`sys.exit` with any code, `os._exit`, a signal, an exception that is not an `Exception` — ends the
-run: a case passes only when its record was sent. What this process cannot prevent: the program
-runs in the same interpreter, so it can reach the harness's memory (gc, frames, ctypes) and emit
-records of its own for its cases. A forged value is worth what returning that value is worth (the
-expected values are not here); a forged `ok` for an unsplittable case is a pass — those cases are
-not defended against a targeted program (`unsplittable_tests: error` refuses them).
+Records (events, how a stdin run or an inside case ended) go out through `emit`, one line each,
+as `<nonce> <json>`. Exiting in any way ends the run.
 
 Stdlib only, and self-contained: loaded by file path into the zygote (`zygote.py`), and sent as
 source, with `fusion_main`, to SandboxFusion (`fusion.py`).
@@ -32,14 +26,15 @@ import sys
 from typing import Any
 
 EXIT_SETUP_FAILED = 125
-MAX_DEPTH = 64
-MAX_VALUE_BYTES = 1 << 20
-"""A value whose canonical JSON is larger fails its case (`unencodable`)."""
+CALL_FD = 4
+MAX_FRAME = 1 << 23
+plain: Any = None  # plain.py, set by the zygote (the `calls` mode only)
 
 # bound before any program runs: rebinding the builtins later does not change what the harness uses
-_type, _len, _sorted, _isinstance = type, len, sorted, isinstance
-_INF = float("inf")
-_dumps, _write, _exit = json.dumps, os.write, os._exit
+_type, _len, _isinstance, _callable, _str = type, len, isinstance, callable, str
+_dumps, _loads, _write, _read, _exit = json.dumps, json.loads, os.write, os.read, os._exit
+_ModuleType = type(os)
+_MUTABLE = (list, dict, set, bytearray)
 _BaseException, _Exception, _SystemExit, _MemoryError, _OSError = (
     BaseException,
     Exception,
@@ -47,40 +42,6 @@ _BaseException, _Exception, _SystemExit, _MemoryError, _OSError = (
     MemoryError,
     OSError,
 )
-
-
-class Unencodable(Exception):
-    pass
-
-
-def encode(value: Any, depth: int = 0) -> Any:
-    """A builtin value as canonical JSON data. Scalars (None, bool, int, str, finite float) are
-    themselves; the rest are tagged: {"float": "nan"|"inf"|"-inf"}, {"tuple": [...]},
-    {"dict": [[key, value], ...]}, {"set"|"frozenset": [...]} (sorted by the elements' JSON),
-    {"bytes": hex}; lists are JSON arrays. Only exact builtin types: a subclass is refused."""
-    if depth > MAX_DEPTH:
-        raise Unencodable("nested too deeply")
-    t = _type(value)
-    if value is None or t is bool or t is int or t is str:
-        return value
-    if t is float:
-        if value != value:  # an exact float: its own comparison, no program code
-            return {"float": "nan"}
-        if value == _INF or value == -_INF:
-            return {"float": "inf" if value > 0 else "-inf"}
-        return value
-    if t is list:
-        return [encode(v, depth + 1) for v in value]
-    if t is tuple:
-        return {"tuple": [encode(v, depth + 1) for v in value]}
-    if t is dict:
-        return {"dict": [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in value.items()]}
-    if t is set or t is frozenset:
-        items = _sorted((encode(v, depth + 1) for v in value), key=lambda e: _dumps(e, sort_keys=True))
-        return {"set" if t is set else "frozenset": items}
-    if t is bytes:
-        return {"bytes": value.hex()}
-    raise Unencodable(f"{t.__module__}.{t.__qualname__}"[:80])
 
 
 def _failed(exc: BaseException, emit: Any) -> str:
@@ -115,6 +76,9 @@ def run_job(job: dict[str, Any], emit: Any) -> None:
             err = None if exc.code in (None, 0) else f"SystemExit({exc.code!r})"[:80]
         emit({"done": True, "error": err})
         return
+    if job["mode"] == "calls":
+        serve_calls(job, emit)
+        return
     ns = {"__name__": "solution", "__builtins__": builtins}
     err = _run(job["code"], ns, "<solution>", emit)
     if err is not None:
@@ -126,32 +90,127 @@ def run_job(job: dict[str, Any], emit: Any) -> None:
             if err is not None:
                 emit({"tests_error": err})
                 return
-        elif step[0] == "run":
+        else:
             err = _run(step[2], ns, "<tests>", emit)
             emit({"i": step[1], "ok": True} if err is None else {"i": step[1], "raised": err})
+
+
+class _Calls:
+    """The program's side of the boundary: its namespace, the objects it keeps behind references,
+    and the frames on the call socket."""
+
+    def __init__(self, ns: dict[str, Any], emit: Any) -> None:
+        self.ns, self.emit, self.refs = ns, emit, {}
+
+    def keep(self, obj: Any) -> dict[str, int]:
+        ref = _len(self.refs) + 1
+        self.refs[ref] = obj
+        return {"ref": ref}
+
+    def out(self, value: Any) -> Any:
+        """A value as plain data; what is not plain stays here behind a reference (a value too
+        large or too deep stays whole)."""
+        try:
+            return plain.encode(value, self.keep)
+        except plain.Unencodable:
+            return self.keep(value)
+
+    def arg(self, tag: str, body: Any) -> Any:
+        """A reference the evaluator sends back: an object kept here (with an attribute path:
+        `[ref, "left", ...]`), or one of the program's functions by name."""
+        if tag == "fn":
+            return self.ns[body]
+        if _type(body) is list:
+            obj = self.refs[body[0]]
+            for name in body[1:]:
+                obj = getattr(obj, name)
+            return obj
+        return self.refs[body]
+
+    def describe(self, name: str) -> Any:
+        if name not in self.ns:
+            return None
+        v = self.ns[name]
+        if _type(v) is _ModuleType and _type(v.__name__) is str:
+            return {"k": "mod", "m": v.__name__}
+        if _callable(v):
+            return {"k": "fn"}
+        return {"k": "val", "v": self.out(v)}
+
+    def answer(self, msg: dict[str, Any]) -> dict[str, Any]:
+        op = msg.get("op")
+        if op == "names":
+            return {"names": {n: d for n in msg["names"] if (d := self.describe(n)) is not None}}
+        try:
+            if op == "setattr":
+                setattr(self.arg("ref", msg["r"]), msg["n"], plain.decode(msg["v"], self.arg))
+                return {}
+            fn = self.ns[msg["f"]] if "f" in msg else self.refs[msg["r"]]
+            args = [plain.decode(a, self.arg) for a in msg["a"]]
+            kwargs = {k: plain.decode(v, self.arg) for k, v in msg["k"].items()}
+            value = fn(*args, **kwargs)
+        except _Exception as exc:
+            return {"x": _builtin_base(exc, self.emit), "msg": _message(exc)}
+        mutated = [[i, self.out(a)] for i, a in enumerate(args) if _type(a) in _MUTABLE]
+        return {"v": self.out(value), "m": mutated}
+
+
+def _builtin_base(exc: BaseException, emit: Any) -> str:
+    """The name of the first builtin exception class the exception's class derives from."""
+    name = _failed(exc, emit)
+    import builtins
+
+    for cls in _type(exc).__mro__:
+        if getattr(builtins, cls.__name__, None) is cls:
+            return cls.__name__
+    return name
+
+
+def _message(exc: BaseException) -> str:
+    try:
+        return _str(exc)[:2000]
+    except _Exception:
+        return ""
+
+
+def _read_exact(n: int) -> bytes:
+    buf = b""
+    while _len(buf) < n:
+        chunk = _read(CALL_FD, n - _len(buf))
+        if not chunk:
+            return b""
+        buf += chunk
+    return buf
+
+
+def serve_calls(job: dict[str, Any], emit: Any) -> None:
+    """Run the program, then answer the evaluator until it closes the call socket."""
+    import builtins
+
+    ns: dict[str, Any] = {"__name__": "solution", "__builtins__": builtins}
+    err = _run(job["code"], ns, "<solution>", emit)
+    calls = _Calls(ns, emit)
+    while True:
+        head = _read_exact(4)
+        if not head:
+            return
+        n = int.from_bytes(head, "big")
+        if n > MAX_FRAME:
+            return
+        msg = _loads(_read_exact(n))
+        if msg.get("op") == "names" and err is not None:
+            reply: dict[str, Any] = {"error": err}
         else:
-            try:
-                value = eval(compile(step[2], "<tests>", "eval"), ns)
-            except _Exception as exc:
-                emit({"i": step[1], "raised": _failed(exc, emit)})
-                continue
-            try:
-                data = _dumps(encode(value), allow_nan=False)
-                if _len(data) > MAX_VALUE_BYTES:
-                    raise Unencodable(f"over {MAX_VALUE_BYTES} bytes")
-            except (Unencodable, ValueError, RecursionError, TypeError) as exc:
-                emit({"i": step[1], "unencodable": str(exc)[:100]})
-                continue
-            emit({"i": step[1], "v": _Raw(data)})
-
-
-class _Raw(str):
-    """An already-encoded value, spliced into its record without encoding it twice."""
+            reply = calls.answer(msg)
+        try:
+            data = plain.dumps(reply)
+        except (ValueError, TypeError, RecursionError):
+            data = plain.dumps({"x": "ValueError", "msg": "the value does not encode"})
+        _write_all(CALL_FD, len(data).to_bytes(4, "big") + data)
 
 
 def _record(nonce: bytes, rec: dict[str, Any]) -> bytes:
-    parts = [f"{_dumps(k)}: {v if _type(v) is _Raw else _dumps(v)}" for k, v in rec.items()]
-    return nonce + b" {" + ", ".join(parts).encode() + b"}\n"
+    return nonce + b" " + _dumps(rec).encode() + b"\n"
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -169,7 +228,7 @@ def _guarded(job: dict[str, Any], emit: Any) -> None:
         emit({"event": "memory"})
 
 
-def child_main(cfg: dict[str, Any], job_sock: Any, record_fd: int, set_rlimits: Any) -> None:
+def child_main(cfg: dict[str, Any], job_sock: Any, record_fd: int, call_fd: int, set_rlimits: Any) -> None:
     """The program's process (the unit's child): wait for the job's descriptors and the record
     nonce, set the limits, run, exit. Never returns."""
     import io
@@ -189,10 +248,11 @@ def child_main(cfg: dict[str, Any], job_sock: Any, record_fd: int, set_rlimits: 
     _write_all(stdin_fd, job.get("stdin", "").encode())
     os.lseek(stdin_fd, 0, os.SEEK_SET)
     devnull = os.open(os.devnull, os.O_WRONLY)
-    high = [os.dup(fd) for fd in (stdin_fd, out_w, devnull, record_fd)]
+    keep = (stdin_fd, out_w, devnull, record_fd) + ((call_fd,) if job["mode"] == "calls" else ())
+    high = [os.dup(fd) for fd in keep]
     for target, fd in enumerate(high):
         os.dup2(fd, target)
-    os.closerange(4, 1 << 16)
+    os.closerange(len(keep), 1 << 16)
     sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
     sys.stdout = sys.__stdout__ = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=False)
     sys.stderr = sys.__stderr__ = io.TextIOWrapper(io.FileIO(2, "w", closefd=False))

@@ -345,3 +345,14 @@ def make_undumpable() -> None:
     """This process's memory, descriptors and /proc files are out of reach of processes without
     CAP_SYS_PTRACE (the program it starts has none): no ptrace, no /proc/<pid>/mem or environ."""
     check(load_libc().prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(dumpable 0)")
+
+
+def private_tmp(tmpfs_mb: int) -> None:
+    """The evaluator (the unit, inside the program's user namespace and, since the program
+    pivoted, its minimal root): a mount namespace of its own with a fresh tmpfs on /tmp, so
+    nothing the program writes there is seen by the tests."""
+    libc = load_libc()
+    check(libc.unshare(CLONE_NEWNS), "unshare(mount)")
+    size = f"size={int(tmpfs_mb)}m,mode=1777".encode()
+    check(libc.mount(b"tmpfs", b"/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, size), "evaluator tmpfs /tmp")
+    os.chdir("/tmp")

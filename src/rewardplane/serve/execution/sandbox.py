@@ -9,12 +9,16 @@ SIGKILLing the unit's process group on expiry. The package:
 - `zygote.py`  — the zygote and its units (fork, setsid, cgroup, uid drop, the program's process);
 - `rootfs.py`  — the namespaces and the minimal root the program's process pivots into;
 - `limits.py`  — rlimits and the per-unit pids cgroup;
-- `harness.py` — what runs in the program's process: the program, the test steps, the records;
+- `harness.py` — what runs in the program's process: the program, its answers to calls, records;
+- `evaluator.py`, `plain.py` — the trusted evaluator (the tests, in the unit) and the plain data
+  that crosses between it and the program;
 - `channel.py` — the records' way out: program → zygote → server, framed with the run's secret.
 
-A job is {"mode": "stdin", "code", "stdin"} or {"mode": "assert", "code", "steps"} (the steps the
-code scorer split the tests into: `harness.py`); it never holds an expected value. The result is
-how the program's process ended and the records it sent (`RunResult`).
+A job is {"mode": "stdin", "code", "stdin"}, {"mode": "calls", "code", "tests"} (the tests run in
+the unit, the trusted evaluator: `evaluator.py`; the program's process never receives them) or
+{"mode": "inside", "code", "steps"} (the option `unsafe_run_inside`: the tests' statements run in
+the program's process, forgeable). The result is how the program's process ended, the records
+it sent and, for `calls`, the evaluator's verdict in `report["verdict"]` (`RunResult`).
 
 What it does not do: seccomp filtering, cgroup memory accounting, or protection against kernel
 exploits: a program with a kernel bug gets out. Use `backend: sandbox_fusion` (or another real
@@ -35,7 +39,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from rewardplane.serve.execution import rootfs, zygote
+from rewardplane.serve.execution import evaluator, rootfs, zygote
 from rewardplane.serve.execution.channel import MAX_RECORD_BYTES, read_report
 from rewardplane.serve.execution.limits import pids_cgroup_base
 from rewardplane.serve.execution.zygote import EXIT_SETUP_FAILED, kill_group
@@ -234,15 +238,23 @@ class LocalSandbox:
                 self._proc.kill()
 
     def run(self, job: dict[str, Any], timeout_s: float | None = None) -> RunResult:
-        """Run one job (the module docstring's shapes) under a fresh per-run secret."""
+        """Run one job (the module docstring's shapes) under a fresh per-run secret. A `calls`
+        job's tests go to the unit (its evaluator) on a pipe of their own; the program's process
+        gets only the program."""
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
         t0 = time.monotonic()
         secret = os.urandom(16).hex()
         job_r, job_w = os.pipe()
         out_r, out_w = os.pipe()
         res_r, res_w = os.pipe()
+        payloads = {job_w: json.dumps({k: v for k, v in job.items() if k != "tests"}).encode()}
+        passed = [job_r, out_w, res_w]
+        if job["mode"] == "calls":
+            eval_r, eval_w = os.pipe()
+            payloads[eval_w] = evaluator.prepared(job["tests"])
+            passed.append(eval_r)
         w = _Waiter()
-        still_open = {job_w, out_r, res_r}
+        still_open = {*payloads, out_r, res_r}
         with self._lock:
             if self._ctl is None:
                 self.start()
@@ -253,14 +265,14 @@ class LocalSandbox:
         try:
             try:
                 msg = {"op": "run", "id": job_id, "secret": secret}
-                socket.send_fds(ctl, [json.dumps(msg).encode()], [job_r, out_w, res_w])
+                socket.send_fds(ctl, [json.dumps(msg).encode()], passed)
             except OSError as exc:
                 return RunResult("sandbox_error", message=f"cannot reach the sandbox zygote: {exc}")
             finally:
-                for fd in (job_r, out_w, res_w):
+                for fd in passed:
                     os.close(fd)
             failed, out, res, code = self._pump(
-                w, json.dumps(job).encode(), job_w, out_r, res_r, t0 + timeout_s, timeout_s, still_open
+                w, payloads, out_r, res_r, t0 + timeout_s, timeout_s, still_open
             )
             result = failed or self._outcome(out, res, code, secret.encode())
         finally:
@@ -274,23 +286,23 @@ class LocalSandbox:
     def _pump(
         self,
         w: _Waiter,
-        payload: bytes,
-        job_w: int,
+        payloads: dict[int, bytes],
         out_r: int,
         res_r: int,
         deadline: float,
         timeout_s: float,
         still_open: set[int],
     ) -> tuple[RunResult | None, bytes, bytes, int | None]:
-        for fd in (job_w, out_r, res_r):
+        for fd in (*payloads, out_r, res_r):
             os.set_blocking(fd, False)
         sel = selectors.DefaultSelector()
-        sel.register(job_w, selectors.EVENT_WRITE)
+        for fd in payloads:
+            sel.register(fd, selectors.EVENT_WRITE)
         sel.register(out_r, selectors.EVENT_READ)
         sel.register(res_r, selectors.EVENT_READ)
         out, res = bytearray(), bytearray()
         open_reads = {out_r, res_r}
-        sent = 0
+        sent = dict.fromkeys(payloads, 0)
         status = None
         exit_grace: float | None = None
         try:
@@ -305,17 +317,18 @@ class LocalSandbox:
                     break
                 for key, _ in sel.select(timeout=min(limit - now, 0.05)):
                     fd = key.fd
-                    if fd == job_w:
+                    if fd in payloads:
+                        payload = payloads[fd]
                         try:
-                            sent += os.write(job_w, payload[sent : sent + (1 << 16)])
+                            sent[fd] += os.write(fd, payload[sent[fd] : sent[fd] + (1 << 16)])
                         except BlockingIOError:
                             continue
                         except BrokenPipeError:
-                            sent = len(payload)
-                        if sent >= len(payload):
-                            sel.unregister(job_w)
-                            still_open.discard(job_w)
-                            os.close(job_w)
+                            sent[fd] = len(payload)
+                        if sent[fd] >= len(payload):
+                            sel.unregister(fd)
+                            still_open.discard(fd)
+                            os.close(fd)
                         continue
                     try:
                         chunk = os.read(fd, 1 << 16)
@@ -374,7 +387,10 @@ class LocalSandbox:
             )
         report, records = parsed
         events = {r.get("event") for r in records if "event" in r}
-        sig = report.get("signal")
+        verdict = report.get("verdict")
+        if isinstance(verdict, dict) and verdict.get("event"):
+            events.add(verdict["event"])
+        sig = None if report.get("killed") else report.get("signal")
         if "setup_failed" in events:
             failed = next(r for r in records if r.get("event") == "setup_failed")
             return RunResult("sandbox_error", exit_code=code, message=str(failed.get("message"))[:200])

@@ -22,7 +22,10 @@ drops every capability and waits for its job. Per run the zygote sends the progr
 job and stdout pipes and the records' nonce; the result pipe and the run's secret stay in the
 zygote, which reads the program's records pipe and writes the framed report when the unit ends
 (`Unit.finish`, `channel.Records`). The unit passes on how the program's process ended and
-hands the zygote a pidfd of it, by which the zygote kills it when the unit ends.
+hands the zygote a pidfd of it, by which the zygote kills it when the unit ends. For a `calls`
+job (assert-style tests) the zygote also hands the unit the tests' pipe: the unit — outside the
+program's PID namespace, undumpable, with a socket to the program made before the fork — becomes
+the trusted evaluator (`evaluator.py`) and sends its verdict with the program's wait status.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import selectors
 import signal
 import socket
@@ -60,11 +64,13 @@ rootfs: Any = None
 limits: Any = None
 harness: Any = None
 channel: Any = None
+evaluator: Any = None
 
 
 def unit_main(cfg: dict[str, Any], unit_sock: socket.socket, job_sock: socket.socket, records_w: int) -> None:
     """The unit: isolate, fork the program's process (PID 1 of the new PID namespace) before any
-    job exists, hand the zygote a pidfd of it, wait for it and pass on how it ended."""
+    job exists, hand the zygote a pidfd of it; for a `calls` job become the trusted evaluator
+    (`evaluator.py`), then wait for the program and pass on how it ended, with the verdict."""
     try:
         rootfs.load_libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         os.setsid()
@@ -81,6 +87,7 @@ def unit_main(cfg: dict[str, Any], unit_sock: socket.socket, job_sock: socket.so
             import tempfile
 
             workdir = tempfile.mkdtemp(prefix="rp-sandbox-")
+        calls, program_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         pid = os.fork()
     except Exception as exc:
         sys.stderr.write(f"sandbox unit setup failed: {exc}\n")
@@ -88,21 +95,31 @@ def unit_main(cfg: dict[str, Any], unit_sock: socket.socket, job_sock: socket.so
     if pid == 0:
         try:
             unit_sock.close()
-            program_main(cfg, job_sock, records_w, workdir)
+            calls.close()
+            program_main(cfg, job_sock, records_w, workdir, program_end.fileno())
         except BaseException as exc:
             sys.stderr.write(f"sandbox program process failed: {exc!r}\n")
         os._exit(EXIT_SETUP_FAILED)
     job_sock.close()
+    program_end.close()
     os.close(records_w)
-    status = None
+    status, outcome = None, {}
     try:
+        rootfs.make_undumpable()  # the program (same uid in rlimits mode) cannot trace the evaluator
         # the zygote kills the program's process by this handle when the unit ends, however it
         # ends: a program that left the unit's process group and its parent-death signal still dies
         handle = os.pidfd_open(pid)
         socket.send_fds(unit_sock, [b"pidfd"], [handle])
-        os.close(handle)
+        word, fds, _, _ = socket.recv_fds(unit_sock, 16, 1)
+        if word == b"eval" and fds:
+            outcome["verdict"] = evaluator.evaluate(cfg, fds[0], calls, lambda: _evaluator_limits(cfg))
+        calls.close()  # the program's harness sees the end of the calls and exits
+        if word == b"eval" and not select.select([handle], [], [], 0.5)[0]:
+            os.kill(pid, signal.SIGKILL)  # the verdict is in: a program that lingers is ended
+            outcome["killed"] = True
         _, status = os.waitpid(pid, 0)
-        unit_sock.send(b"%d" % status)  # the exact wait status: an exit code is not a signal
+        outcome["status"] = status  # the exact wait status: an exit code is not a signal
+        unit_sock.send(json.dumps(outcome).encode())
     except Exception as exc:
         sys.stderr.write(f"sandbox unit failed: {exc!r}\n")
     if workdir:
@@ -114,7 +131,19 @@ def unit_main(cfg: dict[str, Any], unit_sock: socket.socket, job_sock: socket.so
     os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
 
 
-def program_main(cfg: dict[str, Any], job_sock: socket.socket, records_w: int, workdir: str) -> None:
+def _evaluator_limits(cfg: dict[str, Any]) -> None:
+    """The evaluator's own world, taken once the program has run (its root is built): in
+    namespaces mode a mount namespace of its own with a private /tmp (nothing the program writes
+    is seen) and no capabilities; the run's rlimits, as for the program."""
+    if cfg["isolation"] == "namespaces":
+        rootfs.private_tmp(int(cfg["tmpfs_mb"]))
+        rootfs.drop_privileges()
+    limits.set_rlimits(cfg)
+
+
+def program_main(
+    cfg: dict[str, Any], job_sock: socket.socket, records_w: int, workdir: str, call_fd: int
+) -> None:
     """The program's process (PID 1 of the unit's PID namespace: when it dies, the kernel kills
     everything it started — fork bombs included): build the root, drop every privilege, then run
     the job in the harness (`harness.child_main`)."""
@@ -131,7 +160,7 @@ def program_main(cfg: dict[str, Any], job_sock: socket.socket, records_w: int, w
     os.environ.update(HOME=home, PATH="/usr/bin:/bin", LANG="C.UTF-8", TMPDIR=workdir, PYTHONHASHSEED="0")
     sys.executable = cfg["executable"]
     rootfs.drop_privileges()
-    harness.child_main(cfg, job_sock, records_w, limits.set_rlimits)
+    harness.child_main(cfg, job_sock, records_w, call_fd, limits.set_rlimits)
 
 
 class Unit:
@@ -159,6 +188,10 @@ class Unit:
         self.handle = handles[0] if handles else None
         nonce = os.urandom(16).hex().encode()
         socket.send_fds(self.prog, [nonce], fds[:2])
+        if len(fds) > 3:  # a `calls` job: the unit becomes its evaluator, with the tests' pipe
+            socket.send_fds(self.sock, [b"eval"], [fds[3]])
+        else:
+            self.sock.send(b"wait")
         self.job_id, self.secret, self.res_w = job_id, secret, os.dup(fds[2])
         self.records = channel.Records(nonce)
         os.set_blocking(self.records_r, False)
@@ -182,12 +215,19 @@ class Unit:
         meta: dict[str, Any] = {"isolation": isolation, "exit": None, "signal": None}
         try:
             self.sock.setblocking(False)
-            program = int(self.sock.recv(64))
+            outcome = json.loads(self.sock.recv(1 << 20))
+            program = int(outcome["status"])
             meta["signal" if os.WIFSIGNALED(program) else "exit"] = (
                 os.WTERMSIG(program) if os.WIFSIGNALED(program) else os.WEXITSTATUS(program)
             )
+            meta.update({k: outcome[k] for k in ("verdict", "killed") if k in outcome})
             report = self.records.report(self.secret, meta)
-        except (OSError, ValueError):  # the unit itself was killed: no report (the server decides)
+        except (
+            OSError,
+            ValueError,
+            KeyError,
+            TypeError,
+        ):  # the unit itself was killed: no report (the server decides)
             report = b""
         with contextlib.suppress(OSError):
             os.set_blocking(self.res_w, True)
@@ -219,6 +259,7 @@ def zygote_main(ctl: socket.socket, cfg: dict[str, Any]) -> None:
     for mod in ("platform", "selectors", "importlib.util", *cfg.get("preimport", [])):
         with contextlib.suppress(ImportError):
             __import__(mod)
+    harness.plain.capture()  # numpy's classes, when it is an allowed package
     gc.collect()
     gc.freeze()
     sel = selectors.DefaultSelector()
@@ -297,7 +338,7 @@ def zygote_main(ctl: socket.socket, cfg: dict[str, Any]) -> None:
             kind, unit = key.data
             if kind == "ctl":
                 try:
-                    data, fds, _, _ = socket.recv_fds(ctl, 1 << 16, 3)
+                    data, fds, _, _ = socket.recv_fds(ctl, 1 << 16, 4)
                 except OSError:
                     data = b""
                 if not data:  # the server went away: take every unit with us
@@ -361,8 +402,10 @@ def kill_group(pid: int) -> None:
 
 
 def main(argv: list[str]) -> None:
-    global rootfs, limits, harness, channel
-    rootfs, limits, harness, channel = (_sibling(n) for n in ("rootfs", "limits", "harness", "channel"))
+    global rootfs, limits, harness, channel, evaluator
+    names = ("rootfs", "limits", "harness", "channel", "evaluator", "plain")
+    rootfs, limits, harness, channel, evaluator, plain = (_sibling(n) for n in names)
+    harness.plain = evaluator._plain = plain
     ctl = socket.socket(fileno=int(argv[2]))
     msg = json.loads(ctl.recv(1 << 22))  # the configuration comes first, never on the command line
     zygote_main(ctl, msg["cfg"])

@@ -118,6 +118,11 @@ class ItemErrorCode(_Code):
         SERVICE,
         "the code sandbox (local or SandboxFusion) failed, not the code",
     )
+    UNVERIFIABLE = (
+        "unverifiable",
+        SERVICE,
+        "the item's tests pass the program a value that cannot cross to it as plain data (the data's doing, not the policy's)",
+    )
     JUDGE_UNPARSEABLE = (
         "judge_unparseable",
         ITEM,

@@ -7,9 +7,11 @@ the whole response. `reference` (an object, or a string holding JSON) is either
   the program runs once per case with the input on stdin; its stdout is compared with the output
   (`compare`: `lines` (default: per-line trailing whitespace and trailing blank lines ignored),
   `tokens` (whitespace-separated tokens), `exact`);
-- assert-style Python: `{"tests": "assert f(1) == 2\\nassert f(2) == 3"}` — the program is
-  executed, then each top-level test statement (imports, defs and assignments are setup) is one
-  case.
+- assert-style Python: `{"tests": "assert f(1) == 2\\nassert f(2) == 3"}` (or HumanEval's
+  `def check(candidate): ...` with `check(f)`) — each top-level test statement (imports, defs
+  and assignments are setup) is one case. The tests run in a trusted evaluator outside the
+  program's process and reach the program only by calls that carry plain data
+  (`serve/execution/evaluator.py`); a case passes when its statement completes there.
 
 Score: the fraction of cases passed (`scoring: fraction`, default) or 1.0/0.0
 (`scoring: all_or_nothing`). A program that raises, exits non-zero or prints the wrong thing fails
@@ -37,11 +39,10 @@ from pydantic import Field, field_validator, model_validator
 
 from rewardplane.core.config import FieldError
 from rewardplane.core.errors import ConfigError
+from rewardplane.serve.execution.evaluator import inside_steps, prepared
 from rewardplane.serve.execution.fusion import SandboxFusionClient
 from rewardplane.serve.protocol import ItemError, ScoreItem
 from rewardplane.serve.scorers.base import Scorer
-from rewardplane.serve.scorers.code_cases import passed as cases_passed
-from rewardplane.serve.scorers.code_cases import split_tests
 from rewardplane.serve.scorers.common import as_text
 from rewardplane.serve.scorers.options import ScorerOptions
 
@@ -81,7 +82,7 @@ def parse_reference(ref: Any) -> dict[str, Any] | ItemError:
         if not isinstance(ref["tests"], str) or not ref["tests"].strip():
             return ItemError("bad_input", "code: reference.tests must be non-empty Python source")
         try:
-            split_tests(ref["tests"])  # cached: the scorer splits the same tests again for free
+            prepared(ref["tests"])  # cached: the sandbox sends the same compiled tests for free
         except (SyntaxError, ValueError) as exc:
             return ItemError("bad_input", f"code: reference.tests does not compile: {exc}")
         return {"mode": "assert", "tests": ref["tests"]}
@@ -123,10 +124,11 @@ class CodeOptions(ScorerOptions):
     compare: Literal["lines", "tokens", "exact"] = "lines"
     """stdin/stdout cases: per line with trailing whitespace and blank lines ignored,
     whitespace-separated tokens, or byte for byte."""
-    unsplittable_tests: Literal["run", "error"] = "run"
-    """Assert-style cases that cannot be split into EXPR and EXPECTED (loops, helper asserts):
-    `run` runs them inside the sandbox as a whole (counted in /metrics as `tests_unsplittable`),
-    `error` refuses such an item (`bad_input`)."""
+    unsafe_run_inside: bool = False
+    """FORGEABLE, off by default: run assert-style tests inside the program's own process (a case
+    passes if its statement completes there), as peers do, instead of in the trusted evaluator;
+    a program can patch the tests' world or forge their records. The only way to run
+    assert-style tests on `sandbox_fusion` (counted in /metrics as `tests_inside`)."""
     packages: list[str] = Field(default_factory=list)
     """local only (refused with sandbox_fusion): import names the programs may use beyond the
     standard library, with their dependencies; a name not installed here refuses the scorer at
@@ -178,8 +180,8 @@ class CodeOptions(ScorerOptions):
 class CodeScorer(Scorer):
     """Each item's program against the tests in its reference, in the local sandbox or on a
     SandboxFusion server, `concurrency` items at a time (see the module docstring). Assert-style
-    tests are split here (`code_cases.py`): the sandbox sends back each EXPR's value, compared
-    with its EXPECTED on this side."""
+    tests run in the sandbox unit's trusted evaluator, which sends the verdict; the program is
+    reached only by calls (`serve/execution/evaluator.py`)."""
 
     kind: ClassVar[str] = "code"
     modality: ClassVar = "rule"
@@ -240,28 +242,29 @@ class CodeScorer(Scorer):
             self.sandbox = None
 
     def _score_one(self, item: ScoreItem) -> tuple[float | ItemError, int, int]:
-        """(the item's result, its split cases, its unsplittable cases)."""
+        """(the item's result, its cases run in the evaluator, its cases run inside)."""
         ref = parse_reference(item.reference)
         if isinstance(ref, ItemError):
             return ref, 0, 0
         code = extract_code(as_text(item.response))
         all_or_nothing = self.options.scoring == "all_or_nothing"
         if ref["mode"] == "assert":
-            steps, cases = split_tests(ref["tests"])
-            unsplit = sum(c.kind == "run" for c in cases)
-            split = len(cases) - unsplit
-            if unsplit and self.options.unsplittable_tests == "error":
-                first = next(c for c in cases if c.kind == "run")
-                why = (
-                    f"code: test case {first.index} cannot be split ({first.source[:80]!r}) and "
-                    "options.unsplittable_tests is error"
-                )
-                return ItemError("bad_input", why), split, unsplit
-            r = self.sandbox.run({"mode": "assert", "code": code, "steps": steps})
+            if self.options.unsafe_run_inside:
+                steps, total = inside_steps(ref["tests"])
+                r = self.sandbox.run({"mode": "inside", "code": code, "steps": steps})
+                n = _passed_inside(total, r.records) if r.status == "ok" else 0
+                inside = total
+            elif self.options.backend == "sandbox_fusion":
+                why = "code: assert-style tests need the local evaluator (or options.unsafe_run_inside)"
+                return ItemError("unverifiable", why), 0, 0
+            else:
+                r = self.sandbox.run({"mode": "calls", "code": code, "tests": ref["tests"]})
+                n, total, inside = (0, 0, 0) if r.status != "ok" else (*_verdict(r.report), 0)
+                if r.status == "ok" and isinstance(n, ItemError):
+                    return n, 0, 0
             if r.status != "ok":
-                return ItemError(r.status, r.message), split, unsplit
-            n, total = cases_passed(cases, r.records), len(cases)
-            return (float(n == total) if all_or_nothing else n / total), split, unsplit
+                return ItemError(r.status, r.message), 0, 0
+            return (float(n == total) if all_or_nothing else n / total), total - inside, inside
         passed = 0
         for stdin, want in zip(ref["inputs"], ref["outputs"], strict=True):
             r = self.sandbox.run({"mode": "stdin", "code": code, "stdin": stdin})
@@ -280,14 +283,15 @@ class CodeScorer(Scorer):
         assert self.sandbox is not None, "load() first"
         out = list(self._pool.map(self._score_one, items))
         self._counts.value = {
-            "tests_split": sum(x[1] for x in out),
-            "tests_unsplittable": sum(x[2] for x in out),
+            "tests_evaluated": sum(x[1] for x in out),
+            "tests_inside": sum(x[2] for x in out),
         }
         return [x[0] for x in out]
 
     def take_batch_stats(self) -> dict[str, int]:
-        """Assert-style cases of the last batch scored on this thread: split (compared here) and
-        unsplittable (run inside) — /metrics' `rewardplane_scorer_events_total`."""
+        """Assert-style cases of the last batch scored on this thread: run in the evaluator, or
+        inside the program's process (`unsafe_run_inside`) — /metrics'
+        `rewardplane_scorer_events_total`."""
         counts = getattr(self._counts, "value", None) or {}
         self._counts.value = None
         return {k: v for k, v in counts.items() if v}
@@ -322,3 +326,31 @@ class CodeScorer(Scorer):
             "process_limit": self.sandbox.process_limit(),
             "limits": self.sandbox.limits(),
         }
+
+
+def _verdict(report: dict[str, Any]) -> tuple[int | ItemError, int]:
+    """(cases passed, cases) from the evaluator's verdict; `unverifiable` when the tests handed
+    the program something that cannot cross; `sandbox_error` when there is no usable verdict."""
+    v = report.get("verdict")
+    if not isinstance(v, dict) or type(v.get("n")) is not int:
+        return ItemError("sandbox_error", "the evaluator sent no verdict"), 0
+    if v.get("unverifiable"):
+        why = f"code: a value the tests pass to the program cannot cross the boundary ({v['unverifiable']})"
+        return ItemError("unverifiable", why[:300]), 0
+    passed = v.get("passed")
+    if type(passed) is not str or len(passed) != v["n"] or v["n"] < 1:
+        return ItemError("sandbox_error", "the evaluator sent a malformed verdict"), 0
+    return passed.count("1"), v["n"]
+
+
+def _passed_inside(total: int, records: list[dict[str, Any]]) -> int:
+    """`unsafe_run_inside`: a case passes on its own first record, which says `ok`."""
+    seen: set[int] = set()
+    n = 0
+    for rec in records:
+        k = rec.get("i")
+        if type(k) is not int or not 0 <= k < total or k in seen:
+            continue
+        seen.add(k)
+        n += rec.get("ok") is True and len(rec) == 2
+    return n
