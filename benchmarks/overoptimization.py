@@ -181,7 +181,7 @@ def audit_config(args: argparse.Namespace) -> AuditConfig:
 
 async def run(world: World, args: argparse.Namespace, *, by: str, versions: int, seed: int) -> dict[str, Any]:
     """Versions 0..versions-1 of a best-of-n policy through the audit stream."""
-    stream = AuditStream(audit_config(args), GoldBackend())
+    stream = AuditStream(audit_config(args), GoldBackend(), secret=f"overoptimization:{seed}".encode())
     await stream.start()
     rng = np.random.default_rng(seed)
     gold_means, proxy_means = [], []
@@ -229,7 +229,7 @@ ALARMS = ("overoptimization", "decorrelation", "signature")
 
 def part_runs(args: argparse.Namespace, *, by: str, versions: int) -> list[dict[str, Any]]:
     out = []
-    for seed in range(args.seeds):
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
         started = time.perf_counter()
         world = build_world(seed, prompts=args.prompts, pool=args.pool, proxy_pairs=args.proxy_pairs)
         result = asyncio.run(run(world, args, by=by, versions=versions, seed=seed))
@@ -463,6 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--part", choices=("all", "lead", "control", "null", "signatures", "cost"), default="all")
     p.add_argument("--seeds", type=int, default=10)
+    p.add_argument("--first-seed", type=int, default=0, help="seeds first_seed .. first_seed + seeds - 1")
     p.add_argument("--versions", type=int, default=64, help="versions of each over-optimising run")
     p.add_argument("--control-versions", type=int, default=100, help="versions of each control run")
     p.add_argument("--prompts", type=int, default=512)

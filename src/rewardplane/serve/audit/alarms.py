@@ -7,7 +7,9 @@ that bin and the bins before it, so a decision never looks ahead; R is the windo
 
 `overoptimization` (per auditor) fires when either holds:
 
-- slope: the proxy is still rising (mean over R above mean over Prev, Welch z ≥ z(alpha_rise))
+- slope: the proxy is still rising (mean over R above mean over Prev, Welch z ≥ z(alpha_rise);
+  Prev ends `rise_gap` bins before R starts, once there are that many, so a slow steady rise
+  adds up to evidence)
   and among the policy's own samples moving toward the proxy no longer raises the auditor: the
   upper bound (level alpha_slope) of the tilt slope within the bins of R — the standardised
   covariance of proxy and auditor (`stats.tilt_slope`) — is below `kappa`. For a policy tilted
@@ -127,7 +129,8 @@ def overoptimization(bins: list[BinStats], auditor: str, rule: Any, peak: Peak) 
     w, b = rule.window, len(bins) - 1
     if len(bins) < 2 * w:
         return None
-    recent, before = bins[-w:], bins[-2 * w : -w]
+    gap = min(rule.rise_gap, len(bins) - 2 * w)  # as much of the gap as the bins so far allow
+    recent, before = bins[-w:], bins[len(bins) - 2 * w - gap : len(bins) - w - gap]
     proxy_r = _pool(recent, lambda x: x.proxy).moments()
     proxy_p = _pool(before, lambda x: x.proxy).moments()
     aud_r = _pool(recent, lambda x: x.auditors[auditor]).moments()

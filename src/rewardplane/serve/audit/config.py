@@ -69,7 +69,10 @@ class OverOptimizationRule(ConfigModel):
     auditor's best earlier window."""
     alpha_rise: float = Field(0.001, gt=0, lt=0.5)
     """One-sided level of "the proxy's mean over R is above its mean over the window before"."""
-    kappa: float = Field(0.1, ge=-1, le=1)
+    rise_gap: int = Field(3, ge=0)
+    """Bins between the window the proxy's rise is measured from and R (as many as there are, up
+    to this): a slow, steady rise adds up over the gap."""
+    kappa: float = Field(0.15, ge=-1, le=1)
     """Slope evidence: the upper bound of the within-bin tilt slope (the standardised covariance
     of proxy and auditor, docs/audit.md) over R is below this."""
     alpha_slope: float = Field(0.05, gt=0, lt=0.5)

@@ -24,7 +24,7 @@ import numpy as np
 from rewardplane.serve.audit.alarms import Acc, BinStats, Decision, Evaluator
 from rewardplane.serve.audit.config import AuditConfig
 from rewardplane.serve.audit.signatures import SIGNATURES
-from rewardplane.serve.audit.stats import Estimate, kendall_tau, mean_interval, tilt_slope
+from rewardplane.serve.audit.stats import Estimate, interval, kendall_tau, mean_replicates, tilt_slope
 
 NO_SOURCE = ""
 
@@ -254,20 +254,23 @@ class Ledger:
     def _numbers(self, items: _Items) -> dict[str, Any]:
         seed, replicates = self.config.seed, self.config.replicates
         proxy = np.asarray(items.proxy, dtype=np.float64)
+        proxy_means = mean_replicates(proxy, seed=seed, replicates=replicates)
         out: dict[str, Any] = {
             "n": len(items),
-            "proxy": mean_interval(proxy, seed=seed, replicates=replicates),
+            "proxy": interval(float(proxy.mean()) if proxy.size else None, proxy.size, proxy_means),
         }
         auditors: dict[str, Any] = {}
         for name in self.auditors:
             values = np.asarray(items.auditors.get(name, []), dtype=np.float64)
-            block = mean_interval(values, seed=seed, replicates=replicates)
             ok = np.isfinite(values)
+            means = mean_replicates(values, seed=seed, replicates=replicates)
+            block = interval(float(values[ok].mean()) if ok.any() else None, int(ok.sum()), means)
             tilt = tilt_slope(proxy[ok], values[ok], seed=seed, replicates=replicates) if ok.any() else None
             block["tilt"] = None if tilt is None else _estimate_json(tilt)
             tau = _tau(proxy[ok], values[ok]) if ok.any() else None
             block["tau"] = None if tau is None else _estimate_json(tau)
-            block["gap"] = self._gap(proxy[ok], values[ok], name)
+            shared = proxy_means if ok.all() else None  # one index draw for both: gap from replicates
+            block["gap"] = self._gap(proxy[ok], values[ok], name, shared, means)
             block["failed"] = int((~ok).sum())
             auditors[name] = block
         out["auditors"] = auditors
@@ -290,16 +293,30 @@ class Ledger:
         }
         return out
 
-    def _gap(self, proxy: np.ndarray, auditor: np.ndarray, name: str) -> dict[str, Any] | None:
+    def _gap(
+        self,
+        proxy: np.ndarray,
+        auditor: np.ndarray,
+        name: str,
+        proxy_means: Any = None,
+        auditor_means: Any = None,
+    ) -> dict[str, Any] | None:
         """(proxy − first bin's proxy mean)/its sd − (auditor − its first-bin mean)/its sd, per
-        item: how many baseline standard deviations the proxy has risen beyond the auditor."""
+        item: how many baseline standard deviations the proxy has risen beyond the auditor. Its
+        replicates are that combination of the proxy's and the auditor's when both were drawn
+        with one index array (no auditor failures), else a bootstrap of their own."""
         if self.baseline is None or proxy.size == 0:
             return None
         (pm, ps), (am, as_) = self.baseline.proxy, self.baseline.auditors[name]
         if not (ps > 0 and as_ > 0):
             return None
-        per_item = (proxy - pm) / ps - (auditor - am) / as_
-        block = mean_interval(per_item, seed=self.config.seed, replicates=self.config.replicates)
+        point = float((proxy.mean() - pm) / ps - (auditor.mean() - am) / as_)
+        if proxy_means is not None and auditor_means is not None:
+            means = (proxy_means - pm) / ps - (auditor_means - am) / as_
+        else:
+            per_item = (proxy - pm) / ps - (auditor - am) / as_
+            means = mean_replicates(per_item, seed=self.config.seed, replicates=self.config.replicates)
+        block = interval(point, proxy.size, means)
         return {"mean": block["mean"], "ci_95": block["ci_95"]}
 
     def recorded(self, version: int) -> int:

@@ -42,6 +42,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from statistics import NormalDist
+from typing import Any
 
 import numpy as np
 
@@ -190,16 +191,33 @@ def welch_z(a: Moments, b: Moments) -> float:
     return (a.mean - b.mean) / scale
 
 
-def mean_interval(values: np.ndarray, *, seed: int, replicates: int) -> dict[str, float | list[float] | int]:
+def mean_replicates(values: np.ndarray, *, seed: int, replicates: int) -> np.ndarray | None:
+    """The bootstrap replicate means of finite `values` (None below 2 values). Two columns of one
+    length resampled with one seed share their index draws, so a linear combination of their
+    means is the same combination of their replicates (the gap is read off the proxy's and the
+    auditor's, no third resampling)."""
+    values = np.asarray(values, dtype=np.float64)
+    values = values[np.isfinite(values)]
+    if values.size < 2:
+        return None
+    means, _ = replicate_means(values, seed=seed, replicates=replicates)
+    return means
+
+
+def interval(point: float | None, n: int, means: np.ndarray | None) -> dict[str, Any]:
+    """`{"n", "mean", "ci_95"}` from a point and its replicate means (percentile interval)."""
+    if point is None or n == 0:
+        return {"n": 0, "mean": None, "ci_95": None}
+    if means is None:
+        return {"n": n, "mean": point, "ci_95": [point, point]}
+    low, high = np.percentile(means, [2.5, 97.5])
+    return {"n": n, "mean": point, "ci_95": [float(low), float(high)]}
+
+
+def mean_interval(values: np.ndarray, *, seed: int, replicates: int) -> dict[str, Any]:
     """The evaluation's percentile bootstrap (`core.resample.replicate_means`) of a mean:
     `{"n", "mean", "ci_95"}`; a single value has no interval (its ends are the value)."""
     values = np.asarray(values, dtype=np.float64)
     values = values[np.isfinite(values)]
-    if values.size == 0:
-        return {"n": 0, "mean": None, "ci_95": None}
-    if values.size == 1:
-        v = float(values[0])
-        return {"n": 1, "mean": v, "ci_95": [v, v]}
-    means, _ = replicate_means(values, seed=seed, replicates=replicates)
-    low, high = np.percentile(means, [2.5, 97.5])
-    return {"n": int(values.size), "mean": float(values.mean()), "ci_95": [float(low), float(high)]}
+    point = float(values.mean()) if values.size else None
+    return interval(point, int(values.size), mean_replicates(values, seed=seed, replicates=replicates))
