@@ -97,6 +97,13 @@ def test_a_restart_that_reuses_versions_starts_a_new_epoch():
     assert threes == [(0, 20), (1, 20)]
     assert [(b["epoch"], b["versions"]) for b in body["bins"]][-3:] == [(1, [3, 3]), (1, [4, 4]), (1, [5, 5])]
     assert "rewardplane_audit_epoch 1.0" in metrics
+    # the report shows them: each epoch its own curve, the headline names the restart
+    from rewardplane.eval.report.audit import _epochs, _headline, audit_png
+
+    assert [len(part) for part in _epochs(body["bins"])] == [6, 3] and "2 epochs (restarts)" in _headline(
+        body
+    )
+    assert audit_png(body).startswith(b"\x89PNG")
 
 
 def _old_public_hash_skips(group: str, sample: float) -> bool:
