@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
 import random
 import statistics
@@ -293,12 +294,20 @@ def part_signatures(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def _service_yaml(audit: bool, sample: float) -> str:
+def _service_yaml(audit: bool, sample: float, proxy: str = "rm") -> str:
+    """Two tiny text RMs (`proxy` rm), or a rules proxy (a regex) audited by a rule (word count):
+    there the audit's own machinery, not an auditor model, is what it costs."""
     scorers = (
         "scorers:\n"
         "  - {name: rm, kind: hf_seqcls, shape: tiny-text-rm, device: cpu, max_batch_size: 64, max_wait_ms: 2}\n"
         "  - {name: gold, kind: hf_seqcls, shape: tiny-text-rm, device: cpu, max_batch_size: 64, max_wait_ms: 2}\n"
     )
+    if proxy == "rules":
+        scorers = (
+            "scorers:\n"
+            "  - {name: rm, kind: regex, options: {pattern: '(apple|cherry|mango)'}}\n"
+            "  - {name: gold, kind: length, options: {unit: words}}\n"
+        )
     return scorers + (
         f"audit: {{proxy: rm, auditors: [gold], sample: {sample}, min_items: 100}}\n" if audit else ""
     )
@@ -321,7 +330,7 @@ async def _load(url: str, seconds: float, concurrency: int, batch: int, start: i
             sent += 1
             items = [
                 {"id": str(i), "prompt": "Name a fruit.", "response": texts[(i * 7 + sent) % len(texts)],
-                 "metadata": {"policy_version": version}}
+                 "group_id": f"{sent}-{i // 8}", "metadata": {"policy_version": version}}
                 for i in range(batch)
             ]  # fmt: skip
             response = await client.post(f"{url}/v1/score", json={"scorers": ["rm"], "items": items})
@@ -363,12 +372,13 @@ def part_cost(args: argparse.Namespace) -> dict[str, Any]:
     background load; items/s and each server's CPU time per item."""
     from rewardplane.bench.server import running_server
 
+    load_before = os.getloadavg()  # the machine is shared: what else ran is part of the result
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
     configs = {}
     for mode in ("off", "on"):
         configs[mode] = work / f"service_{mode}.yaml"
-        configs[mode].write_text(_service_yaml(mode == "on", args.sample))
+        configs[mode].write_text(_service_yaml(mode == "on", args.sample, args.cost_proxy))
     items = {"off": 0, "on": 0}
     seconds = {"off": 0.0, "on": 0.0}
     cpu = {"off": 0.0, "on": 0.0}
@@ -404,6 +414,9 @@ def part_cost(args: argparse.Namespace) -> dict[str, Any]:
     pairs = [b / a for a, b in zip(windows["off"], windows["on"], strict=True)]
     counts = audit["counts"]
     return {
+        "proxy": args.cost_proxy,
+        "load_average_before": [round(x, 2) for x in load_before],
+        "load_average_after": [round(x, 2) for x in os.getloadavg()],
         "overhead_ratio": round(rate["on"] / rate["off"], 4),
         "items_per_s": {mode: round(v, 1) for mode, v in rate.items()},
         "window_ratio_median": round(statistics.median(pairs), 4),
@@ -442,8 +455,6 @@ def example_png(result: dict[str, Any], path: Path) -> None:
 
 
 def environment() -> dict[str, Any]:
-    import os
-
     import numpy
     import scipy  # noqa: F401  (dev only: its presence is recorded, nothing here uses it)
 
@@ -478,6 +489,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--null-n", type=int, default=120)
     p.add_argument("--normal", type=int, default=500, help="normal answers of each kind")
     p.add_argument("--cost-windows", type=int, default=24, help="alternating load windows per mode")
+    p.add_argument(
+        "--cost-proxy", choices=("rm", "rules"), default="rm", help="tiny text RMs, or a rules proxy"
+    )
     p.add_argument("--cost-seconds", type=float, default=4.0)
     p.add_argument("--cost-concurrency", type=int, default=4)
     p.add_argument("--cost-batch", type=int, default=64)
