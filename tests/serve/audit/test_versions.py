@@ -128,3 +128,14 @@ def test_a_chosen_group_id_cannot_avoid_the_audit():
     # keyed by a secret of each server: two servers audit different versions of the same id
     assert audited != [v["version"] for v in other["versions"]]
     assert "secret" not in str(body["settings"]).lower()
+
+
+def test_too_few_audited_items_a_version_is_said_in_words():
+    config = make_config(SCORERS, audit={**AUDIT, "min_items": 100, "settle_versions": 1})
+    with LiveServer(config) as live:
+        assert "unknown: no final version yet" in httpx.get(f"{live.url}/v1/audit").json()["evidence"]
+        for v in range(6):
+            post(live.url, items(v, 5))  # 5 audited a version: a bin would span 20 versions
+        body = settled(live.url, 30)
+    assert body["evidence"].startswith("insufficient: 5.0 audited items a version, needs 13")
+    assert body["bins"] == []
