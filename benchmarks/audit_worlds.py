@@ -138,6 +138,8 @@ async def run(world: World, seed: int, honest: bool, args: argparse.Namespace) -
         "seed": seed,
         "honest": honest,
         "gold_peak_version": int(np.argmax(truth)),
+        "gold_at_peak": round(max(truth), 4),
+        "gold_at_alarm": round(truth[first["overoptimization"]], 4) if "overoptimization" in first else None,
         "gold_falls": bool(max(truth) - truth[-1] > 1e-9 and np.argmax(truth) < len(truth) - 1),
         "first_fired": first,
         "fired_bins": fired,

@@ -164,7 +164,7 @@ class AuditConfig(ConfigModel):
     length_cap: int | None = Field(None, ge=1)
     """The trainer's completion limit in `length_unit` (or set `metadata.truncated`): the share
     of responses at the cap is reported."""
-    replicates: int = Field(2000, ge=100)
+    replicates: int = Field(1000, ge=100)
     """Bootstrap replicates of each reported interval."""
     seed: int = 0
     out: str | None = None

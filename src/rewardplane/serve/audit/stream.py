@@ -147,6 +147,7 @@ class AuditStream:
         by, source_key = cfg.by, cfg.source_key
         now = time.monotonic()
         decided: dict[tuple[int, str], bool] = {}  # (version, group id) → sampled, once per call
+        clocked: dict[Any, int | None] = {}  # a raw version → the version taken (None: refused)
         for item, value in zip(items, values, strict=False):
             if not isinstance(value, float) or not math.isfinite(value):
                 continue
@@ -159,7 +160,13 @@ class AuditStream:
                 version = self._arrivals // cfg.arrival_window
                 self._arrivals += 1
             else:
-                version = self._clock(_as_version(raw), now)
+                # one parse and one clock step per distinct version a request carries (usually one)
+                cacheable = raw.__class__ is int or raw.__class__ is str
+                version = clocked.get(raw, _UNSEEN) if cacheable else _UNSEEN
+                if version is _UNSEEN:
+                    version = self._clock(_as_version(raw), now)
+                    if cacheable:
+                        clocked[raw] = version
                 if version is None:
                     self._count("bad_version")
                     continue
@@ -471,6 +478,7 @@ def _as_version(raw: Any) -> int | None:
 
 
 _VERSION_LIMIT = 10**18
+_UNSEEN = object()
 
 
 def _log_alarm(d: Decision) -> None:
