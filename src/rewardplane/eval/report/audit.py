@@ -94,12 +94,12 @@ def audit_png(
     for k, name in enumerate(body["auditors"]):
         _band(axes[2], bins, lambda b, n=name: _as_band(b["auditors"][n].get("tilt")), f"tilt(proxy, {name})",
               f"C{2 + k}")  # fmt: skip
-        for part in _epochs(bins):
+        for e, part in enumerate(_epochs(bins)):
             rows = [
                 (b["versions"][1], b["auditors"][name]["tau"]) for b in part if b["auditors"][name]["tau"]
             ]
             axes[2].plot([x for x, _ in rows], [t["point"] for _, t in rows], color=f"C{2 + k}", linestyle=":",
-                         linewidth=1, label=f"τ(proxy, {name}), a diagnostic" if part is _epochs(bins)[0] else None)  # fmt: skip
+                         linewidth=1, label=f"τ(proxy, {name}), a diagnostic" if e == 0 else None)  # fmt: skip
     axes[2].axhline(0, color="grey", linewidth=0.8)
     kappa = body.get("settings", {}).get("alarms", {}).get("overoptimization", {}).get("kappa")
     if kappa is not None:
