@@ -1,4 +1,4 @@
-"""Versions and group ids are untrusted input, through a real server (issue 45): a timestamp
+"""Versions and group ids are untrusted input, attacked through a real server (issue 45): a timestamp
 version never blinds the audit, a Unicode digit never drops a request, a lagging async worker
 is not `late` at the defaults, a restart that reuses versions starts a new epoch, and a client
 cannot choose a group id that is never audited."""
