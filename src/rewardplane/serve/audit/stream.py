@@ -117,6 +117,7 @@ class AuditStream:
         self.counts: dict[str, int] = {}
         self.auditor_errors: dict[str, int] = {a.name: 0 for a in self.auditors}
         self._queue: asyncio.Queue[_Job] | None = None
+        self._full = asyncio.Event()  # set when a full batch is waiting
         self._bytes = 0
         self._arrivals = 0
         self._secret = secret if secret is not None else secrets.token_bytes(32)
@@ -193,6 +194,8 @@ class AuditStream:
                 self._count("dropped_queue_full")
                 continue
             self._bytes += job.size
+            if queue.qsize() >= cfg.batch_size - 1:
+                self._full.set()  # a worker holding one item has a full batch waiting
         if self.metrics is not None:
             self.metrics.queue_depth.set(queue.qsize())
 
@@ -250,20 +253,18 @@ class AuditStream:
     async def _work(self) -> None:
         queue = self._queue
         assert queue is not None
-        loop = asyncio.get_running_loop()
+        size, wait = self.config.batch_size, self.config.batch_wait_s
         while True:
             batch = [await queue.get()]
             # fill the batch for up to batch_wait_s: an auditor's forward of 2 items costs
-            # nearly what one of 32 does, and audit items are not waited for by anyone
-            deadline = loop.time() + self.config.batch_wait_s
-            while len(batch) < self.config.batch_size:
-                if not queue.empty():
-                    batch.append(queue.get_nowait())
-                    continue
-                left = deadline - loop.time()
-                if left <= 0:
-                    break
-                await asyncio.sleep(min(left, 0.02))
+            # nearly what one of 32 does, and audit items are not waited for by anyone. The
+            # worker sleeps until `_offer` says a batch is there or the time is up: no polling
+            if wait > 0 and queue.qsize() < size - 1:
+                self._full.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._full.wait(), wait)
+            while len(batch) < size and not queue.empty():
+                batch.append(queue.get_nowait())
             self._bytes -= sum(job.size for job in batch)
             if self.metrics is not None:
                 self.metrics.queue_depth.set(queue.qsize())
