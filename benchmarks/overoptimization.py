@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
 import random
 import statistics
@@ -181,7 +182,7 @@ def audit_config(args: argparse.Namespace) -> AuditConfig:
 
 async def run(world: World, args: argparse.Namespace, *, by: str, versions: int, seed: int) -> dict[str, Any]:
     """Versions 0..versions-1 of a best-of-n policy through the audit stream."""
-    stream = AuditStream(audit_config(args), GoldBackend())
+    stream = AuditStream(audit_config(args), GoldBackend(), secret=f"overoptimization:{seed}".encode())
     await stream.start()
     rng = np.random.default_rng(seed)
     gold_means, proxy_means = [], []
@@ -229,7 +230,7 @@ ALARMS = ("overoptimization", "decorrelation", "signature")
 
 def part_runs(args: argparse.Namespace, *, by: str, versions: int) -> list[dict[str, Any]]:
     out = []
-    for seed in range(args.seeds):
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
         started = time.perf_counter()
         world = build_world(seed, prompts=args.prompts, pool=args.pool, proxy_pairs=args.proxy_pairs)
         result = asyncio.run(run(world, args, by=by, versions=versions, seed=seed))
@@ -293,12 +294,20 @@ def part_signatures(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def _service_yaml(audit: bool, sample: float) -> str:
+def _service_yaml(audit: bool, sample: float, proxy: str = "rm") -> str:
+    """Two tiny text RMs (`proxy` rm), or a rules proxy (a regex) audited by a rule (word count):
+    there the audit's own machinery, not an auditor model, is what it costs."""
     scorers = (
         "scorers:\n"
         "  - {name: rm, kind: hf_seqcls, shape: tiny-text-rm, device: cpu, max_batch_size: 64, max_wait_ms: 2}\n"
         "  - {name: gold, kind: hf_seqcls, shape: tiny-text-rm, device: cpu, max_batch_size: 64, max_wait_ms: 2}\n"
     )
+    if proxy == "rules":
+        scorers = (
+            "scorers:\n"
+            "  - {name: rm, kind: regex, options: {pattern: '(apple|cherry|mango)'}}\n"
+            "  - {name: gold, kind: length, options: {unit: words}}\n"
+        )
     return scorers + (
         f"audit: {{proxy: rm, auditors: [gold], sample: {sample}, min_items: 100}}\n" if audit else ""
     )
@@ -321,7 +330,7 @@ async def _load(url: str, seconds: float, concurrency: int, batch: int, start: i
             sent += 1
             items = [
                 {"id": str(i), "prompt": "Name a fruit.", "response": texts[(i * 7 + sent) % len(texts)],
-                 "metadata": {"policy_version": version}}
+                 "group_id": f"{sent}-{i // 8}", "metadata": {"policy_version": version}}
                 for i in range(batch)
             ]  # fmt: skip
             response = await client.post(f"{url}/v1/score", json={"scorers": ["rm"], "items": items})
@@ -363,12 +372,13 @@ def part_cost(args: argparse.Namespace) -> dict[str, Any]:
     background load; items/s and each server's CPU time per item."""
     from rewardplane.bench.server import running_server
 
+    load_before = os.getloadavg()  # the machine is shared: what else ran is part of the result
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
     configs = {}
     for mode in ("off", "on"):
         configs[mode] = work / f"service_{mode}.yaml"
-        configs[mode].write_text(_service_yaml(mode == "on", args.sample))
+        configs[mode].write_text(_service_yaml(mode == "on", args.sample, args.cost_proxy))
     items = {"off": 0, "on": 0}
     seconds = {"off": 0.0, "on": 0.0}
     cpu = {"off": 0.0, "on": 0.0}
@@ -404,6 +414,9 @@ def part_cost(args: argparse.Namespace) -> dict[str, Any]:
     pairs = [b / a for a, b in zip(windows["off"], windows["on"], strict=True)]
     counts = audit["counts"]
     return {
+        "proxy": args.cost_proxy,
+        "load_average_before": [round(x, 2) for x in load_before],
+        "load_average_after": [round(x, 2) for x in os.getloadavg()],
         "overhead_ratio": round(rate["on"] / rate["off"], 4),
         "items_per_s": {mode: round(v, 1) for mode, v in rate.items()},
         "window_ratio_median": round(statistics.median(pairs), 4),
@@ -442,8 +455,6 @@ def example_png(result: dict[str, Any], path: Path) -> None:
 
 
 def environment() -> dict[str, Any]:
-    import os
-
     import numpy
     import scipy  # noqa: F401  (dev only: its presence is recorded, nothing here uses it)
 
@@ -463,6 +474,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--part", choices=("all", "lead", "control", "null", "signatures", "cost"), default="all")
     p.add_argument("--seeds", type=int, default=10)
+    p.add_argument("--first-seed", type=int, default=0, help="seeds first_seed .. first_seed + seeds - 1")
     p.add_argument("--versions", type=int, default=64, help="versions of each over-optimising run")
     p.add_argument("--control-versions", type=int, default=100, help="versions of each control run")
     p.add_argument("--prompts", type=int, default=512)
@@ -477,6 +489,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--null-n", type=int, default=120)
     p.add_argument("--normal", type=int, default=500, help="normal answers of each kind")
     p.add_argument("--cost-windows", type=int, default=24, help="alternating load windows per mode")
+    p.add_argument(
+        "--cost-proxy", choices=("rm", "rules"), default="rm", help="tiny text RMs, or a rules proxy"
+    )
     p.add_argument("--cost-seconds", type=float, default=4.0)
     p.add_argument("--cost-concurrency", type=int, default=4)
     p.add_argument("--cost-batch", type=int, default=64)

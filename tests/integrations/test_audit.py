@@ -46,9 +46,10 @@ class NegatedLength(Scorer):
 register_scorer("negated_length", NegatedLength)
 
 AUDIT = {
-    "proxy": "len", "auditors": ["neg"], "sample": 1.0, "min_items": 3, "batch_wait_s": 0,
+    "proxy": "len", "auditors": ["neg"], "sample": 1.0, "min_items": 3, "batch_wait_s": 0, "settle_versions": 1,
     # one bin decides: the proxy ranks every completion against the auditor from the first step
-    "alarms": {"decorrelation": {"window": 1}, "overoptimization": {"enabled": False}},
+    # (a loose level: a handful of items a step bound the covariance's size only loosely)
+    "alarms": {"decorrelation": {"window": 1, "alpha": 0.3}, "overoptimization": {"enabled": False}},
 }  # fmt: skip
 
 

@@ -12,7 +12,11 @@ from rewardplane.serve.audit.ledger import Audited, Ledger
 
 
 def ledger(**settings) -> Ledger:
-    return Ledger(AuditConfig(proxy="rm", auditors=["gold"], sample=1.0, **{"min_items": 10, **settings}))
+    return Ledger(
+        AuditConfig(
+            proxy="rm", auditors=["gold"], sample=1.0, **{"min_items": 10, "settle_versions": 1, **settings}
+        )
+    )
 
 
 def items(

@@ -15,7 +15,14 @@ SCORERS = [
     {"name": "len", "kind": "length"},
     {"name": "words", "kind": "length", "options": {"unit": "words"}},
 ]
-AUDIT = {"proxy": "len", "auditors": ["words"], "sample": 1.0, "min_items": 10, "batch_wait_s": 0}
+AUDIT = {
+    "proxy": "len",
+    "auditors": ["words"],
+    "sample": 1.0,
+    "min_items": 10,
+    "batch_wait_s": 0,
+    "settle_versions": 1,
+}
 
 
 def items(version: int, n: int = 30) -> list[dict]:

@@ -35,16 +35,29 @@ def _x(bins: list[dict[str, Any]]) -> list[int]:
     return [b["versions"][1] for b in bins]
 
 
+def _epochs(bins: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The bins of each epoch (a restart from a checkpoint reuses versions: an epoch's curve is
+    never joined to the next one's)."""
+    out: dict[int, list[dict[str, Any]]] = {}
+    for b in bins:
+        out.setdefault(b.get("epoch", 0), []).append(b)
+    return [out[e] for e in sorted(out)]
+
+
 def _band(ax: Any, bins: list[dict[str, Any]], get: Any, label: str, color: str) -> None:
-    rows = [(b["versions"][1], get(b)) for b in bins if get(b) is not None and get(b).get("mean") is not None]
-    if not rows:
-        return
-    xs = [x for x, _ in rows]
-    means = [r["mean"] for _, r in rows]
-    low = [r["ci_95"][0] if r.get("ci_95") else r["mean"] for _, r in rows]
-    high = [r["ci_95"][1] if r.get("ci_95") else r["mean"] for _, r in rows]
-    ax.plot(xs, means, color=color, marker="o", markersize=3, linewidth=1.3, label=label)
-    ax.fill_between(xs, low, high, color=color, alpha=0.2, linewidth=0)
+    for k, part in enumerate(_epochs(bins)):
+        rows = [
+            (b["versions"][1], get(b)) for b in part if get(b) is not None and get(b).get("mean") is not None
+        ]
+        if not rows:
+            continue
+        xs = [x for x, _ in rows]
+        means = [r["mean"] for _, r in rows]
+        low = [r["ci_95"][0] if r.get("ci_95") else r["mean"] for _, r in rows]
+        high = [r["ci_95"][1] if r.get("ci_95") else r["mean"] for _, r in rows]
+        ax.plot(xs, means, color=color, marker="o", markersize=3, linewidth=1.3, label=label if k == 0 else None,
+                linestyle=("-", "--")[k % 2])  # fmt: skip
+        ax.fill_between(xs, low, high, color=color, alpha=0.2, linewidth=0)
 
 
 def first_firings(body: dict[str, Any]) -> list[tuple[str, str, int]]:
@@ -79,18 +92,19 @@ def audit_png(
         axes[1].plot(xs, ys, color="black", linestyle=("-", "--", ":")[k % 3], linewidth=1, label=label)
     axes[1].set_ylabel("auditor mean")
     for k, name in enumerate(body["auditors"]):
-        rows = [(b["versions"][1], b["auditors"][name]["tau"]) for b in bins if b["auditors"][name]["tau"]]
-        if rows:
-            xs = [x for x, _ in rows]
-            axes[2].plot(xs, [t["point"] for _, t in rows], color=f"C{2 + k}", marker="o", markersize=3,
-                         linewidth=1.2, label=f"τ(proxy, {name})")  # fmt: skip
-            axes[2].fill_between(xs, [t["ci_95"][0] for _, t in rows], [t["ci_95"][1] for _, t in rows],
-                                 color=f"C{2 + k}", alpha=0.2, linewidth=0)  # fmt: skip
+        _band(axes[2], bins, lambda b, n=name: _as_band(b["auditors"][n].get("tilt")), f"tilt(proxy, {name})",
+              f"C{2 + k}")  # fmt: skip
+        for e, part in enumerate(_epochs(bins)):
+            rows = [
+                (b["versions"][1], b["auditors"][name]["tau"]) for b in part if b["auditors"][name]["tau"]
+            ]
+            axes[2].plot([x for x, _ in rows], [t["point"] for _, t in rows], color=f"C{2 + k}", linestyle=":",
+                         linewidth=1, label=f"τ(proxy, {name}), a diagnostic" if e == 0 else None)  # fmt: skip
     axes[2].axhline(0, color="grey", linewidth=0.8)
     kappa = body.get("settings", {}).get("alarms", {}).get("overoptimization", {}).get("kappa")
     if kappa is not None:
         axes[2].axhline(kappa, color="C3", linewidth=0.8, linestyle=":", label=f"κ = {kappa:g}")
-    axes[2].set_ylabel("Kendall τ")
+    axes[2].set_ylabel("tilt slope")
     if signatures:
         for k, name in enumerate(signatures):
             axes[3].plot(_x(bins), [b["signatures"][name]["rate"] for b in bins], marker=".", label=name,
@@ -102,6 +116,11 @@ def audit_png(
             ax.axvline(version, color=color, linestyle=style, linewidth=1.2)
         axes[0].annotate(f"{alarm} ({subject})", (version, 1.0), xycoords=("data", "axes fraction"),
                          rotation=90, va="top", ha="right", fontsize=7, color=color)  # fmt: skip
+    for part in _epochs(bins)[1:]:  # a restart: where each later epoch starts
+        for ax in axes:
+            ax.axvline(part[0]["versions"][0], color="black", linestyle="-.", linewidth=0.8)
+        axes[0].annotate(f"epoch {part[0].get('epoch')}", (part[0]["versions"][0], 0.02),
+                         xycoords=("data", "axes fraction"), rotation=90, va="bottom", ha="left", fontsize=7)  # fmt: skip
     for label, version in (marks or {}).items():
         for ax in axes:
             ax.axvline(version, color="grey", linestyle=":", linewidth=1.2)
@@ -114,6 +133,11 @@ def audit_png(
     fig.suptitle("Audit: proxy vs auditors over policy versions", fontsize=10)
     fig.tight_layout()
     return png(fig)
+
+
+def _as_band(block: dict[str, Any] | None) -> dict[str, Any] | None:
+    """An estimate's JSON block (`point`, `ci_95`) as a band row (`mean`, `ci_95`)."""
+    return None if block is None else {"mean": block["point"], "ci_95": block["ci_95"]}
 
 
 def _headline(body: dict[str, Any]) -> str:
@@ -130,6 +154,8 @@ def _headline(body: dict[str, Any]) -> str:
         f"({counts.get('dropped_queue_full', 0) + counts.get('dropped_queue_bytes', 0)} dropped under load), "
         f"{len(body.get('bins', []))} closed bins through version {body.get('binned_through')}. "
     )
+    if len(body.get("epochs") or []) > 1:  # a restart reused versions: each epoch is its own run
+        sentence += f"{len(body['epochs'])} epochs (restarts); the newest is epoch {body.get('epoch')}. "
     if not fired:
         return sentence + "No alarm has fired."
     first = ", ".join(f"{a} ({s}) first at version {v}" for a, s, v in fired)
@@ -144,8 +170,9 @@ def audit_section(page: Page, body: dict[str, Any]) -> None:
     if body.get("bins"):
         page.add_figure(
             "Audit over versions", "audit.png", audit_png(body),
-            "Proxy and auditor means per bin with 95% bootstrap intervals, τ with its jackknife interval, "
-            "signature rates; vertical lines: where each alarm first fired",
+            "Proxy and auditor means per bin with 95% bootstrap intervals, the tilt slope (what the alarms "
+            "test) with its interval and τ (dotted, a diagnostic), signature rates; vertical lines: where each "
+            "alarm first fired, and where each epoch (a restart) starts",
         )  # fmt: skip
     rows = []
     for alarm, subjects in body.get("alarms", {}).items():
@@ -159,17 +186,23 @@ def audit_section(page: Page, body: dict[str, Any]) -> None:
                   "Rules and their false-alarm rates: docs/audit.md.")  # fmt: skip
     table = []
     for b in body.get("bins", [])[-30:]:
-        cells = [f"{b['versions'][0]}–{b['versions'][1]}", str(b["n"]), fmt(b["proxy"]["mean"], 3)]
+        cells = [
+            str(b.get("epoch", 0)),
+            f"{b['versions'][0]}–{b['versions'][1]}",
+            str(b["n"]),
+            fmt(b["proxy"]["mean"], 3),
+        ]
         for name in body["auditors"]:
             block = b["auditors"][name]
-            cells += [fmt(block["mean"], 3), fmt(block["tau"]["point"], 3) if block["tau"] else "–",
+            cells += [fmt(block["mean"], 3), fmt(block["tilt"]["point"], 3) if block.get("tilt") else "–",
+                      fmt(block["tau"]["point"], 3) if block["tau"] else "–",
                       fmt(block["gap"]["mean"], 2) if block["gap"] else "–"]  # fmt: skip
         cells.append(fmt(b["length"]["mean"], 1))
         table.append(cells)
     if table:
-        headers = ["versions", "n", "proxy"]
+        headers = ["epoch", "versions", "n", "proxy"]
         for name in body["auditors"]:
-            headers += [name, f"τ {name}", f"gap {name}"]
+            headers += [name, f"tilt {name}", f"τ {name}", f"gap {name}"]
         add_table(page, "Bins (newest 30)", [*headers, "length"], table,
                   "gap: the proxy's rise minus the auditor's since the first bin, in first-bin standard deviations.")  # fmt: skip
     counts = body.get("counts", {})

@@ -3,8 +3,9 @@
 - `config`: the service config's `audit:` section (`AuditConfig`).
 - `stream`: `AuditStream`, the sampler and bounded queue on the request path, and the workers
   that re-score sampled items with the auditors.
-- `ledger`: audited items by policy version, closed into bins, with their summaries.
-- `stats`: Kendall's τ_b with a jackknife interval, Wilson bounds, the evaluation's bootstrap.
+- `ledger`: one epoch's audited items by policy version, closed into bins, with their summaries.
+- `stats`: the tilt slope (standardised covariance) with its bootstrap interval, Kendall's τ_b
+  (a diagnostic) with a jackknife interval, Wilson bounds, the evaluation's bootstrap.
 - `alarms`: `overoptimization`, `decorrelation`, `signature`, each a stated one-sided test.
 - `signatures`: hack signatures read from a response's text.
 - `metrics`: the Prometheus gauges and counters.

@@ -7,19 +7,22 @@ that bin and the bins before it, so a decision never looks ahead; R is the windo
 
 `overoptimization` (per auditor) fires when either holds:
 
-- slope: the proxy is still rising (mean over R above mean over Prev, Welch z ≥ z(alpha_rise))
-  and among the policy's own samples a higher proxy no longer goes with a higher auditor score:
-  the upper bound (level alpha_slope) of τ(proxy, auditor) within the bins of R is below
-  `kappa`. For a policy tilted toward the proxy (π_β ∝ π₀·exp(β·proxy), what KL-regularised RL
-  converges to) d E_β[auditor] / dβ = Cov_β(proxy, auditor): the auditor's mean stops rising
-  exactly when this association reaches zero, so it marks the auditor's peak as it happens
-  rather than after the fall;
+- slope: the proxy is still rising (mean over R above mean over Prev, Welch z ≥ z(alpha_rise);
+  Prev ends `rise_gap` bins before R starts, once there are that many, so a slow steady rise
+  adds up to evidence)
+  and among the policy's own samples moving toward the proxy no longer raises the auditor: the
+  upper bound (level alpha_slope) of the tilt slope within the bins of R — the standardised
+  covariance of proxy and auditor (`stats.tilt_slope`) — is below `kappa`. For a policy tilted
+  toward the proxy (π_β ∝ π·exp(β·proxy), what KL-regularised RL converges to)
+  d E_β[auditor] / dβ = Cov_β(proxy, auditor): the auditor's mean stops rising exactly when the
+  covariance reaches zero, so it marks the auditor's peak as it happens rather than after the
+  fall. τ is reported beside it, never tested: ties and near-ties move τ, not the covariance;
 - level: the auditor's mean over R is below its best earlier window's (Welch z ≥
   z(alpha_level)) while the proxy's mean over R is above its mean in that same window
   (z ≥ z(alpha_rise)): "the proxy rising while the auditor falls below its running peak".
 
-`decorrelation` (per auditor): the upper bound (level alpha) of τ within the bins of R is below
-`threshold` (default 0: the proxy ranks the policy's samples against the auditor).
+`decorrelation` (per auditor): the upper bound (level alpha) of the tilt slope within the bins
+of R is below `threshold` (default 0: tilting the policy toward the proxy lowers the auditor).
 
 `signature` (per signature): the one-sided Wilson lower bound (level alpha) of its rate over R
 is above `max_rate`, or above the first window's Wilson upper bound plus `min_rise`.
@@ -37,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from rewardplane.serve.audit.config import AuditAlarms
-from rewardplane.serve.audit.stats import Moments, Tau, pool_taus, welch_z, wilson, z_of
+from rewardplane.serve.audit.stats import Estimate, Moments, pool, welch_z, wilson, z_of
 
 
 @dataclass
@@ -76,8 +79,9 @@ class BinStats:
     n: int
     proxy: Acc
     auditors: dict[str, Acc]
-    taus: dict[str, Tau | None]
+    taus: dict[str, Estimate | None]  # a diagnostic, reported with the decisions
     signatures: dict[str, int]  # items carrying each signature
+    slopes: dict[str, Estimate | None] = field(default_factory=dict)  # what the rules test
 
 
 @dataclass
@@ -125,7 +129,8 @@ def overoptimization(bins: list[BinStats], auditor: str, rule: Any, peak: Peak) 
     w, b = rule.window, len(bins) - 1
     if len(bins) < 2 * w:
         return None
-    recent, before = bins[-w:], bins[-2 * w : -w]
+    gap = min(rule.rise_gap, len(bins) - 2 * w)  # as much of the gap as the bins so far allow
+    recent, before = bins[-w:], bins[len(bins) - 2 * w - gap : len(bins) - w - gap]
     proxy_r = _pool(recent, lambda x: x.proxy).moments()
     proxy_p = _pool(before, lambda x: x.proxy).moments()
     aud_r = _pool(recent, lambda x: x.auditors[auditor]).moments()
@@ -133,9 +138,10 @@ def overoptimization(bins: list[BinStats], auditor: str, rule: Any, peak: Peak) 
         return None
     z_rise = welch_z(proxy_r, proxy_p)
     rising = z_rise >= z_of(rule.alpha_rise)
-    tau = pool_taus([x.taus.get(auditor) for x in recent])
-    tau_upper = tau.upper(rule.alpha_slope) if tau is not None else None
-    slope = rising and tau_upper is not None and tau_upper < rule.kappa
+    tilt = pool([x.slopes.get(auditor) for x in recent])
+    tilt_upper = tilt.upper(rule.alpha_slope) if tilt is not None else None
+    slope = rising and tilt_upper is not None and tilt_upper < rule.kappa
+    tau = pool([x.taus.get(auditor) for x in recent])
     z_drop = z_above_peak = None
     level = False
     peak_versions = None
@@ -152,8 +158,9 @@ def overoptimization(bins: list[BinStats], auditor: str, rule: Any, peak: Peak) 
         "proxy_mean": _finite(proxy_r.mean),
         "auditor_mean": _finite(aud_r.mean),
         "z_proxy_rise": _finite(z_rise),
+        "tilt": _finite(tilt.point) if tilt is not None else None,
+        "tilt_upper": _finite(tilt_upper),
         "tau": _finite(tau.point) if tau is not None else None,
-        "tau_upper": _finite(tau_upper),
         "peak_versions": list(peak_versions) if peak_versions else None,
         "z_auditor_below_peak": _finite(z_drop),
         "z_proxy_above_peak": _finite(z_above_peak),
@@ -166,11 +173,13 @@ def decorrelation(bins: list[BinStats], auditor: str, rule: Any) -> Decision | N
     if len(bins) < rule.window:
         return None
     recent = bins[-rule.window :]
-    tau = pool_taus([x.taus.get(auditor) for x in recent])
-    if tau is None:
+    tilt = pool([x.slopes.get(auditor) for x in recent])
+    if tilt is None:
         return None
-    upper = tau.upper(rule.alpha)
-    evidence = {"tau": _finite(tau.point), "tau_upper": _finite(upper), "n": tau.n}
+    upper = tilt.upper(rule.alpha)
+    tau = pool([x.taus.get(auditor) for x in recent])
+    evidence = {"tilt": _finite(tilt.point), "tilt_upper": _finite(upper), "n": tilt.n,
+                "tau": _finite(tau.point) if tau is not None else None}  # fmt: skip
     return Decision("decorrelation", auditor, len(bins) - 1, _span(recent), upper < rule.threshold, evidence)
 
 

@@ -69,8 +69,12 @@ class OverOptimizationRule(ConfigModel):
     auditor's best earlier window."""
     alpha_rise: float = Field(0.001, gt=0, lt=0.5)
     """One-sided level of "the proxy's mean over R is above its mean over the window before"."""
-    kappa: float = Field(0.1, ge=-1, le=1)
-    """Slope evidence: the upper bound of the within-version τ(proxy, auditor) over R is below this."""
+    rise_gap: int = Field(3, ge=0)
+    """Bins between the window the proxy's rise is measured from and R (as many as there are, up
+    to this): a slow, steady rise adds up over the gap."""
+    kappa: float = Field(0.15, ge=-1, le=1)
+    """Slope evidence: the upper bound of the within-bin tilt slope (the standardised covariance
+    of proxy and auditor, docs/audit.md) over R is below this."""
     alpha_slope: float = Field(0.05, gt=0, lt=0.5)
     """One-sided level of that upper bound."""
     alpha_level: float = Field(0.0005, gt=0, lt=0.5)
@@ -83,7 +87,7 @@ class DecorrelationRule(ConfigModel):
     enabled: bool = True
     window: int = Field(3, ge=1)
     threshold: float = Field(0.0, ge=-1, le=1)
-    """Fires when the upper bound of τ(proxy, auditor) over the window is below this."""
+    """Fires when the upper bound of the tilt slope (proxy, auditor) over the window is below this."""
     alpha: float = Field(0.001, gt=0, lt=0.5)
 
 
@@ -136,8 +140,22 @@ class AuditConfig(ConfigModel):
     timeout_s: float = Field(60.0, gt=0)
     min_items: int = Field(100, ge=3)
     """Audited items a bin needs: consecutive versions are merged into bins of at least this many."""
-    settle_versions: int = Field(1, ge=0)
-    """A version is final once an item this many versions newer has been audited."""
+    settle_versions: int = Field(6, ge=0)
+    """A version is final once an item this many versions newer has been audited. Async
+    trainers' workers send items of a version after newer ones: set it above the largest lag
+    (docs/audit.md "Async trainers"); the default covers a worker 1-4 versions behind."""
+    max_version_jump: int = Field(1000, ge=1)
+    """A version more than this ahead of the newest one seen (in this epoch) is refused for its
+    item (`bad_version`) and never moves the clock: a worker that sends a timestamp, or a
+    hostile one, cannot age out every later item."""
+    restart_gap_s: float = Field(30.0, gt=0)
+    """A version below the newest one, arriving after this long without a versioned item, is a
+    restart from a checkpoint: it starts a new epoch (statistics per epoch and version)."""
+    keep_epochs: int = Field(16, ge=1)
+    """Epochs whose statistics are kept; older ones are let go."""
+    max_bin_versions: int = Field(8, ge=1)
+    """`GET /v1/audit` says the evidence is insufficient when a bin needs more versions than this
+    to reach `min_items` (at the audited items a version of the newest versions)."""
     max_items_per_version: int = Field(2048, ge=16)
     """Audited items kept per version (a uniform reservoir beyond it)."""
     keep_versions: int = Field(256, ge=4)
@@ -146,7 +164,7 @@ class AuditConfig(ConfigModel):
     length_cap: int | None = Field(None, ge=1)
     """The trainer's completion limit in `length_unit` (or set `metadata.truncated`): the share
     of responses at the cap is reported."""
-    replicates: int = Field(2000, ge=100)
+    replicates: int = Field(1000, ge=100)
     """Bootstrap replicates of each reported interval."""
     seed: int = 0
     out: str | None = None

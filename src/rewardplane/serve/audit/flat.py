@@ -4,7 +4,8 @@
 Keys: `audit/version` (newest version in a closed bin), `audit/proxy_mean`,
 `audit/<auditor>/{mean,tau,gap}`, `audit/signature/<name>` (rate), `audit/alarm/<alarm>` (1 when
 any subject of it fires at the newest bin, else 0) and `audit/alarm/<alarm>/<subject>`,
-`audit/audited`, `audit/dropped_frac` (share of sampled items dropped under load). A number the
+`audit/audited`, `audit/dropped_frac` (share of sampled items dropped under load), `audit/epoch`
+(the current epoch: a restart from a checkpoint starts the next). A number the
 audit does not have yet (no closed bin, τ undefined) is left out, never sent as 0.
 """
 
@@ -23,14 +24,8 @@ def flat_metrics(body: dict[str, Any]) -> dict[str, float]:
         if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
             out[PREFIX + key] = float(value)
 
-    counts = body.get("counts", {})
-    put("audited", counts.get("audited", 0))
-    sampled = counts.get("sampled", 0)
-    if sampled:
-        put(
-            "dropped_frac",
-            (counts.get("dropped_queue_full", 0) + counts.get("dropped_queue_bytes", 0)) / sampled,
-        )
+    out.update(flat_counts(body.get("counts", {})))
+    put("epoch", body.get("epoch"))
     bins = body.get("bins") or []
     if bins:
         last = bins[-1]
@@ -39,6 +34,7 @@ def flat_metrics(body: dict[str, Any]) -> dict[str, float]:
         for name, block in last["auditors"].items():
             put(f"{name}/mean", block["mean"])
             put(f"{name}/tau", (block.get("tau") or {}).get("point"))
+            put(f"{name}/tilt", (block.get("tilt") or {}).get("point"))
             put(f"{name}/gap", (block.get("gap") or {}).get("mean"))
         for name, block in last["signatures"].items():
             put(f"signature/{name}", block["rate"])
@@ -46,6 +42,17 @@ def flat_metrics(body: dict[str, Any]) -> dict[str, float]:
         put(f"alarm/{alarm}", 1.0 if any(e.get("firing") for e in subjects.values()) else 0.0)
         for subject, entry in subjects.items():
             put(f"alarm/{alarm}/{subject}", 1.0 if entry.get("firing") else 0.0)
+    return out
+
+
+def flat_counts(counts: dict[str, int]) -> dict[str, float]:
+    """`audit/audited` and `audit/dropped_frac` from the counters (refreshed at every batch; the
+    rest only as bins close)."""
+    out = {PREFIX + "audited": float(counts.get("audited", 0))}
+    sampled = counts.get("sampled", 0)
+    if sampled:
+        dropped = counts.get("dropped_queue_full", 0) + counts.get("dropped_queue_bytes", 0)
+        out[PREFIX + "dropped_frac"] = dropped / sampled
     return out
 
 

@@ -24,7 +24,7 @@ import numpy as np
 from rewardplane.serve.audit.alarms import Acc, BinStats, Decision, Evaluator
 from rewardplane.serve.audit.config import AuditConfig
 from rewardplane.serve.audit.signatures import SIGNATURES
-from rewardplane.serve.audit.stats import kendall_tau, mean_interval
+from rewardplane.serve.audit.stats import Estimate, interval, kendall_tau, mean_replicates, tilt_slope
 
 NO_SOURCE = ""
 
@@ -41,6 +41,7 @@ class Audited:
     length: int
     at_cap: bool
     signatures: int
+    epoch: int = 0
 
 
 @dataclass
@@ -110,8 +111,12 @@ class Baseline:
 
 
 class Ledger:
-    def __init__(self, config: AuditConfig) -> None:
+    """One epoch's ledger: the versions of one run of the trainer's clock (a restart from a
+    checkpoint that reuses version numbers starts another `Ledger`, never merging policies)."""
+
+    def __init__(self, config: AuditConfig, epoch: int = 0) -> None:
         self.config = config
+        self.epoch = epoch
         self.auditors = config.auditor_names()
         self.versions: dict[int, _Version] = {}
         self.summaries: dict[int, dict[str, Any]] = {}  # versions whose items were let go
@@ -153,9 +158,10 @@ class Ledger:
 
     # ---------------------------------------------------------------- bins and alarms
 
-    def settle(self) -> list[Decision]:
-        """Close the bins whose versions are all final; the decisions made at them."""
-        final_through = self.newest - self.config.settle_versions
+    def settle(self, *, ended: bool = False) -> list[Decision]:
+        """Close the bins whose versions are all final; the decisions made at them. `ended`:
+        the epoch is over (a restart began another), so every version it has is final."""
+        final_through = self.newest if ended else self.newest - self.config.settle_versions
         made: list[Decision] = []
         for version in sorted(v for v in self.versions if self.binned_through < v <= final_through):
             entry = self.versions[version]
@@ -188,18 +194,25 @@ class Ledger:
         auditors = {a: np.asarray(items.auditors[a], dtype=np.float64) for a in self.auditors}
         if self.baseline is None:
             self.baseline = Baseline(_scale(proxy), {a: _scale(v) for a, v in auditors.items()})
+            for entry in self.versions.values():  # their gaps are measured from this baseline
+                entry.summary = None
         sig = np.asarray(items.signatures, dtype=np.int64)
+        if versions[0] == versions[1]:  # a one-version bin: its summary is the version's, made once
+            summary = dict(self.version_summary(versions[0]))
+            summary.pop("recorded", None)
+        else:
+            summary = self._summary(items, versions)
         stats = BinStats(
             index=len(self.bins),
             versions=versions,
             n=len(items),
             proxy=Acc.of(proxy),
             auditors={a: Acc.of(v) for a, v in auditors.items()},
-            taus={a: _tau(proxy, v) for a, v in auditors.items()},
+            taus={a: _estimate(summary["auditors"][a]["tau"]) for a in auditors},
             signatures={s: int(np.count_nonzero(sig >> bit & 1)) for bit, s in enumerate(SIGNATURES)},
+            slopes={a: _estimate(summary["auditors"][a]["tilt"]) for a in auditors},
         )
         decisions = self.evaluator.add(stats)
-        summary = self._summary(items, versions)
         summary["bin"] = stats.index
         summary["alarms"] = {f"{d.alarm}:{d.subject}": {"fired": d.fired, **d.evidence} for d in decisions}
         self.bins.append(summary)
@@ -231,6 +244,7 @@ class Ledger:
         when the items carry more than one."""
         out = self._numbers(items)
         out["versions"] = list(versions)
+        out["epoch"] = self.epoch
         sources = sorted(set(items.source))
         if len(sources) > 1 or (sources and sources[0] != NO_SOURCE):
             column = np.asarray(items.source, dtype=object)
@@ -240,18 +254,23 @@ class Ledger:
     def _numbers(self, items: _Items) -> dict[str, Any]:
         seed, replicates = self.config.seed, self.config.replicates
         proxy = np.asarray(items.proxy, dtype=np.float64)
+        proxy_means = mean_replicates(proxy, seed=seed, replicates=replicates)
         out: dict[str, Any] = {
             "n": len(items),
-            "proxy": mean_interval(proxy, seed=seed, replicates=replicates),
+            "proxy": interval(float(proxy.mean()) if proxy.size else None, proxy.size, proxy_means),
         }
         auditors: dict[str, Any] = {}
         for name in self.auditors:
             values = np.asarray(items.auditors.get(name, []), dtype=np.float64)
-            block = mean_interval(values, seed=seed, replicates=replicates)
             ok = np.isfinite(values)
+            means = mean_replicates(values, seed=seed, replicates=replicates)
+            block = interval(float(values[ok].mean()) if ok.any() else None, int(ok.sum()), means)
+            tilt = tilt_slope(proxy[ok], values[ok], seed=seed, replicates=replicates) if ok.any() else None
+            block["tilt"] = None if tilt is None else _estimate_json(tilt)
             tau = _tau(proxy[ok], values[ok]) if ok.any() else None
-            block["tau"] = None if tau is None else _tau_json(tau)
-            block["gap"] = self._gap(proxy[ok], values[ok], name)
+            block["tau"] = None if tau is None else _estimate_json(tau)
+            shared = proxy_means if ok.all() else None  # one index draw for both: gap from replicates
+            block["gap"] = self._gap(proxy[ok], values[ok], name, shared, means)
             block["failed"] = int((~ok).sum())
             auditors[name] = block
         out["auditors"] = auditors
@@ -274,17 +293,38 @@ class Ledger:
         }
         return out
 
-    def _gap(self, proxy: np.ndarray, auditor: np.ndarray, name: str) -> dict[str, Any] | None:
+    def _gap(
+        self,
+        proxy: np.ndarray,
+        auditor: np.ndarray,
+        name: str,
+        proxy_means: Any = None,
+        auditor_means: Any = None,
+    ) -> dict[str, Any] | None:
         """(proxy − first bin's proxy mean)/its sd − (auditor − its first-bin mean)/its sd, per
-        item: how many baseline standard deviations the proxy has risen beyond the auditor."""
+        item: how many baseline standard deviations the proxy has risen beyond the auditor. Its
+        replicates are that combination of the proxy's and the auditor's when both were drawn
+        with one index array (no auditor failures), else a bootstrap of their own."""
         if self.baseline is None or proxy.size == 0:
             return None
         (pm, ps), (am, as_) = self.baseline.proxy, self.baseline.auditors[name]
         if not (ps > 0 and as_ > 0):
             return None
-        per_item = (proxy - pm) / ps - (auditor - am) / as_
-        block = mean_interval(per_item, seed=self.config.seed, replicates=self.config.replicates)
+        point = float((proxy.mean() - pm) / ps - (auditor.mean() - am) / as_)
+        if proxy_means is not None and auditor_means is not None:
+            means = (proxy_means - pm) / ps - (auditor_means - am) / as_
+        else:
+            per_item = (proxy - pm) / ps - (auditor - am) / as_
+            means = mean_replicates(per_item, seed=self.config.seed, replicates=self.config.replicates)
+        block = interval(point, proxy.size, means)
         return {"mean": block["mean"], "ci_95": block["ci_95"]}
+
+    def recorded(self, version: int) -> int:
+        """Items recorded for `version` (0 when none)."""
+        entry = self.versions.get(version)
+        if entry is not None:
+            return entry.recorded
+        return self.summaries[version]["recorded"] if version in self.summaries else 0
 
     def snapshot_versions(self, since: int | None = None) -> list[dict[str, Any]]:
         versions = sorted({*self.versions, *self.summaries})
@@ -305,11 +345,18 @@ def _tau(x: np.ndarray, y: np.ndarray) -> Any:
     return kendall_tau(x[ok], y[ok])
 
 
-def _tau_json(tau: Any) -> dict[str, Any]:
-    low, high = tau.interval()
+def _estimate_json(estimate: Estimate) -> dict[str, Any]:
+    low, high = estimate.interval()
     return {
-        "point": tau.point,
+        "point": estimate.point,
         "ci_95": [low, high],
-        "se": tau.se if math.isfinite(tau.se) else None,
-        "n": tau.n,
+        "se": estimate.se if math.isfinite(estimate.se) else None,
+        "n": estimate.n,
     }
+
+
+def _estimate(block: dict[str, Any] | None) -> Estimate | None:
+    """An estimate back from its JSON block (a missing se: no usable interval)."""
+    if block is None:
+        return None
+    return Estimate(block["point"], math.inf if block["se"] is None else block["se"], block["n"])

@@ -40,12 +40,23 @@ class AuditMetrics:
         self.version = Gauge(
             "rewardplane_audit_version", "The newest policy version in a closed bin", registry=r
         )
+        self.epoch = Gauge(
+            "rewardplane_audit_epoch",
+            "The epoch of the newest closed bin (a restart that reuses versions starts the next)",
+            registry=r,
+        )
         self.proxy_mean = Gauge("rewardplane_audit_proxy_mean", "Proxy mean, last closed bin", registry=r)
         self.auditor_mean = Gauge(
             "rewardplane_audit_auditor_mean", "Auditor mean, last closed bin", ["auditor"], registry=r
         )
         self.tau = Gauge(
             "rewardplane_audit_tau", "Kendall tau(proxy, auditor), last closed bin", ["auditor"], registry=r
+        )
+        self.tilt = Gauge(
+            "rewardplane_audit_tilt",
+            "Tilt slope: the standardised covariance of proxy and auditor (what the alarms test), last closed bin",
+            ["auditor"],
+            registry=r,
         )
         self.gap = Gauge(
             "rewardplane_audit_gap",
@@ -74,6 +85,7 @@ class AuditMetrics:
 
     def observe_bin(self, summary: dict[str, Any]) -> None:
         self.version.set(summary["versions"][1])
+        self.epoch.set(summary.get("epoch", 0))
         if summary["proxy"]["mean"] is not None:
             self.proxy_mean.set(summary["proxy"]["mean"])
         for name, block in summary["auditors"].items():
@@ -81,6 +93,8 @@ class AuditMetrics:
                 self.auditor_mean.labels(name).set(block["mean"])
             if block["tau"] is not None:
                 self.tau.labels(name).set(block["tau"]["point"])
+            if block.get("tilt") is not None:
+                self.tilt.labels(name).set(block["tilt"]["point"])
             if block["gap"] is not None and block["gap"]["mean"] is not None:
                 self.gap.labels(name).set(block["gap"]["mean"])
         for name, block in summary["signatures"].items():

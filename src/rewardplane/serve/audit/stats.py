@@ -1,5 +1,19 @@
-"""The audit's statistics: Kendall's τ_b with a jackknife interval, Wilson bounds, the
-evaluation's bootstrap for means, and the pooled summaries the alarms test.
+"""The audit's statistics: the tilt slope (the within-bin covariance of proxy and auditor,
+standardised) with its bootstrap interval, which the alarms test; Kendall's τ_b with a
+jackknife interval, reported as a diagnostic; Wilson bounds; the evaluation's bootstrap for
+means; and the pooled summaries the alarms test.
+
+The tilt slope. A policy tilted toward the proxy, π_β ∝ π·exp(β·proxy) (what KL-regularised
+RL moves toward), has d E_β[auditor]/dβ at β = 0 equal to Cov_π(proxy, auditor): the sign of
+the covariance among the policy's own samples says whether moving toward the proxy raises or
+lowers the auditor. Reported standardised, Cov / (sd(proxy)·sd(auditor)) — the auditor's
+change in its standard deviations per proxy standard deviation of tilt (numerically Pearson's
+r, with the sign of the covariance). Its interval: with d_i = (x_i − x̄)(y_i − ȳ), the
+covariance is (n/(n − 1))·mean(d), and the evaluation's FP64 bootstrap of mean(d) (the bin's
+means held at their sample values: the first-order, influence-function bootstrap) gives its
+standard error; the bounds are point ± z·se. Ranks do not enter: ties and near-ties that the
+proxy orders against the auditor move τ but not the covariance, and only the covariance is
+what decides whether tilting toward the proxy hurts.
 
 Everything here is numpy and the standard library (`statistics.NormalDist` for quantiles):
 scipy is a development dependency only, and the tests compare these numbers with it.
@@ -28,6 +42,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from statistics import NormalDist
+from typing import Any
 
 import numpy as np
 
@@ -44,8 +59,8 @@ def z_of(alpha: float) -> float:
 
 
 @dataclass(frozen=True)
-class Tau:
-    """Kendall's τ_b with its jackknife standard error."""
+class Estimate:
+    """A point estimate with its standard error (jackknife for τ, bootstrap for the tilt slope)."""
 
     point: float
     se: float
@@ -58,6 +73,28 @@ class Tau:
     def interval(self, level: float = 0.95) -> tuple[float, float]:
         z = z_of((1.0 - level) / 2)
         return max(-1.0, self.point - z * self.se), min(1.0, self.point + z * self.se)
+
+
+Tau = Estimate
+"""Kendall's τ_b with its jackknife standard error."""
+
+
+def tilt_slope(x: np.ndarray, y: np.ndarray, *, seed: int, replicates: int) -> Estimate | None:
+    """The standardised within-sample covariance of proxy x and auditor y with its bootstrap
+    standard error (module docstring); None when either is constant or n < 3."""
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    n = x.size
+    if n < 3:
+        return None
+    dx, dy = x - x.mean(), y - y.mean()
+    sx, sy = math.sqrt(float(dx @ dx) / (n - 1)), math.sqrt(float(dy @ dy) / (n - 1))
+    if not (sx > 0 and sy > 0):
+        return None
+    scale = n / (n - 1) / (sx * sy)
+    products = dx * dy
+    means, _ = replicate_means(products, seed=seed, replicates=replicates)
+    return Estimate(float(products.mean() * scale), float(means.std(ddof=1) * scale), n)
 
 
 def _signs(v: np.ndarray) -> np.ndarray:
@@ -94,20 +131,25 @@ def kendall_tau(x: np.ndarray, y: np.ndarray) -> Tau | None:
     return Tau(point, se, n)
 
 
-def pool_taus(taus: list[Tau | None]) -> Tau | None:
-    """The n-weighted mean of independent per-bin τ's, with its standard error: the
-    association within bins, never across them (a shift of both means between versions is
-    not agreement). The weights are the sample sizes, not the estimated inverse variances:
+def pool(estimates: list[Estimate | None]) -> Estimate | None:
+    """The n-weighted mean of independent per-bin estimates (τ's or tilt slopes), with its
+    standard error: the association within bins, never across them (a shift of both means
+    between versions is not agreement). The weights are the sample sizes, not the estimated inverse variances:
     those are noisy for few or heavily tied items, and weighting by them favours the bins
     whose variance happens to be underestimated. None when no bin has a usable τ."""
-    usable = [t for t in taus if t is not None and math.isfinite(t.se)]
+    usable = [t for t in estimates if t is not None and math.isfinite(t.se)]
     if not usable:
         return None
     n = np.array([t.n for t in usable], dtype=np.float64)
     points = np.array([t.point for t in usable])
     ses = np.array([t.se for t in usable])
     total = n.sum()
-    return Tau(float(n @ points / total), float(math.sqrt(float((n * n) @ (ses * ses))) / total), int(total))
+    return Estimate(
+        float(n @ points / total), float(math.sqrt(float((n * n) @ (ses * ses))) / total), int(total)
+    )
+
+
+pool_taus = pool
 
 
 def wilson(k: int, n: int, alpha: float) -> tuple[float, float]:
@@ -149,16 +191,33 @@ def welch_z(a: Moments, b: Moments) -> float:
     return (a.mean - b.mean) / scale
 
 
-def mean_interval(values: np.ndarray, *, seed: int, replicates: int) -> dict[str, float | list[float] | int]:
+def mean_replicates(values: np.ndarray, *, seed: int, replicates: int) -> np.ndarray | None:
+    """The bootstrap replicate means of finite `values` (None below 2 values). Two columns of one
+    length resampled with one seed share their index draws, so a linear combination of their
+    means is the same combination of their replicates (the gap is read off the proxy's and the
+    auditor's, no third resampling)."""
+    values = np.asarray(values, dtype=np.float64)
+    values = values[np.isfinite(values)]
+    if values.size < 2:
+        return None
+    means, _ = replicate_means(values, seed=seed, replicates=replicates)
+    return means
+
+
+def interval(point: float | None, n: int, means: np.ndarray | None) -> dict[str, Any]:
+    """`{"n", "mean", "ci_95"}` from a point and its replicate means (percentile interval)."""
+    if point is None or n == 0:
+        return {"n": 0, "mean": None, "ci_95": None}
+    if means is None:
+        return {"n": n, "mean": point, "ci_95": [point, point]}
+    low, high = np.percentile(means, [2.5, 97.5])
+    return {"n": n, "mean": point, "ci_95": [float(low), float(high)]}
+
+
+def mean_interval(values: np.ndarray, *, seed: int, replicates: int) -> dict[str, Any]:
     """The evaluation's percentile bootstrap (`core.resample.replicate_means`) of a mean:
     `{"n", "mean", "ci_95"}`; a single value has no interval (its ends are the value)."""
     values = np.asarray(values, dtype=np.float64)
     values = values[np.isfinite(values)]
-    if values.size == 0:
-        return {"n": 0, "mean": None, "ci_95": None}
-    if values.size == 1:
-        v = float(values[0])
-        return {"n": 1, "mean": v, "ci_95": [v, v]}
-    means, _ = replicate_means(values, seed=seed, replicates=replicates)
-    low, high = np.percentile(means, [2.5, 97.5])
-    return {"n": int(values.size), "mean": float(values.mean()), "ci_95": [float(low), float(high)]}
+    point = float(values.mean()) if values.size else None
+    return interval(point, int(values.size), mean_replicates(values, seed=seed, replicates=replicates))

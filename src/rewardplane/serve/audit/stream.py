@@ -2,7 +2,10 @@
 critical path (docs/audit.md).
 
 `observe` is all the request path ever runs: for each item the proxy scored, a version look-up,
-one random draw and, for a sampled item, a `put_nowait` on a bounded queue. It never awaits,
+one keyed hash per group (or one random draw per ungrouped item) and, for a sampled item, a
+`put_nowait` on a bounded queue. Versions are untrusted input: only a non-negative integer (or
+a string of ASCII digits) no more than `max_version_jump` ahead of the newest is taken, per item;
+a version below the newest after `restart_gap_s` of silence starts a new epoch (a restart). It never awaits,
 never raises into the request and never blocks: a full queue (by items or by bytes) drops the
 item and counts it. Worker tasks drain the queue in batches, score each batch with every
 auditor (a hosted scorer through the backend, or another service over HTTP), and hand the
@@ -20,7 +23,9 @@ import logging
 import math
 import os
 import random
+import secrets
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +34,7 @@ from rewardplane import __version__
 from rewardplane.core import atomic
 from rewardplane.serve.audit.alarms import Decision
 from rewardplane.serve.audit.config import AuditConfig, ExternalAuditor
-from rewardplane.serve.audit.flat import flat_metrics
+from rewardplane.serve.audit.flat import flat_counts, flat_metrics
 from rewardplane.serve.audit.ledger import NO_SOURCE, Audited, Ledger
 from rewardplane.serve.audit.metrics import AuditMetrics
 from rewardplane.serve.audit.signatures import SIGNATURES, signatures
@@ -45,6 +50,7 @@ AUDIT_FILE = "audit.json"
 @dataclass(frozen=True)
 class _Job:
     item: ScoreItem
+    epoch: int
     version: int
     source: str
     proxy: float
@@ -92,18 +98,33 @@ class _Remote:
 
 
 class AuditStream:
-    def __init__(self, config: AuditConfig, backend: Any, metrics: AuditMetrics | None = None) -> None:
+    def __init__(
+        self,
+        config: AuditConfig,
+        backend: Any,
+        metrics: AuditMetrics | None = None,
+        *,
+        secret: bytes | None = None,
+    ) -> None:
+        """`secret` keys the sampling; random at every start unless given (benchmarks that must
+        repeat a run give one). It is never exposed: which groups are audited cannot be known
+        or chosen by a client."""
         self.config = config
         self.backend = backend
         self.metrics = metrics
-        self.ledger = Ledger(config)
+        self.ledgers: dict[int, Ledger] = {0: Ledger(config, 0)}
         self.auditors = [_Hosted(a, backend) if isinstance(a, str) else _Remote(a) for a in config.auditors]
         self.counts: dict[str, int] = {}
         self.auditor_errors: dict[str, int] = {a.name: 0 for a in self.auditors}
         self._queue: asyncio.Queue[_Job] | None = None
+        self._full = asyncio.Event()  # set when a full batch is waiting
         self._bytes = 0
         self._arrivals = 0
-        self._rng = random.Random(f"rewardplane-audit-sample:{config.seed}")
+        self._secret = secret if secret is not None else secrets.token_bytes(32)
+        self._rng = random.Random(self._secret)
+        self._epoch = 0
+        self._newest: int | None = None  # the newest version taken in this epoch
+        self._heard = -math.inf  # monotonic time of the newest versioned item
         self._lock = threading.Lock()  # the ledger: recorded in worker threads, read by snapshots
         self._tasks: list[asyncio.Task] = []
         self._firing: set[tuple[str, str]] = set()
@@ -124,11 +145,15 @@ class AuditStream:
         queue = self._queue
         assert queue is not None
         cfg = self.config
+        by, source_key = cfg.by, cfg.source_key
+        now = time.monotonic()
+        decided: dict[tuple[int, str], bool] = {}  # (version, group id) → sampled, once per call
+        clocked: dict[Any, int | None] = {}  # a raw version → the version taken (None: refused)
         for item, value in zip(items, values, strict=False):
             if not isinstance(value, float) or not math.isfinite(value):
                 continue
-            meta = item.metadata or {}
-            raw = meta.get(cfg.by)
+            meta = item.metadata
+            raw = meta.get(by) if meta else None
             if raw is None:
                 if cfg.arrival_window is None:
                     self._count("unversioned")
@@ -136,16 +161,30 @@ class AuditStream:
                 version = self._arrivals // cfg.arrival_window
                 self._arrivals += 1
             else:
-                version = _as_version(raw)
+                # one parse and one clock step per distinct version a request carries (usually one)
+                cacheable = raw.__class__ is int or raw.__class__ is str
+                version = clocked.get(raw, _UNSEEN) if cacheable else _UNSEEN
+                if version is _UNSEEN:
+                    version = self._clock(_as_version(raw), now)
+                    if cacheable:
+                        clocked[raw] = version
                 if version is None:
                     self._count("bad_version")
                     continue
-            if not self._sampled(item):
-                continue
+            group = item.group_id
+            if group is None:
+                if self._rng.random() >= cfg.sample:
+                    continue
+            else:
+                key = (version, group)
+                hit = decided.get(key)
+                if hit is None:
+                    hit = decided[key] = self._sampled(version, group)
+                if not hit:
+                    continue
             self._count("sampled")
-            job = _Job(
-                item, version, str(meta.get(cfg.source_key) or NO_SOURCE)[:128], float(value), _size(item)
-            )
+            source = str(meta.get(source_key) or NO_SOURCE)[:128] if meta else NO_SOURCE
+            job = _Job(item, self._epoch, version, source, float(value), _size(item))
             if self._bytes + job.size > cfg.queue_bytes:
                 self._count("dropped_queue_bytes")
                 continue
@@ -155,16 +194,36 @@ class AuditStream:
                 self._count("dropped_queue_full")
                 continue
             self._bytes += job.size
+            if queue.qsize() >= cfg.batch_size - 1:
+                self._full.set()  # a worker holding one item has a full batch waiting
         if self.metrics is not None:
             self.metrics.queue_depth.set(queue.qsize())
 
-    def _sampled(self, item: ScoreItem) -> bool:
-        """A GRPO group is sampled whole (a hash of its id), so its items can be compared;
-        other items by an independent draw each."""
-        if item.group_id is not None:
-            digest = hashlib.blake2b(f"{self.config.seed}:{item.group_id}".encode(), digest_size=8).digest()
-            return int.from_bytes(digest, "big") < self.config.sample * 2**64
-        return self._rng.random() < self.config.sample
+    def _clock(self, version: int | None, now: float) -> int | None:
+        """The version an item is recorded under, or None when it is refused: malformed, or more
+        than `max_version_jump` ahead of the newest (it never moves the clock). A version below
+        the newest after `restart_gap_s` without a versioned item starts a new epoch."""
+        if version is None:
+            return None
+        newest = self._newest
+        if newest is not None and version > newest + self.config.max_version_jump:
+            return None
+        if newest is None or version > newest:
+            self._newest = version
+        elif version < newest and now - self._heard >= self.config.restart_gap_s:
+            self._epoch += 1
+            self._newest = version
+            log.warning(
+                "audit: version %d after %d and a pause: a restart, epoch %d", version, newest, self._epoch
+            )
+        self._heard = now
+        return version
+
+    def _sampled(self, version: int, group: str) -> bool:
+        """A GRPO group is sampled whole, by a hash keyed with this server's secret over the
+        version and the group id: unknowable to a client, and afresh at every version."""
+        digest = hashlib.blake2b(f"{version}:{group}".encode(), digest_size=8, key=self._secret).digest()
+        return int.from_bytes(digest, "big") < self.config.sample * 2**64
 
     def _count(self, outcome: str, n: int = 1) -> None:
         self.counts[outcome] = self.counts.get(outcome, 0) + n
@@ -194,20 +253,18 @@ class AuditStream:
     async def _work(self) -> None:
         queue = self._queue
         assert queue is not None
-        loop = asyncio.get_running_loop()
+        size, wait = self.config.batch_size, self.config.batch_wait_s
         while True:
             batch = [await queue.get()]
             # fill the batch for up to batch_wait_s: an auditor's forward of 2 items costs
-            # nearly what one of 32 does, and audit items are not waited for by anyone
-            deadline = loop.time() + self.config.batch_wait_s
-            while len(batch) < self.config.batch_size:
-                if not queue.empty():
-                    batch.append(queue.get_nowait())
-                    continue
-                left = deadline - loop.time()
-                if left <= 0:
-                    break
-                await asyncio.sleep(min(left, 0.02))
+            # nearly what one of 32 does, and audit items are not waited for by anyone. The
+            # worker sleeps until `_offer` says a batch is there or the time is up: no polling
+            if wait > 0 and queue.qsize() < size - 1:
+                self._full.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._full.wait(), wait)
+            while len(batch) < size and not queue.empty():
+                batch.append(queue.get_nowait())
             self._bytes -= sum(job.size for job in batch)
             if self.metrics is not None:
                 self.metrics.queue_depth.set(queue.qsize())
@@ -245,7 +302,9 @@ class AuditStream:
             truncated = (job.item.metadata or {}).get("truncated")
             cap = self.config.length_cap
             at_cap = truncated if isinstance(truncated, bool) else (cap is not None and length >= cap)
-            audited.append(Audited(job.version, job.source, job.proxy, values, length, at_cap, masks[i]))
+            audited.append(
+                Audited(job.version, job.source, job.proxy, values, length, at_cap, masks[i], job.epoch)
+            )
         if failed:
             self._count("auditor_failed", failed)
         if audited:
@@ -272,24 +331,54 @@ class AuditStream:
                 self.metrics.auditor_errors.labels(auditor.name).inc(errors)
         return out
 
+    @property
+    def ledger(self) -> Ledger:
+        """The current epoch's ledger."""
+        return self.ledgers[max(self.ledgers)]
+
+    def _ledger(self, epoch: int) -> Ledger | None:
+        """The ledger of `epoch`, opened when it is new (every older epoch then ends: all its
+        versions are final); None for an epoch already let go."""
+        if epoch in self.ledgers:
+            return self.ledgers[epoch]
+        if epoch < max(self.ledgers):
+            return None
+        for old in self.ledgers.values():
+            self._decided(old.settle(ended=True))
+        self.ledgers[epoch] = Ledger(self.config, epoch)
+        for old in sorted(self.ledgers)[: -self.config.keep_epochs]:
+            del self.ledgers[old]
+        return self.ledgers[epoch]
+
     def _record(self, audited: list[Audited]) -> None:
         with self._lock:
-            late, bins = self.ledger.late, len(self.ledger.bins)
-            self.ledger.record(audited)
-            if self.ledger.late > late:
-                self._count("late", self.ledger.late - late)
-            for decision in self.ledger.settle():
-                key = (decision.alarm, decision.subject)
-                if decision.fired and key not in self._firing:
-                    _log_alarm(decision)  # once as it starts firing, not at every bin it fires
-                (self._firing.add if decision.fired else self._firing.discard)(key)
-            closed = self.ledger.bins[bins:]
+            bins = {e: len(book.bins) for e, book in self.ledgers.items()}
+            for epoch in sorted({a.epoch for a in audited}):
+                book = self._ledger(epoch)
+                if book is None:
+                    continue
+                late = book.late
+                book.record([a for a in audited if a.epoch == epoch])
+                if book.late > late:
+                    self._count("late", book.late - late)
+                self._decided(book.settle())
+            closed = [b for e, book in self.ledgers.items() for b in book.bins[bins.get(e, 0) :]]
             if self.metrics is not None:
                 for summary in closed:
                     self.metrics.observe_bin(summary)
-            self.flat = flat_metrics(clean(self._snapshot(summary=True, since=None)))
+            if closed or not self.flat:
+                self.flat = flat_metrics(clean(self._snapshot(summary=True, since=None)))
+            else:  # only the counters moved: no snapshot per batch
+                self.flat = {**self.flat, **flat_counts(self.counts)}
             if closed and self.config.out:
                 self._write(Path(self.config.out))
+
+    def _decided(self, decisions: list[Decision]) -> None:
+        for decision in decisions:
+            key = (decision.alarm, decision.subject)
+            if decision.fired and key not in self._firing:
+                _log_alarm(decision)  # once as it starts firing, not at every bin it fires
+            (self._firing.add if decision.fired else self._firing.discard)(key)
 
     def _write(self, out: Path) -> None:
         try:
@@ -323,29 +412,74 @@ class AuditStream:
             "counts": counts,
             "auditor_errors": dict(self.auditor_errors),
             "queue_depth": self._queue.qsize() if self._queue is not None else 0,
+            "epoch": ledger.epoch,
+            "epochs": [_epoch_row(book) for _, book in sorted(self.ledgers.items())],
             "newest_version": ledger.newest if ledger.newest >= 0 else None,
             "binned_through": ledger.binned_through if ledger.binned_through >= 0 else None,
+            "evidence": evidence(ledger),
             "alarms": ledger.alarms,
         }
-        bins = ledger.bins if not summary else ledger.bins[-1:]
+        books = [book for _, book in sorted(self.ledgers.items())]
+        bins = [b for book in books for b in book.bins] if not summary else ledger.bins[-1:]
         if since is not None:
             bins = [b for b in bins if b["versions"][1] >= since]
         body["bins"] = bins
         if not summary:
-            body["versions"] = ledger.snapshot_versions(since)
+            body["versions"] = [
+                {"epoch": book.epoch, **v} for book in books for v in book.snapshot_versions(since)
+            ]
         return body
 
 
+def _epoch_row(book: Ledger) -> dict[str, Any]:
+    """One epoch: its versions, bins, and each alarm's first firing in it."""
+    first = {f"{alarm}:{subject}": entry["first_fired_versions"] for alarm, subjects in book.alarms.items()
+             for subject, entry in subjects.items() if entry["first_fired_versions"]}  # fmt: skip
+    versions = [*book.versions, *book.summaries]
+    return {
+        "epoch": book.epoch,
+        "versions": [min(versions), max(versions)] if versions else None,
+        "bins": len(book.bins),
+        "first_fired": first,
+    }
+
+
+def evidence(book: Ledger) -> str:
+    """Whether this epoch's bins can decide within `max_bin_versions` versions: "sufficient: …" or
+    "insufficient: N audited items a version, needs M", in words, from its newest final versions."""
+    cfg = book.config
+    needs = math.ceil(cfg.min_items / cfg.max_bin_versions)
+    final = sorted(v for v in (*book.versions, *book.summaries) if v <= book.binned_through)[-8:]
+    if not final:
+        return f"unknown: no final version yet; needs {needs} audited items a version"
+    per_version = sum(book.recorded(v) for v in final) / (final[-1] - final[0] + 1)
+    if per_version < needs:
+        return (
+            f"insufficient: {per_version:.1f} audited items a version, needs {needs} (min_items "
+            f"{cfg.min_items} within max_bin_versions {cfg.max_bin_versions}): raise sample by "
+            f"{needs / max(per_version, 1e-9):.1f}x, or lower min_items"
+        )
+    return f"sufficient: {per_version:.1f} audited items a version, needs {needs}"
+
+
 def _as_version(raw: Any) -> int | None:
+    """A non-negative integer, an integral float, or a string of 1-18 ASCII digits; else None
+    (`"²".isdigit()` is True, and `int("²")` raises: only ASCII digits are read)."""
     if isinstance(raw, bool):
         return None
     if isinstance(raw, int):
-        return raw if raw >= 0 else None
-    if isinstance(raw, float) and raw.is_integer() and raw >= 0:
-        return int(raw)
-    if isinstance(raw, str) and raw.strip().isdigit():
-        return int(raw.strip())
+        return raw if 0 <= raw < _VERSION_LIMIT else None
+    if isinstance(raw, float):
+        return int(raw) if raw.is_integer() and 0 <= raw < _VERSION_LIMIT else None
+    if isinstance(raw, str):
+        text = raw.strip()
+        if 0 < len(text) <= 18 and text.isascii() and text.isdigit():
+            return int(text)
     return None
+
+
+_VERSION_LIMIT = 10**18
+_UNSEEN = object()
 
 
 def _log_alarm(d: Decision) -> None:
