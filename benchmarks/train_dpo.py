@@ -172,11 +172,11 @@ def run_rewardplane(args, *, precompute: bool) -> dict:
             f"dpo.reference_dtype={args.reference_dtype}",
         ],
     )
-    objective = DPOPolicyObjective(cfg, train_pairs=pairs, data_sha256="benchmark")
+    objective = DPOPolicyObjective(cfg, train_pairs=pairs, train_pairs_sha256="benchmark")
     started = time.perf_counter()
     # builds the policy, then readies the reference (live: moves it to the device; precomputed:
     # scores every pair once and frees it) before the policy moves there
-    trainer = Trainer(cfg, objective, train_pairs=pairs, tokenizer=tokenizer, data_sha256="benchmark")
+    trainer = Trainer(cfg, objective, train_pairs=pairs, tokenizer=tokenizer, train_pairs_sha256="benchmark")
     if device.type == "cuda":
         torch.cuda.synchronize()
     prepare_s = time.perf_counter() - started

@@ -111,7 +111,7 @@ def bench_rewardplane(args, pairs, device) -> dict:
             RewardModelObjective(cfg),
             train_pairs=pairs,
             tokenizer=builtin_tokenizer(),
-            data_sha256="bench",
+            train_pairs_sha256="bench",
             info=info,
         )
         n_params = non_embedding_params(trainer.raw_model.backbone) + trainer.raw_model.head.weight.numel()

@@ -21,9 +21,9 @@ def lora_trainer(run_dir: str, info=None, parallel: str = "ddp", overrides: tupl
         run_dir, "run.max_steps=2", "run.global_batch_pairs=8", f"run.parallel={parallel}", *overrides
     )
     data = prepare_data(cfg)
-    objective = DPOPolicyObjective(cfg, train_pairs=data.train, data_sha256=data.data_sha256)
+    objective = DPOPolicyObjective(cfg, train_pairs=data.train, train_pairs_sha256=data.train_pairs_sha256)
     return Trainer(
-        cfg, objective, train_pairs=data.train, tokenizer=data.tokenizer, data_sha256="x", info=info
+        cfg, objective, train_pairs=data.train, tokenizer=data.tokenizer, train_pairs_sha256="x", info=info
     )
 
 

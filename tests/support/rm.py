@@ -74,7 +74,7 @@ def train_config(run_dir, **sections):
     return from_dict(TrainConfig, base)
 
 
-def make_trainer(cfg, pairs=None, *, eval_pairs=None, data_sha256="data-a", info=None):
+def make_trainer(cfg, pairs=None, *, eval_pairs=None, train_pairs_sha256="data-a", info=None):
     from rewardplane.data.synth import builtin_tokenizer
     from rewardplane.objectives.reward_model import RewardModelObjective
     from rewardplane.train.loop import EvalSet, Trainer
@@ -86,7 +86,7 @@ def make_trainer(cfg, pairs=None, *, eval_pairs=None, data_sha256="data-a", info
         RewardModelObjective(cfg),
         train_pairs=pairs,
         tokenizer=builtin_tokenizer(),
-        data_sha256=data_sha256,
+        train_pairs_sha256=train_pairs_sha256,
         eval_set=eval_set,
         info=info,
     )

@@ -97,7 +97,7 @@ def test_the_reference_pass_runs_before_the_policy_moves_to_the_device(tmp_path)
 
     cfg = config(tmp_path / "run", "run.max_steps=1", "dpo.precompute_reference=true")
     data = prepare_data(cfg)
-    objective = DPOPolicyObjective(cfg, train_pairs=data.train, data_sha256=data.data_sha256)
+    objective = DPOPolicyObjective(cfg, train_pairs=data.train, train_pairs_sha256=data.train_pairs_sha256)
     events: list = []
     build, prepare = objective.build_model, objective.prepare
 
@@ -111,7 +111,13 @@ def test_the_reference_pass_runs_before_the_policy_moves_to_the_device(tmp_path)
     objective.prepare = lambda device: (
         events.append(("prepare", objective.reference is not None)) or prepare(device)
     )
-    Trainer(cfg, objective, train_pairs=data.train, tokenizer=data.tokenizer, data_sha256=data.data_sha256)
+    Trainer(
+        cfg,
+        objective,
+        train_pairs=data.train,
+        tokenizer=data.tokenizer,
+        train_pairs_sha256=data.train_pairs_sha256,
+    )
     assert events == [("prepare", True), "policy.to"]
     assert objective.reference is None  # scored, then freed
     assert list((tmp_path / "run" / "reference_cache").glob("*.safetensors"))
@@ -121,7 +127,7 @@ def test_bf16_reference_is_stored_in_bf16_and_trains_like_the_fp32_one(tmp_path)
     from rewardplane.objectives.dpo import DPOPolicyObjective
 
     cfg = config(tmp_path / "probe", "dpo.reference_dtype=bf16")
-    objective = DPOPolicyObjective(cfg, train_pairs=[], data_sha256="x")
+    objective = DPOPolicyObjective(cfg, train_pairs=[], train_pairs_sha256="x")
     objective.build_model(builtin_tokenizer())
     assert {p.dtype for p in objective.reference.parameters()} == {torch.bfloat16}
     assert {p.dtype for p in objective.policy.parameters()} == {torch.float32}

@@ -28,6 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from rewardplane.core import legacy
 from rewardplane.core.errors import RewardplaneError, UsageError
 
 TOLERANCE = 1e-5
@@ -289,7 +290,7 @@ A `{report["architecture"]}` with `num_labels = 1`: the score is `logits[0, 0]`.
 |---|---|
 | base model | `{base_name}` (sha256 `{base.get("sha256")}`) |
 | training step | {meta.get("step")} ({meta.get("pairs_consumed")} pairs) |
-| training data (tokenised pairs) sha256 | `{meta.get("data_manifest_sha256")}` |
+| training data (tokenised pairs) sha256 | `{legacy.train_pairs_sha256(meta)}` |
 | probe tokens sha256 | `{probe}` |
 | probe accuracy | {accuracy} |
 | tokenizer sha256 / template sha256 | `{meta.get("tokenizer_sha256")}` / `{meta.get("template_sha256")}` |

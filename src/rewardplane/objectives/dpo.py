@@ -323,7 +323,7 @@ class DPOPolicyObjective:
         cfg: Any,
         *,
         train_pairs: Sequence[TokenizedPair],
-        data_sha256: str,
+        train_pairs_sha256: str,
         eval_pairs: Sequence[TokenizedPair] = (),
         eval_sha256: str | None = None,
     ) -> None:
@@ -331,7 +331,7 @@ class DPOPolicyObjective:
         self.settings: DPOSettings = cfg.dpo
         self.train_pairs = list(train_pairs)
         self.eval_pairs = list(eval_pairs)
-        self.data_sha256 = data_sha256
+        self.train_pairs_sha256 = train_pairs_sha256
         self.eval_sha256 = eval_sha256
         self.pad_token_id = 0
         self.policy: nn.Module | None = None
@@ -433,7 +433,9 @@ class DPOPolicyObjective:
             "pad_token_id": self.pad_token_id,
             "context": self._reference_context,
         }
-        train = precompute_reference(self.reference, self.train_pairs, data_digest=self.data_sha256, **common)
+        train = precompute_reference(
+            self.reference, self.train_pairs, data_digest=self.train_pairs_sha256, **common
+        )
         if self.eval_pairs:
             eval_logps = precompute_reference(
                 self.reference, self.eval_pairs, data_digest=self.eval_sha256 or "eval", **common

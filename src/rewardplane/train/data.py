@@ -34,7 +34,7 @@ class PreparedData:
     train: list[TokenizedPair]
     eval: list[TokenizedPair]
     tokenizer: Any
-    data_sha256: str
+    train_pairs_sha256: str
     probe_sha256: str | None
     rejected: dict[str, int]
     train_content: TrainingContent | None = None
@@ -166,7 +166,7 @@ def prepare_data(cfg: TrainConfig) -> PreparedData:
         train=train,
         eval=evaluation,
         tokenizer=tokenizer,
-        data_sha256=sha256_json(freeze_probe(train, tokenizer, settings)),
+        train_pairs_sha256=sha256_json(freeze_probe(train, tokenizer, settings)),
         probe_sha256=probe_sha,
         rejected=rejected,
         train_content=train_content,

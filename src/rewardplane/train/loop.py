@@ -180,7 +180,7 @@ class Trainer:
         *,
         train_pairs: Sequence[TokenizedPair],
         tokenizer: Any,
-        data_sha256: str,
+        train_pairs_sha256: str,
         eval_set: EvalSet | None = None,
         info: DistInfo | None = None,
         train_content: TrainingContent | None = None,
@@ -189,7 +189,7 @@ class Trainer:
         self.objective = objective
         self.train_pairs = list(train_pairs)
         self.tokenizer = tokenizer
-        self.data_sha256 = data_sha256
+        self.train_pairs_sha256 = train_pairs_sha256
         self.train_content = train_content  # written beside every checkpoint (data.overlap)
         self.eval_set = eval_set
         self.info = info or init_distributed()
@@ -392,7 +392,7 @@ class Trainer:
         meta = {
             **self.objective.checkpoint_metadata(),
             "pairs_consumed": self.pairs_consumed,
-            "data_manifest_sha256": self.data_sha256,
+            "train_pairs_sha256": self.train_pairs_sha256,
             # where scores are read (rewardplane.data.tokenize.SCORE_POSITIONS); loads honour it
             "score_position": self.cfg.data.score_position,
             # how plain-text rows were tokenised (rewardplane.data.tokenize.PLAIN_TEXT_MODES); eval
@@ -544,7 +544,7 @@ def train_objective(
         objective,
         train_pairs=data.train,
         tokenizer=data.tokenizer,
-        data_sha256=data.data_sha256,
+        train_pairs_sha256=data.train_pairs_sha256,
         eval_set=EvalSet(data.eval, data.probe_sha256, data.eval_overlap) if data.eval else None,
         train_content=data.train_content,
     )

@@ -32,6 +32,7 @@ from typing import Any
 
 import yaml
 
+from rewardplane.core import legacy
 from rewardplane.core.atomic import write_text
 from rewardplane.core.errors import UsageError
 from rewardplane.models.loading import CheckpointError
@@ -139,11 +140,12 @@ def restore(trainer: Trainer, directory: Path, *, allow_new_data: bool = False) 
 
     meta = ckpt.check_resumable(directory, world_size=trainer.info.world_size)
     trainer.objective.validate_resume(meta)
-    new_data = meta.get("data_manifest_sha256") != trainer.data_sha256
+    trained_on = legacy.train_pairs_sha256(meta)  # checkpoints before issue 46: the old key
+    new_data = trained_on != trainer.train_pairs_sha256
     if new_data and not allow_new_data:
         raise CheckpointError(
-            f"{directory}: trained on data {str(meta.get('data_manifest_sha256'))[:12]}, this run's data is"
-            f" {trainer.data_sha256[:12]}; pass --allow-new-data to continue on different data",
+            f"{directory}: trained on data {str(trained_on)[:12]}, this run's data is"
+            f" {trainer.train_pairs_sha256[:12]}; pass --allow-new-data to continue on different data",
             code="data_mismatch",
         )
     allowed = check_resume(

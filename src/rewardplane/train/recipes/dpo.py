@@ -21,7 +21,7 @@ def run(
     objective = DPOPolicyObjective(
         cfg,
         train_pairs=data.train,
-        data_sha256=data.data_sha256,
+        train_pairs_sha256=data.train_pairs_sha256,
         eval_pairs=data.eval,
         eval_sha256=data.probe_sha256,
     )
