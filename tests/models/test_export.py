@@ -73,7 +73,7 @@ def _llama3_tokenizer():
 @pytest.fixture(scope="module", params=["chatml-qwen2", "llama3-llama"])
 def exported(request, tmp_path_factory):
     from rewardplane.train.config import load_config
-    from rewardplane.train.recipes.reward_model import run
+    from rewardplane.train.recipe import run
 
     root = tmp_path_factory.mktemp(request.param)
     tok = builtin_tokenizer() if request.param.startswith("chatml") else _llama3_tokenizer()

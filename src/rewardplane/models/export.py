@@ -15,21 +15,20 @@ RewardBench read it; `end_of_turn` for checkpoints trained before that was recor
 `rewardplane eval` and `rewardplane serve` tokenise plain-text inputs to the export as the
 checkpoint was trained (`models.loading.exported_plain_text`).
 
-Dispatch is on the checkpoint's `objective`; other objectives (DPO policies) register their
-own exporter in `EXPORTERS`.
+Which exporter a checkpoint takes is its objective's: the objective registry
+(`rewardplane.objectives.registry`, `export_hf`) names each objective's function here.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from rewardplane.core import legacy
-from rewardplane.core.errors import RewardplaneError, UsageError
+from rewardplane.core.errors import RewardplaneError
 
 TOLERANCE = 1e-5
 
@@ -364,24 +363,3 @@ def export_dpo_policy(checkpoint: Path, out: Path) -> dict[str, Any]:
         "max_abs_diff": diff,
         "source_model_sha256": meta.get("model_sha256"),
     }
-
-
-EXPORTERS: dict[str, Callable[[Path, Path], dict[str, Any]]] = {
-    "reward_model": export_reward_model,
-    "dpo": export_dpo_policy,
-}
-
-
-def export_hf(checkpoint: str | Path, out: str | Path) -> dict[str, Any]:
-    from rewardplane.models.loading import read_metadata
-
-    checkpoint, out = Path(checkpoint), Path(out)
-    if out.exists():
-        raise UsageError(f"{out} already exists; choose a new output directory")
-    meta = read_metadata(checkpoint)
-    exporter = EXPORTERS.get(meta.get("objective"))
-    if exporter is None:
-        raise ExportError(
-            f"no HF exporter for objective {meta.get('objective')!r}; known: {', '.join(sorted(EXPORTERS))}"
-        )
-    return exporter(checkpoint, out)

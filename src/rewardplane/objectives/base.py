@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -24,7 +24,9 @@ from torch import nn
 
 from rewardplane.core.progress import Progress
 from rewardplane.data.collate import Batch, Layout, collate
+from rewardplane.data.config import DataConfig
 from rewardplane.data.records import TokenizedPair
+from rewardplane.models.config import ModelConfig
 
 PairScores = tuple[np.ndarray, np.ndarray, np.ndarray | None]
 """float64 (chosen, rejected, per-pair loss or None for Bradley–Terry on the margin), input order."""
@@ -33,6 +35,42 @@ BatchScore = Callable[
     [nn.Module, Batch, Sequence[TokenizedPair]], tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
 ]
 """One collated batch → (chosen, rejected, per-pair loss or None): what an objective scores."""
+
+
+S = TypeVar("S")
+
+
+@dataclass(frozen=True)
+class RunShape:
+    """What an objective reads of the `run:` section: the batch layout, where the run writes (a
+    reference cache), and the batch it trains on. The rest of `run:` is the loop's alone."""
+
+    layout: Layout = "packed"
+    run_dir: str = "runs/rm"
+    global_batch_pairs: int = 32
+    grad_accum: int = 1
+
+
+@dataclass(frozen=True)
+class Sections(Generic[S]):
+    """The typed config sections an objective is built from: the shared `model:` and `data:`,
+    the run's shape, and `settings`, its own section (the model `objectives.registry` names)."""
+
+    model: ModelConfig
+    data: DataConfig
+    run: RunShape
+    settings: S
+
+
+@dataclass(frozen=True)
+class TrainPairs:
+    """The tokenised pairs a run trains and evaluates on, with the digests that name them (DPO
+    keys its precomputed reference log-probs on them; a reward model needs none of it)."""
+
+    train: Sequence[TokenizedPair] = ()
+    train_sha256: str = ""
+    eval: Sequence[TokenizedPair] = ()
+    eval_sha256: str | None = None
 
 
 @dataclass

@@ -24,7 +24,7 @@ from rewardplane.data.pipeline import Source, Summary, tokenize_source
 from rewardplane.data.probe import ProbeMismatch, check_probe, freeze_probe
 from rewardplane.data.records import TokenizedPair
 from rewardplane.data.tokenize import TokenizeSettings, load_tokenizer
-from rewardplane.train.config import TrainConfig
+from rewardplane.train.config import BaseTrainConfig
 
 log = logging.getLogger("rewardplane.train")
 
@@ -41,7 +41,7 @@ class PreparedData:
     eval_overlap: Overlap | None = None
 
 
-def training_tokenizer(cfg: TrainConfig):
+def training_tokenizer(cfg: BaseTrainConfig):
     """`data.tokenizer` (`builtin`, a local directory, or `model`, the backbone's own), with
     `data.pad_token` set as its pad token when given."""
     tokenizer = _load_training_tokenizer(cfg)
@@ -57,7 +57,7 @@ def training_tokenizer(cfg: TrainConfig):
     return tokenizer
 
 
-def _load_training_tokenizer(cfg: TrainConfig):
+def _load_training_tokenizer(cfg: BaseTrainConfig):
     spec = cfg.data.tokenizer
     if spec == "model":
         from transformers import AutoTokenizer
@@ -87,7 +87,7 @@ def _warn_if_pad_is_scored(tokenizer, pairs: list[TokenizedPair]) -> None:
         )
 
 
-def _sources(cfg: TrainConfig) -> tuple[Source, Source]:
+def _sources(cfg: BaseTrainConfig) -> tuple[Source, Source]:
     """(train, eval) sources: the files, or the synthetic task's rows split in two."""
     data = cfg.data
     if data.synth is not None:
@@ -102,7 +102,7 @@ def _sources(cfg: TrainConfig) -> tuple[Source, Source]:
     raise ConfigError("data: set data.train (a JSONL/Parquet file) or data.synth")
 
 
-def check_local_paths(cfg: TrainConfig) -> None:
+def check_local_paths(cfg: BaseTrainConfig) -> None:
     """Every path the config names exists here. A missing one is named as such, before transformers
     takes it for a Hub repo id and answers about repo names or huggingface.co (rewardplane never
     downloads anything)."""
@@ -125,7 +125,7 @@ def check_local_paths(cfg: TrainConfig) -> None:
             raise UsageError(f"{key}={value}: no such file or directory", code="no_such_path")
 
 
-def prepare_data(cfg: TrainConfig) -> PreparedData:
+def prepare_data(cfg: BaseTrainConfig) -> PreparedData:
     """Read, validate and tokenise the train / eval pairs (rejections are counted by reason)."""
     check_local_paths(cfg)
     data = cfg.data

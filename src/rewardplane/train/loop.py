@@ -32,7 +32,7 @@ from rewardplane.data.records import TokenizedPair
 from rewardplane.eval.metrics import TIE_TOLERANCE
 from rewardplane.objectives.base import Objective
 from rewardplane.train import checkpoint as ckpt
-from rewardplane.train.config import TrainConfig, dump_yaml
+from rewardplane.train.config import BaseTrainConfig, dump_yaml
 from rewardplane.train.distributed import (
     DistInfo,
     all_gather_objects,
@@ -80,7 +80,7 @@ class RunResult:
         return self.eval_summaries[max(self.eval_summaries)]["accuracy"]
 
 
-def _lr_lambda(cfg: TrainConfig):
+def _lr_lambda(cfg: BaseTrainConfig):
     warmup, total, floor = cfg.optim.warmup_steps, cfg.run.max_steps, cfg.optim.min_lr_ratio
 
     def factor(step: int) -> float:
@@ -94,7 +94,7 @@ def _lr_lambda(cfg: TrainConfig):
     return factor
 
 
-def _autocast(cfg: TrainConfig, device: torch.device):
+def _autocast(cfg: BaseTrainConfig, device: torch.device):
     precision = cfg.run.precision
     if precision == "auto":
         precision = "bf16" if device.type == "cuda" else "fp32"
@@ -175,7 +175,7 @@ class Trainer:
 
     def __init__(
         self,
-        cfg: TrainConfig,
+        cfg: BaseTrainConfig,
         objective: Objective,
         *,
         train_pairs: Sequence[TokenizedPair],
@@ -524,7 +524,7 @@ class Trainer:
 
 
 def train_objective(
-    cfg: TrainConfig,
+    cfg: BaseTrainConfig,
     objective: Objective,
     data: PreparedData,
     *,
