@@ -19,6 +19,9 @@ class SynthConfig(ConfigModel):
 
 
 class DataConfig(ConfigModel):
+    # a folder written by `rewardplane data prepare`: its train.jsonl / eval.jsonl, checked against
+    # its manifest (file hashes, tokenizer, length settings); instead of train / eval / synth
+    prepared: str | None = None
     train: str | None = None  # JSONL / Parquet preference file
     eval: str | None = None  # held-out preference file
     probe: str | None = None  # frozen probe directory (rewardplane data freeze-probe)

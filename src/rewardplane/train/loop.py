@@ -184,6 +184,7 @@ class Trainer:
         eval_set: EvalSet | None = None,
         info: DistInfo | None = None,
         train_content: TrainingContent | None = None,
+        prepared_manifest_sha256: str | None = None,
     ) -> None:
         self.cfg = cfg
         self.objective = objective
@@ -191,6 +192,7 @@ class Trainer:
         self.tokenizer = tokenizer
         self.train_pairs_sha256 = train_pairs_sha256
         self.train_content = train_content  # written beside every checkpoint (data.overlap)
+        self.prepared_manifest_sha256 = prepared_manifest_sha256  # `data.prepared`'s manifest.json
         self.eval_set = eval_set
         self.info = info or init_distributed()
         self.run_dir = Path(cfg.run.run_dir)
@@ -393,6 +395,7 @@ class Trainer:
             **self.objective.checkpoint_metadata(),
             "pairs_consumed": self.pairs_consumed,
             "train_pairs_sha256": self.train_pairs_sha256,
+            "prepared_manifest_sha256": self.prepared_manifest_sha256,
             # where scores are read (rewardplane.data.tokenize.SCORE_POSITIONS); loads honour it
             "score_position": self.cfg.data.score_position,
             # how plain-text rows were tokenised (rewardplane.data.tokenize.PLAIN_TEXT_MODES); eval
@@ -547,6 +550,7 @@ def train_objective(
         train_pairs_sha256=data.train_pairs_sha256,
         eval_set=EvalSet(data.eval, data.probe_sha256, data.eval_overlap) if data.eval else None,
         train_content=data.train_content,
+        prepared_manifest_sha256=data.prepared_manifest_sha256,
     )
     resume = resolve_resume(Path(cfg.run.run_dir), resume)
     if resume:

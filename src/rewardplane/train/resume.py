@@ -10,7 +10,7 @@ new one.
 May change on resume (`ALLOWED_ON_RESUME`): how long the run goes (`run.max_steps`, which also
 stretches a cosine schedule from the resume on), how often it saves, keeps, evaluates and
 reports progress, where it is tracked, and where it lives (`run.run_dir`). The data paths
-(`data.train`, `data.eval`, `data.probe`, `data.synth`) may change too because their
+(`data.prepared`, `data.train`, `data.eval`, `data.probe`, `data.synth`) may change too because their
 *content* is checked instead: other training data is `data_mismatch` unless
 `--allow-new-data`, another eval set is refused against step 0's probe. Each allowed change is
 applied, logged and appended to `RUN/history.jsonl` as a resume event, and `config.yaml` is
@@ -55,7 +55,7 @@ ALLOWED_ON_RESUME = (
     "run.report_to",
     "run.tensorboard",
 )
-CONTENT_CHECKED = ("data.train", "data.eval", "data.probe", "data.synth")
+CONTENT_CHECKED = ("data.prepared", "data.train", "data.eval", "data.probe", "data.synth")
 _UNSET = "<unset>"
 
 
