@@ -169,7 +169,7 @@ def test_export_config_and_card(exported):
     assert config["bos_token_id"] == tok.bos_token_id and config["eos_token_id"] == tok.eos_token_id
     card = (out / "README.md").read_text()
     meta = json.loads((checkpoint / "rewardplane.json").read_text())
-    assert "template_end" in card and meta["data_manifest_sha256"] in card
+    assert "template_end" in card and meta["train_pairs_sha256"] in card
     assert "apply_chat_template" in card and "probe accuracy" in card
     assert "tok(prompt + response + tok.eos_token)" in card and "text += tok.eos_token" in card
     # the convention travels with the export, for eval and serve to read (models.loading)

@@ -88,39 +88,53 @@ def prepare(
                 if index not in eval_indices:
                     train.write(line)
         spool_path.unlink()
-        manifest = {
-            "format": MANIFEST_FORMAT,
-            "rewardplane_version": __version__,
-            "input": {
-                "name": input_name(source),
-                "format": detect_format(source),
-                "sha256": input_sha256(source),
-            },
-            "split": {
-                "eval_size": eval_size,
-                "seed_key": seed_key,
-                "rank": "sha256(seed_key + ':' + pair_id)",
-            },
-            "tokenizer": None
-            if tokenizer is None
-            else {
-                "name": tokenizer_name,
-                "tokenizer_sha256": tokenizer_sha256(tokenizer),
-                "template_sha256": template_sha256(tokenizer),
-                "settings": settings.to_json(),
-            },
-            "counts": {
-                "rows": summary.rows,
-                "valid": summary.valid,
-                "rejected": summary.rejected,
-                "train": summary.valid - eval_size,
-                "eval": eval_size,
-            },
-            "rejections": dict(summary.rejections),
-            "outputs": {name: {"sha256": sha256_file(tmp / name)} for name in OUTPUTS},
-        }
+        manifest = _manifest(source, tmp, eval_size, seed_key, summary, tokenizer, tokenizer_name, settings)
         write_json(tmp / "manifest.json", manifest)
     return manifest
+
+
+def _manifest(
+    source: str | Path,
+    tmp: Path,
+    eval_size: int,
+    seed_key: str,
+    summary: Summary,
+    tokenizer,
+    tokenizer_name: str | None,
+    settings: TokenizeSettings,
+) -> dict[str, Any]:
+    """manifest.json's content: input, split rule, tokenizer, counts, and the written files' hashes."""
+    return {
+        "format": MANIFEST_FORMAT,
+        "rewardplane_version": __version__,
+        "input": {
+            "name": input_name(source),
+            "format": detect_format(source),
+            "sha256": input_sha256(source),
+        },
+        "split": {
+            "eval_size": eval_size,
+            "seed_key": seed_key,
+            "rank": "sha256(seed_key + ':' + pair_id)",
+        },
+        "tokenizer": None
+        if tokenizer is None
+        else {
+            "name": tokenizer_name,
+            "tokenizer_sha256": tokenizer_sha256(tokenizer),
+            "template_sha256": template_sha256(tokenizer),
+            "settings": settings.to_json(),
+        },
+        "counts": {
+            "rows": summary.rows,
+            "valid": summary.valid,
+            "rejected": summary.rejected,
+            "train": summary.valid - eval_size,
+            "eval": eval_size,
+        },
+        "rejections": dict(summary.rejections),
+        "outputs": {name: {"sha256": sha256_file(tmp / name)} for name in OUTPUTS},
+    }
 
 
 _INVERT = str.maketrans("0123456789abcdef", "fedcba9876543210")
