@@ -121,6 +121,19 @@ class Objective(Protocol):
         """Raise `CheckpointError` if a checkpoint was written by a different objective or head."""
 
 
+def tokenisation_record(tokenizer: Any, model_config: Any, max_length: int) -> dict[str, Any]:
+    """What every objective's checkpoint records of how it reads text: the tokenizer and chat
+    template hashes, the attention implementation and `data.max_length`."""
+    from rewardplane.data.tokenize import template_sha256, tokenizer_sha256
+
+    return {
+        "tokenizer_sha256": tokenizer_sha256(tokenizer),
+        "template_sha256": template_sha256(tokenizer),
+        "attn_implementation": model_config._attn_implementation,
+        "max_length": max_length,
+    }
+
+
 def check_objective(metadata: dict[str, Any], name: str, role: str, run_kind: str) -> None:
     """Refuse to resume from a checkpoint another objective wrote."""
     from rewardplane.models.loading import CheckpointError

@@ -59,6 +59,7 @@ from rewardplane.objectives.base import (
     TrainPairs,
     check_objective,
     score_in_batches,
+    tokenisation_record,
 )
 from rewardplane.objectives.dpo_reference import (
     FrozenReference,
@@ -358,8 +359,6 @@ class DPOPolicyObjective:
         return contextlib.nullcontext()
 
     def build_model(self, tokenizer: Any) -> nn.Module:
-        from rewardplane.data.tokenize import template_sha256, tokenizer_sha256
-
         policy = build_policy(self.model_cfg, vocab_size=len(tokenizer))
         if len(tokenizer) > policy.config.vocab_size:
             raise ConfigError(
@@ -387,10 +386,7 @@ class DPOPolicyObjective:
             "dpo": self.settings.to_json(),
             "lora": self._lora_json,
             "reference": self.sidecar.to_json() if self.sidecar else None,
-            "tokenizer_sha256": tokenizer_sha256(tokenizer),
-            "template_sha256": template_sha256(tokenizer),
-            "attn_implementation": policy.config._attn_implementation,
-            "max_length": self.data_cfg.max_length,
+            **tokenisation_record(tokenizer, policy.config, self.data_cfg.max_length),
         }
         return policy
 

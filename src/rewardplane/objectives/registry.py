@@ -106,16 +106,10 @@ def checkpoint_objective(path: str | Path) -> str:
     return read_metadata(path).get("objective")
 
 
-def load_pair_scorer(
-    path: str | Path,
-    *,
-    device: str,
-    reference_path: str | Path | None = None,
-    dtype: str = "fp32",
-    max_batch_tokens: int | None = None,
-):
-    """The scorer of whatever objective trained `path` (pairs → chosen, rejected, losses);
-    `max_batch_tokens` None: the objective's own default."""
+def load_pair_scorer(path: str | Path, **options: Any):
+    """The scorer of whatever objective trained `path` (pairs → chosen, rejected, losses).
+    `options` are the `load_scorer` keywords every objective takes: `device`, `reference_path`,
+    `dtype`, `max_batch_tokens` (None or left out: the objective's own default)."""
     from rewardplane.models.loading import CheckpointError
 
     objective = checkpoint_objective(path)
@@ -124,9 +118,9 @@ def load_pair_scorer(
             f"{path}: objective {objective!r} has no scorer; known: {', '.join(sorted(OBJECTIVES))}",
             code="wrong_objective",
         )
-    budget = {} if max_batch_tokens is None else {"max_batch_tokens": max_batch_tokens}
-    loader = OBJECTIVES[objective].resolve("load_scorer")
-    return loader(path, device=device, reference_path=reference_path, dtype=dtype, **budget)
+    if options.get("max_batch_tokens", 0) is None:
+        del options["max_batch_tokens"]
+    return OBJECTIVES[objective].resolve("load_scorer")(path, **options)
 
 
 def export_hf(checkpoint: str | Path, out: str | Path) -> dict[str, Any]:

@@ -46,6 +46,7 @@ from rewardplane.objectives.base import (
     TrainPairs,
     check_objective,
     score_in_batches,
+    tokenisation_record,
 )
 from rewardplane.objectives.losses import bradley_terry, center_rewards_penalty
 
@@ -254,8 +255,6 @@ class RewardModelObjective:
         self._backbone_config = None
 
     def build_model(self, tokenizer: Any) -> RewardModel:
-        from rewardplane.data.tokenize import template_sha256, tokenizer_sha256
-
         if self.model_cfg.lora is not None:
             raise ConfigError(
                 "model.lora: adapters are for DPO policies; reward models train every parameter"
@@ -276,10 +275,7 @@ class RewardModelObjective:
             "role": self.role,
             "head_type": RewardModel.head_type,
             "base_model": _base_identity(self.model_cfg, model.config),
-            "tokenizer_sha256": tokenizer_sha256(tokenizer),
-            "template_sha256": template_sha256(tokenizer),
-            "attn_implementation": model.config._attn_implementation,
-            "max_length": self.data_cfg.max_length,
+            **tokenisation_record(tokenizer, model.config, self.data_cfg.max_length),
         }
         return model
 
