@@ -22,14 +22,12 @@ FLAT_TABLES_AND_PARSERS: dict[str, str] = {
 TEMPORARY: dict[str, str] = {
     # serve/: split by the engineers of issues 43-46 who own these modules (issue 46 item 2
     # splits the UniRL route; the sandbox's pump and the zygote's main belong to issue 43)
-    "serve/routes/gateway.py:gateway_router": "issue 46 (moves): the reward-protocol route in named steps",
-    "serve/routes/gateway.py:gateway_router.score": "issue 46 (moves): the reward-protocol route in named steps",
+    "serve/routes/unirl.py:unirl_router": "issue 46 (moves): the reward-protocol route in named steps",
+    "serve/routes/unirl.py:unirl_router.score": "issue 46 (moves): the reward-protocol route in named steps",
     "serve/execution/sandbox.py:LocalSandbox._pump": "issue 43: serve/execution",
     "serve/execution/zygote.py:zygote_main": "issue 43: serve/execution",
     # eval/report/ is issue 47's this round
     "eval/report/__init__.py:build_report": "issue 47: eval/report",
-    # eval/benchmarks' runner moves to its own module in issue 46 (moves); split after it lands
-    "eval/benchmarks/__init__.py:evaluate_benchmark": "issue 46: the benchmark runner's move",
 }
 
 
