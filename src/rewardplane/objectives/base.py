@@ -45,10 +45,10 @@ class RunShape:
     """What an objective reads of the `run:` section: the batch layout, where the run writes (a
     reference cache), and the batch it trains on. The rest of `run:` is the loop's alone."""
 
-    layout: Layout = "packed"
-    run_dir: str = "runs/rm"
-    global_batch_pairs: int = 32
-    grad_accum: int = 1
+    layout: Layout
+    run_dir: str
+    global_batch_pairs: int
+    grad_accum: int
 
 
 @dataclass(frozen=True)
