@@ -10,6 +10,7 @@ is no longer over the limit (or no longer exists) fails the test until it is del
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "rewardplane"
@@ -44,6 +45,7 @@ def _definitions(node: ast.AST, prefix: str = ""):
             yield from _definitions(child, prefix)
 
 
+@functools.cache
 def function_lengths(root: Path = SRC) -> dict[str, int]:
     """`path:qualified name` → lines from `def` to the function's last line, for every function."""
     lengths: dict[str, int] = {}
