@@ -133,9 +133,10 @@ def run_rewardplane(args, *, precompute: bool) -> dict:
 
     from rewardplane.data.builtin_tokenizer import build_tokenizer
     from rewardplane.data.records import TokenizedBranch, TokenizedPair
-    from rewardplane.objectives.dpo import DPOPolicyObjective
+    from rewardplane.objectives.base import TrainPairs
     from rewardplane.train.config import load_dpo_config
     from rewardplane.train.loop import Trainer
+    from rewardplane.train.recipe import build_objective
 
     device = device_and_memory()
     rows = make_token_pairs(args)
@@ -172,11 +173,11 @@ def run_rewardplane(args, *, precompute: bool) -> dict:
             f"dpo.reference_dtype={args.reference_dtype}",
         ],
     )
-    objective = DPOPolicyObjective(cfg, train_pairs=pairs, data_sha256="benchmark")
+    objective = build_objective(cfg, TrainPairs(pairs, "benchmark"))
     started = time.perf_counter()
     # builds the policy, then readies the reference (live: moves it to the device; precomputed:
     # scores every pair once and frees it) before the policy moves there
-    trainer = Trainer(cfg, objective, train_pairs=pairs, tokenizer=tokenizer, data_sha256="benchmark")
+    trainer = Trainer(cfg, objective, train_pairs=pairs, tokenizer=tokenizer, train_pairs_sha256="benchmark")
     if device.type == "cuda":
         torch.cuda.synchronize()
     prepare_s = time.perf_counter() - started

@@ -76,10 +76,10 @@ def result_block(pairs: int, tokens: int, seconds: float, n_params: int, peak_me
 
 def bench_rewardplane(args, pairs, device) -> dict:
     from rewardplane.data.synth import builtin_tokenizer
-    from rewardplane.objectives.reward_model import RewardModelObjective
     from rewardplane.train.config import TrainConfig, from_dict
     from rewardplane.train.distributed import DistInfo
     from rewardplane.train.loop import Trainer
+    from rewardplane.train.recipe import build_objective
 
     with tempfile.TemporaryDirectory() as run_dir:
         cfg = from_dict(
@@ -108,10 +108,10 @@ def bench_rewardplane(args, pairs, device) -> dict:
         info = DistInfo(rank=0, world_size=1, local_rank=0, device=device)
         trainer = Trainer(
             cfg,
-            RewardModelObjective(cfg),
+            build_objective(cfg),
             train_pairs=pairs,
             tokenizer=builtin_tokenizer(),
-            data_sha256="bench",
+            train_pairs_sha256="bench",
             info=info,
         )
         n_params = non_embedding_params(trainer.raw_model.backbone) + trainer.raw_model.head.weight.numel()

@@ -26,7 +26,7 @@ def trained(tmp_path_factory):
 
     from rewardplane.models.tiny import tiny_config
     from rewardplane.train.config import load_dpo_config
-    from rewardplane.train.recipes.dpo import run
+    from rewardplane.train.recipe import run
 
     torch.set_num_threads(1)  # 2 shared cores: intra-op threads only contend
     root = tmp_path_factory.mktemp("dpo")

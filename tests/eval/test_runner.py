@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -113,7 +114,7 @@ def test_data_that_does_not_match_the_probe_is_refused(setup, tmp_path, capsys, 
 def test_rewardplane_checkpoint_reproduces_the_training_evaluation(tmp_path):
     """Training's final evaluation and `rewardplane eval` of its checkpoint are the same measurement."""
     from rewardplane.train.config import load_config
-    from rewardplane.train.recipes.reward_model import run
+    from rewardplane.train.recipe import run
 
     settings = TokenizeSettings(max_length=96, max_completion_length=48)
     overrides = [
@@ -163,7 +164,7 @@ def test_not_a_model_and_non_finite_scores_are_one_line_errors(setup, tmp_path, 
     assert main([*args, "--model", str(tmp_path)]) == 2
     assert "neither a rewardplane checkpoint nor an HF" in capsys.readouterr().err
 
-    real = registry.SCORERS["reward_model"]
+    real = registry.spec("reward_model").resolve("load_scorer")
 
     def broken(path, **kwargs):
         scorer = real(path, **kwargs)
@@ -176,7 +177,8 @@ def test_not_a_model_and_non_finite_scores_are_one_line_errors(setup, tmp_path, 
 
         return PairScorer(scorer.objective, scorer.tokenizer, scorer.metadata, score)
 
-    monkeypatch.setitem(registry.SCORERS, "reward_model", broken)
+    spec = dataclasses.replace(registry.spec("reward_model"), load_scorer=broken)
+    monkeypatch.setitem(registry.OBJECTIVES, "reward_model", spec)
     assert main([*args, "--model", str(root / "model")]) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]  # above it: transformers' loading bar
     assert last.startswith("rewardplane: error: model gave 1 non-finite chosen value(s)")

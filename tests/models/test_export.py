@@ -73,7 +73,7 @@ def _llama3_tokenizer():
 @pytest.fixture(scope="module", params=["chatml-qwen2", "llama3-llama"])
 def exported(request, tmp_path_factory):
     from rewardplane.train.config import load_config
-    from rewardplane.train.recipes.reward_model import run
+    from rewardplane.train.recipe import run
 
     root = tmp_path_factory.mktemp(request.param)
     tok = builtin_tokenizer() if request.param.startswith("chatml") else _llama3_tokenizer()
@@ -169,7 +169,7 @@ def test_export_config_and_card(exported):
     assert config["bos_token_id"] == tok.bos_token_id and config["eos_token_id"] == tok.eos_token_id
     card = (out / "README.md").read_text()
     meta = json.loads((checkpoint / "rewardplane.json").read_text())
-    assert "template_end" in card and meta["data_manifest_sha256"] in card
+    assert "template_end" in card and meta["train_pairs_sha256"] in card
     assert "apply_chat_template" in card and "probe accuracy" in card
     assert "tok(prompt + response + tok.eos_token)" in card and "text += tok.eos_token" in card
     # the convention travels with the export, for eval and serve to read (models.loading)

@@ -6,9 +6,9 @@ from transformers import AutoModelForSequenceClassification
 
 from rewardplane.data.collate import collate
 from rewardplane.data.synth import builtin_tokenizer
-from rewardplane.models.export import export_hf
 from rewardplane.models.loading import CheckpointError, HFSequenceClassifier, load_reward_model
 from rewardplane.models.tiny import tiny_config
+from rewardplane.objectives.registry import export_hf
 from rewardplane.objectives.reward_model import score_pairs
 from rewardplane.train.distributed import DistInfo
 from support.rm import make_trainer, random_pairs, tiny_reward_model, train_config

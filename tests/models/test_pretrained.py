@@ -11,7 +11,7 @@ from rewardplane.data.tokenize import TokenizeSettings, tokenize_pair
 from rewardplane.models.loading import load_reward_model
 from rewardplane.objectives.reward_model import score_pairs
 from rewardplane.train.config import TrainConfig, from_dict
-from rewardplane.train.recipes.reward_model import run
+from rewardplane.train.recipe import run
 from support.weights import SMOLLM2_GGUF, smollm2_dir
 
 

@@ -17,8 +17,8 @@ from rewardplane.models.loading import CheckpointError
 from rewardplane.models.lora import merged_state_dict
 from rewardplane.models.reference import parameter_digest
 from rewardplane.models.tiny import tiny_config
-from rewardplane.objectives.dpo import DPOPolicyObjective
-from rewardplane.train.recipes.dpo import run
+from rewardplane.objectives.base import TrainPairs
+from rewardplane.train.recipe import build_objective, run
 from support.dpo import REVISION, config, lora_config, metrics, sft_snapshot
 
 IDS = torch.tensor([[5, 17, 42, 9, 3, 77, 12, 64]])
@@ -29,7 +29,7 @@ def built(cfg):
     from rewardplane.train.loop import seed_everything
 
     seed_everything(cfg.run.seed, 0)
-    objective = DPOPolicyObjective(cfg, train_pairs=[], data_sha256="x")
+    objective = build_objective(cfg, TrainPairs([], "x"))
     objective.build_model(builtin_tokenizer())
     return objective
 
@@ -63,8 +63,10 @@ def test_lora_training_moves_the_margins_and_never_the_base(tmp_path):
 
     cfg = lora_config(tmp_path / "run", "run.max_steps=4", "model.gradient_checkpointing=true")
     data = prepare_data(cfg)
-    objective = DPOPolicyObjective(cfg, train_pairs=data.train, data_sha256=data.data_sha256)
-    trainer = Trainer(cfg, objective, train_pairs=data.train, tokenizer=data.tokenizer, data_sha256="x")
+    objective = build_objective(cfg, TrainPairs(data.train, data.train_pairs_sha256))
+    trainer = Trainer(
+        cfg, objective, train_pairs=data.train, tokenizer=data.tokenizer, train_pairs_sha256="x"
+    )
     frozen = {n: p.detach().clone() for n, p in objective.policy.named_parameters() if not p.requires_grad}
     optimised = {id(p) for group in trainer.optimizer.param_groups for p in group["params"]}
     assert optimised == {id(p) for p in objective.policy.parameters() if p.requires_grad}

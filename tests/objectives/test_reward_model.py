@@ -14,6 +14,7 @@ from rewardplane.models.loading import CheckpointError
 from rewardplane.objectives import registry
 from rewardplane.objectives.losses import bradley_terry
 from rewardplane.objectives.reward_model import RewardModelObjective, score_pairs
+from rewardplane.train.recipe import build_objective
 from support.dist import SOLO
 from support.rm import make_trainer, random_pairs, train_config
 
@@ -54,7 +55,7 @@ def test_reward_models_refuse_adapters(tmp_path):
 
     cfg = from_dict(TrainConfig, {"model": {"tiny": "tiny-llama", "lora": {"r": 4}}})
     with pytest.raises(ConfigError, match="adapters are for DPO policies"):
-        RewardModelObjective(cfg).build_model(builtin_tokenizer())
+        build_objective(cfg).build_model(builtin_tokenizer())
 
 
 def test_training_probe_scores_and_the_saved_checkpoint_scores_are_one_path(tmp_path):

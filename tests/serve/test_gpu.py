@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from rewardplane.serve.protocol import ItemError, ScoreItem
@@ -45,8 +47,16 @@ def test_cuda_half_precision_scores_are_finite(dtype):
         ScorerSpec(name="c", kind="clip", shape="clip-vit-l-14", device="cuda", dtype=dtype)
     )
     scorer.load()
-    out = scorer.score_batch([ScoreItem(str(k), "a cat", "", jpeg_bytes((256, 256))) for k in range(4)])
-    assert all(isinstance(v, float) for v in out)
+    items = [ScoreItem(str(k), "a cat", "", jpeg_bytes((256, 256), (60 * k, 90, 160))) for k in range(4)]
+    out = scorer.score_batch(items)
+    # NaN and inf are floats too: the half-precision overflow this test is about would pass a type check
+    assert all(isinstance(v, float) and math.isfinite(v) for v in out), out
+    fp32 = build_scorer(ScorerSpec(name="c", kind="clip", shape="clip-vit-l-14", device="cuda"))
+    fp32.load()
+    reference = fp32.score_batch(items)
+    for k, (half, full) in enumerate(zip(out, reference, strict=True)):
+        # half precision rounds: close to fp32 (an overflow or garbage is far off), not equal
+        assert abs(half - full) <= 0.1 * max(1.0, abs(full)), (dtype, k, half, full)
 
 
 @pytest.mark.gpu

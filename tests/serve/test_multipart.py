@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from rewardplane.serve.multipart import parse_multipart
@@ -65,10 +65,50 @@ def test_part_count_is_bounded():
     assert code_of(body, content_type, max_parts=4) == "too_many_items"
 
 
+VALID = (
+    b'--x\r\nContent-Disposition: form-data; name="a"\r\n\r\nfirst\r\n'
+    b'--x\r\nContent-Disposition: form-data; name="b"; filename="b"\r\n\r\n\x00second\r\n--x--\r\n'
+)
+
+
+def mutated(body: bytes):
+    """`body` with one byte replaced, one run deleted, or cut short: near-misses of a valid body."""
+    return st.one_of(
+        st.tuples(st.integers(0, len(body) - 1), st.binary(min_size=1, max_size=1)).map(
+            lambda edit: body[: edit[0]] + edit[1] + body[edit[0] + 1 :]
+        ),
+        st.tuples(st.integers(0, len(body) - 1), st.integers(1, 8)).map(
+            lambda cut: body[: cut[0]] + body[cut[0] + cut[1] :]
+        ),
+        st.integers(0, len(body) - 1).map(lambda end: body[:end]),
+    )
+
+
+def test_the_near_miss_base_body_parses():
+    assert parse_multipart(VALID, "multipart/form-data; boundary=x", max_parts=8) == {
+        "a": b"first",
+        "b": b"\x00second",
+    }
+
+
 @settings(max_examples=80, deadline=None)
-@given(raw=st.binary(max_size=300))
-def test_garbage_is_a_serve_error(raw):
+@given(raw=st.binary(max_size=300) | mutated(VALID))
+@example(raw=b"hello")
+@example(raw=b"--x\r\n\r\n--x--")
+@example(raw=VALID.replace(b"--x--", b"--y--"))
+@example(raw=b"--x\r\nContent-Disposition: form-data;name\r\n\r\n\r\n--x--")  # found by hypothesis
+def test_garbage_is_a_serve_error_or_the_parts_it_spells(raw):
+    """Garbage is a coded 422, never an exception of another type; a body that parses must end
+    with the closing boundary and hold no byte it did not carry (a parser that answered garbage
+    with an empty or invented dict fails here)."""
     try:
-        parse_multipart(raw, "multipart/form-data; boundary=x", max_parts=8)
+        parts = parse_multipart(raw, "multipart/form-data; boundary=x", max_parts=8)
     except ServeError as exc:
         assert exc.code in ("invalid_request", "too_many_items")
+        return
+    assert b"--x--" in raw, (raw, parts)
+    assert len(parts) <= 8
+    for name, value in parts.items():
+        # a name that is not UTF-8 reads with U+FFFD for its bad bytes (never matches a real part)
+        spelled = "\ufffd" in name or name.encode() in raw
+        assert name and spelled and value in raw, (raw, name, value)

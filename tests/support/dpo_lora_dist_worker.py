@@ -12,18 +12,19 @@ import torch
 def lora_trainer(run_dir: str, info=None, parallel: str = "ddp", overrides: tuple[str, ...] = ()):
     """A Trainer over the LoRA test config; later `overrides` win over the defaults here."""
     sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
-    from rewardplane.objectives.dpo import DPOPolicyObjective
+    from rewardplane.objectives.base import TrainPairs
     from rewardplane.train.data import prepare_data
     from rewardplane.train.loop import Trainer
+    from rewardplane.train.recipe import build_objective
     from support.dpo import lora_config
 
     cfg = lora_config(
         run_dir, "run.max_steps=2", "run.global_batch_pairs=8", f"run.parallel={parallel}", *overrides
     )
     data = prepare_data(cfg)
-    objective = DPOPolicyObjective(cfg, train_pairs=data.train, data_sha256=data.data_sha256)
+    objective = build_objective(cfg, TrainPairs(data.train, data.train_pairs_sha256))
     return Trainer(
-        cfg, objective, train_pairs=data.train, tokenizer=data.tokenizer, data_sha256="x", info=info
+        cfg, objective, train_pairs=data.train, tokenizer=data.tokenizer, train_pairs_sha256="x", info=info
     )
 
 

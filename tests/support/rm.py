@@ -74,19 +74,19 @@ def train_config(run_dir, **sections):
     return from_dict(TrainConfig, base)
 
 
-def make_trainer(cfg, pairs=None, *, eval_pairs=None, data_sha256="data-a", info=None):
+def make_trainer(cfg, pairs=None, *, eval_pairs=None, train_pairs_sha256="data-a", info=None):
     from rewardplane.data.synth import builtin_tokenizer
-    from rewardplane.objectives.reward_model import RewardModelObjective
     from rewardplane.train.loop import EvalSet, Trainer
+    from rewardplane.train.recipe import build_objective
 
     pairs = pairs if pairs is not None else random_pairs(32, seed=11, max_len=20)
     eval_set = EvalSet(eval_pairs, "probe-sha") if eval_pairs else None
     return Trainer(
         cfg,
-        RewardModelObjective(cfg),
+        build_objective(cfg),
         train_pairs=pairs,
         tokenizer=builtin_tokenizer(),
-        data_sha256=data_sha256,
+        train_pairs_sha256=train_pairs_sha256,
         eval_set=eval_set,
         info=info,
     )
@@ -97,7 +97,7 @@ def train_tiny_checkpoint(root, tok, *overrides: str):
     (saved to `root/tok`), run under `root/run`: its checkpoint directory. `overrides` are dotted
     config overrides applied after the defaults (a later one wins)."""
     from rewardplane.train.config import load_config
-    from rewardplane.train.recipes.reward_model import run
+    from rewardplane.train.recipe import run
 
     tok.save_pretrained(root / "tok")
     cfg = load_config(

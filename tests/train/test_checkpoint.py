@@ -57,7 +57,8 @@ def test_checkpoint_reloads_with_identical_scores(finished_run):
     root, _cfg, pairs, result = finished_run
     model, tokenizer, meta = load_reward_model(result.checkpoint)
     assert meta["objective"] == "reward_model" and meta["step"] == 8 and meta["pairs_consumed"] == 64
-    assert meta["data_manifest_sha256"] == "data-a" and len(meta["model_sha256"]) == 64
+    assert meta["train_pairs_sha256"] == "data-a" and len(meta["model_sha256"]) == 64
+    assert "data_manifest_sha256" not in meta  # the pre-46 name of the same digest (core/legacy.py)
     assert tokenizer.pad_token == "<|pad|>"
     summary = json.loads((root / "eval" / "step-0000008" / "summary.json").read_text())
     rows = [json.loads(x) for x in (root / "eval" / "step-0000008" / "pairs.jsonl").read_text().splitlines()]
@@ -85,7 +86,7 @@ def _edit_meta(ckpt: Path, **changes) -> None:
         ({"objective": "dpo", "role": "policy"}, "wrong_objective"),
         ({"objective": "critic", "role": "critic"}, "wrong_objective"),
         ({"head_type": "hf_seqcls"}, "wrong_head"),
-        ({"data_manifest_sha256": "other"}, "data_mismatch"),
+        ({"train_pairs_sha256": "other"}, "data_mismatch"),
         ({"world_size": 2}, "world_size_mismatch"),
         ({"format_version": 99}, "format_version"),
     ],
@@ -100,10 +101,25 @@ def test_resume_refusals(finished_run, tmp_path, change, code):
     assert err.value.code == code
 
 
+def test_resume_reads_the_pre_46_key_of_the_training_pairs_digest(finished_run, tmp_path):
+    """A checkpoint written before the rename records the digest as `data_manifest_sha256`: a
+    resume on the same data continues it; on other data it is refused as before."""
+    ckpt = _copy_ckpt(finished_run, tmp_path)
+    meta = json.loads((ckpt / "rewardplane.json").read_text())
+    meta["data_manifest_sha256"] = meta.pop("train_pairs_sha256")
+    (ckpt / "rewardplane.json").write_text(json.dumps(meta))
+    cfg = train_config(tmp_path / "run", model={"tiny": "tiny-bert"}, run={"max_steps": 8})
+    make_trainer(cfg, finished_run[2], info=SOLO).resume(ckpt)
+    other = make_trainer(cfg, finished_run[2], train_pairs_sha256="data-b", info=SOLO)
+    with pytest.raises(CheckpointError) as err:
+        other.resume(ckpt)
+    assert err.value.code == "data_mismatch"
+
+
 def test_resume_allows_new_data_only_when_asked(finished_run, tmp_path):
     ckpt = _copy_ckpt(finished_run, tmp_path)
     cfg = train_config(tmp_path / "run", model={"tiny": "tiny-bert"}, run={"max_steps": 8})
-    trainer = make_trainer(cfg, random_pairs(16, seed=99), data_sha256="data-b", info=SOLO)
+    trainer = make_trainer(cfg, random_pairs(16, seed=99), train_pairs_sha256="data-b", info=SOLO)
     trainer.resume(ckpt, allow_new_data=True)
     assert trainer.step == 6 and trainer.sampler.state.step_in_epoch == 0
 

@@ -38,5 +38,8 @@ def test_the_synthetic_task_prepares_like_the_same_rows_in_files(tmp_path):
     files = {"train": str(tmp_path / "train.jsonl"), "eval": str(tmp_path / "eval.jsonl")}
     from_files = prepare_data(from_dict(TrainConfig, {"data": {**files, **LIMITS}}))
     assert (synth.train, synth.eval) == (from_files.train, from_files.eval)
-    assert (synth.data_sha256, synth.probe_sha256) == (from_files.data_sha256, from_files.probe_sha256)
+    assert (synth.train_pairs_sha256, synth.probe_sha256) == (
+        from_files.train_pairs_sha256,
+        from_files.probe_sha256,
+    )
     assert synth.rejected == from_files.rejected == {}

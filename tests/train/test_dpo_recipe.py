@@ -15,7 +15,7 @@ from rewardplane.data.synth import builtin_tokenizer
 from rewardplane.models.export import export_dpo_policy
 from rewardplane.models.loading import CheckpointError
 from rewardplane.models.reference import ReferenceMismatchError, ReferenceVerificationError
-from rewardplane.train.recipes.dpo import run
+from rewardplane.train.recipe import run
 from support.dpo import OVERRIDES, REVISION, config, metrics, sft_snapshot
 
 TRL_METRICS = (
@@ -91,13 +91,14 @@ def test_precomputed_reference_trains_like_the_live_one(tmp_path):
 def test_the_reference_pass_runs_before_the_policy_moves_to_the_device(tmp_path):
     """The trainer scores and frees a precomputed reference while the policy is still on the
     CPU, so on an accelerator the two models never share the device."""
-    from rewardplane.objectives.dpo import DPOPolicyObjective
+    from rewardplane.objectives.base import TrainPairs
     from rewardplane.train.data import prepare_data
     from rewardplane.train.loop import Trainer
+    from rewardplane.train.recipe import build_objective
 
     cfg = config(tmp_path / "run", "run.max_steps=1", "dpo.precompute_reference=true")
     data = prepare_data(cfg)
-    objective = DPOPolicyObjective(cfg, train_pairs=data.train, data_sha256=data.data_sha256)
+    objective = build_objective(cfg, TrainPairs(data.train, data.train_pairs_sha256))
     events: list = []
     build, prepare = objective.build_model, objective.prepare
 
@@ -111,17 +112,24 @@ def test_the_reference_pass_runs_before_the_policy_moves_to_the_device(tmp_path)
     objective.prepare = lambda device: (
         events.append(("prepare", objective.reference is not None)) or prepare(device)
     )
-    Trainer(cfg, objective, train_pairs=data.train, tokenizer=data.tokenizer, data_sha256=data.data_sha256)
+    Trainer(
+        cfg,
+        objective,
+        train_pairs=data.train,
+        tokenizer=data.tokenizer,
+        train_pairs_sha256=data.train_pairs_sha256,
+    )
     assert events == [("prepare", True), "policy.to"]
     assert objective.reference is None  # scored, then freed
     assert list((tmp_path / "run" / "reference_cache").glob("*.safetensors"))
 
 
 def test_bf16_reference_is_stored_in_bf16_and_trains_like_the_fp32_one(tmp_path):
-    from rewardplane.objectives.dpo import DPOPolicyObjective
+    from rewardplane.objectives.base import TrainPairs
+    from rewardplane.train.recipe import build_objective
 
     cfg = config(tmp_path / "probe", "dpo.reference_dtype=bf16")
-    objective = DPOPolicyObjective(cfg, train_pairs=[], data_sha256="x")
+    objective = build_objective(cfg, TrainPairs([], "x"))
     objective.build_model(builtin_tokenizer())
     assert {p.dtype for p in objective.reference.parameters()} == {torch.bfloat16}
     assert {p.dtype for p in objective.policy.parameters()} == {torch.float32}

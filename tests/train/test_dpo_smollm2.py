@@ -7,7 +7,7 @@ import json
 import pytest
 
 from rewardplane.train.config import load_dpo_config
-from rewardplane.train.recipes.dpo import run
+from rewardplane.train.recipe import run
 from support.weights import SMOLLM2_GGUF, smollm2_dir
 
 

@@ -460,6 +460,38 @@ def _mean(values: list[float | None]) -> float | None:
     return float(np.mean(present)) if present else None
 
 
+def _in_statistics(
+    measurements: Sequence[Measurement], loop: str, policy: WindowPolicy
+) -> tuple[list[RequestRecord], list[tuple[float, float]], list[float]]:
+    """(the records statistics come from, each repetition's (start, end), its items/s): a closed
+    loop's accepted windows, an open loop's whole measured schedule."""
+    stats_records: list[RequestRecord] = []
+    intervals: list[tuple[float, float]] = []
+    per_rep_rate = []
+    for m in measurements:
+        measured = [r for r in m.records if r.phase == "measure"]
+        if loop == "closed":
+            accepted = m.windows[-policy.stable_windows :]
+            a, b = accepted[0].start, accepted[-1].end
+            chosen = [r for r in measured if a <= r.end < b]
+        else:
+            a, b = m.start, m.stop
+            chosen = measured
+        stats_records.extend(chosen)
+        intervals.append((a, b))
+        per_rep_rate.append(sum(r.items for r in chosen if r.ok) / (b - a))
+    return stats_records, intervals, per_rep_rate
+
+
+def _batch_size_mean(measurements: Sequence[Measurement]) -> dict[str, float] | None:
+    """Each batch-size statistic the server reported, averaged over the repetitions that have it."""
+    batch_sizes = [m.batch_sizes for m in measurements if m.batch_sizes]
+    if not batch_sizes:
+        return None
+    keys = sorted({k for b in batch_sizes for k in b})
+    return {k: float(np.mean([b[k] for b in batch_sizes if k in b])) for k in keys}
+
+
 def summarize_point(
     measurements: Sequence[Measurement],
     *,
@@ -476,23 +508,8 @@ def summarize_point(
     repetition. Open loop: from every measured request, including ones that finished after
     the arrival schedule ended, and throughput is over the time until the last one returned.
     """
-    stats_records: list[RequestRecord] = []
-    intervals: list[tuple[float, float]] = []
-    per_rep_rate = []
-    seconds = 0.0
-    for m in measurements:
-        measured = [r for r in m.records if r.phase == "measure"]
-        if loop == "closed":
-            accepted = m.windows[-policy.stable_windows :]
-            a, b = accepted[0].start, accepted[-1].end
-            chosen = [r for r in measured if a <= r.end < b]
-        else:
-            a, b = m.start, m.stop
-            chosen = measured
-        stats_records.extend(chosen)
-        intervals.append((a, b))
-        seconds += b - a
-        per_rep_rate.append(sum(r.items for r in chosen if r.ok) / (b - a))
+    stats_records, intervals, per_rep_rate = _in_statistics(measurements, loop, policy)
+    seconds = sum(b - a for a, b in intervals)
     ok = [r for r in stats_records if r.ok]
     items = sum(r.items for r in ok)
     all_records = [r for m in measurements for r in m.records]
@@ -507,11 +524,7 @@ def summarize_point(
     queue = _mean([r.queue_ms for r in ok])
     inference = _mean([r.inference_ms for r in ok])
     total = _mean([r.total_ms for r in ok])
-    batch_sizes = [m.batch_sizes for m in measurements if m.batch_sizes]
-    batch_mean = None
-    if batch_sizes:
-        keys = sorted({k for b in batch_sizes for k in b})
-        batch_mean = {k: float(np.mean([b[k] for b in batch_sizes if k in b])) for k in keys}
+    batch_mean = _batch_size_mean(measurements)
     step = max(1, math.ceil(len(latencies) / MAX_LATENCY_SAMPLES))
     resources = monitor.summarize(intervals) if monitor is not None else None
     return {

@@ -136,6 +136,44 @@ def load_schema() -> dict[str, Any]:
     return json.loads(text)
 
 
+async def _repetitions(
+    gen: LoadGenerator, config: BenchConfig, loop: str, batch: int, load: float, bar
+) -> list:
+    """One load point's measurements, one per repetition (an open loop's arrivals seeded per repetition)."""
+    sweep = config.sweep
+    measurements = []
+    for rep in range(sweep.repetitions):
+        if loop == "closed":
+            m = await gen.closed_loop(batch, int(load), sweep.requests, sweep.warmup)
+        else:
+            seed = sweep.seed * 1_000_003 + rep
+            m = await gen.open_loop(batch, load, config.duration_s, sweep.warmup, seed)
+        measurements.append(m)
+        bar.update()
+    return measurements
+
+
+def _totals(
+    points: list[dict[str, Any]], coverage: dict[str, Any] | None, item_errors: dict
+) -> dict[str, Any]:
+    """The run's totals over every point (and the coverage pass): requests, failures, the best rate."""
+    counted = [p["requests"] for p in points] + ([coverage] if coverage else [])
+    failures: dict[str, int] = {}
+    for requests in counted:
+        for reason, count in requests["failures_by_reason"].items():
+            failures[reason] = failures.get(reason, 0) + count
+    return {
+        "requests": sum(r["total"] for r in counted),
+        "ok": sum(r["ok"] for r in counted),
+        "failed": sum(r["failed"] for r in counted),
+        "failures_by_reason": dict(sorted(failures.items())),
+        "item_errors_by_code": dict(sorted(item_errors.items())),
+        "items_per_s_max": max((p["items_per_s"] for p in points), default=0.0),
+        "regimes": sorted({p["regime"] for p in points}),
+        "unstable_points": sum(not p["stable"] for p in points),
+    }
+
+
 async def _run(config: BenchConfig, corpus: list[ScoreItem], corpus_info: dict[str, Any]) -> dict[str, Any]:
     gen = LoadGenerator(
         config.url,
@@ -162,15 +200,7 @@ async def _run(config: BenchConfig, corpus: list[ScoreItem], corpus_info: dict[s
     origin = time.perf_counter()
     with monitor, tqdm(total=len(grid) * sweep.repetitions, desc="bench", unit="point", leave=False) as bar:
         for batch, load in grid:
-            measurements = []
-            for rep in range(sweep.repetitions):
-                if loop == "closed":
-                    m = await gen.closed_loop(batch, int(load), sweep.requests, sweep.warmup)
-                else:
-                    seed = sweep.seed * 1_000_003 + rep
-                    m = await gen.open_loop(batch, load, config.duration_s, sweep.warmup, seed)
-                measurements.append(m)
-                bar.update()
+            measurements = await _repetitions(gen, config, loop, batch, load, bar)
             point = summarize_point(
                 measurements,
                 loop=loop,
@@ -191,12 +221,6 @@ async def _run(config: BenchConfig, corpus: list[ScoreItem], corpus_info: dict[s
                 "slo_ms": sweep.slo_ms,
             }
             points.append({**head, **point})
-    counted = [p["requests"] for p in points] + ([coverage] if coverage else [])
-    failures: dict[str, int] = {}
-    for requests in counted:
-        for reason, count in requests["failures_by_reason"].items():
-            failures[reason] = failures.get(reason, 0) + count
-    regimes = sorted({p["regime"] for p in points})
     return {
         "schema_version": SCHEMA_VERSION,
         "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -208,16 +232,7 @@ async def _run(config: BenchConfig, corpus: list[ScoreItem], corpus_info: dict[s
         "environment": environment,
         "coverage": coverage,
         "points": points,
-        "totals": {
-            "requests": sum(r["total"] for r in counted),
-            "ok": sum(r["ok"] for r in counted),
-            "failed": sum(r["failed"] for r in counted),
-            "failures_by_reason": dict(sorted(failures.items())),
-            "item_errors_by_code": dict(sorted(gen.item_errors.items())),
-            "items_per_s_max": max((p["items_per_s"] for p in points), default=0.0),
-            "regimes": regimes,
-            "unstable_points": sum(not p["stable"] for p in points),
-        },
+        "totals": _totals(points, coverage, gen.item_errors),
         "scores": gen.book.scores,
         "score_spread": gen.book.spread,
         "resource_timeline": monitor.timeline(origin),

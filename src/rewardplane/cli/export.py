@@ -19,7 +19,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _export_hf_command(args: argparse.Namespace) -> int:
-    from rewardplane.models.export import export_hf
+    from rewardplane.objectives.registry import export_hf
 
     try:
         report = export_hf(args.checkpoint, args.out)

@@ -1,4 +1,7 @@
-"""`rewardplane train rm --config cfg.yaml [key=value ...]` (also under `torchrun`)."""
+"""`rewardplane train <objective> --config cfg.yaml [key=value ...]` (also under `torchrun`).
+
+One subcommand per row of the objective registry (`rewardplane.objectives.registry`, a light
+import: the rows name their modules, which load only when a command runs)."""
 
 from __future__ import annotations
 
@@ -12,14 +15,15 @@ import sys
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     train = subparsers.add_parser("train", help="train reward models (and, with their recipes, policies)")
+    from rewardplane.objectives.registry import OBJECTIVES
+
     commands = train.add_subparsers(dest="train_command", metavar="<objective>")
-    objectives = (
-        ("rm", "train a Bradley–Terry reward model", "docs/training.md", _train_rm),
-        ("dpo", "train a causal-LM policy with DPO against a frozen reference", "docs/dpo.md", _train_dpo),
-    )
-    for name, summary, docs, handler in objectives:
+    for spec in OBJECTIVES.values():
+        summary = spec.summary
         parser = commands.add_parser(
-            name, help=summary, description=f"{summary[0].upper()}{summary[1:]}. Config keys: {docs}."
+            spec.command,
+            help=summary,
+            description=f"{summary[0].upper()}{summary[1:]}. Config keys: {spec.docs}.",
         )
         parser.add_argument("--config", help="YAML config file (defaults apply to keys it leaves out)")
         parser.add_argument(
@@ -37,22 +41,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             help="delete a non-empty run directory and start again (a fresh run into one is refused)",
         )
         parser.add_argument("--debug", action="store_true", help="show the traceback behind a one-line error")
-        parser.set_defaults(func=handler, objective=name)
+        parser.set_defaults(func=_train, objective=spec.command, objective_name=spec.name)
     train.set_defaults(func=lambda _args: (train.print_help(), 2)[1])
-
-
-def _train_rm(args: argparse.Namespace) -> int:
-    from rewardplane.train.config import load_config
-    from rewardplane.train.recipes.reward_model import run
-
-    return _train(args, load_config, run)
-
-
-def _train_dpo(args: argparse.Namespace) -> int:
-    from rewardplane.train.config import load_dpo_config
-    from rewardplane.train.recipes.dpo import run
-
-    return _train(args, load_dpo_config, run)
 
 
 def resume_command(args: argparse.Namespace) -> str:
@@ -70,14 +60,16 @@ def resume_command(args: argparse.Namespace) -> str:
     return shlex.join(words)
 
 
-def _train(args: argparse.Namespace, load, run) -> int:
+def _train(args: argparse.Namespace) -> int:
     from rewardplane.core.errors import RewardplaneError, UsageError
+    from rewardplane.train.config import load_objective_config
+    from rewardplane.train.recipe import run
     from rewardplane.train.resume import TrainingInterrupted, interrupt_report
 
     if args.debug:
         os.environ["REWARDPLANE_DEBUG"] = "1"
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    cfg = load(args.config, args.overrides)
+    cfg = load_objective_config(args.objective_name, args.config, args.overrides)
     try:
         result = run(cfg, resume=args.resume, allow_new_data=args.allow_new_data, overwrite=args.overwrite)
     except TrainingInterrupted as exc:

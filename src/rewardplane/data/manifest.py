@@ -88,39 +88,53 @@ def prepare(
                 if index not in eval_indices:
                     train.write(line)
         spool_path.unlink()
-        manifest = {
-            "format": MANIFEST_FORMAT,
-            "rewardplane_version": __version__,
-            "input": {
-                "name": input_name(source),
-                "format": detect_format(source),
-                "sha256": input_sha256(source),
-            },
-            "split": {
-                "eval_size": eval_size,
-                "seed_key": seed_key,
-                "rank": "sha256(seed_key + ':' + pair_id)",
-            },
-            "tokenizer": None
-            if tokenizer is None
-            else {
-                "name": tokenizer_name,
-                "tokenizer_sha256": tokenizer_sha256(tokenizer),
-                "template_sha256": template_sha256(tokenizer),
-                "settings": settings.to_json(),
-            },
-            "counts": {
-                "rows": summary.rows,
-                "valid": summary.valid,
-                "rejected": summary.rejected,
-                "train": summary.valid - eval_size,
-                "eval": eval_size,
-            },
-            "rejections": dict(summary.rejections),
-            "outputs": {name: {"sha256": sha256_file(tmp / name)} for name in OUTPUTS},
-        }
+        manifest = _manifest(source, tmp, eval_size, seed_key, summary, tokenizer, tokenizer_name, settings)
         write_json(tmp / "manifest.json", manifest)
     return manifest
+
+
+def _manifest(
+    source: str | Path,
+    tmp: Path,
+    eval_size: int,
+    seed_key: str,
+    summary: Summary,
+    tokenizer,
+    tokenizer_name: str | None,
+    settings: TokenizeSettings,
+) -> dict[str, Any]:
+    """manifest.json's content: input, split rule, tokenizer, counts, and the written files' hashes."""
+    return {
+        "format": MANIFEST_FORMAT,
+        "rewardplane_version": __version__,
+        "input": {
+            "name": input_name(source),
+            "format": detect_format(source),
+            "sha256": input_sha256(source),
+        },
+        "split": {
+            "eval_size": eval_size,
+            "seed_key": seed_key,
+            "rank": "sha256(seed_key + ':' + pair_id)",
+        },
+        "tokenizer": None
+        if tokenizer is None
+        else {
+            "name": tokenizer_name,
+            "tokenizer_sha256": tokenizer_sha256(tokenizer),
+            "template_sha256": template_sha256(tokenizer),
+            "settings": settings.to_json(),
+        },
+        "counts": {
+            "rows": summary.rows,
+            "valid": summary.valid,
+            "rejected": summary.rejected,
+            "train": summary.valid - eval_size,
+            "eval": eval_size,
+        },
+        "rejections": dict(summary.rejections),
+        "outputs": {name: {"sha256": sha256_file(tmp / name)} for name in OUTPUTS},
+    }
 
 
 _INVERT = str.maketrans("0123456789abcdef", "fedcba9876543210")
@@ -141,11 +155,8 @@ def prepared_eval(path: str | Path) -> tuple[Path, dict[str, Any]] | None:
     """
     path = Path(path)
     folder, eval_file = (path, path / "eval.jsonl") if path.is_dir() else (path.parent, path)
-    try:
-        manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+    manifest = _read_manifest(folder)
+    if manifest is None:
         return None
     recorded = (manifest.get("outputs") or {}).get(eval_file.name)
     if not eval_file.is_file() or not recorded:
@@ -153,3 +164,39 @@ def prepared_eval(path: str | Path) -> tuple[Path, dict[str, Any]] | None:
     if not path.is_dir() and recorded.get("sha256") != sha256_file(eval_file):
         return None  # edited since: its recorded settings no longer describe it
     return eval_file, manifest
+
+
+def _read_manifest(folder: Path) -> dict[str, Any] | None:
+    """The `manifest.json` of a folder `prepare` wrote, or None."""
+    try:
+        manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+        return None
+    return manifest
+
+
+def read_prepared(folder: str | Path, key: str = "data.prepared") -> tuple[dict[str, Any], str]:
+    """(manifest, SHA-256 of manifest.json) of a folder `prepare` wrote, after checking that its
+    train and eval files are the ones it recorded: training reads them as prepared or not at all.
+    `key` names the setting in the one-line errors."""
+    folder = Path(folder)
+    manifest = _read_manifest(folder)
+    if manifest is None:
+        raise UsageError(
+            f"{key}={folder}: no {MANIFEST_FORMAT} manifest.json (a folder written by `rewardplane data prepare`)",
+            code="not_prepared",
+        )
+    for name in ("train.jsonl", "eval.jsonl"):
+        recorded = ((manifest.get("outputs") or {}).get(name) or {}).get("sha256")
+        file = folder / name
+        actual = sha256_file(file) if file.is_file() else None
+        if actual != recorded:
+            now = "missing" if actual is None else f"now {actual[:12]}"
+            raise UsageError(
+                f"{key}={folder}: {name} is not the file `rewardplane data prepare` wrote (recorded sha256"
+                f" {str(recorded)[:12]}, {now}); prepare the folder again",
+                code="prepared_changed",
+            )
+    return manifest, sha256_file(folder / "manifest.json")

@@ -17,7 +17,7 @@ Probes written before `contract_sha256` existed have none and are read as before
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +122,39 @@ def freeze_probe_file(
     return freeze_probe(pairs, tokenizer, settings)
 
 
+def check_tokenisation(
+    recorded: dict[str, Any],
+    tokenizer=None,
+    settings: TokenizeSettings | None = None,
+    *,
+    labels: tuple[str, str] = ("probe", "data"),
+    fix: Callable[[dict[str, Any], dict[str, Any], list[str]], str] = settings_fix,
+    error: type[UsageError] = ProbeMismatch,
+) -> None:
+    """Raise `error` unless the tokenizer and settings (each when given) are the ones `recorded`
+    (a probe, or a prepared folder's manifest `tokenizer` record: the same keys) names; `labels`
+    name the two sides in the one-line message, `fix` says how to make them agree."""
+    mine, yours = labels
+    if tokenizer is not None:
+        for key, actual in (
+            ("tokenizer_sha256", tokenizer_sha256(tokenizer)),
+            ("template_sha256", template_sha256(tokenizer)),
+        ):
+            if recorded[key] != actual:
+                raise error(f"{key} differs: {mine} {recorded[key][:12]}, {yours} {actual[:12]}")
+    if settings is not None:
+        # a record older than a settings key was written with that key's legacy value
+        frozen, given = recorded_settings(recorded["settings"]), settings.to_json()
+        # in the settings' own order (max_length before max_completion_length), as the options read
+        differ = [key for key in {**given, **frozen} if frozen.get(key) != given.get(key)]
+        if differ:
+            raise error(
+                "tokenisation settings differ: "
+                + ", ".join(f"{key} {mine} {frozen.get(key)!r}, {yours} {given.get(key)!r}" for key in differ)
+                + f"; {fix(frozen, given, differ)}"
+            )
+
+
 def check_probe(
     probe: dict[str, Any],
     tokenized_pairs: Iterable[TokenizedPair],
@@ -132,24 +165,7 @@ def check_probe(
     """Raise `ProbeMismatch` unless the pairs (and tokenizer/settings, when given) match the probe."""
     if probe.get("format") not in (PROBE_FORMAT, legacy.PROBE_FORMAT):
         raise ProbeMismatch(f"not a {PROBE_FORMAT} document (format={probe.get('format')!r})")
-    if tokenizer is not None:
-        for key, actual in (
-            ("tokenizer_sha256", tokenizer_sha256(tokenizer)),
-            ("template_sha256", template_sha256(tokenizer)),
-        ):
-            if probe[key] != actual:
-                raise ProbeMismatch(f"{key} differs: probe {probe[key][:12]}, data {actual[:12]}")
-    if settings is not None:
-        # a probe older than a settings key was frozen with that key's legacy value
-        frozen, given = recorded_settings(probe["settings"]), settings.to_json()
-        # in the settings' own order (max_length before max_completion_length), as the options read
-        differ = [key for key in {**given, **frozen} if frozen.get(key) != given.get(key)]
-        if differ:
-            raise ProbeMismatch(
-                "tokenisation settings differ: "
-                + ", ".join(f"{key} probe {frozen.get(key)!r}, data {given.get(key)!r}" for key in differ)
-                + f"; {settings_fix(frozen, given, differ)}"
-            )
+    check_tokenisation(probe, tokenizer, settings)
     ids, pair_hashes, tokens_sha256 = _digest(tokenized_pairs)
     if len(ids) != probe["count"]:
         raise ProbeMismatch(f"count differs: probe has {probe['count']} pairs, data has {len(ids)}")

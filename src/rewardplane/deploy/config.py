@@ -263,6 +263,37 @@ def _mem_limit(value: Any) -> str:
     return out[0]
 
 
+def _check_mps(mode: str, mps: MpsSettings, probe: DeviceProbe, *, given: bool) -> None:
+    """An MPS mode needs CUDA and the control binary (and `mps.pipe_dir` for an external daemon);
+    an `mps:` section means nothing in another mode."""
+    if mode in MPS_MODES:
+        if not probe.cuda_available:
+            raise ConfigError(f"mode: {mode} needs CUDA, and no CUDA GPU is visible on this host")
+        if probe.control_binary is None:
+            raise ConfigError(f"mode: {mode} needs {CONTROL_BINARY} on PATH (part of the NVIDIA driver)")
+        if mode == "mps_external" and mps.pipe_dir is None:
+            raise ConfigError("mps.pipe_dir: mode mps_external needs the existing daemon's pipe directory")
+    elif given:
+        raise ConfigError(f"mps: only meaningful with mode mps or mps_external, not {mode}")
+
+
+def _check_spread(mode: str, gpus: tuple[int, ...], placements: list[ScorerPlacement]) -> None:
+    """Dedicated: one GPU per worker, enough GPUs listed; consolidated: every scorer on one GPU."""
+    if mode == "dedicated":
+        used = [p.gpu for p in placements if p.gpu is not None]
+        if len(set(used)) != len(used):
+            raise ConfigError(
+                "mode: dedicated gives each worker its own GPU, but two scorers share one; "
+                "list more gpus or use mode shared/mps"
+            )
+        if gpus and len(placements) > len(gpus):
+            raise ConfigError(f"gpus: dedicated mode needs {len(placements)} GPUs, gpus lists {len(gpus)}")
+    if mode == "consolidated" and len({p.gpu for p in placements}) > 1:
+        raise ConfigError(
+            "mode: consolidated runs every scorer in one process on one GPU; remove per-scorer gpu"
+        )
+
+
 def parse_deploy_config(doc: dict[str, Any], probe: DeviceProbe | None = None) -> DeployConfig:
     """Validate a deploy document. `probe` defaults to the real host (`detect_devices()`).
 
@@ -283,15 +314,7 @@ def parse_deploy_config(doc: dict[str, Any], probe: DeviceProbe | None = None) -
     allow_rp = parsed.allow_reduced_precision_partition
 
     mps = parsed.mps or MpsSettings()
-    if mode in MPS_MODES:
-        if not probe.cuda_available:
-            raise ConfigError(f"mode: {mode} needs CUDA, and no CUDA GPU is visible on this host")
-        if probe.control_binary is None:
-            raise ConfigError(f"mode: {mode} needs {CONTROL_BINARY} on PATH (part of the NVIDIA driver)")
-        if mode == "mps_external" and mps.pipe_dir is None:
-            raise ConfigError("mps.pipe_dir: mode mps_external needs the existing daemon's pipe directory")
-    elif doc.get("mps"):
-        raise ConfigError(f"mps: only meaningful with mode mps or mps_external, not {mode}")
+    _check_mps(mode, mps, probe, given=bool(doc.get("mps")))
 
     default_gpu = gpus[0] if gpus else None
     if mode in MPS_MODES and default_gpu is None:
@@ -322,19 +345,7 @@ def parse_deploy_config(doc: dict[str, Any], probe: DeviceProbe | None = None) -
             )
         placements.append(placement)
 
-    if mode == "dedicated":
-        used = [p.gpu for p in placements if p.gpu is not None]
-        if len(set(used)) != len(used):
-            raise ConfigError(
-                "mode: dedicated gives each worker its own GPU, but two scorers share one; "
-                "list more gpus or use mode shared/mps"
-            )
-        if gpus and len(placements) > len(gpus):
-            raise ConfigError(f"gpus: dedicated mode needs {len(placements)} GPUs, gpus lists {len(gpus)}")
-    if mode == "consolidated" and len({p.gpu for p in placements}) > 1:
-        raise ConfigError(
-            "mode: consolidated runs every scorer in one process on one GPU; remove per-scorer gpu"
-        )
+    _check_spread(mode, gpus, placements)
 
     service = {k: v for k, v in doc.items() if k not in TOP_LEVEL_KEYS and k != "scorers"}
     return DeployConfig(

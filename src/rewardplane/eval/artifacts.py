@@ -98,6 +98,39 @@ def _pair_rows(
     return ("\n".join(lines) + "\n").encode("utf-8")
 
 
+def _check_pairs(pair_ids: list[str], subsets: list[str | None], n_scores: int) -> None:
+    """One unique string id and a subset (or None) per scored pair, at least one pair."""
+    if not (len(pair_ids) == len(subsets) == n_scores) or n_scores == 0:
+        raise ValueError(
+            f"need one pair_id, subset and score pair per probe pair; got {len(pair_ids)} ids, "
+            f"{len(subsets)} subsets, {n_scores} score pairs"
+        )
+    if not all(isinstance(p, str) for p in pair_ids) or not all(
+        s is None or isinstance(s, str) for s in subsets
+    ):
+        raise ValueError("pair_ids must be strings and subsets strings or None")
+    if len(set(pair_ids)) != len(pair_ids):
+        raise ValueError("pair_ids are not unique")
+
+
+def _accuracy_intervals(margin: np.ndarray, seed: int, replicates: int) -> dict[str, Any]:
+    """The paired bootstrap of strict and tie-aware accuracy (one seed: the same resamples)."""
+    return {
+        "strict": bootstrap.bootstrap_mean(
+            metrics.strict_correct(margin).astype(np.float64),
+            statistic="accuracy (strict: margin > 0)",
+            seed=seed,
+            replicates=replicates,
+        ),
+        "tie_aware": bootstrap.bootstrap_mean(
+            metrics.tie_aware_credit(margin),
+            statistic="accuracy_tie_aware (1 / 0.5 tie / 0)",
+            seed=seed,
+            replicates=replicates,
+        ),
+    }
+
+
 def write_eval_artifacts(
     out_dir: str | Path,
     *,
@@ -134,17 +167,7 @@ def write_eval_artifacts(
     margin = metrics.margins(chosen_scores, rejected_scores)
     chosen = np.asarray(chosen_scores, dtype=np.float64)
     rejected = np.asarray(rejected_scores, dtype=np.float64)
-    if not (len(pair_ids) == len(subsets) == margin.size) or margin.size == 0:
-        raise ValueError(
-            f"need one pair_id, subset and score pair per probe pair; got {len(pair_ids)} ids, "
-            f"{len(subsets)} subsets, {margin.size} score pairs"
-        )
-    if not all(isinstance(p, str) for p in pair_ids) or not all(
-        s is None or isinstance(s, str) for s in subsets
-    ):
-        raise ValueError("pair_ids must be strings and subsets strings or None")
-    if len(set(pair_ids)) != len(pair_ids):
-        raise ValueError("pair_ids are not unique")
+    _check_pairs(pair_ids, subsets, margin.size)
     if pair_losses is None:
         loss = metrics.bradley_terry_loss(margin)
     else:
@@ -172,20 +195,7 @@ def write_eval_artifacts(
         "tie_tolerance": metrics.TIE_TOLERANCE,
         "subsets": metrics.per_subset(margin, loss, subsets),
         "n_without_subset": sum(1 for s in subsets if s is None),
-        "bootstrap": {
-            "strict": bootstrap.bootstrap_mean(
-                metrics.strict_correct(margin).astype(np.float64),
-                statistic="accuracy (strict: margin > 0)",
-                seed=seed,
-                replicates=replicates,
-            ),
-            "tie_aware": bootstrap.bootstrap_mean(
-                metrics.tie_aware_credit(margin),
-                statistic="accuracy_tie_aware (1 / 0.5 tie / 0)",
-                seed=seed,
-                replicates=replicates,
-            ),
-        },
+        "bootstrap": _accuracy_intervals(margin, seed, replicates),
         **(extra or {}),
         **({"train_overlap": overlap.summary()} if overlap is not None else {}),
         "pairs_file": PAIRS_FILE,

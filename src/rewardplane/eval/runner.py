@@ -189,15 +189,7 @@ def evaluate(
     with scoring_progress(len(pairs), options.progress, options.progress_every_s) as bar:
         chosen, rejected, losses = scorer.score(pairs, options.batch_size, bar)
     seconds = time.perf_counter() - started
-    for name, values in (("chosen", chosen), ("rejected", rejected), ("loss", losses)):
-        bad = [] if values is None else np.flatnonzero(~np.isfinite(values))
-        if len(bad):
-            # a failed forward pass must not become a measured preference
-            raise UsageError(
-                f"model gave {len(bad)} non-finite {name} value(s), first for pair {pairs[bad[0]].pair_id!r}; "
-                "nothing written",
-                code="non_finite_scores",
-            )
+    _refuse_non_finite(pairs, chosen=chosen, rejected=rejected, loss=losses)
     plan = {
         "batch_size": options.batch_size,
         "layout": "packed" if scorer.scoring.get("attention") == "varlen" else "right",
@@ -222,15 +214,7 @@ def evaluate(
             [sum(p.chosen.loss_mask) for p in pairs],
             [sum(p.rejected.loss_mask) for p in pairs],
         ),
-        extra={
-            "data": {
-                **{k: v for k, v in data.to_json().items() if k != "rejections"},
-                "rejections": data.nonzero(),
-                "truncation": settings.truncation,
-                # drop rejects over-length pairs (counted as oversize), so none is cut
-                "truncated": 0 if settings.truncation == "drop" else None,
-            },
-        },
+        extra={"data": _data_record(data, settings)},
     )
     # timing varies run to run: kept out of summary.json, whose bytes depend only on the scores
     tokens = sum(p.num_tokens for p in pairs)
@@ -247,3 +231,26 @@ def evaluate(
         },
     )
     return summary
+
+
+def _refuse_non_finite(pairs: list[TokenizedPair], **values: np.ndarray | None) -> None:
+    """A failed forward pass must not become a measured preference: NaN or inf refuses the run."""
+    for name, array in values.items():
+        bad = [] if array is None else np.flatnonzero(~np.isfinite(array))
+        if len(bad):
+            raise UsageError(
+                f"model gave {len(bad)} non-finite {name} value(s), first for pair {pairs[bad[0]].pair_id!r}; "
+                "nothing written",
+                code="non_finite_scores",
+            )
+
+
+def _data_record(data: Summary, settings: TokenizeSettings) -> dict[str, Any]:
+    """summary.json's `data`: the rows read, rejections by reason, and whether any pair was cut."""
+    return {
+        **{k: v for k, v in data.to_json().items() if k != "rejections"},
+        "rejections": data.nonzero(),
+        "truncation": settings.truncation,
+        # drop rejects over-length pairs (counted as oversize), so none is cut
+        "truncated": 0 if settings.truncation == "drop" else None,
+    }

@@ -15,20 +15,20 @@ RewardBench read it; `end_of_turn` for checkpoints trained before that was recor
 `rewardplane eval` and `rewardplane serve` tokenise plain-text inputs to the export as the
 checkpoint was trained (`models.loading.exported_plain_text`).
 
-Dispatch is on the checkpoint's `objective`; other objectives (DPO policies) register their
-own exporter in `EXPORTERS`.
+Which exporter a checkpoint takes is its objective's: the objective registry
+(`rewardplane.objectives.registry`, `export_hf`) names each objective's function here.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from rewardplane.core.errors import RewardplaneError, UsageError
+from rewardplane.core import legacy
+from rewardplane.core.errors import RewardplaneError
 
 TOLERANCE = 1e-5
 
@@ -102,6 +102,35 @@ def special_token_ids(tokenizer: Any, pad: int) -> dict[str, int | None]:
     }
 
 
+def _as_seqcls(model: Any, token_ids: dict[str, int | None]) -> Any:
+    """The reward model as transformers' `*ForSequenceClassification` of its family (num_labels 1,
+    the tokenizer's special ids), weights copied; refused where that class reads scores otherwise."""
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    config = model.config.__class__.from_dict(model.config.to_dict())
+    config.num_labels = 1
+    for key, value in token_ids.items():
+        setattr(config, key, value)
+    try:
+        seqcls = AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
+    except ValueError as exc:
+        raise ExportError(
+            f"model family {config.model_type!r} has no *ForSequenceClassification in transformers"
+        ) from exc
+    head = getattr(seqcls, "score", None)
+    if not isinstance(head, torch.nn.Linear) or head.bias is not None:
+        raise ExportError(
+            f"{type(seqcls).__name__} does not read a bias-free linear head at the last token (it pools"
+            " differently), so it cannot reproduce this reward model's scores; serve the rewardplane"
+            " checkpoint instead (serve scorer kind `rm`)"
+        )
+    seqcls.base_model.load_state_dict(model.backbone.state_dict())
+    with torch.no_grad():
+        head.weight.copy_(model.head.weight)
+    return seqcls.eval()
+
+
 def export_reward_model(checkpoint: Path, out: Path) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
@@ -114,29 +143,8 @@ def export_reward_model(checkpoint: Path, out: Path) -> dict[str, Any]:
     model, tokenizer, meta = load_reward_model(checkpoint)  # weight files verified first
     model.eval()
     position = meta["score_position"]
-    config = model.config.__class__.from_dict(model.config.to_dict())
-    config.num_labels = 1
     pad = export_pad_token_id(tokenizer, meta)
-    for key, value in special_token_ids(tokenizer, pad).items():
-        setattr(config, key, value)
-    family = config.model_type
-    try:
-        seqcls = AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
-    except ValueError as exc:
-        raise ExportError(
-            f"model family {family!r} has no *ForSequenceClassification in transformers"
-        ) from exc
-    head = getattr(seqcls, "score", None)
-    if not isinstance(head, torch.nn.Linear) or head.bias is not None:
-        raise ExportError(
-            f"{type(seqcls).__name__} does not read a bias-free linear head at the last token (it pools"
-            " differently), so it cannot reproduce this reward model's scores; serve the rewardplane"
-            " checkpoint instead (serve scorer kind `rm`)"
-        )
-    seqcls.base_model.load_state_dict(model.backbone.state_dict())
-    with torch.no_grad():
-        head.weight.copy_(model.head.weight)
-    seqcls.eval()
+    seqcls = _as_seqcls(model, special_token_ids(tokenizer, pad))
 
     pairs = _verification_pairs(tokenizer, int(meta.get("max_length") or 128), position)
     ends = {b.input_ids[b.score_index] for p in pairs for b in (p.chosen, p.rejected)}
@@ -211,23 +219,24 @@ def _run_summary(checkpoint: Path, step: Any) -> dict[str, Any] | None:
         return None
 
 
-def model_card(checkpoint: Path, meta: dict[str, Any], report: dict[str, Any], tokenizer: Any) -> str:
-    """README.md of an exported reward model: provenance, hashes, probe accuracy, usage, convention."""
+def _probe_accuracy(checkpoint: Path, step: Any) -> tuple[str, str]:
+    """(probe accuracy with its bootstrap interval, probe tokens sha256) of the run's evaluation
+    at this step, as the model card states them."""
+    summary = _run_summary(checkpoint, step)
+    if not summary or summary.get("accuracy") is None:
+        return "not recorded (no evaluation of this step next to the checkpoint)", "unknown"
+    strict = (summary.get("bootstrap") or {}).get("strict") or {}
+    interval = strict.get("ci_95")
+    accuracy = f"{summary['accuracy']:.4f} on {summary.get('n_pairs')} probe pairs"
+    if interval:
+        accuracy += f" (95% paired-bootstrap interval [{interval[0]:.4f}, {interval[1]:.4f}])"
+    return accuracy, summary.get("probe_sha256") or "unknown"
+
+
+def _convention(position: str, meta: dict[str, Any]) -> str:
+    """The model card's scoring convention: where the reward is read, how plain text is scored."""
     from rewardplane.data.tokenize import CHAT_TEMPLATE, END_OF_TURN, TEXT_EOS
 
-    base = meta.get("base_model") or {}
-    base_name = base.get("path") or base.get("init_from") or base.get("random_init") or "unknown"
-    summary = _run_summary(Path(checkpoint), meta.get("step"))
-    if summary and summary.get("accuracy") is not None:
-        strict = (summary.get("bootstrap") or {}).get("strict") or {}
-        interval = strict.get("ci_95")
-        accuracy = f"{summary['accuracy']:.4f} on {summary.get('n_pairs')} probe pairs"
-        if interval:
-            accuracy += f" (95% paired-bootstrap interval [{interval[0]:.4f}, {interval[1]:.4f}])"
-        probe = summary.get("probe_sha256") or "unknown"
-    else:
-        accuracy, probe = "not recorded (no evaluation of this step next to the checkpoint)", "unknown"
-    position = report["score_position"]
     if position == END_OF_TURN:
         convention = (
             "`end_of_turn` (a checkpoint trained before rewardplane recorded `score_position`): the reward is"
@@ -253,7 +262,13 @@ def model_card(checkpoint: Path, meta: dict[str, Any], report: dict[str, Any], t
             " (`plain_text: chat_template`): score a plain-text prompt and response as the conversation"
             " `[{role: user, content: prompt}, {role: assistant, content: response}]`."
         )
-    ids = report["special_token_ids"]
+    return convention
+
+
+def _plain_usage(meta: dict[str, Any], ids: dict[str, Any]) -> str:
+    """The model card's plain-text usage: TRL's standard format, or why this export cannot."""
+    from rewardplane.data.tokenize import CHAT_TEMPLATE, TEXT_EOS
+
     plain_usage = (
         """
 Plain text (TRL's standard format), without a chat template:
@@ -276,6 +291,17 @@ with torch.no_grad():
             " text is scored at: score plain text with rewardplane (`rewardplane eval`, `rewardplane serve`),"
             " or retrain with `data.pad_token` set to another token.\n"
         )
+    return plain_usage
+
+
+def model_card(checkpoint: Path, meta: dict[str, Any], report: dict[str, Any], tokenizer: Any) -> str:
+    """README.md of an exported reward model: provenance, hashes, probe accuracy, usage, convention."""
+    base = meta.get("base_model") or {}
+    base_name = base.get("path") or base.get("init_from") or base.get("random_init") or "unknown"
+    accuracy, probe = _probe_accuracy(Path(checkpoint), meta.get("step"))
+    convention = _convention(report["score_position"], meta)
+    ids = report["special_token_ids"]
+    plain_usage = _plain_usage(meta, ids)
     return f"""---
 library_name: transformers
 tags: [reward-model, rewardplane]
@@ -289,7 +315,7 @@ A `{report["architecture"]}` with `num_labels = 1`: the score is `logits[0, 0]`.
 |---|---|
 | base model | `{base_name}` (sha256 `{base.get("sha256")}`) |
 | training step | {meta.get("step")} ({meta.get("pairs_consumed")} pairs) |
-| training data (tokenised pairs) sha256 | `{meta.get("data_manifest_sha256")}` |
+| training data (tokenised pairs) sha256 | `{legacy.train_pairs_sha256(meta)}` |
 | probe tokens sha256 | `{probe}` |
 | probe accuracy | {accuracy} |
 | tokenizer sha256 / template sha256 | `{meta.get("tokenizer_sha256")}` / `{meta.get("template_sha256")}` |
@@ -363,24 +389,3 @@ def export_dpo_policy(checkpoint: Path, out: Path) -> dict[str, Any]:
         "max_abs_diff": diff,
         "source_model_sha256": meta.get("model_sha256"),
     }
-
-
-EXPORTERS: dict[str, Callable[[Path, Path], dict[str, Any]]] = {
-    "reward_model": export_reward_model,
-    "dpo": export_dpo_policy,
-}
-
-
-def export_hf(checkpoint: str | Path, out: str | Path) -> dict[str, Any]:
-    from rewardplane.models.loading import read_metadata
-
-    checkpoint, out = Path(checkpoint), Path(out)
-    if out.exists():
-        raise UsageError(f"{out} already exists; choose a new output directory")
-    meta = read_metadata(checkpoint)
-    exporter = EXPORTERS.get(meta.get("objective"))
-    if exporter is None:
-        raise ExportError(
-            f"no HF exporter for objective {meta.get('objective')!r}; known: {', '.join(sorted(EXPORTERS))}"
-        )
-    return exporter(checkpoint, out)

@@ -396,6 +396,25 @@ def score_sequences(seqs: Sequence[Sequence[int]], **options: Any) -> tuple[torc
     return score_sequence_chunks([seqs], **options)
 
 
+def _padded_sequence_scores(
+    forward: ForwardPadded | None,
+    seqs: list[Sequence[int]],
+    pad_token_id: int,
+    max_batch_tokens: int,
+    device: torch.device | str,
+    on_scored: Callable[[int], None] | None,
+) -> tuple[torch.Tensor, dict[str, int]]:
+    """The padded path of `score_sequence_chunks`: every sequence at once, length-sorted buckets."""
+    real = sum(map(len, seqs))
+    if not seqs:
+        return torch.empty(0), {"real": 0, "computed": 0, "padding": 0, "shared": 0}
+    scores, slots = padded_scores(
+        forward, seqs, pad_token_id=pad_token_id, max_batch_tokens=max_batch_tokens, device=device,
+        on_scored=on_scored,
+    )  # fmt: skip
+    return scores, {"real": real, "computed": slots, "padding": slots - real, "shared": 0}
+
+
 def score_sequence_chunks(
     chunks: Iterable[Sequence[Sequence[int]]],
     *,
@@ -428,18 +447,11 @@ def score_sequence_chunks(
     """
     if not varlen:
         seqs = [s for chunk in chunks for s in chunk]
-        real = sum(map(len, seqs))
-        if not seqs:
-            return torch.empty(0), {"real": 0, "computed": 0, "padding": 0, "shared": 0}
-        if forward is None:
+        if forward is None and seqs:
             if backbone is None or head is None:
                 raise ValueError("score_sequences needs a forward, or a backbone and a head")
             forward = last_token_forward(backbone, head)
-        scores, slots = padded_scores(
-            forward, seqs, pad_token_id=pad_token_id, max_batch_tokens=max_batch_tokens, device=device,
-            on_scored=on_scored,
-        )  # fmt: skip
-        return scores, {"real": real, "computed": slots, "padding": slots - real, "shared": 0}
+        return _padded_sequence_scores(forward, seqs, pad_token_id, max_batch_tokens, device, on_scored)
     parts: list[torch.Tensor] = []
     order: list[int] = []  # stream position of each score in `parts`
     pending: list[tuple[int, Sequence[int]]] = []

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from rewardplane.core.errors import ConfigError
+from rewardplane.models.config import ModelConfig
 
 if TYPE_CHECKING:
     from rewardplane.data.collate import Batch
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
 POLICY_LOADER = "transformers.AutoModelForCausalLM"
 
 
-def build_policy(cfg: Any, *, vocab_size: int | None = None):
+def build_policy(model: ModelConfig, *, vocab_size: int | None = None):
     """An fp32 `AutoModelForCausalLM` from the `model:` section (the reward models' builder).
 
     `path` loads a local directory (or a GGUF file in it, dequantised) offline, without remote
@@ -51,9 +52,9 @@ def build_policy(cfg: Any, *, vocab_size: int | None = None):
 
     from rewardplane.models.reward_model import build_backbone, model_spec
 
-    if cfg.model.init_from:
+    if model.init_from:
         raise ConfigError("model.init_from loads reward models; give a DPO policy with model.path")
-    return build_backbone(model_spec(cfg.model), vocab_size=vocab_size, auto_class=AutoModelForCausalLM)
+    return build_backbone(model_spec(model), vocab_size=vocab_size, auto_class=AutoModelForCausalLM)
 
 
 FUSED_HEAD_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})

@@ -18,6 +18,7 @@ from torch import nn
 from rewardplane.core.errors import ConfigError, reading
 from rewardplane.data.collate import Batch, block_attention_mask
 from rewardplane.models.attention import packed_attention, resolve_attn_implementation
+from rewardplane.models.config import ModelConfig
 
 # Bidirectional backbones: packed rows need an explicit block-diagonal mask for these, while
 # decoders get their block-causal mask from restarting position_ids inside transformers.
@@ -180,7 +181,7 @@ def last_token_parts(model: nn.Module) -> tuple[nn.Module, nn.Module] | tuple[No
     return base, head
 
 
-def model_spec(m: Any) -> dict[str, Any]:
+def model_spec(m: ModelConfig) -> dict[str, Any]:
     """The `model:` config section as the keyword set `build_backbone` takes (exactly one source)."""
     sources = [name for name in ("tiny", "config", "path") if getattr(m, name)]
     if len(sources) != 1 and not m.init_from:

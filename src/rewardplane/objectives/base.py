@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -24,7 +24,9 @@ from torch import nn
 
 from rewardplane.core.progress import Progress
 from rewardplane.data.collate import Batch, Layout, collate
+from rewardplane.data.config import DataConfig
 from rewardplane.data.records import TokenizedPair
+from rewardplane.models.config import ModelConfig
 
 PairScores = tuple[np.ndarray, np.ndarray, np.ndarray | None]
 """float64 (chosen, rejected, per-pair loss or None for Bradley–Terry on the margin), input order."""
@@ -33,6 +35,42 @@ BatchScore = Callable[
     [nn.Module, Batch, Sequence[TokenizedPair]], tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
 ]
 """One collated batch → (chosen, rejected, per-pair loss or None): what an objective scores."""
+
+
+S = TypeVar("S")
+
+
+@dataclass(frozen=True)
+class RunShape:
+    """What an objective reads of the `run:` section: the batch layout, where the run writes (a
+    reference cache), and the batch it trains on. The rest of `run:` is the loop's alone."""
+
+    layout: Layout
+    run_dir: str
+    global_batch_pairs: int
+    grad_accum: int
+
+
+@dataclass(frozen=True)
+class Sections(Generic[S]):
+    """The typed config sections an objective is built from: the shared `model:` and `data:`,
+    the run's shape, and `settings`, its own section (the model `objectives.registry` names)."""
+
+    model: ModelConfig
+    data: DataConfig
+    run: RunShape
+    settings: S
+
+
+@dataclass(frozen=True)
+class TrainPairs:
+    """The tokenised pairs a run trains and evaluates on, with the digests that name them (DPO
+    keys its precomputed reference log-probs on them; a reward model needs none of it)."""
+
+    train: Sequence[TokenizedPair] = ()
+    train_sha256: str = ""
+    eval: Sequence[TokenizedPair] = ()
+    eval_sha256: str | None = None
 
 
 @dataclass
@@ -81,6 +119,19 @@ class Objective(Protocol):
 
     def validate_resume(self, metadata: dict[str, Any]) -> None:
         """Raise `CheckpointError` if a checkpoint was written by a different objective or head."""
+
+
+def tokenisation_record(tokenizer: Any, model_config: Any, max_length: int) -> dict[str, Any]:
+    """What every objective's checkpoint records of how it reads text: the tokenizer and chat
+    template hashes, the attention implementation and `data.max_length`."""
+    from rewardplane.data.tokenize import template_sha256, tokenizer_sha256
+
+    return {
+        "tokenizer_sha256": tokenizer_sha256(tokenizer),
+        "template_sha256": template_sha256(tokenizer),
+        "attn_implementation": model_config._attn_implementation,
+        "max_length": max_length,
+    }
 
 
 def check_objective(metadata: dict[str, Any], name: str, role: str, run_kind: str) -> None:

@@ -55,8 +55,11 @@ from rewardplane.objectives.base import (
     MicroBatchOutput,
     PairScorer,
     PairScores,
+    Sections,
+    TrainPairs,
     check_objective,
     score_in_batches,
+    tokenisation_record,
 )
 from rewardplane.objectives.dpo_reference import (
     FrozenReference,
@@ -177,6 +180,12 @@ class DPOSettings(ConfigModel):
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump()
+
+
+def check_written(data: dict[str, Any]) -> None:
+    """The checks on a DPO config as written, before defaults fill it in (the registry's
+    `check_written`): LoRA needs a stated reference strategy."""
+    check_lora(data.get("model"), data.get("dpo"))
 
 
 def check_lora(model_section: Any, dpo_section: Any) -> None:
@@ -311,28 +320,20 @@ def load_scorer(
 class DPOPolicyObjective:
     """The loop's `Objective` for DPO: builds policy + frozen reference, reduces per-pair losses.
 
-    `cfg` is a `rewardplane.train.config.DPOTrainConfig` (the training config plus `dpo:`);
-    it is read by attribute, as objectives sit below the training layer.
+    Built from its typed sections (`model`, `data.max_length`, the run's shape and its own
+    `dpo:` settings) and the pairs it trains on, whose digests key a precomputed reference.
     """
 
     name = OBJECTIVE
     role = ROLE
 
-    def __init__(
-        self,
-        cfg: Any,
-        *,
-        train_pairs: Sequence[TokenizedPair],
-        data_sha256: str,
-        eval_pairs: Sequence[TokenizedPair] = (),
-        eval_sha256: str | None = None,
-    ) -> None:
-        self.cfg = cfg
-        self.settings: DPOSettings = cfg.dpo
-        self.train_pairs = list(train_pairs)
-        self.eval_pairs = list(eval_pairs)
-        self.data_sha256 = data_sha256
-        self.eval_sha256 = eval_sha256
+    def __init__(self, sections: Sections[DPOSettings], pairs: TrainPairs) -> None:
+        self.model_cfg, self.data_cfg, self.run = sections.model, sections.data, sections.run
+        self.settings: DPOSettings = sections.settings
+        self.train_pairs = list(pairs.train)
+        self.eval_pairs = list(pairs.eval)
+        self.train_pairs_sha256 = pairs.train_sha256
+        self.eval_sha256 = pairs.eval_sha256
         self.pad_token_id = 0
         self.policy: nn.Module | None = None
         self.reference: nn.Module | None = None
@@ -340,7 +341,7 @@ class DPOPolicyObjective:
         self._train_reference: FrozenReference | None = None
         self._eval_reference: FrozenReference | None = None
         self._metadata: dict[str, Any] = {}
-        self.lora = cfg.model.lora
+        self.lora = sections.model.lora
 
     # ---- model ------------------------------------------------------------------------
     @property
@@ -358,9 +359,7 @@ class DPOPolicyObjective:
         return contextlib.nullcontext()
 
     def build_model(self, tokenizer: Any) -> nn.Module:
-        from rewardplane.data.tokenize import template_sha256, tokenizer_sha256
-
-        policy = build_policy(self.cfg, vocab_size=len(tokenizer))
+        policy = build_policy(self.model_cfg, vocab_size=len(tokenizer))
         if len(tokenizer) > policy.config.vocab_size:
             raise ConfigError(
                 f"tokenizer has {len(tokenizer)} tokens but the policy's vocabulary is {policy.config.vocab_size}"
@@ -387,10 +386,7 @@ class DPOPolicyObjective:
             "dpo": self.settings.to_json(),
             "lora": self._lora_json,
             "reference": self.sidecar.to_json() if self.sidecar else None,
-            "tokenizer_sha256": tokenizer_sha256(tokenizer),
-            "template_sha256": template_sha256(tokenizer),
-            "attn_implementation": policy.config._attn_implementation,
-            "max_length": self.cfg.data.max_length,
+            **tokenisation_record(tokenizer, policy.config, self.data_cfg.max_length),
         }
         return policy
 
@@ -423,17 +419,19 @@ class DPOPolicyObjective:
             )
             return self._train_reference
         self.reference.to(device)
-        cache_dir = Path(s.reference_cache_dir or Path(self.cfg.run.run_dir) / "reference_cache")
+        cache_dir = Path(s.reference_cache_dir or Path(self.run.run_dir) / "reference_cache")
         common = {
             "cache_dir": cache_dir,
             "reference_digest": self.sidecar.param_sha256,
             "average": s.average_logps,
             "batch_size": s.reference_batch_size or self._micro_batch_pairs(),
-            "layout": self.cfg.run.layout,
+            "layout": self.run.layout,
             "pad_token_id": self.pad_token_id,
             "context": self._reference_context,
         }
-        train = precompute_reference(self.reference, self.train_pairs, data_digest=self.data_sha256, **common)
+        train = precompute_reference(
+            self.reference, self.train_pairs, data_digest=self.train_pairs_sha256, **common
+        )
         if self.eval_pairs:
             eval_logps = precompute_reference(
                 self.reference, self.eval_pairs, data_digest=self.eval_sha256 or "eval", **common
@@ -452,7 +450,7 @@ class DPOPolicyObjective:
         import torch.distributed as dist
 
         world = dist.get_world_size() if dist.is_initialized() else 1
-        return max(1, self.cfg.run.global_batch_pairs // (world * self.cfg.run.grad_accum))
+        return max(1, self.run.global_batch_pairs // (world * self.run.grad_accum))
 
     # ---- the loop's protocol ----------------------------------------------------------
     def micro_batch(
@@ -461,10 +459,10 @@ class DPOPolicyObjective:
         reference = self._prepare(device)
         batch = collate(
             pairs,
-            layout=self.cfg.run.layout,
+            layout=self.run.layout,
             pad_token_id=self.pad_token_id,
-            max_length=self.cfg.data.max_length,
-            row_length=packed_row_length(self.policy.config, self.cfg.data.max_length),
+            max_length=self.data_cfg.max_length,
+            row_length=packed_row_length(self.policy.config, self.data_cfg.max_length),
         ).to(device)
         losses, metrics = dpo_batch(self.settings, reference, model, batch, pairs)
         return MicroBatchOutput(
@@ -481,7 +479,7 @@ class DPOPolicyObjective:
         reference = self._prepare(next(model.parameters()).device)
         score = batch_score(self.settings, self._eval_reference or reference)
         return score_in_batches(
-            model, pairs, batch_size, score, layout=self.cfg.run.layout, pad_token_id=self.pad_token_id
+            model, pairs, batch_size, score, layout=self.run.layout, pad_token_id=self.pad_token_id
         )
 
     def write_model(self, directory: Path, state_dict: dict[str, torch.Tensor], tokenizer: Any) -> str:

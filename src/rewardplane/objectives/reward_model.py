@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from rewardplane.core.config import ConfigModel
 from rewardplane.core.errors import ConfigError, UsageError, reading
 from rewardplane.core.hashing import sha256_file, sha256_json
 from rewardplane.core.progress import Progress
@@ -26,6 +27,7 @@ from rewardplane.data.collate import Batch, Layout, collate
 from rewardplane.data.records import TokenizedBranch, TokenizedPair
 from rewardplane.data.tokenize import pad_token_id
 from rewardplane.models.attention import VARLEN, packed_row_length
+from rewardplane.models.config import ModelConfig
 from rewardplane.models.loading import (
     OBJECTIVE,
     CheckpointError,
@@ -40,12 +42,22 @@ from rewardplane.objectives.base import (
     MicroBatchOutput,
     PairScorer,
     PairScores,
+    Sections,
+    TrainPairs,
     check_objective,
     score_in_batches,
+    tokenisation_record,
 )
 from rewardplane.objectives.losses import bradley_terry, center_rewards_penalty
 
 ROLE = "reward_model"
+
+
+class RewardModelSettings(ConfigModel):
+    """The `loss:` config section: TRL's optional centring term and Llama-2 style margins."""
+
+    center_rewards_coefficient: float = 0.0
+    use_margin: bool = True  # subtract a pair's `margin` inside the sigmoid (Llama-2 style)
 
 
 def _score_batch(model: nn.Module, batch: Batch, pairs: Sequence[TokenizedPair]):
@@ -185,9 +197,8 @@ def _read_position(model: nn.Module, tokenizer: Any):
     return last_not_pad
 
 
-def _base_identity(cfg: Any, backbone_config: Any) -> dict[str, Any]:
+def _base_identity(m: ModelConfig, backbone_config: Any) -> dict[str, Any]:
     """What the model started from: a name/path plus a content hash, recorded in every checkpoint."""
-    m = cfg.model
     if m.init_from:
         src = Path(m.init_from)
         files = sorted(src.glob("*.safetensors"))
@@ -229,30 +240,29 @@ def _from_init(path: str) -> RewardModel:
 class RewardModelObjective:
     """Bradley–Terry on (chosen, rejected) scores, TRL's optional centring term, optional margins.
 
-    `cfg` is a `rewardplane.train.config.TrainConfig` (read here: `model`, `data.max_length`,
-    `run.layout`, `loss`); it is not imported, as objectives sit below the training layer.
+    Built from its typed sections (`model`, `data.max_length`, `run.layout`, and its own `loss:`
+    settings); the training pairs are the loop's business, so `pairs` is not read.
     """
 
     name = OBJECTIVE
     role = ROLE
 
-    def __init__(self, cfg: Any) -> None:
-        self.cfg = cfg
+    def __init__(self, sections: Sections[RewardModelSettings], pairs: TrainPairs | None = None) -> None:
+        self.model_cfg, self.data_cfg, self.run = sections.model, sections.data, sections.run
+        self.settings = sections.settings
         self.pad_token_id = 0
         self._metadata: dict[str, Any] = {}
         self._backbone_config = None
 
     def build_model(self, tokenizer: Any) -> RewardModel:
-        from rewardplane.data.tokenize import template_sha256, tokenizer_sha256
-
-        if self.cfg.model.lora is not None:
+        if self.model_cfg.lora is not None:
             raise ConfigError(
                 "model.lora: adapters are for DPO policies; reward models train every parameter"
             )
-        if self.cfg.model.init_from:
-            model = _from_init(self.cfg.model.init_from)
+        if self.model_cfg.init_from:
+            model = _from_init(self.model_cfg.init_from)
         else:
-            model = RewardModel(build_backbone(model_spec(self.cfg.model), vocab_size=len(tokenizer)))
+            model = RewardModel(build_backbone(model_spec(self.model_cfg), vocab_size=len(tokenizer)))
         vocab = model.config.vocab_size
         if len(tokenizer) > vocab:
             raise ConfigError(
@@ -264,11 +274,8 @@ class RewardModelObjective:
             "objective": self.name,
             "role": self.role,
             "head_type": RewardModel.head_type,
-            "base_model": _base_identity(self.cfg, model.config),
-            "tokenizer_sha256": tokenizer_sha256(tokenizer),
-            "template_sha256": template_sha256(tokenizer),
-            "attn_implementation": model.config._attn_implementation,
-            "max_length": self.cfg.data.max_length,
+            "base_model": _base_identity(self.model_cfg, model.config),
+            **tokenisation_record(tokenizer, model.config, self.data_cfg.max_length),
         }
         return model
 
@@ -280,17 +287,17 @@ class RewardModelObjective:
     ) -> MicroBatchOutput:
         batch = collate(
             pairs,
-            layout=self.cfg.run.layout,
+            layout=self.run.layout,
             pad_token_id=self.pad_token_id,
-            max_length=self.cfg.data.max_length,
-            row_length=packed_row_length(self._backbone_config, self.cfg.data.max_length),
+            max_length=self.data_cfg.max_length,
+            row_length=packed_row_length(self._backbone_config, self.data_cfg.max_length),
         ).to(device)
         chosen, rejected, _ = _score_batch(model, batch, pairs)
         margin = None
-        if self.cfg.loss.use_margin and any(p.margin is not None for p in pairs):
+        if self.settings.use_margin and any(p.margin is not None for p in pairs):
             margin = torch.tensor([p.margin or 0.0 for p in pairs], dtype=chosen.dtype, device=chosen.device)
         loss = bradley_terry(chosen, rejected, margin)
-        coefficient = self.cfg.loss.center_rewards_coefficient
+        coefficient = self.settings.center_rewards_coefficient
         if coefficient:
             loss = loss + center_rewards_penalty(chosen, rejected, coefficient)
         return MicroBatchOutput(
@@ -303,7 +310,7 @@ class RewardModelObjective:
 
     def score(self, model: nn.Module, pairs: Sequence[TokenizedPair], batch_size: int) -> PairScores:
         return score_in_batches(
-            model, pairs, batch_size, _score_batch, layout=self.cfg.run.layout, pad_token_id=self.pad_token_id
+            model, pairs, batch_size, _score_batch, layout=self.run.layout, pad_token_id=self.pad_token_id
         )
 
     def write_model(self, directory: Path, state_dict: dict[str, torch.Tensor], tokenizer: Any) -> str:

@@ -47,7 +47,7 @@ def parse_multipart(body: bytes, content_type: str, *, max_parts: int) -> dict[s
     def on_part_end() -> None:
         _, options = parse_options_header(headers.get(b"content-disposition", b""))
         raw_name = options.get(b"name")
-        if raw_name is None:
+        if not raw_name:  # absent, or `name` with no value: a part nobody can ask for
             raise ServeError("invalid_request", "a multipart part has no Content-Disposition name")
         name = raw_name.decode("utf-8", "replace")
         if name in parts:

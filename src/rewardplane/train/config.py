@@ -1,4 +1,6 @@
-"""Training configuration: the reward-model and DPO config models, read through the one loader.
+"""Training configuration: the sections every objective shares (`model`, `data`, `optim`, `run`),
+and each objective's config derived from the objective registry (`config_model`: the shared
+sections plus the objective's own, e.g. `dpo:`), read through the one loader.
 
 One resolved config is written to `RUN/config.yaml`, so a run can always be reproduced from
 its own directory. Reading, overrides, unknown keys and type errors are `rewardplane.core.config`'s
@@ -7,12 +9,12 @@ its own directory. Reading, overrides, unknown keys and type errors are `rewardp
 
 from __future__ import annotations
 
-import difflib
+import functools
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BeforeValidator, Field, field_validator
+from pydantic import BeforeValidator, Field, create_model
 
 from rewardplane.core.config import (
     ConfigModel,
@@ -24,10 +26,13 @@ from rewardplane.core.config import (
     read_config_data,
     to_dict,
 )
-from rewardplane.data.tokenize import DEFAULT_MAX_COMPLETION_LENGTH, DEFAULT_MAX_LENGTH
-from rewardplane.objectives.dpo import DPOSettings, check_lora
+from rewardplane.data.config import DataConfig, SynthConfig
+from rewardplane.models.config import LoraConfig, ModelConfig
+from rewardplane.objectives import registry
+from rewardplane.objectives.reward_model import RewardModelSettings
 
 __all__ = [
+    "BaseTrainConfig",
     "DPOTrainConfig",
     "DataConfig",
     "LoraConfig",
@@ -38,10 +43,12 @@ __all__ = [
     "SynthConfig",
     "TrainConfig",
     "apply_overrides",
+    "config_model",
     "dump_yaml",
     "from_dict",
     "load_config",
     "load_dpo_config",
+    "load_objective_config",
     "read_config_data",
     "to_dict",
 ]
@@ -66,84 +73,6 @@ def _precision(value: Any) -> Any:
 Precision = Annotated[str, BeforeValidator(_precision)]
 
 
-class LoraConfig(ConfigModel):
-    """`model.lora`: train low-rank adapters on a frozen base instead of every parameter (peft).
-
-    Only DPO policies take adapters, and only with an explicit `dpo.reference.source`
-    (docs/dpo.md). `alpha / r` scales the update; `target_modules` is peft's: a list of module
-    names or "all-linear" (every linear layer but the output head).
-    """
-
-    r: int = Field(16, ge=1)
-    alpha: float = Field(32.0, gt=0)
-    # > 0 makes the policy's log-probs stochastic: refused unless dpo.allow_dropout
-    dropout: float = Field(0.0, ge=0, lt=1)
-    target_modules: list[str] | str = "all-linear"
-
-    @field_validator("target_modules")
-    @classmethod
-    def _names_a_module(cls, value: list[str] | str) -> list[str] | str:
-        if not value:
-            raise ValueError("must name at least one module")
-        return value
-
-    @property
-    def scaling(self) -> float:
-        return self.alpha / self.r
-
-
-class ModelConfig(ConfigModel):
-    """Backbone source: exactly one of `tiny`, `config` (inline dict with model_type) or `path`."""
-
-    tiny: str | None = None
-    config: dict[str, Any] | None = None
-    path: str | None = None
-    gguf_file: str | None = None
-    init_from: str | None = None  # rewardplane RM checkpoint or HF *ForSequenceClassification dir
-    config_overrides: dict[str, Any] = Field(default_factory=dict)
-    attn_implementation: str = "auto"  # rk_varlen on CUDA, sdpa on CPU (models/attention.py)
-    trust_remote_code: bool = False
-    gradient_checkpointing: bool = False
-    lora: LoraConfig | None = None
-
-    @field_validator("tiny")
-    @classmethod
-    def _known_tiny(cls, value: str | None) -> str | None:
-        from rewardplane.models.tiny import TINY_CONFIGS
-
-        if value is not None and value not in TINY_CONFIGS:
-            close = difflib.get_close_matches(value, list(TINY_CONFIGS), n=1)
-            hint = f" (did you mean {close[0]}?)" if close else ""
-            raise ValueError(f"must be one of {', '.join(sorted(TINY_CONFIGS))}, got {value!r}{hint}")
-        return value
-
-
-class SynthConfig(ConfigModel):
-    train_rows: int = 2000
-    eval_rows: int = 200
-    seed: int = 0
-
-
-class DataConfig(ConfigModel):
-    train: str | None = None  # JSONL / Parquet preference file
-    eval: str | None = None  # held-out preference file
-    probe: str | None = None  # frozen probe directory (rewardplane data freeze-probe)
-    synth: SynthConfig | None = None  # rewardplane's synthetic task instead of files
-    tokenizer: str = "builtin"  # "builtin", "model" (the backbone's own) or a local tokenizer directory
-    max_length: int = DEFAULT_MAX_LENGTH  # one default with `rewardplane data` (rewardplane.data.tokenize)
-    max_completion_length: int = DEFAULT_MAX_COMPLETION_LENGTH
-    truncation: Literal["drop", "truncate"] = "drop"
-    # template_end: the last token of apply_chat_template(conversation), as TRL / RewardBench read
-    # it; end_of_turn: rewardplane's reading before issue 24 (to continue such a run)
-    score_position: Literal["template_end", "end_of_turn"] = "template_end"
-    # plain-string rows (TRL "standard"): text_eos, the text + EOS without a chat template, as TRL
-    # tokenises them; chat_template: as user/assistant turns, rewardplane before issue 24
-    plain_text: Literal["text_eos", "chat_template"] = "text_eos"
-    # TRL's RewardConfig.pad_token: a vocabulary token to pad with (saved with the tokenizer, hence
-    # in checkpoints and exports); needed where pad == EOS is the token scores are read at
-    pad_token: str | None = None
-
-
 class OptimConfig(ConfigModel):
     lr: float = 1e-4
     weight_decay: float = 0.0
@@ -153,11 +82,6 @@ class OptimConfig(ConfigModel):
     warmup_steps: int = 0
     min_lr_ratio: float = 0.0
     max_grad_norm: float | None = 1.0
-
-
-class LossConfig(ConfigModel):
-    center_rewards_coefficient: float = 0.0
-    use_margin: bool = True  # subtract a pair's `margin` inside the sigmoid (Llama-2 style)
 
 
 class RunConfig(ConfigModel):
@@ -187,25 +111,55 @@ class RunConfig(ConfigModel):
     compile: bool = False
 
 
-class TrainConfig(ConfigModel):
+class BaseTrainConfig(ConfigModel):
+    """The sections every objective's config shares; `config_model` adds the objective's own."""
+
+    objective: ClassVar[str]
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
-    loss: LossConfig = Field(default_factory=LossConfig)
     run: RunConfig = Field(default_factory=RunConfig)
 
 
-class DPOTrainConfig(TrainConfig):
-    """The reward-model config plus a `dpo:` section (docs/dpo.md)."""
+@functools.cache
+def config_model(objective: str) -> type[BaseTrainConfig]:
+    """The training config of `objective`: the shared sections plus its own (`section:` in the
+    objective registry, validated by its `settings` model)."""
+    spec = registry.spec(objective)
+    settings = spec.resolve("settings")
+    model = create_model(
+        f"{settings.__name__.removesuffix('Settings')}TrainConfig",
+        __base__=BaseTrainConfig,
+        __module__=__name__,
+        **{spec.section: (settings, Field(default_factory=settings))},
+    )
+    model.objective = objective
+    return model
 
-    dpo: DPOSettings = Field(default_factory=DPOSettings)
+
+TrainConfig = config_model("reward_model")
+"""`rewardplane train rm`'s config (the name tests, benchmarks and `from_dict` callers use)."""
+DPOTrainConfig = config_model("dpo")
+"""`rewardplane train dpo`'s config: the shared sections plus `dpo:` (docs/dpo.md)."""
+LossConfig = RewardModelSettings
+"""The reward model's `loss:` section (`rewardplane.objectives.reward_model.RewardModelSettings`)."""
+
+
+def load_objective_config(
+    objective: str, path: str | Path | None, overrides: Sequence[str] = ()
+) -> BaseTrainConfig:
+    """`objective`'s config from a YAML file and dotted overrides, after its checks on what was
+    written (a default cannot tell "not given" from "given as the default")."""
+    data = read_config_data(path, overrides)
+    spec = registry.spec(objective)
+    if spec.check_written is not None:
+        spec.resolve("check_written")(data)
+    return parse(config_model(objective), data)
 
 
 def load_config(path: str | Path | None, overrides: Sequence[str] = (), cls: type = TrainConfig) -> Any:
     return load(cls, path, overrides)
 
 
-def load_dpo_config(path: str | Path | None, overrides: Sequence[str] = ()) -> DPOTrainConfig:
-    data = read_config_data(path, overrides)
-    check_lora(data.get("model"), data.get("dpo"))  # needs what was written, not the defaults
-    return parse(DPOTrainConfig, data)
+def load_dpo_config(path: str | Path | None, overrides: Sequence[str] = ()) -> BaseTrainConfig:
+    return load_objective_config("dpo", path, overrides)

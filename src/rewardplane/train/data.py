@@ -24,7 +24,7 @@ from rewardplane.data.pipeline import Source, Summary, tokenize_source
 from rewardplane.data.probe import ProbeMismatch, check_probe, freeze_probe
 from rewardplane.data.records import TokenizedPair
 from rewardplane.data.tokenize import TokenizeSettings, load_tokenizer
-from rewardplane.train.config import TrainConfig
+from rewardplane.train.config import BaseTrainConfig
 
 log = logging.getLogger("rewardplane.train")
 
@@ -34,14 +34,15 @@ class PreparedData:
     train: list[TokenizedPair]
     eval: list[TokenizedPair]
     tokenizer: Any
-    data_sha256: str
+    train_pairs_sha256: str
     probe_sha256: str | None
     rejected: dict[str, int]
+    prepared_manifest_sha256: str | None = None  # `data.prepared`'s manifest.json, recorded in checkpoints
     train_content: TrainingContent | None = None
     eval_overlap: Overlap | None = None
 
 
-def training_tokenizer(cfg: TrainConfig):
+def training_tokenizer(cfg: BaseTrainConfig):
     """`data.tokenizer` (`builtin`, a local directory, or `model`, the backbone's own), with
     `data.pad_token` set as its pad token when given."""
     tokenizer = _load_training_tokenizer(cfg)
@@ -57,7 +58,7 @@ def training_tokenizer(cfg: TrainConfig):
     return tokenizer
 
 
-def _load_training_tokenizer(cfg: TrainConfig):
+def _load_training_tokenizer(cfg: BaseTrainConfig):
     spec = cfg.data.tokenizer
     if spec == "model":
         from transformers import AutoTokenizer
@@ -87,9 +88,53 @@ def _warn_if_pad_is_scored(tokenizer, pairs: list[TokenizedPair]) -> None:
         )
 
 
-def _sources(cfg: TrainConfig) -> tuple[Source, Source]:
-    """(train, eval) sources: the files, or the synthetic task's rows split in two."""
+class PreparedMismatch(UsageError):
+    """The run's tokenizer or settings are not the ones the prepared folder was validated with."""
+
+    code = "prepared_mismatch"
+
+
+def _prepared_fix(recorded: dict[str, Any], given: dict[str, Any], differ: list[str]) -> str:
+    keys = " ".join(f"data.{key}={recorded.get(key)}" for key in differ)
+    return f"train with the folder's settings ({keys}) or prepare the folder again with this run's"
+
+
+def check_prepared(cfg: BaseTrainConfig, tokenizer, settings: TokenizeSettings) -> str | None:
+    """`data.prepared`: its files as `rewardplane data prepare` wrote them, validated with this
+    run's tokenizer and settings (the check a probe gets); the SHA-256 of its manifest.json."""
+    from rewardplane.data.manifest import read_prepared
+    from rewardplane.data.probe import check_tokenisation
+
+    if cfg.data.prepared is None:
+        return None
+    manifest, manifest_sha256 = read_prepared(cfg.data.prepared)
+    recorded = manifest.get("tokenizer")
+    if recorded is None:  # prepared without --tokenizer: only the schema was validated
+        log.info("data.prepared %s records no tokenizer; this run's tokenises it", cfg.data.prepared)
+        return manifest_sha256
+    where = f"data.prepared={cfg.data.prepared} (prepared with tokenizer {recorded.get('name')!r})"
+    try:
+        check_tokenisation(
+            recorded,
+            tokenizer,
+            settings,
+            labels=("prepared", "this run"),
+            fix=_prepared_fix,
+            error=PreparedMismatch,
+        )
+    except PreparedMismatch as exc:
+        raise PreparedMismatch(f"{where}: {exc.message}") from None
+    return manifest_sha256
+
+
+def _sources(cfg: BaseTrainConfig) -> tuple[Source, Source]:
+    """(train, eval) sources: a prepared folder's files, the files, or the synthetic task's rows
+    split in two."""
     data = cfg.data
+    if data.prepared is not None:
+        if data.train or data.eval or data.synth is not None:
+            raise ConfigError("data: give either prepared or train/eval files or synth, not two of them")
+        return str(Path(data.prepared) / "train.jsonl"), str(Path(data.prepared) / "eval.jsonl")
     if data.synth is not None:
         from rewardplane.data.synth import generate_rows
 
@@ -102,7 +147,7 @@ def _sources(cfg: TrainConfig) -> tuple[Source, Source]:
     raise ConfigError("data: set data.train (a JSONL/Parquet file) or data.synth")
 
 
-def check_local_paths(cfg: TrainConfig) -> None:
+def check_local_paths(cfg: BaseTrainConfig) -> None:
     """Every path the config names exists here. A missing one is named as such, before transformers
     takes it for a Hub repo id and answers about repo names or huggingface.co (rewardplane never
     downloads anything)."""
@@ -112,7 +157,12 @@ def check_local_paths(cfg: TrainConfig) -> None:
     models = {"model.path": cfg.model.path, "model.init_from": cfg.model.init_from}
     if cfg.data.tokenizer not in (BUILTIN, "model"):
         models["data.tokenizer"] = cfg.data.tokenizer
-    files = {"data.train": cfg.data.train, "data.eval": cfg.data.eval, "data.probe": cfg.data.probe}
+    files = {
+        "data.prepared": cfg.data.prepared,
+        "data.train": cfg.data.train,
+        "data.eval": cfg.data.eval,
+        "data.probe": cfg.data.probe,
+    }
     for key, value in models.items():
         if value and not Path(value).exists():
             raise UsageError(
@@ -125,7 +175,7 @@ def check_local_paths(cfg: TrainConfig) -> None:
             raise UsageError(f"{key}={value}: no such file or directory", code="no_such_path")
 
 
-def prepare_data(cfg: TrainConfig) -> PreparedData:
+def prepare_data(cfg: BaseTrainConfig) -> PreparedData:
     """Read, validate and tokenise the train / eval pairs (rejections are counted by reason)."""
     check_local_paths(cfg)
     data = cfg.data
@@ -138,6 +188,7 @@ def prepare_data(cfg: TrainConfig) -> PreparedData:
         plain_text=data.plain_text,
     )
     train_source, eval_source = _sources(cfg)
+    manifest_sha256 = check_prepared(cfg, tokenizer, settings)  # before any pair is tokenised
     summary = Summary()
     train_keys, eval_keys = ContentHashes(), ContentHashes()
     train = tokenize_source(train_source, tokenizer, settings, summary, content=train_keys)
@@ -166,9 +217,10 @@ def prepare_data(cfg: TrainConfig) -> PreparedData:
         train=train,
         eval=evaluation,
         tokenizer=tokenizer,
-        data_sha256=sha256_json(freeze_probe(train, tokenizer, settings)),
+        train_pairs_sha256=sha256_json(freeze_probe(train, tokenizer, settings)),
         probe_sha256=probe_sha,
         rejected=rejected,
+        prepared_manifest_sha256=manifest_sha256,
         train_content=train_content,
         eval_overlap=eval_overlap,
     )

@@ -32,7 +32,7 @@ from rewardplane.data.records import TokenizedPair
 from rewardplane.eval.metrics import TIE_TOLERANCE
 from rewardplane.objectives.base import Objective
 from rewardplane.train import checkpoint as ckpt
-from rewardplane.train.config import TrainConfig, dump_yaml
+from rewardplane.train.config import BaseTrainConfig, dump_yaml
 from rewardplane.train.distributed import (
     DistInfo,
     all_gather_objects,
@@ -80,7 +80,7 @@ class RunResult:
         return self.eval_summaries[max(self.eval_summaries)]["accuracy"]
 
 
-def _lr_lambda(cfg: TrainConfig):
+def _lr_lambda(cfg: BaseTrainConfig):
     warmup, total, floor = cfg.optim.warmup_steps, cfg.run.max_steps, cfg.optim.min_lr_ratio
 
     def factor(step: int) -> float:
@@ -94,7 +94,7 @@ def _lr_lambda(cfg: TrainConfig):
     return factor
 
 
-def _autocast(cfg: TrainConfig, device: torch.device):
+def _autocast(cfg: BaseTrainConfig, device: torch.device):
     precision = cfg.run.precision
     if precision == "auto":
         precision = "bf16" if device.type == "cuda" else "fp32"
@@ -175,22 +175,24 @@ class Trainer:
 
     def __init__(
         self,
-        cfg: TrainConfig,
+        cfg: BaseTrainConfig,
         objective: Objective,
         *,
         train_pairs: Sequence[TokenizedPair],
         tokenizer: Any,
-        data_sha256: str,
+        train_pairs_sha256: str,
         eval_set: EvalSet | None = None,
         info: DistInfo | None = None,
         train_content: TrainingContent | None = None,
+        prepared_manifest_sha256: str | None = None,
     ) -> None:
         self.cfg = cfg
         self.objective = objective
         self.train_pairs = list(train_pairs)
         self.tokenizer = tokenizer
-        self.data_sha256 = data_sha256
+        self.train_pairs_sha256 = train_pairs_sha256
         self.train_content = train_content  # written beside every checkpoint (data.overlap)
+        self.prepared_manifest_sha256 = prepared_manifest_sha256  # `data.prepared`'s manifest.json
         self.eval_set = eval_set
         self.info = info or init_distributed()
         self.run_dir = Path(cfg.run.run_dir)
@@ -392,7 +394,8 @@ class Trainer:
         meta = {
             **self.objective.checkpoint_metadata(),
             "pairs_consumed": self.pairs_consumed,
-            "data_manifest_sha256": self.data_sha256,
+            "train_pairs_sha256": self.train_pairs_sha256,
+            "prepared_manifest_sha256": self.prepared_manifest_sha256,
             # where scores are read (rewardplane.data.tokenize.SCORE_POSITIONS); loads honour it
             "score_position": self.cfg.data.score_position,
             # how plain-text rows were tokenised (rewardplane.data.tokenize.PLAIN_TEXT_MODES); eval
@@ -524,7 +527,7 @@ class Trainer:
 
 
 def train_objective(
-    cfg: TrainConfig,
+    cfg: BaseTrainConfig,
     objective: Objective,
     data: PreparedData,
     *,
@@ -544,9 +547,10 @@ def train_objective(
         objective,
         train_pairs=data.train,
         tokenizer=data.tokenizer,
-        data_sha256=data.data_sha256,
+        train_pairs_sha256=data.train_pairs_sha256,
         eval_set=EvalSet(data.eval, data.probe_sha256, data.eval_overlap) if data.eval else None,
         train_content=data.train_content,
+        prepared_manifest_sha256=data.prepared_manifest_sha256,
     )
     resume = resolve_resume(Path(cfg.run.run_dir), resume)
     if resume:

@@ -10,7 +10,7 @@ new one.
 May change on resume (`ALLOWED_ON_RESUME`): how long the run goes (`run.max_steps`, which also
 stretches a cosine schedule from the resume on), how often it saves, keeps, evaluates and
 reports progress, where it is tracked, and where it lives (`run.run_dir`). The data paths
-(`data.train`, `data.eval`, `data.probe`, `data.synth`) may change too because their
+(`data.prepared`, `data.train`, `data.eval`, `data.probe`, `data.synth`) may change too because their
 *content* is checked instead: other training data is `data_mismatch` unless
 `--allow-new-data`, another eval set is refused against step 0's probe. Each allowed change is
 applied, logged and appended to `RUN/history.jsonl` as a resume event, and `config.yaml` is
@@ -32,6 +32,7 @@ from typing import Any
 
 import yaml
 
+from rewardplane.core import legacy
 from rewardplane.core.atomic import write_text
 from rewardplane.core.errors import UsageError
 from rewardplane.models.loading import CheckpointError
@@ -54,7 +55,7 @@ ALLOWED_ON_RESUME = (
     "run.report_to",
     "run.tensorboard",
 )
-CONTENT_CHECKED = ("data.train", "data.eval", "data.probe", "data.synth")
+CONTENT_CHECKED = ("data.prepared", "data.train", "data.eval", "data.probe", "data.synth")
 _UNSET = "<unset>"
 
 
@@ -139,11 +140,12 @@ def restore(trainer: Trainer, directory: Path, *, allow_new_data: bool = False) 
 
     meta = ckpt.check_resumable(directory, world_size=trainer.info.world_size)
     trainer.objective.validate_resume(meta)
-    new_data = meta.get("data_manifest_sha256") != trainer.data_sha256
+    trained_on = legacy.train_pairs_sha256(meta)  # checkpoints before issue 46: the old key
+    new_data = trained_on != trainer.train_pairs_sha256
     if new_data and not allow_new_data:
         raise CheckpointError(
-            f"{directory}: trained on data {str(meta.get('data_manifest_sha256'))[:12]}, this run's data is"
-            f" {trainer.data_sha256[:12]}; pass --allow-new-data to continue on different data",
+            f"{directory}: trained on data {str(trained_on)[:12]}, this run's data is"
+            f" {trainer.train_pairs_sha256[:12]}; pass --allow-new-data to continue on different data",
             code="data_mismatch",
         )
     allowed = check_resume(

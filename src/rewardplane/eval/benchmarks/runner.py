@@ -274,61 +274,45 @@ def score_branches(
     return scores, sum(len(b) for b in branches)
 
 
-def evaluate_benchmark(
-    *,
-    benchmark: str,
-    data_path: str | Path,
-    model_path: str | Path,
-    out_dir: str | Path,
-    options: EvalSettings = EvalSettings(),
-    max_length: int = DEFAULT_MAX_LENGTH,
-    truncation: str = "truncate",
-    scorer: Any = None,
-) -> dict[str, Any]:
-    """Read, score, apply the released rules, bootstrap, write the artifacts; return the summary."""
-    from rewardplane.eval.runner import _device, load_model, scoring_progress
-
-    module = get(benchmark)
-    if truncation not in TRUNCATION:
-        raise UsageError(f"truncation must be one of {TRUNCATION}, got {truncation!r}")
-    items, data = read_items(module, data_path)
-    device = _device(options.device)
-    if scorer is None:
-        scorer = load_model(model_path, device=device, **options.model_kwargs())
-
+def _distinct_texts(items: list[Item]) -> dict[tuple[str, str], int]:
+    """(prompt, response) → its position: each distinct text is tokenised and scored once."""
     index: dict[tuple[str, str], int] = {}
     for item in items:
         for text in (*item.chosen, *item.rejected):
             index.setdefault((item.prompt, text), len(index))
+    return index
+
+
+def _score_distinct(scorer, items: list[Item], data: dict[str, Any], options: EvalSettings, **limits: Any):
+    """(index, tokenised texts, their scores in `texts.order`, tokens, seconds): each distinct
+    text tokenised (on a thread, ahead of the forwards) and scored once."""
+    from rewardplane.eval.runner import scoring_progress
+
+    index = _distinct_texts(items)
     texts = TokenisedTexts(len(index))
-    chunks = texts.stream(
-        items, index, scorer.tokenizer, data, max_length=max_length, truncation=truncation
-    )  # fmt: skip
+    chunks = texts.stream(items, index, scorer.tokenizer, data, **limits)
     started = time.perf_counter()
     with scoring_progress((len(index) + 1) // 2, options.progress, options.progress_every_s) as bar:
         used_scores, tokens = score_branch_stream(scorer, ahead(chunks), options.batch_size, bar)
         bar.retotal((len(texts.order) + 1) // 2)
-    seconds = time.perf_counter() - started
-    items, used = texts.kept, texts.order
-    data["valid"], data["rejected"] = len(items), data["rows"] - len(items)
-    if not items:
-        raise UsageError(f"{data_path}: no example left after tokenisation ({data['rejections']})")
-    lengths, cut = texts.lengths, texts.cut
-    bad = np.flatnonzero(~np.isfinite(used_scores))
-    if bad.size:
-        raise UsageError(
-            f"model gave {bad.size} non-finite score(s); nothing written", code="non_finite_scores"
-        )
+    return index, texts, used_scores, tokens, time.perf_counter() - started
+
+
+def _per_example(items: list[Item], index: dict, used: list[int], used_scores: np.ndarray):
+    """(chosen, rejected): each example's scores, read back from its distinct texts' scores."""
     scores = np.full(len(index), np.nan)
     scores[used] = used_scores
 
     def pick(item: Item, texts: tuple[str, ...]) -> np.ndarray:
         return np.array([scores[index[(item.prompt, t)]] for t in texts], dtype=np.float64)
 
-    chosen = [pick(it, it.chosen) for it in items]
-    rejected = [pick(it, it.rejected) for it in items]
-    records = module.score(items, chosen, rejected)
-    digest = data_sha256(items)
+    return [pick(it, it.chosen) for it in items], [pick(it, it.rejected) for it in items]
+
+
+def _example_rows(
+    module, items, chosen, rejected, records, index, texts: TokenisedTexts, digest: str
+) -> list:
+    """examples.jsonl's rows: each example's scores, the benchmark's own record, lengths and cuts."""
     rows = []
     for item, c, r, rec in zip(items, chosen, rejected, records, strict=True):
         c_ids = [index[(item.prompt, t)] for t in item.chosen]
@@ -341,26 +325,99 @@ def evaluate_benchmark(
                 "chosen_scores": c.tolist(),
                 "rejected_scores": r.tolist(),
                 **rec,
-                "chosen_tokens": [lengths[i] for i in c_ids],
-                "rejected_tokens": [lengths[i] for i in r_ids],
+                "chosen_tokens": [texts.lengths[i] for i in c_ids],
+                "rejected_tokens": [texts.lengths[i] for i in r_ids],
                 "chosen_chars": [len(t) for t in item.chosen],
                 "rejected_chars": [len(t) for t in item.rejected],
-                "truncated": any(cut[i] for i in (*c_ids, *r_ids)),
+                "truncated": any(texts.cut[i] for i in (*c_ids, *r_ids)),
                 "data_sha256": digest,
             }
         )
-    data["distinct_texts"] = len(used)
-    data["truncated_texts"] = int(sum(cut[i] for i in used))
-    data["truncated_examples"] = sum(row["truncated"] for row in rows)
-    data["max_length"] = max_length
-    data["truncation"] = truncation
+    return rows
+
+
+def _statistics(
+    module, items: list[Item], rows: list[dict[str, Any]], options: EvalSettings
+) -> dict[str, Any]:
+    """The benchmark's statistics block: per subset, its aggregates, bootstrapped."""
     subset_sizes: dict[str, int] = {}
     for item in items:
         subset_sizes[item.subset] = subset_sizes.get(item.subset, 0) + 1
-    stats = common.statistics_block(
+    return common.statistics_block(
         rows, module.SUBSET_STATISTICS, module.aggregates(subset_sizes), module.CHANCE,
         seed=options.seed, replicates=options.replicates,
     )  # fmt: skip
+
+
+def _length_bias(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Does the model prefer longer completions? Scores against completion tokens, per example."""
+    return common.length_bias(
+        [r["chosen_scores"] for r in rows], [r["rejected_scores"] for r in rows],
+        [r["chosen_tokens"] for r in rows], [r["rejected_tokens"] for r in rows], "completion tokens",
+    )  # fmt: skip
+
+
+def _throughput(n_texts: int, tokens: int, seconds: float, record: dict[str, Any]) -> dict[str, Any]:
+    """summary.json's `throughput`: distinct texts, pairs and tokens per second, how it scored."""
+    return {
+        "distinct_texts": n_texts,
+        "pairs": n_texts / 2,
+        "tokens": tokens,
+        "seconds": seconds,
+        "texts_per_s": n_texts / seconds if seconds > 0 else None,
+        "pairs_per_s": n_texts / 2 / seconds if seconds > 0 else None,
+        "tokens_per_s": tokens / seconds if seconds > 0 else None,
+        **record,
+    }
+
+
+def evaluate_benchmark(
+    *,
+    benchmark: str,
+    data_path: str | Path,
+    model_path: str | Path,
+    out_dir: str | Path,
+    options: EvalSettings = EvalSettings(),
+    max_length: int = DEFAULT_MAX_LENGTH,
+    truncation: str = "truncate",
+    scorer: Any = None,
+) -> dict[str, Any]:
+    """Read, score, apply the released rules, bootstrap, write the artifacts; return the summary."""
+    from rewardplane.eval.runner import _device, load_model
+
+    module = get(benchmark)
+    if truncation not in TRUNCATION:
+        raise UsageError(f"truncation must be one of {TRUNCATION}, got {truncation!r}")
+    items, data = read_items(module, data_path)
+    device = _device(options.device)
+    if scorer is None:
+        scorer = load_model(model_path, device=device, **options.model_kwargs())
+
+    index, texts, used_scores, tokens, seconds = _score_distinct(
+        scorer, items, data, options, max_length=max_length, truncation=truncation
+    )
+    items, used = texts.kept, texts.order
+    data["valid"], data["rejected"] = len(items), data["rows"] - len(items)
+    if not items:
+        raise UsageError(f"{data_path}: no example left after tokenisation ({data['rejections']})")
+    bad = np.flatnonzero(~np.isfinite(used_scores))
+    if bad.size:
+        raise UsageError(
+            f"model gave {bad.size} non-finite score(s); nothing written", code="non_finite_scores"
+        )
+    chosen, rejected = _per_example(items, index, used, used_scores)
+    digest = data_sha256(items)
+    rows = _example_rows(
+        module, items, chosen, rejected, module.score(items, chosen, rejected), index, texts, digest
+    )
+    data.update(
+        distinct_texts=len(used),
+        truncated_texts=int(sum(texts.cut[i] for i in used)),
+        truncated_examples=sum(row["truncated"] for row in rows),
+        max_length=max_length,
+        truncation=truncation,
+    )
+    stats = _statistics(module, items, rows, options)
     examples_bytes = common.example_lines(rows)
     summary: dict[str, Any] = {
         "schema": common.SUMMARY_SCHEMA,
@@ -372,28 +429,12 @@ def evaluate_benchmark(
         "n_examples": len(rows),
         **stats,
         "details": details(module, items, rows),
-        "length_bias": common.length_bias(
-            [r["chosen_scores"] for r in rows],
-            [r["rejected_scores"] for r in rows],
-            [r["chosen_tokens"] for r in rows],
-            [r["rejected_tokens"] for r in rows],
-            "completion tokens",
-        ),  # fmt: skip
+        "length_bias": _length_bias(rows),
         "data": data,
         "data_sha256": digest,
         "objective": scorer.objective,
         "model": {"path": str(model_path), **scorer.metadata},
-        "throughput": {
-            "distinct_texts": len(used),
-            "pairs": len(used) / 2,
-            "tokens": tokens,
-            "seconds": seconds,
-            "texts_per_s": len(used) / seconds if seconds > 0 else None,
-            "pairs_per_s": len(used) / 2 / seconds if seconds > 0 else None,
-            "tokens_per_s": tokens / seconds if seconds > 0 else None,
-            **options.record(device),
-            **scorer.scoring,
-        },
+        "throughput": _throughput(len(used), tokens, seconds, {**options.record(device), **scorer.scoring}),
         "bootstrap": {
             "seed": options.seed,
             "replicates": options.replicates,

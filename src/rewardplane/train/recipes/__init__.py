@@ -1,1 +1,0 @@
-"""Recipes: an objective plus the data it trains on, wired into the one training loop."""
