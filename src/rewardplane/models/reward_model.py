@@ -198,7 +198,7 @@ def model_spec(m: ModelConfig) -> dict[str, Any]:
         "config": m.config,
         "path": m.path,
         "gguf_file": m.gguf_file,
-        "random_init": getattr(m, "random_init", False),
+        "random_init": m.random_init,
         "config_overrides": m.config_overrides,
         "attn_implementation": m.attn_implementation,
         "trust_remote_code": m.trust_remote_code,
