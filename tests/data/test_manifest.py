@@ -74,3 +74,73 @@ def test_bad_split_arguments_leave_no_output(tmp_path, source):
     with pytest.raises(UsageError):
         prepare(source, tmp_path / "out", eval_size=1, seed_key="")
     assert prepare(source, tmp_path / "out", eval_size=0, seed_key="k")["counts"]["eval"] == 0
+
+
+def _hh(opening: str, reply: str, other: str) -> dict:
+    return {
+        "chosen": f"\n\nHuman: {opening}\n\nAssistant: {reply}",
+        "rejected": f"\n\nHuman: {opening}\n\nAssistant: {other}",
+    }
+
+
+def _branching_rows() -> list[dict]:
+    """HH-style conversations that share openings: three turns deep, several per opening."""
+    rows = []
+    for q in range(12):
+        for follow in range(q % 4 + 1):
+            rows.append(
+                {
+                    "chosen": f"\n\nHuman: question {q}\n\nAssistant: answer\n\nHuman: more {follow}"
+                    f"\n\nAssistant: good {q}.{follow}",
+                    "rejected": f"\n\nHuman: question {q}\n\nAssistant: answer\n\nHuman: more {follow}"
+                    f"\n\nAssistant: bad {q}.{follow}",
+                }
+            )
+    return rows
+
+
+def _openings(path):
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    return [next(m["content"] for m in r["prompt"] if m["role"] == "user") for r in rows]
+
+
+@pytest.mark.parametrize("eval_size", [1, 5, 9])
+def test_split_by_first_turn_keeps_each_opening_on_one_side(tmp_path, eval_size):
+    manifest = prepare(
+        write_rows(tmp_path / "in.jsonl", _branching_rows()),
+        tmp_path / "out",
+        eval_size=eval_size,
+        seed_key="k",
+        split_by="first_turn",
+    )
+    train, eval_ = _openings(tmp_path / "out" / "train.jsonl"), _openings(tmp_path / "out" / "eval.jsonl")
+    assert not set(train) & set(eval_)
+    assert manifest["counts"]["eval"] == len(eval_) >= eval_size  # the boundary group goes whole
+    assert manifest["counts"]["train"] == len(train) == manifest["counts"]["valid"] - len(eval_)
+    assert manifest["split"]["by"] == "first_turn"
+
+
+def test_split_by_pair_is_unchanged_and_splits_openings(tmp_path):
+    """The default still ranks pair by pair (the manifest has no `by`), which puts branches of
+    one conversation on both sides: the reason for `first_turn`."""
+    manifest = prepare(
+        write_rows(tmp_path / "in.jsonl", _branching_rows()), tmp_path / "o", eval_size=9, seed_key="k"
+    )
+    assert "by" not in manifest["split"]
+    assert set(_openings(tmp_path / "o" / "train.jsonl")) & set(_openings(tmp_path / "o" / "eval.jsonl"))
+
+
+def test_split_by_prompt_groups_identical_prompts(tmp_path):
+    rows = [_hh("same", f"yes {i}", f"no {i}") for i in range(5)] + [
+        _hh(f"q{i}", "y", "n") for i in range(10)
+    ]
+    prepare(
+        write_rows(tmp_path / "in.jsonl", rows), tmp_path / "o", eval_size=3, seed_key="k", split_by="prompt"
+    )
+    train, eval_ = _openings(tmp_path / "o" / "train.jsonl"), _openings(tmp_path / "o" / "eval.jsonl")
+    assert ("same" in train) != ("same" in eval_)
+
+
+def test_unknown_split_by_is_refused(tmp_path, source):
+    with pytest.raises(UsageError, match="--split-by"):
+        prepare(source, tmp_path / "out", eval_size=1, seed_key="k", split_by="row")

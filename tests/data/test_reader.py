@@ -292,3 +292,35 @@ def test_large_inputs_finish_fast(tmp_path, monkeypatch):
         handle.write('", "rejected": "b"}\n{"chosen": "a", "rejected": "b"}\n')
     assert [getattr(i, "reason", "ok") for i in iter_pairs(line)] == [R.OVERSIZE, "ok"]
     assert time.perf_counter() - start < 30
+
+
+@pytest.mark.parametrize("name", ["rows.jsonl.gz", "rows.json.gz", "rows.bin"])
+def test_gzip_files_read_as_their_uncompressed_rows(tmp_path, name):
+    """`hh_harmless_base_test.jsonl.gz` as published: gzip is recognised by its bytes, not its name."""
+    import gzip
+
+    rows = generate_rows(12, seed=3)
+    plain = write_jsonl(tmp_path / "rows.jsonl", rows)
+    text = json.dumps(rows) if ".json." in name else plain.read_text()
+    (tmp_path / name).write_bytes(gzip.compress(text.encode()))
+    assert as_json(iter_pairs(tmp_path / name)) == as_json(iter_pairs(plain))
+
+
+def test_gzip_parquet_is_refused_in_one_line(tmp_path):
+    import gzip
+
+    pq.write_table(pa.table({"chosen": ["a"], "rejected": ["b"]}), tmp_path / "x.parquet")
+    (tmp_path / "x.parquet.gz").write_bytes(gzip.compress((tmp_path / "x.parquet").read_bytes()))
+    with pytest.raises(UsageError, match="unpack it first"):
+        list(iter_rows(tmp_path / "x.parquet.gz"))
+
+
+def test_hub_folder_reads_gzip_shards(tmp_path):
+    import gzip
+
+    folder = tmp_path / "hub"
+    (folder / "data").mkdir(parents=True)
+    rows = generate_rows(6, seed=5)
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    (folder / "data" / "train-00000.jsonl.gz").write_bytes(gzip.compress(text.encode()))
+    assert len(list(iter_rows(folder))) == 6

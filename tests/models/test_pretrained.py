@@ -71,3 +71,20 @@ def test_pretrained_backbone_trains_and_reloads_with_identical_scores(tmp_path, 
     ]
     assert [r["chosen_score"] for r in rows] == pytest.approx(chosen.tolist(), abs=1e-5)
     assert [r["rejected_score"] for r in rows] == pytest.approx(rejected.tolist(), abs=1e-5)
+
+
+def test_random_init_takes_the_architecture_not_the_weights():
+    """`model.random_init`: the tutorial's baseline is the pretrained model's shape with fresh weights."""
+    from rewardplane.models.reward_model import build_backbone
+
+    spec = _minilm()
+    pretrained = build_backbone(spec)
+    torch.manual_seed(0)
+    fresh = build_backbone({**spec, "random_init": True})
+    assert fresh.config.to_diff_dict() == pretrained.config.to_diff_dict()
+    same_shapes = {k: v.shape for k, v in fresh.state_dict().items()} == {
+        k: v.shape for k, v in pretrained.state_dict().items()
+    }
+    assert same_shapes
+    weight = "encoder.layer.0.attention.self.query.weight"
+    assert not torch.equal(fresh.state_dict()[weight], pretrained.state_dict()[weight])

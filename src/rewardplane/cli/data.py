@@ -30,6 +30,13 @@ def register(subparsers) -> None:
     prepare.add_argument("--out", required=True, metavar="DIR")
     prepare.add_argument("--eval-size", required=True, type=int, metavar="N")
     prepare.add_argument("--seed-key", required=True, metavar="KEY")
+    prepare.add_argument(
+        "--split-by",
+        choices=("pair", "prompt", "first_turn"),
+        default="pair",
+        help="keep each group on one side of the split: a pair alone (default), every pair of one prompt,"
+        " or every pair whose conversation opens with the same user turn",
+    )
     _tokenizer_args(prepare)
     prepare.set_defaults(func=cmd_prepare)
 
@@ -163,6 +170,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
             tokenizer_name=name,
             settings=settings,
             progress=bar,
+            split_by=args.split_by,
         )
     counts = manifest["counts"]
     print(

@@ -6,6 +6,11 @@ The split does not depend on input order: each valid pair is ranked by
 streaming; training shuffles with its own seed anyway). Only the eval candidates are held in
 memory (a bounded heap); train rows are spooled to a file.
 
+`split_by="prompt"` or `"first_turn"` keeps every pair of one group on one side, so no held-out
+pair shares its prompt (or its conversation's opening user turn) with a training pair: pairs
+are ranked by their group's rank first, and the group at the boundary goes whole to eval (which
+then holds a few more than `eval_size` pairs; the manifest counts what was written).
+
 The manifest holds no timestamps or absolute paths, so the same input and settings give a
 byte-identical `manifest.json`.
 """
@@ -25,15 +30,35 @@ from rewardplane.core.hashing import canonical_json, sha256_file
 from rewardplane.data.pipeline import Summary, iter_validated
 from rewardplane.data.reader import detect_format, input_name, input_sha256
 from rewardplane.data.reasons import Rejection
+from rewardplane.data.records import PreferencePair
 from rewardplane.data.tokenize import TokenizeSettings, template_sha256, tokenizer_sha256
 
 MANIFEST_FORMAT = "rewardplane.manifest/v1"
 OUTPUTS = ("train.jsonl", "eval.jsonl", "rejects.jsonl")
+SPLIT_BY = ("pair", "prompt", "first_turn")
+"""What a split keeps whole: each pair alone, every pair of one prompt, or every pair whose
+conversation opens with the same user turn (HH-RLHF's branches share openings, not prompts)."""
 
 
 def split_rank(seed_key: str, pair_id: str) -> str:
     """The order that decides the split: hex SHA-256 of `KEY:pair_id`."""
     return hashlib.sha256(f"{seed_key}:{pair_id}".encode()).hexdigest()
+
+
+def group_key(pair: PreferencePair, split_by: str) -> str:
+    """The key a `split_by` group shares ("" for `pair`, where every pair is its own group)."""
+    if split_by == "pair":
+        return ""
+    if split_by == "first_turn":
+        first_user = next((m["content"] for m in pair.prompt if m.get("role") == "user"), None)
+        if first_user is not None:
+            return canonical_json(["first_turn", first_user]).decode()
+    return canonical_json(["prompt", pair.prompt]).decode()
+
+
+def _rank(seed_key: str, pair: PreferencePair, split_by: str) -> str:
+    own = split_rank(seed_key, pair.pair_id)
+    return own if split_by == "pair" else split_rank(seed_key, group_key(pair, split_by)) + own
 
 
 def prepare(
@@ -46,15 +71,19 @@ def prepare(
     tokenizer_name: str | None = None,
     settings: TokenizeSettings | None = None,
     progress=None,
+    split_by: str = "pair",
 ) -> dict[str, Any]:
     """Write train/eval/rejects JSONL and manifest.json into `out` (atomically); return the manifest."""
     if eval_size < 0:
         raise UsageError("--eval-size must be >= 0")
     if not seed_key:
         raise UsageError("--seed-key must not be empty")
+    if split_by not in SPLIT_BY:
+        raise UsageError(f"--split-by {split_by!r}: one of {', '.join(SPLIT_BY)}")
     settings = settings or TokenizeSettings()
     summary = Summary()
     heap: list[tuple[str, int, bytes]] = []  # (inverted rank, valid index, line)
+    group_ranks: list[str] = []  # each valid pair's group rank (split_by != "pair" only)
     with staged_dir(out) as tmp:
         spool_path = tmp / ".train.spool"
         with open(tmp / "rejects.jsonl", "wb") as rejects, open(spool_path, "wb") as spool:
@@ -70,7 +99,10 @@ def prepare(
                 line = canonical_json(pair.to_json()) + b"\n"
                 spool.write(line)
                 # keep the eval_size smallest ranks: a max-heap on rank (inverted hex digits)
-                entry = (_invert(split_rank(seed_key, pair.pair_id)), valid_index, line)
+                rank = _rank(seed_key, pair, split_by)
+                if split_by != "pair":
+                    group_ranks.append(rank[:64])
+                entry = (_invert(rank), valid_index, line)
                 if len(heap) < eval_size:
                     heapq.heappush(heap, entry)
                 elif eval_size and entry > heap[0]:
@@ -78,26 +110,42 @@ def prepare(
                 valid_index += 1
         if eval_size > summary.valid:
             raise UsageError(f"--eval-size {eval_size} exceeds the {summary.valid} valid rows")
-        eval_entries = sorted(heap, reverse=True)  # ascending rank
-        eval_indices = {index for _, index, _ in eval_entries}
-        with open(tmp / "eval.jsonl", "wb") as handle:
-            for _, _, line in eval_entries:
-                handle.write(line)
-        with open(spool_path, "rb") as spool, open(tmp / "train.jsonl", "wb") as train:
-            for index, line in enumerate(spool):
-                if index not in eval_indices:
-                    train.write(line)
-        spool_path.unlink()
-        manifest = _manifest(source, tmp, eval_size, seed_key, summary, tokenizer, tokenizer_name, settings)
+        n_eval = _write_split(tmp, spool_path, sorted(heap, reverse=True), group_ranks)
+        split = {"eval_size": eval_size, "seed_key": seed_key, "rank": "sha256(seed_key + ':' + pair_id)"}
+        if split_by != "pair":
+            split |= {"by": split_by, "group_rank": _GROUP_RANK}
+        manifest = _manifest(source, tmp, split, n_eval, summary, tokenizer, tokenizer_name, settings)
         write_json(tmp / "manifest.json", manifest)
     return manifest
+
+
+def _write_split(tmp: Path, spool_path: Path, eval_entries: list, group_ranks: list[str]) -> int:
+    """eval.jsonl (the heap's pairs in rank order, then the rest of the boundary group) and
+    train.jsonl (every other spooled pair, in input order); returns how many went to eval."""
+    eval_indices = {index for _, index, _ in eval_entries}
+    boundary = _invert(eval_entries[-1][0])[:64] if eval_entries and group_ranks else None
+    n_eval = len(eval_entries)
+    with open(tmp / "eval.jsonl", "wb") as handle:
+        for _, _, line in eval_entries:
+            handle.write(line)
+        with open(spool_path, "rb") as spool, open(tmp / "train.jsonl", "wb") as train:
+            for index, line in enumerate(spool):
+                if index in eval_indices:
+                    continue
+                if boundary is not None and group_ranks[index] == boundary:
+                    handle.write(line)  # the boundary group goes whole to eval
+                    n_eval += 1
+                else:
+                    train.write(line)
+    spool_path.unlink()
+    return n_eval
 
 
 def _manifest(
     source: str | Path,
     tmp: Path,
-    eval_size: int,
-    seed_key: str,
+    split: dict[str, Any],
+    n_eval: int,
     summary: Summary,
     tokenizer,
     tokenizer_name: str | None,
@@ -112,11 +160,7 @@ def _manifest(
             "format": detect_format(source),
             "sha256": input_sha256(source),
         },
-        "split": {
-            "eval_size": eval_size,
-            "seed_key": seed_key,
-            "rank": "sha256(seed_key + ':' + pair_id)",
-        },
+        "split": split,
         "tokenizer": None
         if tokenizer is None
         else {
@@ -129,13 +173,15 @@ def _manifest(
             "rows": summary.rows,
             "valid": summary.valid,
             "rejected": summary.rejected,
-            "train": summary.valid - eval_size,
-            "eval": eval_size,
+            "train": summary.valid - n_eval,
+            "eval": n_eval,
         },
         "rejections": dict(summary.rejections),
         "outputs": {name: {"sha256": sha256_file(tmp / name)} for name in OUTPUTS},
     }
 
+
+_GROUP_RANK = "sha256(seed_key + ':' + group key), then the pair's own rank; the boundary group whole"
 
 _INVERT = str.maketrans("0123456789abcdef", "fedcba9876543210")
 

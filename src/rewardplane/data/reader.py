@@ -1,6 +1,7 @@
 """Stream preference rows from JSONL, JSON arrays, Parquet, Arrow and Hub-format folders.
 
-Memory stays flat in the input size: JSONL is read line by line (a line over `MAX_ROW_BYTES`
+Memory stays flat in the input size: JSONL is read line by line (gzip-compressed JSONL and JSON,
+`*.jsonl.gz`, are decompressed as they are read) (a line over `MAX_ROW_BYTES`
 is skipped in chunks, an `oversize` rejection), JSON arrays are decoded element by element
 from ijson's event stream (linear time), Parquet and Arrow in record batches. A folder is a
 `datasets.save_to_disk` dataset (dict) or `load_dataset`-style data files (Parquet shards
@@ -15,6 +16,7 @@ for the same data in any format.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 from collections.abc import Iterable, Iterator
@@ -36,6 +38,7 @@ MAX_ROW_BYTES = 16 << 20
 """A JSONL line longer than this is rejected `oversize` (read in chunks, never held whole)."""
 _LINE_CHUNK = 1 << 16
 _WHITESPACE = " \t\r\n"
+_GZIP_MAGIC = b"\x1f\x8b"
 _FILE_SUFFIXES = {
     ".jsonl": "jsonl",
     ".json": "json",
@@ -82,14 +85,24 @@ def detect_format(path: str | Path) -> str:
         return "parquet"
     if path.suffix.lower() == ".arrow":
         return "arrow"
-    with open(path, "rb") as handle:
+    with _open_bytes(path) as handle:
         head = handle.read(4096)
-    if head.startswith(b"PAR1"):
-        return "parquet"
-    if head.startswith(b"ARROW1") or head.startswith(b"\xff\xff\xff\xff"):
-        return "arrow"
+    if head.startswith(b"PAR1") or head.startswith(b"ARROW1") or head.startswith(b"\xff\xff\xff\xff"):
+        if _is_gzip(path):
+            raise UsageError(f"{path}: a gzip-compressed Parquet or Arrow file; unpack it first (gunzip)")
+        return "parquet" if head.startswith(b"PAR1") else "arrow"
     stripped = head.lstrip(b"\xef\xbb\xbf" + _WHITESPACE.encode())
     return "json" if stripped.startswith(b"[") else "jsonl"
+
+
+def _is_gzip(path: Path) -> bool:
+    with open(path, "rb") as handle:
+        return handle.read(2) == _GZIP_MAGIC
+
+
+def _open_bytes(path: str | Path):
+    """The file's bytes, decompressed as they are read when it is gzip (by content, not by name)."""
+    return gzip.open(path, "rb") if _is_gzip(Path(path)) else open(path, "rb")
 
 
 def input_files(path: str | Path) -> list[Path]:
@@ -170,7 +183,7 @@ def _hub_files(root: Path, split: str) -> list[Path]:
         p
         for p in root.rglob("*")
         if p.is_file()
-        and p.suffix.lower() in _FILE_SUFFIXES
+        and _data_suffix(p) in _FILE_SUFFIXES
         and not any(part.startswith(".") for part in p.relative_to(root).parts)
         and p.name not in ("dataset_info.json", "state.json", "dataset_dict.json")
     )
@@ -185,6 +198,12 @@ def _hub_files(root: Path, split: str) -> list[Path]:
         named = sorted(k for k in by_split if k)
         raise UsageError(f"{root}: no split {split!r} (splits: {', '.join(named)}); use {root}:SPLIT")
     return by_split[split]
+
+
+def _data_suffix(path: Path) -> str:
+    """`.jsonl` for `x.jsonl` and `x.jsonl.gz` alike."""
+    suffixes = [s.lower() for s in path.suffixes]
+    return suffixes[-2] if len(suffixes) > 1 and suffixes[-1] == ".gz" else path.suffix.lower()
 
 
 def _split_of(relative: Path) -> str | None:
@@ -283,7 +302,7 @@ class SeenIds:
 
 def _iter_jsonl(path: str | Path, max_row_bytes: int | None = None) -> Iterator[Any]:
     limit = MAX_ROW_BYTES if max_row_bytes is None else max_row_bytes
-    with open(path, "rb") as handle:
+    with _open_bytes(path) as handle:
         first = True
         while True:
             line = handle.readline(limit + 1)
@@ -325,7 +344,7 @@ def _iter_json_array(path: str | Path) -> Iterator[Any]:
     """
     import ijson
 
-    with open(path, "rb") as handle:
+    with _open_bytes(path) as handle:
         if handle.read(3) != b"\xef\xbb\xbf":
             handle.seek(0)
         count = 0

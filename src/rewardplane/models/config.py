@@ -47,6 +47,7 @@ class ModelConfig(ConfigModel):
     config: dict[str, Any] | None = None
     path: str | None = None
     gguf_file: str | None = None
+    random_init: bool = False  # with `path`: its architecture, fresh weights (the baseline for pretraining)
     init_from: str | None = None  # rewardplane RM checkpoint or HF *ForSequenceClassification dir
     config_overrides: dict[str, Any] = Field(default_factory=dict)
     attn_implementation: str = "auto"  # rk_varlen on CUDA, sdpa on CPU (models/attention.py)

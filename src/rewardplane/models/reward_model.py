@@ -52,7 +52,9 @@ def build_backbone(
     `auto_class` (default `AutoModel`) picks the head: DPO policies pass `AutoModelForCausalLM`.
 
     - `path`: a local directory (or a GGUF file inside one via `gguf_file`), loaded with
-      `local_files_only=True`; `trust_remote_code` only when the spec enables it.
+      `local_files_only=True`; `trust_remote_code` only when the spec enables it. With
+      `random_init`, only its config is read: the same architecture with fresh weights, the
+      baseline that shows what the pretrained weights buy.
     - `tiny`: a name from `rewardplane.models.tiny.TINY_CONFIGS`, random init.
     - `config`: an inline config dict with `model_type`, random init.
     """
@@ -71,6 +73,11 @@ def build_backbone(
         }
         if spec.get("gguf_file"):
             kwargs["gguf_file"] = spec["gguf_file"]
+        if spec.get("random_init"):
+            with reading(spec["path"], "model", code="bad_model_dir"):
+                config = AutoConfig.from_pretrained(spec["path"], **overrides, **kwargs)
+            config._attn_implementation = attn
+            return auto_class.from_config(config, dtype=torch.float32)
         with reading(spec["path"], "model", code="bad_model_dir"):
             model = auto_class.from_pretrained(spec["path"], dtype=torch.float32, **overrides, **kwargs)
         if getattr(model.config, "quantization_config", None) is not None:
@@ -191,6 +198,7 @@ def model_spec(m: ModelConfig) -> dict[str, Any]:
         "config": m.config,
         "path": m.path,
         "gguf_file": m.gguf_file,
+        "random_init": m.random_init,
         "config_overrides": m.config_overrides,
         "attn_implementation": m.attn_implementation,
         "trust_remote_code": m.trust_remote_code,

@@ -203,7 +203,7 @@ def _base_identity(m: ModelConfig, backbone_config: Any) -> dict[str, Any]:
         src = Path(m.init_from)
         files = sorted(src.glob("*.safetensors"))
         return {"init_from": str(src), "sha256": sha256_file(files[0]) if len(files) == 1 else None}
-    if m.path:
+    if m.path and not m.random_init:
         src = Path(m.path)
         files = [src / m.gguf_file] if m.gguf_file else sorted(src.glob("*.safetensors"))
         return {"path": str(src), "sha256": sha256_file(files[0]) if len(files) == 1 else None}
