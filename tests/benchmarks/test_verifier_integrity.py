@@ -107,3 +107,37 @@ def test_summary_counts_paid_na_and_plain_python_beside():
 @pytest.mark.parametrize("score", [1.0, 1, 2.5])
 def test_paid_is_a_number_at_least_one(score):
     assert bench.paid(score) and not bench.paid(True) and not bench.paid("n/a") and not bench.paid(0.99)
+
+
+def _run(commit: str, scores: dict) -> dict:
+    corpus = [{"id": "x1", "family": "f", "kind": "exploit"}, {"id": "ok", "family": "f", "kind": "honest"}]
+    machine = {"load_avg_at_start": [1, 1, 1], "load_avg_at_end": [2, 2, 2]}
+    return {
+        "commit": commit,
+        "command": f"python benchmarks/verifier_integrity.py  # {commit}",
+        "wall_s": 60.0,
+        "machine": machine,
+        "seconds_per_verifier": dict.fromkeys(scores, 1.0),
+        "corpus": corpus,
+        "scores": scores,
+        "summary": {"gsm8k": {"rewardplane": {"items": 0}}},
+    }
+
+
+def test_merge_takes_the_peers_not_run_now_and_names_each_columns_commit():
+    ids = ("x1", "ok", "mbpp/1", "mbpp/1~m0")
+    old = _run("old", {v: dict.fromkeys(ids, 1.0) for v in ("rewardplane", "plain", "peer")})
+    new = _run("new", {"rewardplane": dict.fromkeys(ids, 0.0), "plain": dict.fromkeys(ids, 1.0)})
+    merged = bench.merge_peers(new, old, "old.json")
+    assert merged["scores"]["peer"] == old["scores"]["peer"] and merged["scores"]["rewardplane"]["x1"] == 0.0
+    assert merged["measured_at"] == {"rewardplane": "new", "plain": "new", "peer": "old"}
+    s = merged["summary"]
+    assert s["peer"]["exploits_paid"] == ["x1"] and s["rewardplane"]["exploits_paid"] == []
+    assert (
+        s["peer"]["mbpp_mutants"]["paid"] == ["mbpp/1~m0"]
+        and s["rewardplane"]["mbpp_honest"]["rejected"] == 1
+    )
+    assert merged["merged_from"]["verifiers"] == ["peer"] and s["gsm8k"] == new["summary"]["gsm8k"]
+    del old["scores"]["peer"]["mbpp/1"]
+    with pytest.raises(SystemExit, match="peer has no score for mbpp/1"):
+        bench.merge_peers(new, old, "old.json")
