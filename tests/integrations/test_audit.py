@@ -129,6 +129,8 @@ def test_audit_metrics_is_the_flat_dict_verl_and_openrlhf_log(audited):
         "audit/proxy_mean": 3.0,
         "audit/neg/mean": -3.0,
         "audit/neg/tau": -1.0,
+        "audit/neg/tilt": pytest.approx(-1.0),
+        "audit/epoch": 0.0,
         "audit/neg/gap": pytest.approx(0.0, abs=1e-9),
         "audit/alarm/decorrelation": 1.0,
         "audit/alarm/decorrelation/neg": 1.0,
