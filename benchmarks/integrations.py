@@ -6,7 +6,7 @@ from 16 concurrent callers (threads, closed loop, `--seconds` each after a warm-
 
   v1_score   `POST /v1/score` through rewardplane's own client (the reference)
   openrlhf   `POST /get_reward` with 64 queries, `mode=split` (prompt + response re-rendered)
-  gateway    `POST /score`, protocol "1", 64 requests of one text turn pair each
+  unirl      `POST /score`, protocol "1", 64 requests of one text turn pair each
   trl        `integrations.trl.RemoteReward(prompts, completions)` as GRPOTrainer calls it
   verl       `integrations.verl.compute_score_async(...)` for each item, gathered on one event loop
              per caller thread, as a verl 0.9 RewardLoopWorker fans a chunk out to its manager
@@ -71,7 +71,7 @@ def parse_args(argv=None):
         default=1,
         help="client processes the callers are spread over (threads in each)",
     )
-    p.add_argument("--routes", default="v1_score,openrlhf,gateway,trl,verl")
+    p.add_argument("--routes", default="v1_score,openrlhf,unirl,trl,verl")
     p.add_argument("--rounds", type=int, default=3, help="routes interleaved this many times; median kept")
     p.add_argument("--components", action="store_true", help="scalar vs components route per adapter")
     p.add_argument("--pairs", type=int, default=40, help="--components: call pairs per round")
@@ -189,7 +189,7 @@ def openrlhf_body(prompts: list[str], responses: list[str]) -> dict:
     }
 
 
-def gateway_body(prompts: list[str], responses: list[str]) -> dict:
+def unirl_body(prompts: list[str], responses: list[str]) -> dict:
     """`POST /score`'s body (protocol "1"): one request of a prompt turn and a response turn per item."""
     reqs = [
         {"history": [{"text": p}, {"text": r}], "required_rewards": ["rm"], "request_id": str(k)}
@@ -223,8 +223,8 @@ def make_calls(url: str, batch: int) -> dict:
         r.raise_for_status()
         return len(r.json()["scores"])
 
-    def gateway() -> int:
-        r = http().post("/score", json=gateway_body(prompts, responses))
+    def unirl() -> int:
+        r = http().post("/score", json=unirl_body(prompts, responses))
         r.raise_for_status()
         out = r.json()
         assert not any(out["errors"]), out["errors"]
@@ -248,7 +248,7 @@ def make_calls(url: str, batch: int) -> dict:
             local.loop = asyncio.new_event_loop()
         return len(local.loop.run_until_complete(verl_chunk()))
 
-    return {"v1_score": v1_score, "openrlhf": openrlhf, "gateway": gateway, "trl": trl, "verl": verl}
+    return {"v1_score": v1_score, "openrlhf": openrlhf, "unirl": unirl, "trl": trl, "verl": verl}
 
 
 def closed_loop(call, callers: int, warmup: float, seconds: float, start: float | None = None) -> float:

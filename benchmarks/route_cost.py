@@ -4,7 +4,7 @@ The app (`create_app`) is driven through its ASGI callable, with each body encod
 and answers left unparsed, so nearly all CPU this process spends is the server's: routing, body
 parsing and validation, building items, the backend, building and encoding the answer. Every
 route gets the same 64 text items per call, in the bodies `benchmarks/integrations.py` sends:
-`v1_score` (`POST /v1/score`), `gateway` (`POST /score`, protocol "1", a prompt turn and a
+`v1_score` (`POST /v1/score`), `unirl` (`POST /score`, UniRL protocol "1", a prompt turn and a
 response turn per request) and `openrlhf` (`POST /get_reward?mode=split`).
 
 `--scorer`: `none`, a backend that answers at once (the route's own cost); `len`, the `length`
@@ -32,7 +32,7 @@ import statistics
 import sys
 import time
 
-from integrations import PROMPTS, RESPONSES, gateway_body, openrlhf_body, v1_items  # same items, same bodies
+from integrations import PROMPTS, RESPONSES, openrlhf_body, unirl_body, v1_items  # same items, same bodies
 from rewardplane.serve.app import create_app
 from rewardplane.serve.backend import InProcessBackend
 from rewardplane.serve.config import config_from_dict
@@ -44,7 +44,7 @@ def bodies(batch: int) -> dict[str, tuple[str, str, bytes]]:
     v1 = {"scorers": ["rm"], "items": v1_items(prompts, responses)}
     return {
         "v1_score": ("/v1/score", "", json.dumps(v1).encode()),
-        "gateway": ("/score", "", json.dumps(gateway_body(prompts, responses)).encode()),
+        "unirl": ("/score", "", json.dumps(unirl_body(prompts, responses)).encode()),
         "openrlhf": (
             "/get_reward",
             "scorer=rm&mode=split",
@@ -209,7 +209,7 @@ def parse_args(argv=None):
     p.add_argument("--requests", type=int, default=300, help="calls per route per round")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--concurrency", type=int, default=1)
-    p.add_argument("--routes", default="v1_score,gateway,openrlhf", help="the first is the reference")
+    p.add_argument("--routes", default="v1_score,unirl,openrlhf", help="the first is the reference")
     p.add_argument(
         "--gc",
         choices=("on", "off", "freeze"),

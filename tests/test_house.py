@@ -21,10 +21,8 @@ FLAT_TABLES_AND_PARSERS: dict[str, str] = {
 }
 
 TEMPORARY: dict[str, str] = {
-    # serve/: split by the engineers of issues 43-46 who own these modules (issue 46 item 2
-    # splits the UniRL route; the sandbox's pump and the zygote's main belong to issue 43)
-    "serve/routes/unirl.py:unirl_router": "issue 46 (moves): the reward-protocol route in named steps",
-    "serve/routes/unirl.py:unirl_router.score": "issue 46 (moves): the reward-protocol route in named steps",
+    # serve/: split by the engineers of issues 43-46 who own these modules (the sandbox's pump
+    # and the zygote's main belong to issue 43; the UniRL route is split, issue 46)
     "serve/execution/sandbox.py:LocalSandbox._pump": "issue 43: serve/execution",
     "serve/execution/zygote.py:zygote_main": "issue 43: serve/execution",
     # eval/report/ is issue 47's this round

@@ -1,144 +1,27 @@
-"""The package's shape, checked from source: no import cycles, imports only run down the layers.
-
-The import graph is read from the AST of every module under src/rewardplane (lazy imports inside
-functions included: they still tie one layer to another), so this needs no new dependency and
-imports nothing. docs/architecture.md draws the same layers.
-"""
+"""The package's shape, checked from source against the design kept as data in
+tests/support/layering.py (the line of layers, the parts table of allowed and forbidden arrows,
+serve's order of parts) and drawn in docs/architecture.md: no import cycles, no import against
+the tables, and the drawing equal to the tables."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
+
+from support.layering import (
+    ARROWS,
+    LAYERS,
+    SERVE_ORDER,
+    all_imports,
+    find_cycle,
+    import_graph,
+    violations,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "src" / "rewardplane"
-
-LAYERS: tuple[tuple[str, ...], ...] = (
-    # lowest first; a module may import its own layer and those listed before it
-    ("core",),
-    ("data",),
-    ("models",),
-    ("objectives",),
-    ("eval",),  # below train: training evaluates its probe through the eval runner
-    ("train",),
-    ("serve",),
-    ("deploy",),
-    ("bench",),
-    ("integrations",),
-    ("cli", "demo", "__main__"),
-)
-RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
-
-
-def module_name(path: Path, root: Path) -> str:
-    parts = list(path.relative_to(root.parent).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
-def import_graph(root: Path) -> dict[str, dict[str, int]]:
-    """module -> {imported module of this package: line number of the first such import}."""
-    modules = {module_name(p, root): p for p in root.rglob("*.py")}
-    graph: dict[str, dict[str, int]] = {}
-    for name, path in modules.items():
-        edges: dict[str, int] = {}
-        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            targets: list[str] = []
-            if isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                    base = ".".join([*anchor, base] if base else anchor)
-                # `from pkg import mod` names the submodule; `from pkg import name` the package
-                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
-            for target in targets:
-                if target in modules and target != name:
-                    edges.setdefault(target, node.lineno)
-        graph[name] = edges
-    return graph
-
-
-def layer_of(module: str) -> str:
-    parts = module.split(".")
-    return parts[1] if len(parts) > 1 else "core"  # the root package holds only __version__
-
-
-def find_cycle(graph: dict[str, dict[str, int]]) -> list[str] | None:
-    """One import cycle as a path a -> b -> ... -> a, or None (iterative DFS, three colours)."""
-    colour: dict[str, int] = {}
-    for start in sorted(graph):
-        if colour.get(start):
-            continue
-        stack: list[tuple[str, list[str]]] = [(start, sorted(graph[start]))]
-        path = [start]
-        colour[start] = 1
-        while stack:
-            node, pending = stack[-1]
-            if not pending:
-                colour[node] = 2
-                stack.pop()
-                path.pop()
-                continue
-            nxt = pending.pop()
-            if colour.get(nxt) == 1:
-                return [*path[path.index(nxt) :], nxt]
-            if not colour.get(nxt):
-                colour[nxt] = 1
-                path.append(nxt)
-                stack.append((nxt, sorted(graph[nxt])))
-    return None
-
-
-def layering_violations(graph: dict[str, dict[str, int]]) -> list[str]:
-    found = []
-    for module, edges in sorted(graph.items()):
-        for target, line in sorted(edges.items()):
-            src, dst = layer_of(module), layer_of(target)
-            if src not in RANK or dst not in RANK:
-                found.append(f"{module}: package {src if src not in RANK else dst!r} has no layer in LAYERS")
-            elif RANK[dst] > RANK[src]:
-                found.append(
-                    f"{module}:{line} imports {target} ({src} may not import the higher layer {dst})"
-                )
-    return found
-
-
-def within(module: str, prefixes: tuple[str, ...]) -> bool:
-    """`module` is one of `prefixes` or inside one of them (a package prefix)."""
-    return any(module == p or module.startswith(p + ".") for p in prefixes)
-
-
-SCORERS = ("rewardplane.serve.scorers",)
-SPEAKERS = ("rewardplane.bench", "rewardplane.serve.client")
-"""Speakers of the wire: they say what the protocol says and import no scorer module."""
-PLANNERS = ("rewardplane.bench.qualify",)
-"""bench/qualify plans deployments: it reads the scorer specs it lays out, above serve and deploy."""
-PROTOCOL = ("rewardplane.serve.protocol",)
-PROTOCOL_MAY_IMPORT = ("rewardplane.core", "rewardplane.data", *PROTOCOL)
-"""The protocol is the bottom of serve: it imports no scorer, route, backend or app."""
-
-
-def scorer_imports(graph: dict[str, dict[str, int]]) -> list[str]:
-    """Imports that break "bench and the client import no scorer module" or "the protocol
-    imports nothing of serve but itself"."""
-    found = []
-    for module, edges in sorted(graph.items()):
-        for target, line in sorted(edges.items()):
-            if within(module, SPEAKERS) and not within(module, PLANNERS) and within(target, SCORERS):
-                found.append(f"{module}:{line} imports {target} (a speaker of the wire imports no scorer)")
-            elif within(module, PROTOCOL) and not within(target, PROTOCOL_MAY_IMPORT):
-                found.append(
-                    f"{module}:{line} imports {target} (the protocol imports only core, data, itself)"
-                )
-    return found
-
-
-def test_bench_and_the_client_import_no_scorer_module_and_the_protocol_nothing_above_it():
-    assert scorer_imports(import_graph(PACKAGE)) == []
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
 
 
 def test_no_import_cycles():
@@ -146,45 +29,107 @@ def test_no_import_cycles():
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
-def test_imports_run_down_the_layers():
-    assert layering_violations(import_graph(PACKAGE)) == []
+def test_every_import_keeps_to_the_layers_the_parts_table_and_serves_order():
+    assert violations(all_imports(PACKAGE)) == []
 
 
-def test_the_checks_catch_a_cycle_and_an_upward_import(tmp_path):
-    """The checks themselves, on a fabricated package, so that a broken checker cannot pass silently."""
+def _between(text: str, name: str) -> str:
+    match = re.search(rf"<!-- {name} -->\n(.*?)<!-- /{name} -->", text, re.S)
+    assert match, f"docs/architecture.md has no <!-- {name} --> block"
+    return match.group(1)
+
+
+def test_docs_architecture_draws_the_same_tables():
+    text = ARCHITECTURE.read_text()
+    line = " ← ".join(" · ".join(names) for names in LAYERS)
+    assert line in _between(text, "layers"), line
+    rows = [
+        [cell.strip().strip("`") for cell in row.strip().strip("|").split("|")]
+        for row in _between(text, "arrows").strip().splitlines()[2:]
+    ]
+    assert rows == [[a.importer, a.imported, "yes" if a.allowed else "no", a.why] for a in ARROWS]
+    assert " ← ".join(SERVE_ORDER) in _between(text, "serve-order")
+
+
+def _package(tmp_path: Path, files: dict[str, str]) -> Path:
     pkg = tmp_path / "rewardplane"
-    for sub in ("core", "serve"):
-        (pkg / sub).mkdir(parents=True)
-        (pkg / sub / "__init__.py").write_text("")
-    (pkg / "__init__.py").write_text("")
-    (pkg / "core" / "a.py").write_text("from rewardplane.core import b\n")
-    (pkg / "core" / "b.py").write_text("def f():\n    from rewardplane.core.a import x\n")
-    (pkg / "core" / "c.py").write_text("from ..serve import app\n")
-    (pkg / "serve" / "app.py").write_text("import rewardplane.core.a\n")
-    graph = import_graph(pkg)
-    assert find_cycle(graph) in (
+    for rel, source in {"__init__.py": "", **files}.items():
+        path = pkg / rel
+        for parent in reversed(path.relative_to(tmp_path).parents[:-1]):
+            (tmp_path / parent).mkdir(exist_ok=True)
+            (tmp_path / parent / "__init__.py").touch()
+        path.write_text(source)
+    return pkg
+
+
+TODAYS_THREE = {
+    # the three imports issue 46 found, as they were at 82488e0
+    "serve/audit/stats.py": "from rewardplane.eval.bootstrap import replicate_means\n",
+    "integrations/audit.py": "import httpx\n\ndef f():\n    from rewardplane.serve.audit.flat import firing\n",
+    "bench/qualify/plan.py": "from rewardplane.serve.config import ScorerSpec\n",
+    "eval/bootstrap.py": "",
+    "serve/audit/flat.py": "",
+    "serve/config.py": "",
+}
+
+
+def test_the_checker_catches_todays_three_kinds_of_arrow_on_a_fabricated_package(tmp_path):
+    """A downward import the design forbids (serve -> eval), a speaker of the wire past the client
+    (an integration importing the service's insides and making its own HTTP calls), and a planner
+    (bench/qualify -> serve.config) that only its row in the table allows."""
+    graph = all_imports(_package(tmp_path, TODAYS_THREE))
+    assert violations(graph) == [
+        "rewardplane.integrations.audit:1 imports httpx"
+        " (integrations -> httpx: HTTP goes through serve.client (retries, auth, errors))",
+        "rewardplane.integrations.audit:4 imports rewardplane.serve.audit.flat"
+        " (integrations -> serve: speakers of the wire use the service only through its client and vocabulary)",
+        "rewardplane.serve.audit.stats:1 imports rewardplane.eval.bootstrap"
+        " (serve -> eval: the service scores through models and objectives, never the evaluation)",
+    ]
+    without_planner = tuple(a for a in ARROWS if a.importer != "bench.qualify")
+    assert violations(graph, without_planner)[0] == (
+        "rewardplane.bench.qualify.plan:1 imports rewardplane.serve.config"
+        " (bench -> serve: speakers of the wire use the service only through its client and vocabulary)"
+    )
+
+
+def test_the_checker_catches_cycles_upward_imports_and_arrows_inside_serve(tmp_path):
+    pkg = _package(
+        tmp_path,
+        {
+            "core/a.py": "from rewardplane.core import b\n",
+            "core/b.py": "def f():\n    from rewardplane.core.a import x\n",
+            "core/c.py": "from ..serve import app\n",  # up the line of layers
+            "serve/app.py": "import rewardplane.core.a\n",
+            "serve/config.py": "from rewardplane.serve.protocol import items\n",
+            "serve/scorers/composite.py": "from ..config import KindSpec\n",  # up serve's order
+            "serve/protocol/items.py": "from rewardplane.data import records\nimport rewardplane.models.x\n",
+            "serve/client.py": "from rewardplane.serve.protocol import items\nfrom rewardplane.serve import backend\n",
+            "serve/backend.py": "",
+            "serve/newpart.py": "from rewardplane.serve.protocol import items\n",
+            "bench/loadgen.py": "from rewardplane.serve.protocol import items\nfrom rewardplane.serve.scorers import base\n",
+            "serve/scorers/base.py": "",
+            "integrations/trl.py": "from rewardplane.serve.client import C\nfrom rewardplane.serve.protocol import items\n",
+            "data/records.py": "",
+            "models/x.py": "",
+        },
+    )
+    assert find_cycle(import_graph(pkg)) in (
         ["rewardplane.core.a", "rewardplane.core.b", "rewardplane.core.a"],
         ["rewardplane.core.b", "rewardplane.core.a", "rewardplane.core.b"],
     )
-    assert layering_violations(graph) == [
-        "rewardplane.core.c:1 imports rewardplane.serve.app (core may not import the higher layer serve)"
-    ]
-
-
-def test_the_scorer_rule_catches_a_speaker_or_the_protocol_importing_a_scorer(tmp_path):
-    pkg = tmp_path / "rewardplane"
-    for sub in ("bench", "serve", "serve/scorers", "serve/protocol"):
-        (pkg / sub).mkdir(parents=True)
-        (pkg / sub / "__init__.py").write_text("")
-    (pkg / "__init__.py").write_text("")
-    (pkg / "serve" / "scorers" / "base.py").write_text("")
-    (pkg / "serve" / "client.py").write_text("def f():\n    from rewardplane.serve.scorers import base\n")
-    (pkg / "bench" / "loadgen.py").write_text("from rewardplane.serve.protocol import items\n")
-    (pkg / "serve" / "protocol" / "items.py").write_text("from ..scorers.base import Scorer\n")
-    assert scorer_imports(import_graph(pkg)) == [
-        "rewardplane.serve.client:2 imports rewardplane.serve.scorers.base (a speaker of the wire imports no scorer)",
-        "rewardplane.serve.protocol.items:1 imports rewardplane.serve.scorers.base"
-        " (the protocol imports only core, data, itself)",
+    assert violations(all_imports(pkg)) == [
+        "rewardplane.bench.loadgen:2 imports rewardplane.serve.scorers.base"
+        " (bench -> serve: speakers of the wire use the service only through its client and vocabulary)",
+        "rewardplane.core.c:1 imports rewardplane.serve.app (core may not import the higher layer serve)",
+        "rewardplane.serve.client:2 imports rewardplane.serve.backend"
+        " (serve.client -> serve: the client speaks the wire, it runs nothing of the service)",
+        "rewardplane.serve.newpart:1 imports rewardplane.serve.protocol.items"
+        " (serve part 'newpart' has no place in SERVE_ORDER)",
+        "rewardplane.serve.protocol.items:2 imports rewardplane.models.x"
+        " (serve.protocol -> *: the wire's vocabulary is the bottom of serve)",
+        "rewardplane.serve.scorers.composite:1 imports rewardplane.serve.config"
+        " (upward inside serve: scorers sits below config in SERVE_ORDER)",
     ]
 
 
@@ -209,14 +154,26 @@ def test_no_test_module_imports_another():
 MAX_MODULE_LINES = 600
 
 
+KNOWN_LONG = {
+    # issue 43's, still being written when issue 46 extended this rule to tests/ and
+    # benchmarks/: their owner splits them; an entry fails the test once it is no longer needed
+    "tests/support/exploit_corpus.py": "issue 43's exploit corpus, split by its owner",
+    "benchmarks/verifier_integrity.py": "issue 43's benchmark, split by its owner",
+}
+
+
 def test_no_module_is_over_600_lines():
-    """Short modules with one job (docs/architecture.md); a module that grows past this splits by job."""
+    """Short modules with one job (docs/architecture.md), in src, tests and benchmarks alike; a
+    module that grows past this splits by job."""
     long = {
         str(p.relative_to(ROOT)): n
-        for p in PACKAGE.rglob("*.py")
+        for folder in (PACKAGE, ROOT / "tests", ROOT / "benchmarks")
+        for p in folder.rglob("*.py")
         if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
     }
-    assert not long, f"modules over {MAX_MODULE_LINES} lines: {long}"
+    assert set(KNOWN_LONG) <= set(long), f"no longer over {MAX_MODULE_LINES}: drop from KNOWN_LONG"
+    unknown = {k: n for k, n in long.items() if k not in KNOWN_LONG}
+    assert not unknown, f"modules over {MAX_MODULE_LINES} lines: {unknown}"
 
 
 def test_no_support_module_shadows_the_standard_library():

@@ -96,15 +96,47 @@ def test_exact_match_needs_reference(server):
     assert res[1]["errors"]["exact"]["code"] == "missing_reference"
 
 
+UNAUTHORIZED = {
+    "code": "unauthorized",
+    "message": "missing or wrong bearer token (Authorization: Bearer <token>)",
+}
+OPEN = {"/health/live", "/health/ready", "/health"}  # the probes (app.OPEN_ROUTES)
+
+
 def test_unauthorized(server):
     assert_error(post(server, {"scorers": ["d"], "items": []}, headers={}), 401, "unauthorized")
-    assert_error(
-        post(server, {"scorers": ["d"], "items": []}, headers={"authorization": "Bearer nope"}),
-        401,
-        "unauthorized",
-    )
-    assert httpx.get(server.url + "/metrics").status_code == 401
-    assert httpx.get(server.url + "/health/live").status_code == 200
+    wrong = post(server, {"scorers": ["d"], "items": []}, headers={"authorization": "Bearer nope"})
+    assert wrong.status_code == 401 and wrong.json() == UNAUTHORIZED
+    metrics = httpx.get(server.url + "/metrics")
+    assert metrics.status_code == 401 and metrics.json() == UNAUTHORIZED
+    assert httpx.get(server.url + "/health/live").json() == {"status": "ok"}
+
+
+def test_one_auth_mechanism_guards_every_route_but_the_probes(server):
+    """Every route the OpenAPI document lists (the trainer protocols' too) refuses a request
+    without the token and takes one with it; only the probes are open. POSTs carry a malformed
+    body, so an accepted one is refused for its body and changes nothing."""
+    doc = httpx.get(server.url + "/openapi.json").json()
+    routes = [(m.upper(), path) for path, ops in doc["paths"].items() for m in ops]
+    assert {("POST", "/score"), ("GET", "/rewards"), ("POST", "/get_reward"), ("POST", "/v1/score"),
+            ("GET", "/metrics"), ("GET", "/v1/lifecycle"), ("POST", "/v1/lifecycle/offload")} <= set(routes)  # fmt: skip
+    assert {path for _, path in routes} >= OPEN
+    for method, path in routes:
+        kwargs = {"content": b"{"} if method == "POST" else {}
+        refused = httpx.request(method, server.url + path, timeout=30, **kwargs)
+        taken = httpx.request(method, server.url + path, headers=AUTH, timeout=30, **kwargs)
+        if path in OPEN:
+            assert refused.status_code == taken.status_code == 200, (path, refused.text)
+            continue
+        assert refused.status_code == 401 and refused.json() == UNAUTHORIZED, (method, path, refused.text)
+        assert taken.status_code != 401, (method, path, taken.text)
+        if method == "GET":
+            assert taken.status_code == 200, (path, taken.text)
+        else:
+            assert 400 <= taken.status_code < 500 and taken.json()["code"] != "unauthorized", (
+                path,
+                taken.text,
+            )
 
 
 def test_identity_pin(server):
@@ -267,7 +299,8 @@ def test_scorers_health_metrics_openapi(server):
         assert name in text
     assert 'rewardplane_non_finite_total{scorer="d"}' in text
     assert "/v1/score" in httpx.get(server.url + "/openapi.json").json()["paths"]
-    assert_error(httpx.get(server.url + "/nope"), 404, "not_found")
+    assert_error(httpx.get(server.url + "/nope", headers=AUTH), 404, "not_found")
+    assert_error(httpx.get(server.url + "/nope"), 401, "unauthorized")  # no route says what exists
 
 
 def test_queue_full_429_and_queue_timeout_504():

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from rewardplane.serve.client import AsyncRewardClient, RewardClient, ScoreError, ServiceError
-from rewardplane.serve.protocol import ScoreItem
+from rewardplane.serve.protocol import ScoreItem, firing, flat_metrics
 from support.serve import LiveServer, make_config
 
 OK = {
@@ -112,6 +112,70 @@ def test_async_client_retries(monkeypatch):
     assert asyncio.run(run())[0].id == "a"
     body = json.loads(seen[0].content)
     assert body["items"][0]["image"] == {"b64": "iVBORw=="}
+
+
+AUDIT_BODY = {
+    "counts": {"audited": 40, "sampled": 50, "dropped_queue_full": 4, "dropped_queue_bytes": 1},
+    "bins": [
+        {"versions": [0, 1], "proxy": {"mean": 9.0}, "auditors": {}, "signatures": {}},
+        {
+            "versions": [2, 3],
+            "proxy": {"mean": 0.5},
+            "auditors": {"gold": {"mean": 0.25, "tau": {"point": -0.5}, "gap": {"mean": 0.125}},
+                         "judge": {"mean": 0.75, "tau": None, "gap": None}},
+            "signatures": {"empty": {"rate": 0.1}},
+        },
+    ],
+    "alarms": {"decorrelation": {"gold": {"firing": True}, "judge": {"firing": False}},
+               "signature": {"empty": {"firing": False}}},
+}  # fmt: skip
+
+
+def test_audit_is_one_get_of_the_audit_route_and_the_protocol_reads_it_as_trainers_log_it():
+    seen: list[httpx.Request] = []
+    answers = [
+        httpx.Response(200, json=AUDIT_BODY),
+        httpx.Response(404, json={"code": "not_found", "message": "m"}),
+    ]
+    with RewardClient("http://svc", token="tok", transport=httpx.MockTransport(scripted(answers, seen))) as c:
+        assert c.audit() == AUDIT_BODY
+        with pytest.raises(ServiceError) as err:
+            c.audit(summary=False)
+    assert [(r.method, r.url.path, dict(r.url.params)) for r in seen] == [
+        ("GET", "/v1/audit", {"summary": "true"}),
+        ("GET", "/v1/audit", {}),
+    ]
+    assert seen[0].headers["authorization"] == "Bearer tok"
+    assert err.value.status == 404 and err.value.code == "not_found"
+    # the newest bin's numbers, exactly; what the audit does not have (judge's tau) is left out
+    assert flat_metrics(AUDIT_BODY) == {
+        "audit/audited": 40.0,
+        "audit/dropped_frac": 0.1,
+        "audit/version": 3.0,
+        "audit/proxy_mean": 0.5,
+        "audit/gold/mean": 0.25,
+        "audit/gold/tau": -0.5,
+        "audit/gold/gap": 0.125,
+        "audit/judge/mean": 0.75,
+        "audit/signature/empty": 0.1,
+        "audit/alarm/decorrelation": 1.0,
+        "audit/alarm/decorrelation/gold": 1.0,
+        "audit/alarm/decorrelation/judge": 0.0,
+        "audit/alarm/signature": 0.0,
+        "audit/alarm/signature/empty": 0.0,
+    }
+    assert firing(AUDIT_BODY) == [("decorrelation", "gold")] and firing(AUDIT_BODY, ("signature",)) == []
+
+
+def test_async_client_audit():
+    seen: list[httpx.Request] = []
+
+    async def run():
+        transport = httpx.MockTransport(scripted([httpx.Response(200, json=AUDIT_BODY)], seen))
+        async with AsyncRewardClient("http://svc", transport=transport) as c:
+            return await c.audit()
+
+    assert asyncio.run(run()) == AUDIT_BODY and seen[0].url.params["summary"] == "true"
 
 
 def free_port() -> int:

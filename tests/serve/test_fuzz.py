@@ -353,13 +353,13 @@ def test_real_server_openrlhf_route(real, body, scorer, mode):
     trainer_check(r, texts)
 
 
-gateway_turn = st.fixed_dictionaries(
+unirl_turn = st.fixed_dictionaries(
     {}, optional={"text": st.text(max_size=10) | json_values, "image_b64": st.sampled_from(
         ["", "!!", base64.b64encode(IMAGES[0][1]).decode(), base64.b64encode(IMAGES[-1][1]).decode()]) | json_values}
 )  # fmt: skip
-gateway_request = st.fixed_dictionaries(
+unirl_request = st.fixed_dictionaries(
     {
-        "history": st.lists(gateway_turn, max_size=3) | json_values,
+        "history": st.lists(unirl_turn, max_size=3) | json_values,
         "required_rewards": st.lists(st.sampled_from(["len", "em", "clip", "nope"]), max_size=3)
         | json_values,
     },
@@ -375,7 +375,7 @@ gateway_request = st.fixed_dictionaries(
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     body=st.fixed_dictionaries(
-        {"requests": st.lists(gateway_request, max_size=3) | json_values},
+        {"requests": st.lists(unirl_request, max_size=3) | json_values},
         optional={
             "protocol_version": st.sampled_from(["1", "2", 1]),
             "grad_mode": st.booleans() | json_values,
@@ -383,7 +383,7 @@ gateway_request = st.fixed_dictionaries(
     )
     | json_values
 )
-def test_real_server_reward_gateway_route(real, body):
+def test_real_server_unirl_route(real, body):
     r = real.post("/score", content=json.dumps(body), headers={"content-type": "application/json"})
     trainer_check(r, None)
 

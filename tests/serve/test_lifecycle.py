@@ -325,6 +325,20 @@ def test_policy_validation():
             LifecyclePolicy(**bad)
 
 
+def test_the_policy_is_derived_from_the_typed_spec_and_checked_at_its_key():
+    from rewardplane.serve.config import config_from_dict
+    from rewardplane.serve.residency import policy_of
+
+    spec = {"name": "len", "kind": "length", "residency": "per_call", "idle_offload_s": 0.5}
+    (scorer,) = config_from_dict({"scorers": [spec]}).scorers
+    assert policy_of(scorer) == LifecyclePolicy(residency="per_call", idle_offload_s=0.5)
+    assert policy_of(scorer).idle_s == 0.5 and policy_of(scorer).onloads_on_request
+    with pytest.raises(ConfigError, match=r"scorers\[0\].*auto_onload cannot be false"):
+        config_from_dict({"scorers": [{**spec, "auto_onload": False}]})
+    with pytest.raises(ConfigError, match=r"scorers\[0\]\.idle_offload_s"):
+        config_from_dict({"scorers": [{**spec, "idle_offload_s": float("inf")}]})
+
+
 def test_many_scorers_select_unknown_and_partial_failure():
     async def go():
         lc = Lifecycle()

@@ -57,10 +57,10 @@ class Backend:
         return {"scorers": {}, "processes": {}}
 
 
-def client(router_of, backend, token=None) -> TestClient:
+def client(router_of, backend) -> TestClient:
     app = FastAPI()
     install_error_handlers(app)  # a ServeError raised in a handler becomes its JSON answer
-    app.include_router(router_of(RouteContext(backend, Limits(max_items=4), token, ServeMetrics())))
+    app.include_router(router_of(RouteContext(backend, Limits(max_items=4), ServeMetrics())))
     return TestClient(app)
 
 
@@ -77,13 +77,6 @@ def test_the_score_route_alone_checks_the_request_and_every_value():
     assert pinned.status_code == 409 and pinned.json()["code"] == "identity_mismatch"
     many = http.post("/v1/score", json={"scorers": ["n"], "items": [{"id": str(k)} for k in range(5)]})
     assert many.status_code == 413 and many.json()["code"] == "too_many_items"
-
-
-def test_the_score_route_alone_applies_the_token():
-    http = client(score_router, Backend(), token="tok")
-    body = {"scorers": ["n"], "items": [{"id": "a", "response": "x"}]}
-    assert http.post("/v1/score", json=body).json()["code"] == "unauthorized"
-    assert http.post("/v1/score", json=body, headers={"authorization": "Bearer tok"}).status_code == 200
 
 
 def test_the_health_route_alone_says_which_scorer_is_loading():
@@ -107,7 +100,7 @@ def test_the_lifecycle_route_alone_reads_scorers_from_the_query_or_the_body_not_
 
 
 def test_the_service_answers_lifecycle_and_deployment_routes_only_for_backends_that_have_them():
-    ctx = RouteContext(Backend(), Limits(), None, ServeMetrics())
+    ctx = RouteContext(Backend(), Limits(), ServeMetrics())
     paths = route_paths(service_routers(ctx))
     assert {"/v1/score", "/v1/scorers", "/health/ready", "/metrics", "/get_reward", "/score"} <= paths
     assert "/v1/lifecycle" in paths and "/v1/deployment" not in paths
@@ -121,5 +114,5 @@ def test_the_service_answers_lifecycle_and_deployment_routes_only_for_backends_t
                 raise AttributeError(name)
             return getattr(self.inner, name)
 
-    bare = route_paths(service_routers(RouteContext(NoLifecycle(), Limits(), None, ServeMetrics())))
+    bare = route_paths(service_routers(RouteContext(NoLifecycle(), Limits(), ServeMetrics())))
     assert "/v1/lifecycle" not in bare and "/v1/score" in bare

@@ -8,6 +8,7 @@ import uuid
 
 import httpx
 import pytest
+import requests
 from PIL import Image
 
 from support.serve import DoubleScorer, LiveServer, RecordingScorer, make_config
@@ -171,17 +172,27 @@ def test_version_pins_and_request_errors(server):
     identity = scorer_identity(server.url, "len")
     pinned = UniRLClient(server.url, ["len"], expected_scorer_version=identity)
     assert pinned.rewards(pinned.post([pinned.wire_request([{"text": "q"}, {"text": "abc"}])]))[0] == [3.0]
-    for client in (
-        UniRLClient(server.url, ["len"], expected_scorer_version="stale"),
-        UniRLClient(server.url, ["len", "rm"], expected_scorer_version=identity),
+    served = {"len": identity, "rm": scorer_identity(server.url, "rm")}
+    for client, pin, rewards in (
+        (UniRLClient(server.url, ["len"], expected_scorer_version="stale"), "stale", {"len": identity}),
+        (UniRLClient(server.url, ["len", "rm"], expected_scorer_version=identity), identity, served),
     ):
-        with pytest.raises(Exception) as info:
+        with pytest.raises(requests.HTTPError) as info:
             client.post([client.wire_request([{"text": "q"}, {"text": "abc"}])])
         assert info.value.response.status_code == 400 and client.posts == 1  # a 400 is not retried
+        assert info.value.response.json() == {
+            "code": "scorer_version_mismatch",
+            "message": f"requests[0] pins scorer_version {pin!r}; {rewards} is served"
+            " (a pin needs exactly one required reward)",
+        }
     unknown = UniRLClient(server.url, ["nope"])
-    with pytest.raises(Exception) as info:
+    with pytest.raises(requests.HTTPError) as info:
         unknown.post([unknown.wire_request([{"text": "x"}])])
-    assert info.value.response.status_code == 400 and "nope" in info.value.response.json()["message"]
+    assert info.value.response.status_code == 400
+    refused = info.value.response.json()
+    assert refused["code"] == "unknown_scorer" and refused["message"].startswith(
+        "unknown reward: ['nope']. available: ["
+    )
     with pytest.raises(ValueError, match="not served"):
         unknown.is_available()
     r = httpx.post(server.url + "/score", json={"protocol_version": "2", "requests": []})

@@ -4,10 +4,10 @@ Why: every scorer thread in one process otherwise issues its work on the same de
 and a host→device copy from pageable memory (token ids, the normalisation constants, a gather
 index: a few per batch) synchronises the whole stream it is issued on. So in a consolidated
 worker each scorer's next batch waited for the other scorer's entire queued forward before it
-could even start, and the GPU idled while it then prepared and launched: the fp16 H200 run
-measured consolidated at 58 % GPU utilisation against 82 % for the same scorers in two
-processes (`shared`). On its own stream a scorer only ever waits for itself, and the two
-towers' kernels may overlap, as they do under MPS.
+could even start, and the GPU idled while it then prepared and launched (the measured gap
+between consolidated and shared: docs/benchmarks/qualification-h200.md, "Both towers shared one
+CUDA stream"). On its own stream a scorer only ever waits for itself, and the two towers'
+kernels may overlap, as they do under MPS.
 
 The kernels are the same, so scores are unchanged. Nothing changes on CPU.
 """
@@ -94,6 +94,9 @@ class OwnStream(Scorer):
 
     def info(self) -> ScorerInfo:
         return self.inner.info()
+
+    def item_fields(self) -> frozenset[str]:
+        return self.inner.item_fields()
 
     def warmup_item(self) -> ScoreItem:
         return self.inner.warmup_item()

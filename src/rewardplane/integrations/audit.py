@@ -27,13 +27,12 @@ from __future__ import annotations
 import logging
 from typing import Any, Literal
 
-import httpx
 from transformers import TrainerCallback
 
 from rewardplane.core.errors import UsageError
 from rewardplane.integrations._common import setting
-from rewardplane.serve.audit.flat import PREFIX, firing, flat_metrics
-from rewardplane.serve.protocol import AUDIT_ROUTE
+from rewardplane.serve.client import RewardClient, ServiceError
+from rewardplane.serve.protocol import AUDIT_PREFIX, AUDIT_ROUTE, firing, flat_metrics
 
 log = logging.getLogger(__name__)
 
@@ -41,14 +40,11 @@ ALARMS = ("overoptimization", "decorrelation", "signature")
 
 
 def fetch_audit(url: str, *, token: str | None = None, timeout: float = 5.0) -> dict[str, Any]:
-    """`GET {url}/v1/audit?summary=true`: counters, alarms and the newest closed bin. Raises
-    `httpx.HTTPError` (unreachable, 401, 404 when the service has no `audit:` section)."""
-    headers = {"authorization": f"Bearer {token}"} if token else {}
-    response = httpx.get(
-        url.rstrip("/") + AUDIT_ROUTE, params={"summary": "true"}, headers=headers, timeout=timeout
-    )
-    response.raise_for_status()
-    return response.json()
+    """`GET {url}/v1/audit?summary=true` through the client, once (no retries: the audit is
+    advisory and a training step must not wait on it): counters, alarms and the newest closed
+    bin. Raises `ServiceError` (unreachable, 401, 404 when the service has no `audit:` section)."""
+    with RewardClient(url, token=token, timeout=timeout, max_retries=0) as client:
+        return client.audit(summary=True)
 
 
 def audit_metrics(
@@ -98,15 +94,15 @@ class AuditCallback(TrainerCallback):
         """Read the audit now; the alarms firing at the service's newest bin."""
         try:
             body = fetch_audit(self.url, token=self.token, timeout=self.timeout)
-        except httpx.HTTPError as exc:
+        except ServiceError as exc:
             if not self._warned:
                 log.warning(
                     "audit: cannot read %s%s (%s); training goes on unaudited", self.url, AUDIT_ROUTE, exc
                 )
                 self._warned = True
-            self.metrics = {PREFIX + "available": 0.0}
+            self.metrics = {AUDIT_PREFIX + "available": 0.0}
             return []
-        self.metrics = {PREFIX + "available": 1.0, **flat_metrics(body)}
+        self.metrics = {AUDIT_PREFIX + "available": 1.0, **flat_metrics(body)}
         alarms = firing(body)
         for key in alarms:
             if key not in self._announced:

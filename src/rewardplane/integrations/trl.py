@@ -1,53 +1,17 @@
 """Reward functions for TRL's `GRPOTrainer(reward_funcs=[...])` backed by a rewardplane service
-(tested with TRL 1.16).
+(tested with TRL 1.16; usage, components and failures for users: docs/integrations.md, "TRL").
 
-```python
-from rewardplane.integrations.trl import RemoteReward, RemoteRewards
-trainer = GRPOTrainer(model=..., reward_funcs=[RemoteReward("http://127.0.0.1:8000", scorer="rm")], ...)
-
-# one reward function per component of the composite `reward`, one request per batch for all
-rewards = RemoteRewards("http://127.0.0.1:8000", composite="reward")
-args = GRPOConfig(..., reward_weights=rewards.weights, multi_objective_aggregation="normalize_then_sum")
-trainer = GRPOTrainer(model=..., reward_funcs=rewards, args=args, ...)
-```
-
-TRL calls a reward function as `f(prompts=..., completions=..., completion_ids=..., **columns)`
-and expects one `float | None` per completion. Rows are standard (strings) or conversational
-(lists of `{"role", "content"}` messages); both are sent to `POST /v1/score` as the item's
-`prompt` and `response` unchanged, so the service renders them exactly as `rewardplane eval` does.
-
-TRL keys its metrics (`rewards/<name>/mean`) and completion-table columns by the function's
-`__name__`: here `rewardplane_<scorer>` (or `name=`), so two scorers never collide.
-
-`AsyncRemoteReward` is the same with `async def __call__`: TRL 1.16 detects it
-(`inspect.iscoroutinefunction(f.__call__)`) and runs every async reward function of a step
-concurrently on its own event-loop thread.
-
-**Components** (`RemoteRewards`, a list of reward functions): TRL weights its reward functions
-(`GRPOConfig.reward_weights`) and can normalise each one per group before summing them
-(`multi_objective_aggregation="normalize_then_sum"`, GDPO), which needs each component as its
-own function. `RemoteRewards(url, scorers=[...])` gives one function per scorer
-(`rewardplane_<scorer>`), `RemoteRewards(url, composite=NAME)` one per component of a composite
-(`rewardplane_<composite>.<component>`, its raw score before the composite aggregates or
-normalises it; `.weights` are the composite's weights, so TRL's default weighted sum equals a
-`weighted_sum` composite's total). The functions of one `RemoteRewards` share one
-`POST /v1/score` per batch: the first called for a batch sends it (for every scorer), the others
-read its answer. Pass `asynchronous=True` for async functions (one request, awaited by all).
-
-Failures: TRL turns `None` into NaN; a row where *every* reward function says None is left out
-of its group's baseline and gets advantage 0, but with several reward functions TRL sums them
-with `nansum`, so one function's None silently counts as 0 and shifts that row's scale. The
-default (`on_error="raise"`) therefore raises `ScoreError` naming the failed rows;
-`on_error="none"` returns None for them (and logs `<name>/failed_frac` through TRL's
-`log_metric`). A component is failed where the composite failed the item (every component
-function of that row fails: TRL's "unscorable" row) and where it was left out under
-`on_failure: renormalize` (it has no number; TRL's sum then differs from the composite's
-renormalised total). A whole-request failure (service down after retries, bad token, unknown
-scorer) always raises `ServiceError`.
-
-Audit (docs/audit.md): every item carries TRL's `trainer_state.global_step` as
-`metadata.policy_version`; `audit=AuditCallback(...)` (`rewardplane.integrations.audit`) logs
-the service's `audit/*` numbers through TRL's `log_metric`.
+What the code below keeps to, and why:
+- TRL calls `f(prompts=..., completions=..., completion_ids=..., **columns)` and wants one
+  `float | None` per completion; rows (strings or message lists) go to `POST /v1/score`
+  unchanged, so the service renders them as `rewardplane eval` does.
+- `__name__` is `rewardplane_<scorer>` (or `name=`): TRL keys its metrics and columns by it.
+- `AsyncRemoteReward` has `async def __call__`, which TRL detects and runs concurrently.
+- `RemoteRewards` is one function per scorer or composite component (TRL's `reward_weights`,
+  GDPO); the functions of one batch share one request: the first call sends it, the rest read it.
+- `None` is dangerous in TRL (`nansum` turns it into 0 next to other functions), so a failed
+  item raises `ScoreError` unless `on_error="none"`; a whole-request failure always raises.
+- Every item carries `trainer_state.global_step` as `metadata.policy_version` for the audit.
 """
 
 from __future__ import annotations

@@ -1,49 +1,20 @@
 """verl `custom_reward_function`s backed by a rewardplane service (tested with verl 0.9.1;
-docs/integrations.md).
+configuration, GDPO components and failures for users: docs/integrations.md, "verl").
 
-```
-reward.custom_reward_function.path=pkg://rewardplane.integrations.verl
-reward.custom_reward_function.name=compute_score_async
-+reward.custom_reward_function.reward_kwargs.url=http://127.0.0.1:8000
-+reward.custom_reward_function.reward_kwargs.scorer=rm
-```
-
-verl 0.9 computes rewards in its Reward Loop: `RewardLoopWorker.compute_score` (called per
-trajectory by the agent loop as its generation ends, or per sample of a chunk by
-`RewardLoopManager.compute_rm_score`) hands one sample to the reward manager's `run_single`
-(`naive` by default), which calls the custom function:
-
-- `compute_score_async(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float`:
-  a coroutine, which the manager awaits on the worker's event loop (`inspect.iscoroutinefunction`),
-  so all of a worker's samples are in flight at once on one connection pool; the service
-  batches them.
-- `compute_score(...)`: the same, blocking; the manager runs it in the worker's thread pool, one
-  call per sample.
-
-A composite scorer's answer is a dict (verl's extra reward info): `{"score": total,
-"<component>": value, ...}`, each component's raw score before the composite aggregates it. The
-manager keeps `score` as the reward and every key in `reward_extra_info`, which verl gathers
-into the batch under the key's name: what its GDPO advantage reads
-(`algorithm.adv_estimator=gdpo`, `algorithm.gdpo_reward_keys=[<component>, ...]`, weights in
-`algorithm.gdpo_reward_weights`) and what it logs. verl stacks each key over the samples, so
-every answer carries every component: one without a number (the composite failed the item, or
-left the component out under `on_failure: renormalize`) raises `ScoreError` instead. Set
-`+reward.custom_reward_function.reward_kwargs.components=false` for the total alone (a float).
-
-verl passes only the response (`solution_str`, decoded with special tokens stripped), never the
-prompt. The prompt is read from `extra_info["prompt"]`, else `extra_info["question"]` (verl's
-data-preparation scripts store the question there): a string, or `{role, content}` messages. A
-scorer that needs a prompt (every kind except the rule scorers `exact_match`, `regex`, `length`)
-raises `UsageError` when neither is there. `ground_truth` is sent as the item's `reference`.
-
-Settings: `url`, `scorer`, `token` (and `timeout`, `max_retries`, `components`) from verl's `reward_kwargs`,
-else `REWARDPLANE_URL` / `REWARDPLANE_SCORER` / `REWARDPLANE_TOKEN`; with no scorer the service
-must host exactly one. Other keyword arguments verl adds are ignored.
-
-A failed score raises, after the client's retries: `ScoreError` for an item error,
-`ServiceError` for a whole-request failure (no answer: `connection_failed` / `client_timeout`;
-the service's answer: `unauthorized`, `unknown_scorer`, ...). It is never 0.0. Beware verl's
-`rate_limited` reward manager, which turns any exception into a reward of 0.0.
+What the code below keeps to, and why:
+- verl's reward manager calls `compute_score_async` (awaited on the worker's event loop, so a
+  worker's samples are in flight together and the service batches them) or `compute_score`
+  (blocking, in the worker's thread pool), one sample per call.
+- Settings come from `reward_kwargs` (`url`, `scorer`, `token`, `timeout`, `max_retries`,
+  `components`), else `REWARDPLANE_URL` / `REWARDPLANE_SCORER` / `REWARDPLANE_TOKEN`; verl's
+  other keyword arguments are ignored. One `GET /v1/scorers` per service, cached, resolves the
+  scorer's kind, whether it reads the prompt (`reads`) and a composite's components.
+- verl passes only the response: the prompt comes from `extra_info["prompt"]`, else
+  `extra_info["question"]`; a scorer whose score reads the prompt refuses to run without one.
+- A composite answers `{"score": total, <component>: value, ...}` (every component, else
+  `ScoreError`: verl stacks each key over the samples).
+- A failure raises (`ScoreError`, `ServiceError`), never 0.0; verl's `rate_limited` manager
+  would turn it into 0.0, hence the warning in the docs.
 """
 
 from __future__ import annotations
@@ -57,8 +28,6 @@ from rewardplane.core.errors import UsageError
 from rewardplane.integrations import _common as common
 from rewardplane.serve.client import AsyncRewardClient, ItemScores, RewardClient, ServiceError
 
-# Scorer kinds that read only the response (and `reference`); every other kind needs the prompt.
-PROMPTLESS_KINDS = frozenset({"exact_match", "regex", "length"})
 PROMPT_KEYS = ("prompt", "question")
 UNKNOWN_SCORER_STATUS = 422
 """What `POST /v1/score` answers for a scorer it does not host (`unknown_scorer`)."""
@@ -66,7 +35,8 @@ UNKNOWN_SCORER_STATUS = 422
 _lock = threading.Lock()
 _clients: dict[tuple, RewardClient] = {}
 _async_clients: dict[tuple, tuple[asyncio.AbstractEventLoop, AsyncRewardClient]] = {}
-_kinds: dict[tuple[str, str], str] = {}
+_kinds: dict[tuple[str, str], tuple[str, bool]] = {}
+"""(url, scorer) -> (its kind, whether its score reads the prompt: `reads` in `GET /v1/scorers`)."""
 _components: dict[tuple[str, str], tuple[str, ...]] = {}
 _default_scorer: dict[str, str] = {}
 TOTAL = "score"
@@ -105,14 +75,15 @@ def _async_client(url: str, client_kwargs: dict[str, Any]) -> AsyncRewardClient:
     return entry[1]
 
 
-def _resolve(url: str, scorer: str | None, client: RewardClient) -> tuple[str, str]:
-    """(scorer name, its kind), from one cached `GET /v1/scorers` per service."""
+def _resolve(url: str, scorer: str | None, client: RewardClient) -> tuple[str, tuple[str, bool]]:
+    """(scorer name, (its kind, whether it reads the prompt)), from one cached
+    `GET /v1/scorers` per service. A scorer that does not say what it reads needs the prompt."""
     if scorer is not None and (url, scorer) in _kinds:
         return scorer, _kinds[(url, scorer)]
     if scorer is None and url in _default_scorer:
         return _default_scorer[url], _kinds[(url, _default_scorer[url])]
     listed = client.scorers()
-    kinds = {s["name"]: s.get("kind", "") for s in listed}
+    kinds = {s["name"]: (s.get("kind", ""), s.get("reads") is None or "prompt" in s["reads"]) for s in listed}
     if scorer is None:
         scorer = _default_scorer[url] = common.pick_scorer(listed, url)
     if scorer not in kinds:
@@ -130,7 +101,7 @@ def _resolve(url: str, scorer: str | None, client: RewardClient) -> tuple[str, s
     return scorer, kinds[scorer]
 
 
-def _prompt(extra_info: Any, kind: str, scorer: str) -> str | list[dict[str, str]]:
+def _prompt(extra_info: Any, kind: tuple[str, bool], scorer: str) -> str | list[dict[str, str]]:
     if isinstance(extra_info, Mapping):
         for key in PROMPT_KEYS:
             value = extra_info.get(key)
@@ -138,17 +109,22 @@ def _prompt(extra_info: Any, kind: str, scorer: str) -> str | list[dict[str, str
                 if hasattr(value, "tolist"):
                     value = value.tolist()
                 return common.as_turns(value, f"extra_info[{key!r}]")
-    if kind in PROMPTLESS_KINDS:
+    if not kind[1]:  # the service says this scorer's score does not read the prompt
         return ""
     raise UsageError(
-        f"scorer {scorer!r} ({kind}) scores the prompt too, but verl passes only the response: "
+        f"scorer {scorer!r} ({kind[0]}) scores the prompt too, but verl passes only the response: "
         f"store the prompt in extra_info['prompt'] or extra_info['question'] when preparing the data "
         f"(docs/integrations.md)"
     )
 
 
 def _item(
-    scorer: str, kind: str, solution_str: str, ground_truth: Any, extra_info: Any, data_source: Any = None
+    scorer: str,
+    kind: tuple[str, bool],
+    solution_str: str,
+    ground_truth: Any,
+    extra_info: Any,
+    data_source: Any = None,
 ) -> dict[str, Any]:
     prompt = _prompt(extra_info, kind, scorer)
     metadata = _audit_metadata(extra_info, data_source)

@@ -1,7 +1,7 @@
 """The HTTP API's frontend: `create_app(backend, config)` (docs/serve.md).
 
 `create_app` works with any `ScoringBackend` and composes: the backend's start and stop around
-the app's lifespan, bearer-token auth for every `/v1/*` path, a metrics count of every
+the app's lifespan, bearer-token auth for every path but the probes, a metrics count of every
 response, one JSON error body for every failure, the routes of `rewardplane.serve.routes` (one
 module per route family, each with the whole-request checks of its wire format) and the OpenAPI
 document. The backend owns batching and scoring; the bodies are `rewardplane.serve.protocol`'s.
@@ -28,34 +28,40 @@ from rewardplane.serve.config import ServiceConfig
 from rewardplane.serve.metrics import CountEveryResponse, ServeMetrics
 from rewardplane.serve.protocol import (
     HTTP_ERROR_CODE,
-    METRICS_ROUTE,
+    LIVE_ROUTE,
+    READY_ROUTE,
     ROUTE_ERROR_CODES,
     SCORE_ROUTE,
+    UNIRL_HEALTH_ROUTE,
     ServeError,
     error_body,
     timing_headers,
 )
 from rewardplane.serve.routes import BODY_MODELS, RouteContext, error_response, route_paths, service_routers
-from rewardplane.serve.routes.context import UNAUTHORIZED_MESSAGE
 from rewardplane.serve.scorers.registry import kind_option_schemas
 
 log = logging.getLogger(__name__)
 
+UNAUTHORIZED_MESSAGE = "missing or wrong bearer token (Authorization: Bearer <token>)"
+OPEN_ROUTES = (LIVE_ROUTE, READY_ROUTE, UNIRL_HEALTH_ROUTE)
+"""The probes: the only routes of the service answered without the token."""
+
 
 class RequireToken:
-    """ASGI middleware: with a token configured, every `/v1/*` path (and `/metrics`) needs
-    `Authorization: Bearer <token>`, whichever module added the route; a 401 `unauthorized`
-    JSON error otherwise. `/health/*` and the OpenAPI document stay open for probes."""
+    """ASGI middleware, the service's one authentication: with a token configured, every path
+    but the probes (`OPEN_ROUTES`) and the OpenAPI document's pages needs
+    `Authorization: Bearer <token>`, whichever module added the route (the trainer protocols'
+    `/score`, `/rewards` and `/get_reward` as much as `/v1/*` and `/metrics`, and a path no
+    route answers yet); a 401 `unauthorized` JSON error otherwise."""
 
-    PROTECTED = ("/v1/", METRICS_ROUTE)
-
-    def __init__(self, app: Any, token: str) -> None:
+    def __init__(self, app: Any, token: str, open_paths: frozenset[str]) -> None:
         self.app = app
         self.token = token.encode()
+        self.open_paths = open_paths
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        path = scope.get("path", "") if scope["type"] == "http" else ""
-        if path.startswith(self.PROTECTED) and not self._authorized(scope):
+        path = scope.get("path", "") if scope["type"] == "http" else None
+        if path is not None and path not in self.open_paths and not self._authorized(scope):
             err = ServeError("unauthorized", UNAUTHORIZED_MESSAGE)
             headers = (
                 timing_headers(queue_s=0.0, inference_s=0.0, total_s=0.0) if path == SCORE_ROUTE else None
@@ -148,13 +154,16 @@ def create_app(
     audit = AuditStream(config.audit, backend, AuditMetrics(metrics.registry)) if config.audit else None
     app = FastAPI(title="rewardplane reward service", version=__version__, lifespan=_lifespan(backend, audit))
     routers = service_routers(
-        RouteContext(backend, config.limits, token, metrics, kind_option_schemas(config.scorers), audit)
+        RouteContext(backend, config.limits, metrics, kind_option_schemas(config.scorers), audit)
     )
     for router in routers:
         app.include_router(router)
     paths = route_paths(routers)
-    if token is not None:
-        app.add_middleware(RequireToken, token=token)  # every /v1/* route, present and future
+    if token is not None:  # every route but the probes, present and future
+        documents = {app.openapi_url, app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url}
+        app.add_middleware(
+            RequireToken, token=token, open_paths=frozenset({*OPEN_ROUTES, *documents} - {None})
+        )
     app.add_middleware(  # every response, 5xx and 401 included
         CountEveryResponse,
         metrics=metrics,

@@ -249,6 +249,9 @@ class HostedScorer:
     def lowest_score(self) -> float | None:
         return self.backend._scorers[self.name].lowest_score
 
+    def item_fields(self) -> frozenset[str]:
+        return self.backend._scorers[self.name].item_fields()
+
 
 def _referenced_first(scorers: list[Scorer]) -> list[Scorer]:
     """Scorers named by others load (and warm up) before those that score through them."""

@@ -30,6 +30,7 @@ import httpx
 
 from rewardplane.core.errors import RewardplaneError
 from rewardplane.serve.protocol import (
+    AUDIT_ROUTE,
     FAILURE_KINDS,
     HTTP_ERROR_CODE,
     IDEMPOTENCY_KEY_HEADER,
@@ -172,6 +173,10 @@ def _lifecycle_body(scorers: Sequence[str] | None, timeout_s: float | None) -> d
     return body
 
 
+def _audit_params(summary: bool) -> dict[str, str]:
+    return {"summary": "true"} if summary else {}
+
+
 def _json(response: httpx.Response) -> dict[str, Any]:
     if response.status_code != 200:
         _parse(response, True)  # raises ServiceError with the body's code
@@ -277,6 +282,12 @@ class RewardClient(_Base):
         """`GET /v1/lifecycle`: state, bytes on the GPU and transition times per scorer."""
         return _json(self._send("GET", LIFECYCLE_ROUTE))
 
+    def audit(self, *, summary: bool = True) -> dict[str, Any]:
+        """`GET /v1/audit` (docs/audit.md): counters, alarms and bins (`summary`: the newest closed
+        bin only). `serve.protocol.flat_metrics` / `firing` read it as trainers log it. A service
+        without an `audit:` section answers 404: `ServiceError`."""
+        return _json(self._send("GET", AUDIT_ROUTE, params=_audit_params(summary)))
+
     @contextlib.contextmanager
     def resident(self, scorers: Sequence[str] | None = None) -> Iterator[RewardClient]:
         """Onload on entry, offload on exit (an exception too): around a trainer's scoring phase."""
@@ -377,6 +388,9 @@ class AsyncRewardClient(_Base):
 
     async def lifecycle(self) -> dict[str, Any]:
         return _json(await self._send("GET", LIFECYCLE_ROUTE))
+
+    async def audit(self, *, summary: bool = True) -> dict[str, Any]:
+        return _json(await self._send("GET", AUDIT_ROUTE, params=_audit_params(summary)))
 
     @contextlib.asynccontextmanager
     async def resident(self, scorers: Sequence[str] | None = None) -> AsyncIterator[AsyncRewardClient]:

@@ -1,12 +1,11 @@
 """CUDA-graph replays of a model tower at fixed batch sizes (the `cuda_graphs` scorer option).
 
-Why: an eager ViT-H/14 forward is about 700 kernel launches issued by Python, one module at a
-time, and the launching thread holds the GIL while it does so. Alone, that is 15-20 ms of host
-time per forward (the H200 measured 23 ms for a batch of one). Inside the service it competes
-for the GIL with the event loop, JSON parsing and the image threads, so under load the host
-launches more slowly than the GPU computes: on the H200 a batch of ~67 items took 75 ms in the
-service against 53 ms for 64 items alone. A captured graph is one launch per forward, whatever
-the host is doing.
+Why: an eager forward of a large tower is hundreds of kernel launches issued by Python, one
+module at a time, with the GIL held. Inside the service that host time competes for the GIL with
+the event loop, JSON parsing and the image threads, so under load the host launches more slowly
+than the GPU computes. A captured graph is one launch per forward, whatever the host is doing.
+The measurements: docs/benchmarks/serve.md, "H200 (measured 2026-12-03): decode-on-arrival,
+multipart, CUDA graphs".
 
 A graph has fixed shapes, so each tower is captured once per bucket size (powers of two to 16,
 then steps of 16 up to `max_batch_size`) and a batch is padded up to the next bucket; a batch

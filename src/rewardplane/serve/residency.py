@@ -1,42 +1,42 @@
-"""A scorer's residency settings (`residency`, `auto_onload`, `idle_offload_s`), checked: when its
-weights are on the GPU (docs/lifecycle.md). The service config's scorer spec checks them when it
-is read, and `serve/lifecycle.py`'s state machine follows them; this module imports nothing of
-the service, so both can."""
+"""A scorer's residency settings (`residency`, `auto_onload`, `idle_offload_s`): when its weights
+are on the GPU (docs/lifecycle.md). Typed once, here: the service config's `ScorerSpec` is a
+`LifecyclePolicy` (it inherits these fields, their checks and their docs), and the state machine
+of `serve/lifecycle.py` follows the policy derived from the spec (`policy_of`). This module
+imports nothing of the service, so the spec and the lifecycle can both build on it."""
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from typing import Any
+from typing import Literal
 
-from rewardplane.core.errors import ConfigError
+from pydantic import ConfigDict, Field, model_validator
+
+from rewardplane.core.config import ConfigModel
 
 RESIDENCIES = ("resident", "per_call", "on_demand")
 PER_CALL_IDLE_S = 1.0
 
 
-@dataclass(frozen=True)
-class LifecyclePolicy:
-    """A scorer's `residency`, `auto_onload` and `idle_offload_s` settings, checked."""
+class LifecyclePolicy(ConfigModel):
+    """A scorer's residency settings, checked when read (a bad one is a `ConfigError` naming the
+    key, in a service config at the scorer's dotted key)."""
 
-    residency: str = "resident"
+    model_config = ConfigDict(frozen=True, use_attribute_docstrings=True)
+
+    residency: Literal["resident", "per_call", "on_demand"] = "resident"
+    """When the weights are on the GPU (docs/lifecycle.md): `resident` until told to move,
+    `per_call` only while requests come, `on_demand` from the first request on."""
     auto_onload: bool | None = None
-    idle_offload_s: float | None = None
+    """A request that finds the scorer offloaded onloads it (default: only per_call/on_demand)."""
+    idle_offload_s: float | None = Field(None, ge=0, allow_inf_nan=False)
+    """per_call / on_demand: offload after this long without a request (per_call default 1 s)."""
 
-    def __post_init__(self) -> None:
-        if self.residency not in RESIDENCIES:
-            raise ConfigError(f"residency must be one of {RESIDENCIES}, got {self.residency!r}")
-        if self.auto_onload is not None and not isinstance(self.auto_onload, bool):
-            raise ConfigError("auto_onload must be true or false")
+    @model_validator(mode="after")
+    def _consistent(self) -> LifecyclePolicy:
         if self.residency != "resident" and self.auto_onload is False:
-            raise ConfigError(f"residency {self.residency!r} onloads on demand: auto_onload cannot be false")
-        if self.idle_offload_s is not None:
-            if isinstance(self.idle_offload_s, bool) or not isinstance(self.idle_offload_s, int | float):
-                raise ConfigError("idle_offload_s must be a number of seconds or null")
-            if not (math.isfinite(self.idle_offload_s) and self.idle_offload_s >= 0):
-                raise ConfigError("idle_offload_s must be >= 0")
-            if self.residency == "resident":
-                raise ConfigError("idle_offload_s needs residency per_call or on_demand")
+            raise ValueError(f"residency {self.residency!r} onloads on demand: auto_onload cannot be false")
+        if self.idle_offload_s is not None and self.residency == "resident":
+            raise ValueError("idle_offload_s needs residency per_call or on_demand")
+        return self
 
     @property
     def onloads_on_request(self) -> bool:
@@ -50,10 +50,6 @@ class LifecyclePolicy:
         return PER_CALL_IDLE_S if self.residency == "per_call" else None
 
 
-def policy_of(spec: Any) -> LifecyclePolicy:
-    """A scorer spec's lifecycle settings (absent keys: the defaults)."""
-    return LifecyclePolicy(
-        residency=getattr(spec, "residency", "resident"),
-        auto_onload=getattr(spec, "auto_onload", None),
-        idle_offload_s=getattr(spec, "idle_offload_s", None),
-    )
+def policy_of(spec: LifecyclePolicy) -> LifecyclePolicy:
+    """The policy part of a typed spec (a `ScorerSpec` is one): its residency fields alone."""
+    return LifecyclePolicy(**{name: getattr(spec, name) for name in LifecyclePolicy.model_fields})

@@ -1,4 +1,4 @@
-"""`GET /v1/audit`, the Prometheus gauges, the gateway's `policy_version` and OpenRLHF's
+"""`GET /v1/audit`, the Prometheus gauges, the UniRL route's `policy_version` and OpenRLHF's
 `extra_logs`, through a real server; and the `audit:` section's config checks."""
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def test_the_route_is_documented_in_openapi(server):
     assert "/v1/audit" in httpx.get(f"{live.url}/openapi.json").json()["paths"]
 
 
-def test_gateway_policy_version_and_openrlhf_extra_logs_reach_the_audit():
+def test_unirl_policy_version_and_openrlhf_extra_logs_reach_the_audit():
     with LiveServer(make_config(SCORERS, audit={**AUDIT, "arrival_window": 10})) as live:
         for v in range(5):
             reqs = [{"history": [{"text": "q"}, {"text": "word " * (i % 4 + 1)}], "required_rewards": ["len"],

@@ -363,7 +363,7 @@ def test_hosted_references_are_checked():
 
 def test_a_group_must_fit_one_batch_and_no_component_is_named_score():
     """Issue 37 item 9: a group larger than `max_batch_size` could never be normalised, so the
-    config is refused at the dotted key; `score` is the total's key in the gateway and verl."""
+    config is refused at the dotted key; `score` is the total's key in UniRL's protocol and verl."""
     grouped = {"components": [LEN], "group_normalize": True, "group_size": 6}
     with pytest.raises(ConfigError) as info:
         make_config([{"name": "c", "kind": "composite", "max_batch_size": 4, "options": grouped}])

@@ -120,7 +120,7 @@ class AuditConfig(ConfigModel):
     auditors: list[Auditor] = Field(min_length=1)
     sample: float = Field(gt=0, le=1)
     by: str = "policy_version"
-    """Item metadata key holding the policy version (a non-negative integer). The gateway's
+    """Item metadata key holding the policy version (a non-negative integer). The UniRL route's
     `policy_version` and the trainer adapters' steps arrive under it."""
     source_key: str = "data_source"
     """Item metadata key of the data source; statistics are also given per source."""

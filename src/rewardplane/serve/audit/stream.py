@@ -34,10 +34,10 @@ from rewardplane import __version__
 from rewardplane.core import atomic
 from rewardplane.serve.audit.alarms import Decision
 from rewardplane.serve.audit.config import AuditConfig, ExternalAuditor
-from rewardplane.serve.audit.flat import flat_counts, flat_metrics
 from rewardplane.serve.audit.ledger import NO_SOURCE, Audited, Ledger
 from rewardplane.serve.audit.metrics import AuditMetrics
 from rewardplane.serve.audit.signatures import SIGNATURES, signatures
+from rewardplane.serve.protocol.audit import flat_counts, flat_metrics
 from rewardplane.serve.scorers.base import ItemError, ScoreItem
 from rewardplane.serve.scorers.common import as_text
 
@@ -129,7 +129,7 @@ class AuditStream:
         self._tasks: list[asyncio.Task] = []
         self._firing: set[tuple[str, str]] = set()
         self.flat: dict[str, float] = {}
-        """The newest numbers as trainers log them (`flat.flat_metrics`), refreshed per batch."""
+        """The newest numbers as trainers log them (`serve.protocol.audit.flat_metrics`), refreshed per batch."""
 
     # ------------------------------------------------------------------ the request path
 

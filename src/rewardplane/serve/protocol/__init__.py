@@ -16,12 +16,15 @@ scorer, a route or a backend.
 | `score.py` | `/v1/score`, `/v1/scorers`, health and lifecycle bodies; request parser, response codec |
 | `openrlhf.py` | OpenRLHF's `/get_reward` |
 | `unirl.py` | the UniRL reward protocol "1" |
+| `audit.py` | the `/v1/audit` body read as trainers log it (`flat_metrics`, `firing`) |
 
 Every public name is importable from here (`from rewardplane.serve.protocol import ScoreItem`).
 """
 
 from __future__ import annotations
 
+from rewardplane.serve.protocol.audit import PREFIX as AUDIT_PREFIX
+from rewardplane.serve.protocol.audit import firing, flat_metrics
 from rewardplane.serve.protocol.codec import (
     IMAGE,
     ItemIn,
@@ -145,6 +148,7 @@ from rewardplane.serve.protocol.unirl import (
 )
 
 __all__ = [
+    "AUDIT_PREFIX",
     "COMPONENTS",
     "COMPONENT_ERRORS",
     "LEFT_OUT",
@@ -231,6 +235,8 @@ __all__ = [
     "ServeError",
     "decode_score_response",
     "encode_score_request",
+    "firing",
+    "flat_metrics",
     "error_body",
     "failure_kind",
     "item_error_body",

@@ -152,3 +152,7 @@ class ScorerInfo:
     extra: dict[str, Any] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
     """Every option of the scorer's kind with the value in effect (defaults filled in)."""
+    reads: tuple[str, ...] | None = None
+    """The item fields its score depends on (`prompt`, `response`, `reference`, `image`; a
+    composite: its components'), so a client knows what to send (verl's adapter: whether the
+    prompt is needed). None: not declared (a scorer built outside `Scorer.info`)."""

@@ -333,6 +333,10 @@ def _scorer_out() -> type[BaseModel]:
         dict[str, Any] | None,
         Field(default=None, description="kind-specific details; absent if none"),
     )
+    spec["reads"] = (
+        list[str] | None,
+        Field(default=None, description="the item fields its score depends on; null: not declared"),
+    )
     spec["options"] = (
         dict[str, Any],
         Field(default_factory=dict, description="every option of the scorer's kind with the value in effect"),

@@ -1,7 +1,8 @@
 """The HTTP routes, one module per route family; `create_app` composes them (docs/serve.md).
 
-Each module builds a FastAPI `APIRouter` from one `RouteContext` (the app's auth check, body
-reader, metrics and scoring core), so a route is addressable and testable on its own. A route
+Each module builds a FastAPI `APIRouter` from one `RouteContext` (the app's body reader,
+metrics and scoring core), so a route is addressable and testable on its own; no route checks
+the token (the app's one `RequireToken` middleware guards every route but the probes). A route
 that reads its JSON body raw lists the body's model in its `BODY_MODELS`, for the OpenAPI
 document.
 

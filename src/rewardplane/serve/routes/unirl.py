@@ -21,6 +21,10 @@ not match (or pins a request with several rewards), video or CUDA-IPC turns, and
 An `idempotency_key` seen before with the same payload replays the stored answer; with a
 different payload the request is a 409. Only fully scored requests are stored (LRU, bounded),
 so retrying after a failure scores again.
+
+`POST /score` runs four named steps: `check_request` (every whole-request refusal, in order),
+`IdempotencyCache.replay` (keys seen before or repeated in the batch), `score_rewards` (build
+each reward's items and score them) and `answer`.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import hashlib
 import json
 import time
 from collections import OrderedDict
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -126,13 +131,189 @@ def _item(index: int, req: wire.UniRLRequestItem, image_text: bool) -> ScoreItem
     )
 
 
+@dataclass
+class Checked:
+    """A request that passed every whole-request check: its rewards in first-seen order and the
+    identity each is served under."""
+
+    requests: list[wire.UniRLRequestItem]
+    names: list[str]
+    version: dict[str, str]
+    keyed: bool
+
+
+def check_request(ctx: RouteContext, body: wire.UniRLScoreRequest) -> Checked:
+    """Every whole-request refusal, in order; the first bad request (in order) answers."""
+    if body.protocol_version != wire.UNIRL_PROTOCOL_VERSION:
+        raise _UniRLError(
+            400, "unsupported_protocol", f"unsupported protocol_version={body.protocol_version!r}"
+        )
+    if body.grad_mode:
+        raise _UniRLError(400, "unsupported_input", "grad_mode is not supported by this service")
+    reqs = body.requests
+    if len(reqs) > ctx.limits.max_items:
+        raise ServeError("too_many_items", f"{len(reqs)} requests exceed {ctx.limits.max_items}")
+    names = list(dict.fromkeys(n for r in reqs for n in r.required_rewards))
+    unknown, loading = ctx.ready_names(names)
+    if unknown:
+        raise _UniRLError(
+            400, "unknown_scorer", f"unknown reward: {unknown}. available: {ctx.backend.scorer_names()}"
+        )
+    if loading:
+        raise ServeError("not_ready", f"rewards {loading} are not ready", retry_after=5)
+    infos = ctx.backend.scorer_infos()
+    version = {n: infos[n].identity for n in names}
+    for i, r in enumerate(reqs):
+        if any(t.image_ipc is not None for t in r.history):
+            raise _UniRLError(400, "unsupported_input", f"requests[{i}]: image_ipc needs a handshake")
+        if r.scorer_version is not None:
+            pinned = [version[n] for n in r.required_rewards]
+            if len(pinned) != 1 or pinned[0] != r.scorer_version:
+                raise _UniRLError(
+                    400,
+                    "scorer_version_mismatch",
+                    f"requests[{i}] pins scorer_version {r.scorer_version!r}; "
+                    f"{dict(zip(r.required_rewards, pinned, strict=True))} is served "
+                    "(a pin needs exactly one required reward)",
+                )
+    return Checked(reqs, names, version, any(r.idempotency_key for r in reqs))
+
+
+Results = list[dict[str, dict[str, float]] | None]
+
+
+@dataclass
+class Replay:
+    """What the idempotency cache decided for one batch: the answers replayed, the requests to
+    score (`todo`), each key's first request and each keyed request's fingerprint."""
+
+    results: Results
+    todo: list[int]
+    first_of_key: dict[str, int] = field(default_factory=dict)
+    prints: list[str] = field(default_factory=list)
+
+
+class IdempotencyCache:
+    """Answers of fully scored keyed requests, LRU-bounded: a key seen again with the same
+    payload replays its answer, with another payload is a 409."""
+
+    def __init__(self, size: int = IDEMPOTENCY_CACHE_SIZE) -> None:
+        self.size = size
+        self.entries: OrderedDict[str, tuple[str, dict[str, dict[str, float]]]] = OrderedDict()
+
+    def replay(self, checked: Checked) -> Replay:
+        reqs = checked.requests
+        plan = Replay([None] * len(reqs), list(range(len(reqs))))
+        if not checked.keyed:
+            return plan
+        # only keyed requests are fingerprinted: a dump + sort + sha256 per request doubled this
+        # route's per-item cost for the common, unkeyed case
+        plan.prints = [_fingerprint(r) if r.idempotency_key else "" for r in reqs]
+        for i, r in enumerate(reqs):
+            if not (key := r.idempotency_key):
+                continue
+            if key in plan.first_of_key:
+                if plan.prints[plan.first_of_key[key]] != plan.prints[i]:
+                    raise _UniRLError(
+                        409, "idempotency_conflict", f"idempotency key {key!r} reused in one batch"
+                    )
+                continue
+            plan.first_of_key[key] = i
+            if (hit := self.entries.get(key)) is not None:
+                if hit[0] != plan.prints[i]:
+                    raise _UniRLError(
+                        409,
+                        "idempotency_conflict",
+                        f"idempotency key {key!r} was used for a different payload",
+                    )
+                self.entries.move_to_end(key)
+                plan.results[i] = {n: dict(v) for n, v in hit[1].items()}
+        plan.todo = [
+            i
+            for i, r in enumerate(reqs)
+            if plan.results[i] is None
+            and not (r.idempotency_key and plan.first_of_key[r.idempotency_key] != i)
+        ]
+        return plan
+
+    def store(self, checked: Checked, plan: Replay, failed: Failures) -> None:
+        """A key's duplicates share its answer; only fully scored requests are stored."""
+        errors, kinds = failed
+        if not checked.keyed:
+            return
+        fresh = set(plan.todo)
+        for i, r in enumerate(checked.requests):
+            if not (key := r.idempotency_key):
+                continue
+            if (j := plan.first_of_key[key]) != i:
+                plan.results[i], errors[i], kinds[i] = dict(plan.results[j]), dict(errors[j]), dict(kinds[j])
+            elif i in fresh and not errors[i]:
+                self.entries[key] = (plan.prints[i], plan.results[i])
+                self.entries.move_to_end(key)
+                while len(self.entries) > self.size:
+                    self.entries.popitem(last=False)
+
+
+Failures = tuple[list[dict[str, str]], list[dict[str, str]]]
+"""Per request, reward -> `"code: message"`, and reward -> whose failure it is (`item` / `service`)."""
+
+
+async def score_rewards(ctx: RouteContext, checked: Checked, plan: Replay) -> Failures:
+    """Build each reward's items (one per request and modality, shared by the rewards that read
+    it) and score them: the total first (the metric a client reads), then a composite's
+    components, into `plan.results`; per-reward failures (and their kinds) returned."""
+    reqs, names = checked.requests, checked.names
+    errors: list[dict[str, str]] = [{} for _ in reqs]
+    kinds: list[dict[str, str]] = [{} for _ in reqs]
+    for i in plan.todo:
+        plan.results[i] = {}
+    infos = ctx.backend.scorer_infos()
+    built: dict[bool, dict[int, ScoreItem | ItemError]] = {}
+    for name in names:
+        image_text = infos[name].modality == "image_text"
+        items = built.setdefault(image_text, {})
+        rows = plan.todo if len(names) == 1 else [i for i in plan.todo if name in reqs[i].required_rewards]
+        ok: list[tuple[int, ScoreItem]] = []
+        for i in rows:
+            x = items.get(i)
+            if x is None:
+                x = items[i] = _item(i, reqs[i], image_text)
+            if isinstance(x, ItemError):
+                errors[i][name], kinds[i][name] = f"{x.code}: {x.message}", failure_kind(x.code)
+            else:
+                ok.append((i, x))
+        if not ok:
+            continue
+        scored = (await ctx.score_all([name], [x for _, x in ok]))[name]
+        for (i, _), value in zip(ok, scored, strict=True):
+            if isinstance(value, ItemError):
+                errors[i][name], kinds[i][name] = f"{value.code}: {value.message}", failure_kind(value.code)
+            else:
+                plan.results[i][name] = {
+                    wire.UNIRL_METRIC: float(value),
+                    **DetailedScore.components_of(value),
+                }
+    return errors, kinds
+
+
+def answer(checked: Checked, results: Results, failed: Failures) -> Response:
+    """The 200 body: results and errors in request order, each request's identity echoed with
+    the scorer version it was served under (several rewards: their versions joined by ",")."""
+    version = checked.version
+    identities = [_identity(r, ",".join(version[n] for n in r.required_rewards)) for r in checked.requests]
+    out = {
+        "protocol_version": wire.UNIRL_PROTOCOL_VERSION,
+        "results": results,
+        "errors": failed[0],
+        "error_kinds": failed[1],
+        "identities": identities,
+    }
+    return Response(json.dumps(out, allow_nan=False), media_type="application/json")
+
+
 def unirl_router(ctx: RouteContext) -> APIRouter:
     router = APIRouter()
-    cache: OrderedDict[str, tuple[str, dict[str, dict[str, float]]]] = OrderedDict()
-
-    def versions(names: list[str]) -> dict[str, str]:
-        infos = ctx.backend.scorer_infos()
-        return {n: infos[n].identity for n in names}
+    cache = IdempotencyCache()
 
     @router.post(
         wire.UNIRL_SCORE_ROUTE,
@@ -143,148 +324,20 @@ def unirl_router(ctx: RouteContext) -> APIRouter:
     async def score(request: Request) -> Response:
         started = time.perf_counter()
         try:
-            ctx.check_auth(request)
-            body = parse_trainer_body(await ctx.read_body(request), wire.UniRLScoreRequest)
-            if body.protocol_version != wire.UNIRL_PROTOCOL_VERSION:
-                raise _UniRLError(
-                    400, "unsupported_protocol", f"unsupported protocol_version={body.protocol_version!r}"
-                )
-            if body.grad_mode:
-                raise _UniRLError(400, "unsupported_input", "grad_mode is not supported by this service")
-            reqs = body.requests
-            if len(reqs) > ctx.limits.max_items:
-                raise ServeError("too_many_items", f"{len(reqs)} requests exceed {ctx.limits.max_items}")
-            names = list(dict.fromkeys(n for r in reqs for n in r.required_rewards))
-            unknown, loading = ctx.ready_names(names)
-            if unknown:
-                raise _UniRLError(
-                    400,
-                    "unknown_scorer",
-                    f"unknown reward: {unknown}. available: {ctx.backend.scorer_names()}",
-                )
-            if loading:
-                raise ServeError("not_ready", f"rewards {loading} are not ready", retry_after=5)
-            version = versions(names)
-            keyed = False
-            for i, r in enumerate(reqs):  # one pass; the first bad request (in order) answers
-                for t in r.history:
-                    if t.image_ipc is not None:
-                        raise _UniRLError(
-                            400, "unsupported_input", f"requests[{i}]: image_ipc needs a handshake"
-                        )
-                if r.scorer_version is not None:
-                    pinned = [version[n] for n in r.required_rewards]
-                    if len(pinned) != 1 or pinned[0] != r.scorer_version:
-                        raise _UniRLError(
-                            400,
-                            "scorer_version_mismatch",
-                            f"requests[{i}] pins scorer_version {r.scorer_version!r}; "
-                            f"{dict(zip(r.required_rewards, pinned, strict=True))} is served "
-                            "(a pin needs exactly one required reward)",
-                        )
-                keyed = keyed or bool(r.idempotency_key)
-            results: list[dict[str, dict[str, float]] | None] = [None] * len(reqs)
-            first_of_key: dict[str, int] = {}
-            prints: list[str] = []
-            if keyed:
-                # only keyed requests are fingerprinted: a dump + sort + sha256 per request
-                # doubled this route's per-item cost for the common, unkeyed case
-                prints = [_fingerprint(r) if r.idempotency_key else "" for r in reqs]
-                for i, r in enumerate(reqs):
-                    key = r.idempotency_key
-                    if not key:
-                        continue
-                    if key in first_of_key:
-                        if prints[first_of_key[key]] != prints[i]:
-                            raise _UniRLError(
-                                409, "idempotency_conflict", f"idempotency key {key!r} reused in one batch"
-                            )
-                        continue
-                    first_of_key[key] = i
-                    if (hit := cache.get(key)) is not None:
-                        if hit[0] != prints[i]:
-                            raise _UniRLError(
-                                409,
-                                "idempotency_conflict",
-                                f"idempotency key {key!r} was used for a different payload",
-                            )
-                        cache.move_to_end(key)
-                        results[i] = {n: dict(v) for n, v in hit[1].items()}
-                todo = [
-                    i
-                    for i, r in enumerate(reqs)
-                    if results[i] is None and not (r.idempotency_key and first_of_key[r.idempotency_key] != i)
-                ]
-            else:
-                todo = list(range(len(reqs)))
-            errors: list[dict[str, str]] = [{} for _ in reqs]
-            kinds: list[dict[str, str]] = [{} for _ in reqs]  # whose failure each error is
-            for i in todo:
-                results[i] = {}
-            infos = ctx.backend.scorer_infos()
-            built: dict[bool, dict[int, ScoreItem | ItemError]] = {}  # one item per modality kind
-            for name in names:
-                image_text = infos[name].modality == "image_text"
-                items = built.setdefault(image_text, {})
-                rows = todo if len(names) == 1 else [i for i in todo if name in reqs[i].required_rewards]
-                ok: list[tuple[int, ScoreItem]] = []
-                for i in rows:
-                    x = items.get(i)
-                    if x is None:
-                        x = items[i] = _item(i, reqs[i], image_text)
-                    if isinstance(x, ItemError):
-                        errors[i][name] = f"{x.code}: {x.message}"
-                        kinds[i][name] = failure_kind(x.code)
-                    else:
-                        ok.append((i, x))
-                if not ok:
-                    continue
-                scored = (await ctx.score_all([name], [x for _, x in ok]))[name]
-                for (i, _), value in zip(ok, scored, strict=True):
-                    if isinstance(value, ItemError):
-                        errors[i][name] = f"{value.code}: {value.message}"
-                        kinds[i][name] = failure_kind(value.code)
-                    else:  # the total first (the metric a client reads), then the components
-                        results[i][name] = {
-                            wire.UNIRL_METRIC: float(value),
-                            **DetailedScore.components_of(value),
-                        }
-            if keyed:
-                fresh = set(todo)
-                for i, r in enumerate(reqs):
-                    if not (key := r.idempotency_key):
-                        continue
-                    if (j := first_of_key[key]) != i:  # a key's duplicates share its answer
-                        results[i], errors[i], kinds[i] = dict(results[j]), dict(errors[j]), dict(kinds[j])
-                    elif i in fresh and not errors[i]:  # only fully scored requests are stored
-                        cache[key] = (prints[i], results[i])
-                        cache.move_to_end(key)
-                        while len(cache) > IDEMPOTENCY_CACHE_SIZE:
-                            cache.popitem(last=False)
+            checked = check_request(
+                ctx, parse_trainer_body(await ctx.read_body(request), wire.UniRLScoreRequest)
+            )
+            plan = cache.replay(checked)
+            failed = await score_rewards(ctx, checked, plan)
+            cache.store(checked, plan, failed)
         except _UniRLError as err:
             ctx.count(wire.UNIRL_SCORE_ROUTE, err.status, err.code, started)
             return JSONResponse(error_body(err.code, err.message), status_code=err.status)
         except ServeError as err:
             ctx.count(wire.UNIRL_SCORE_ROUTE, err.status, err.code, started)
             return error_response(err)
-        identities = [
-            _identity(
-                r,
-                version[r.required_rewards[0]]
-                if len(r.required_rewards) == 1
-                else ",".join(version[n] for n in r.required_rewards),
-            )
-            for r in reqs
-        ]
-        out = {
-            "protocol_version": wire.UNIRL_PROTOCOL_VERSION,
-            "results": results,
-            "errors": errors,
-            "error_kinds": kinds,
-            "identities": identities,
-        }
         ctx.count(wire.UNIRL_SCORE_ROUTE, 200, "", started)
-        return Response(json.dumps(out, allow_nan=False), media_type="application/json")
+        return answer(checked, plan.results, failed)
 
     @router.get(wire.UNIRL_HEALTH_ROUTE, response_model=wire.UniRLHealth)
     async def health() -> dict[str, Any]:
@@ -296,8 +349,7 @@ def unirl_router(ctx: RouteContext) -> APIRouter:
         return {"status": "ok", "rewards": rewards}
 
     @router.get(wire.UNIRL_REWARDS_ROUTE, response_model=wire.UniRLRewards)
-    async def rewards(request: Request) -> dict[str, list[str]]:
-        ctx.check_auth(request)
+    async def rewards() -> dict[str, list[str]]:
         return {"rewards": list(ctx.backend.scorer_names())}
 
     return router

@@ -1,1 +1,2 @@
-"""Scorers the service can host; third parties add more through the `rewardplane.scorers` entry points."""
+"""Scorers the service can host: one module per kind, listed in `registry.py`'s `BUILTIN_SCORERS`;
+other packages add kinds through the `rewardplane.scorers` entry points."""

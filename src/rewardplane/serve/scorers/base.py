@@ -128,6 +128,7 @@ class Scorer(abc.ABC):
             max_wait_ms=self.max_wait_ms,
             extra=self.info_extra(),
             options=self.options.in_effect(),
+            reads=tuple(sorted(self.item_fields())),
         )
 
     def placement(self) -> tuple[str, str]:
@@ -158,6 +159,11 @@ class Scorer(abc.ABC):
     `image`): the admission contract (`serve/admission.py`) refuses an item whose field it reads
     is missing (the response) or cannot be encoded, before `prepare`. The default is every text
     field; a kind that reads fewer says so (an image scorer never reads the response)."""
+
+    def item_fields(self) -> frozenset[str]:
+        """What `info()` publishes as `reads`: the fields the score depends on (`reads`; a kind
+        that admits nothing itself and scores through others says theirs)."""
+        return self.reads
 
     @property
     def empty_response(self) -> str | float:

@@ -1,71 +1,20 @@
-"""`composite` scorer: several scorers combined into one reward, optionally normalised per group.
+"""`composite` scorer: several scorers combined into one reward, optionally normalised per group
+(configuration, failures and group normalisation for users: docs/serve.md, "How a `composite`
+behaves").
 
-```yaml
-- name: reward
-  kind: composite
-  options:
-    components:
-      - {name: correct, kind: math, weight: 1.0, options: {timeout_s: 5}}
-      - {name: format, kind: regex, weight: 0.2, options: {pattern: "\\\\boxed\\\\{"}}
-    aggregation: weighted_sum      # weighted_sum | mean | min | max
-    on_failure: fail               # fail (default) | renormalize
-    group_normalize: false         # GRPO: (r - mean_group) / std_group, by item.group_id
-    group_size: null               # required with group_normalize: items per group
-    group_scale: std               # std | none (Dr. GRPO: only subtract the mean)
-    std_ddof: 1                    # 1: sample std (torch.std, as TRL/verl); 0: population
-```
-
-Each component is configured inline (`kind` + `options`, like a top-level scorer) or names
-another scorer of the same server (`{name: rm, scorer: my_rm, weight: 0.5}`), and is scored on
-the whole batch; components run concurrently. A named scorer is loaded once and scored through
-its own path: its queue (its batches mix the composite's items with direct requests), and its
-lifecycle: a request to the composite is admitted through the named scorer's lifecycle as well,
-so while it is offloaded the request gets its 503 `offloaded` (or triggers its `auto_onload`),
-exactly as a direct request, and offloading it waits for the composite's requests in flight.
-Inline components that hold a model move with the composite's own offload/onload. Aggregation over component scores s_i with weights
-w_i (default 1): `weighted_sum` = Σ w_i s_i; `mean` = Σ w_i s_i / Σ w_i; `min`/`max` over s_i
-(weights must be left at 1).
-
-**Components.** Every score is a `CompositeScore` (a float) that carries each component's own
-score for the item, before aggregation and group normalisation; the response carries them next
-to the total, as `results[i].details[<composite>] = {"components": {name: value, ...}}`, so a
-trainer can weight or normalise them itself (TRL's `reward_weights` and GDPO, verl's
-`gdpo_reward_keys`; docs/integrations.md). A component is never named `score` (the gateway and
-verl put the total under that key).
-
-**Admission.** The composite reads no item field itself: each inline component applies the
-admission contract it declares (`serve/admission.py`: a missing response, text that cannot be
-encoded, its own `empty_response` policy) to the items before it scores them, and a hosted
-component applies it in its own queue; a component's refusal is that component's failure.
-
-**Failures.** By default a component that fails an item (any per-item error, a non-finite or
-non-number value, or the component raising) fails the composite for that item, with the
-component's error code and a message naming the component: the total is an error, never a
-number. With `on_failure: renormalize` a failure counts by its kind (`serve/protocol/errors.py`:
-whose failure it is). A *service* failure (an engine or sandbox down, a bug) is left out and the
-weights of the rest are rescaled (`weighted_sum`: Σ_ok w_i s_i · Σ_all w / Σ_ok w; `mean`:
-Σ_ok w_i s_i / Σ_ok w_i; `min`/`max` over the rest). An *item* failure (the program timed out,
-ran out of memory, the judge could not read a verdict: the policy's doing) is never renormalised
-over, since that would pay the policy for failing on purpose: the component counts as its
-lowest score (the component's `floor`, else the kind's `Scorer.lowest_score`, 0.0 for the
-verifiers and rules), and where it has none (a reward model) the item fails. A `required: true`
-component's failure, or every component failing, fails the item. A left-out component has no
-number: the detail names it under `left_out`; a floored one is under `floored` with its floor
-in `components`; both have their error under `component_errors`, and `info().extra` counts the
-left-out ones per component.
-
-**Group normalisation** (`group_normalize: true`): after aggregation, items with the same
-`group_id` are normalised together: a_i = (r_i - mean) / std (or only - mean with
-`group_scale: none`). Degenerate groups are defined, not divided by zero: when std == 0 (every
-item in the group got the same reward, or std_ddof=1 with a group of one) every item's value is
-exactly 0.0 — no learning signal, as in GRPO. A group is normalised only when all of its
-`group_size` items are in the batch and scored: an item without `group_id` is `bad_input`; a group
-with fewer or more items than `group_size` in the batch (split across requests/batches) is
-`group_incomplete` for each of its items; a group in which any item failed is `group_incomplete`
-for the others (a mean over the survivors would be a different signal). Send whole groups in one
-request: the batcher never splits a request's run of one `group_id` across two batches
-(`groups_in_one_batch`), and a `group_size` larger than the scorer's `max_batch_size` (a group
-that could never fit one batch) is refused when the config is read.
+What the code below keeps to, and why:
+- Components are inline (built and owned here, moved by this scorer's offload/onload) or name a
+  scorer of the same server (scored through its own queue and admitted through its lifecycle,
+  exactly as a direct request); all run concurrently, each on the whole batch.
+- Every score is a `CompositeScore` carrying each component's own score, so the response can
+  give trainers the components beside the total; no component is named `score`.
+- The composite admits nothing itself: each component applies its own admission contract.
+- A failed component fails the item (the total is an error, never a number). Under
+  `on_failure: renormalize` a failure counts by its kind: a service failure is left out and the
+  others' weights rescaled; an item failure (the policy's doing) is never renormalised over, it
+  counts as the component's lowest score, or fails the item where there is none.
+- Group normalisation divides by nothing degenerate (a std of 0 gives exactly 0.0) and needs
+  every item of a `group_id` group in the batch and scored, else `group_incomplete`.
 """
 
 from __future__ import annotations
@@ -96,7 +45,7 @@ from rewardplane.serve.scorers.registry import KindSpec, ScorerSpec, build_score
 
 INLINE_KEYS = frozenset({"kind", "options", "path", "shape", "dtype", "device"})
 RESERVED_NAME = "score"
-"""No component has this name: the gateway's and verl's answers hold the total under it."""
+"""No component has this name: UniRL's and verl's answers hold the total under it."""
 
 
 class CompositeScore(DetailedScore):
@@ -228,7 +177,7 @@ class CompositeOptions(ScorerOptions):
         if RESERVED_NAME in names:
             raise FieldError(
                 f"components[{names.index(RESERVED_NAME)}].name",
-                f"{RESERVED_NAME!r} is the total's key in the gateway's and verl's answers; name the component otherwise",
+                f"{RESERVED_NAME!r} is the total's key in UniRL's and verl's answers; name the component otherwise",
             )
         if self.group_normalize and self.group_size is None:
             raise FieldError("group_size", "must be set with group_normalize (items per group, >= 1)")
@@ -310,6 +259,10 @@ class CompositeScorer(Scorer):
             if not c.scorer:
                 s.load()
         self.scorers = scorers
+
+    def item_fields(self) -> frozenset[str]:
+        """Its components' fields (hosted ones included): what a client must send it."""
+        return frozenset().union(*(s.item_fields() for s in self.scorers))
 
     def _inline(self) -> list[Scorer]:
         """The components this composite built and owns (not the hosted scorers it names)."""

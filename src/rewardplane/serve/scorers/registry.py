@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import importlib
 from importlib.metadata import entry_points
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import ConfigDict, Field, SerializeAsAny, ValidationInfo, field_validator, model_validator
 
 from rewardplane.core.config import ConfigModel, Dtype, validate_section
-from rewardplane.core.errors import ConfigError
+from rewardplane.serve.residency import LifecyclePolicy
 from rewardplane.serve.scorers.base import Scorer
 from rewardplane.serve.scorers.options import ScorerOptions, option_schema
 
@@ -102,12 +102,14 @@ class KindSpec(ConfigModel):
         return resolve_device(self.device)
 
 
-class ScorerSpec(KindSpec):
+class ScorerSpec(KindSpec, LifecyclePolicy):
     """One hosted scorer. Model kinds need exactly one of `path` (a local model directory) or
     `shape` (a named random-initialised shape for tests and benchmarks); rules need neither.
 
     `dtype` takes any of the loader's spellings (fp16, float16, half, ...) and holds the
-    canonical one ("fp32" / "fp16" / "bf16"). Frozen: a spec is the scorer's identity.
+    canonical one ("fp32" / "fp16" / "bf16"). Frozen: a spec is the scorer's identity. Its
+    residency settings are a `LifecyclePolicy`'s (`serve/residency.py`), typed and checked there;
+    the lifecycle's policy is derived from the spec.
     """
 
     name: str
@@ -115,13 +117,6 @@ class ScorerSpec(KindSpec):
     max_wait_ms: float = Field(5.0, ge=0)
     max_queue: int = Field(4096, ge=1)
     token_budget: int | None = Field(None, ge=1)
-    residency: Literal["resident", "per_call", "on_demand"] = "resident"
-    """When the weights are on the GPU (docs/lifecycle.md): `resident` until told to move,
-    `per_call` only while requests come, `on_demand` from the first request on."""
-    auto_onload: bool | None = None
-    """A request that finds the scorer offloaded onloads it (default: only per_call/on_demand)."""
-    idle_offload_s: float | None = Field(None, ge=0)
-    """per_call / on_demand: offload after this long without a request (per_call default 1 s)."""
 
     @field_validator("name")
     @classmethod
@@ -129,16 +124,6 @@ class ScorerSpec(KindSpec):
         if not name or "/" in name:
             raise ValueError(f"must be a non-empty string without '/', got {name!r}")
         return name
-
-    @model_validator(mode="after")
-    def _lifecycle(self) -> ScorerSpec:
-        from rewardplane.serve.residency import policy_of
-
-        try:
-            policy_of(self)
-        except ConfigError as exc:
-            raise ValueError(exc.message) from None
-        return self
 
 
 def register_scorer(kind: str, cls: type[Scorer]) -> None:

@@ -1,5 +1,8 @@
-"""The audit as a flat `{"audit/...": float}` dict: what trainers log (TRL's `log_metric`, verl's
-`Tracking.log`, OpenRLHF's `extra_logs`), from a `GET /v1/audit` body (docs/audit.md).
+"""The `GET /v1/audit` body read as a trainer reads it (docs/audit.md): the flat
+`{"audit/...": float}` dict trainers log (TRL's `log_metric`, verl's `Tracking.log`, OpenRLHF's
+`extra_logs`) and the alarms firing. Part of the wire's vocabulary, so the service (its OpenRLHF
+route's `extra_logs`) and the trainer side (`integrations/audit.py`, through the client's
+`audit()`) decode it with the same code.
 
 Keys: `audit/version` (newest version in a closed bin), `audit/proxy_mean`,
 `audit/<auditor>/{mean,tau,gap}`, `audit/signature/<name>` (rate), `audit/alarm/<alarm>` (1 when
