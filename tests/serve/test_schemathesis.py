@@ -15,7 +15,8 @@ from schemathesis.specs.openapi.checks import (  # noqa: E402
     response_schema_conformance,
     status_code_conformance,
 )
-from tests.support.serve import LiveServer, make_config  # noqa: E402
+
+from support.serve import LiveServer, make_config  # noqa: E402
 
 TOKEN = "schemathesis-token"
 EXAMPLES_PER_ROUTE = 8
