@@ -76,6 +76,7 @@ ARROWS: tuple[Arrow, ...] = (
 
 SERVE_ORDER: tuple[str, ...] = (
     "protocol",
+    "linear",
     "residency",
     "retries",
     "timing",

@@ -40,12 +40,19 @@ Admitted = ItemError | float | None
 admitted (None)."""
 
 
+CHECK_CHUNK = 1 << 20
+"""Characters encoded per step when checking text: the GIL can pass between steps, so a
+near-limit response admitted in a thread never holds the event loop for the whole check."""
+
+
 def _valid_text(text: str) -> bool:
-    """Whether `text` is valid Unicode (no lone UTF-16 surrogate): what UTF-8 can encode."""
+    """Whether `text` is valid Unicode (no lone UTF-16 surrogate): what UTF-8 can encode. A
+    Python string holds code points, so a surrogate pair cannot straddle two chunks."""
     if text.isascii():
         return True
     try:
-        text.encode("utf-8")
+        for start in range(0, len(text), CHECK_CHUNK):
+            text[start : start + CHECK_CHUNK].encode("utf-8")
     except UnicodeEncodeError:
         return False
     return True
@@ -65,10 +72,15 @@ def _text_problem(value: Any, name: str) -> str | None:
     return None
 
 
+def _blank(text: str) -> bool:
+    """Empty or whitespace only, without copying the text (`strip` would)."""
+    return not text or text.isspace()
+
+
 def _is_empty(response: Any) -> bool:
     if isinstance(response, str):
-        return not response.strip()
-    return all(not str(m.get("content") or "").strip() for m in response if isinstance(m, dict))
+        return _blank(response)
+    return all(_blank(str(m.get("content") or "")) for m in response if isinstance(m, dict))
 
 
 def admit(item: ScoreItem, reads: frozenset[str], empty_response: str | float) -> Admitted:

@@ -22,6 +22,12 @@ token budget, up to that many tokens: the sum of its items' tokens for a padding
 (`packs_tokens`), rows x longest row for a padded one. Batches are taken in arrival order, so a
 long item is never passed over by shorter ones behind it.
 
+A scorer that declares a per-item deadline (`Scorer.item_deadline_s`: the rules, whose work is
+linear over the item's text and releases the GIL) is scored item by item on its text threads:
+an item still running at its deadline is a `timeout` error, and its batch-mates' results go back
+without waiting for it. Admission of a request with much text (`ADMIT_ON_LOOP_CHARS`) runs in a
+thread too, so no pass over item text, however linear, runs on the event loop.
+
 Failure contract: a NaN/inf or non-number becomes `non_finite`/`scorer_failed` for that item. An
 exception is retried on each half of the batch, down to single items, so only the items that
 make the scorer raise get `scorer_failed`; nothing is dropped, nothing is 0.
@@ -57,6 +63,12 @@ PREPARE_WORKERS = 4
 
 PREPARE_CHUNK = 32
 """Items prepared per task: large requests spread over the workers, small ones take one."""
+
+TEXT_WORKERS = 4
+"""Threads a scorer with a per-item deadline scores its items on, one item per call."""
+
+ADMIT_ON_LOOP_CHARS = 1 << 16
+"""A request whose items hold more text than this is admitted in a thread, not on the loop."""
 
 MAX_CONCURRENT_BATCHES = 8
 """Scoring threads a batcher may use: the most `Scorer.concurrent_batches` is honoured up to."""
@@ -162,6 +174,11 @@ class DynamicBatcher:
         self._executor = ThreadPoolExecutor(
             max_workers=MAX_CONCURRENT_BATCHES, thread_name_prefix=f"scorer-{self.name}"
         )
+        self._text_pool = (
+            ThreadPoolExecutor(max_workers=TEXT_WORKERS, thread_name_prefix=f"text-{self.name}")
+            if scorer.item_deadline_s is not None
+            else None
+        )
         kind = type(scorer)
         self._prepares = kind.prepare is not Scorer.prepare or kind.prepare_many is not Scorer.prepare_many
         self._prepare_pool = (
@@ -211,8 +228,9 @@ class DynamicBatcher:
                 entry.future.set_exception(ServeError("not_ready", "service is shutting down"))
         self._queue.clear()
         self._executor.shutdown(wait=False, cancel_futures=True)
-        if self._prepare_pool is not None:
-            self._prepare_pool.shutdown(wait=False, cancel_futures=True)
+        for pool in (self._prepare_pool, self._text_pool):
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
 
     async def run_in_thread(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
@@ -271,7 +289,9 @@ class DynamicBatcher:
         admission threads (a scorer that prepares nothing: admission only, on the loop, and the
         item is its own payload). A prepare that raises fails its item as `bad_input`."""
         if self._prepare_pool is None:
-            return admitted(self.scorer, items, list, _Answered)
+            if _text_chars(items) <= ADMIT_ON_LOOP_CHARS:
+                return admitted(self.scorer, items, list, _Answered)
+            return await asyncio.to_thread(admitted, self.scorer, items, list, _Answered)
         loop = asyncio.get_running_loop()
         chunks = [items[i : i + PREPARE_CHUNK] for i in range(0, len(items), PREPARE_CHUNK)]
         done = await asyncio.gather(
@@ -419,7 +439,10 @@ class DynamicBatcher:
         if self.token_budget and not self.scorer.packs_tokens:
             order.sort(key=lambda i: batch[i].tokens or 0)  # similar lengths pad less
         tokens: dict[str, int] = {}
-        ordered = await self._score_or_bisect([payloads[i] for i in order], tokens)
+        if self.scorer.item_deadline_s is not None:
+            ordered = await self._score_apart([payloads[i] for i in order], self.scorer.item_deadline_s)
+        else:
+            ordered = await self._score_or_bisect([payloads[i] for i in order], tokens)
         results: list[ItemResult] = [ItemError("scorer_failed", "unset")] * len(payloads)
         for pos, i in enumerate(order):
             results[i] = ordered[pos]
@@ -472,3 +495,63 @@ class DynamicBatcher:
                 *await self._score_or_bisect(payloads[:half], tokens),
                 *await self._score_or_bisect(payloads[half:], tokens),
             ]
+
+    async def _score_apart(self, payloads: list[object], deadline_s: float) -> list[ItemResult]:
+        """Each item in its own `score_prepared` call on the text threads, with its own deadline
+        counted from when its call starts: an item still running then is `timeout` (its thread
+        finishes on its own: the work is linear and releases the GIL), the others are not held."""
+        assert self._text_pool is not None
+        loop = asyncio.get_running_loop()
+        starts: list[float | None] = [None] * len(payloads)
+
+        def one(i: int) -> object:
+            starts[i] = time.perf_counter()
+            return self.scorer.score_prepared([payloads[i]])
+
+        futures = [loop.run_in_executor(self._text_pool, one, i) for i in range(len(payloads))]
+        results: list[ItemResult | None] = [None] * len(payloads)
+        pending = set(range(len(payloads)))
+        while pending:
+            now = time.perf_counter()
+            running = [s + deadline_s - now for i in pending if (s := starts[i]) is not None]
+            wait = max(0.0, min(running)) if running else deadline_s
+            await asyncio.wait(
+                [futures[i] for i in pending], timeout=wait, return_when=asyncio.FIRST_COMPLETED
+            )
+            now = time.perf_counter()
+            for i in list(pending):
+                if futures[i].done():
+                    results[i] = self._one_result(futures[i])
+                elif (s := starts[i]) is not None and now - s >= deadline_s:
+                    results[i] = ItemError(
+                        "timeout", f"scoring the item took over its {deadline_s:g}s deadline"
+                    )
+                    log.warning("scorer %s: an item ran past its %gs deadline", self.name, deadline_s)
+                else:
+                    continue
+                pending.discard(i)
+        return [r if r is not None else ItemError("scorer_failed", "unset") for r in results]
+
+    def _one_result(self, future: asyncio.Future) -> ItemResult:
+        """A one-item `score_prepared` call's outcome as that item's result."""
+        exc = future.exception()
+        if exc is not None:
+            log.warning("scorer %s failed on an item: %s: %s", self.name, type(exc).__name__, exc)
+            return ItemError("scorer_failed", f"{type(exc).__name__}: {exc}"[:500])
+        raw = future.result()
+        if not isinstance(raw, list | tuple) or len(raw) != 1:
+            return ItemError("scorer_failed", "scorer did not return one value for one item")
+        return check_value(raw[0])
+
+
+def _text_chars(items: list[ScoreItem]) -> int:
+    """How much text `items` hold (string lengths are free to read; a message list counts its
+    contents)."""
+    total = 0
+    for item in items:
+        for value in (item.prompt, item.response, item.reference):
+            if isinstance(value, str):
+                total += len(value)
+            elif isinstance(value, list):
+                total += sum(len(m.get("content") or "") for m in value if isinstance(m, dict))
+    return total

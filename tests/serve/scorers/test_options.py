@@ -166,18 +166,27 @@ def test_v1_scorers_shows_options_in_effect_and_each_kinds_schema():
     with LiveServer(cfg) as server:
         body = httpx.get(server.url + "/v1/scorers", timeout=30).json()
     by_name = {s["name"]: s for s in body["scorers"]}
-    assert by_name["re"]["options"] == {"pattern": "^a", "mode": "search", "flags": []}
+    assert by_name["re"]["options"] == {
+        "deadline_s": 1.0,
+        "pattern": "^a",
+        "mode": "search",
+        "flags": [],
+        "examples": [],
+    }
     component = by_name["c"]["options"]["components"][0]
-    assert component["options"] == {"unit": "words"} and component["weight"] == 1.0
+    assert component["options"] == {"deadline_s": 1.0, "unit": "words"} and component["weight"] == 1.0
     assert set(body["kinds"]) == {"regex", "composite", "length"}
-    pattern, mode = body["kinds"]["regex"][:2]
+    schema = {o["name"]: o for o in body["kinds"]["regex"]}
+    pattern, mode = schema["pattern"], schema["mode"]
     assert pattern == {
         "name": "pattern",
         "type": "str",
         "required": True,
-        "description": "The regular expression (Python `re` syntax) the response must match for 1.0.",
+        "description": "The regular expression (Python `re` syntax, run by RE2 in linear time: no "
+        "backreferences or lookaround) the response must match for 1.0.",
         "identity": True,
     }
+    assert schema["deadline_s"]["identity"] is False and schema["examples"]["identity"] is False
     assert mode["default"] == "search" and mode["type"] == '"search" | "fullmatch"' and not mode["required"]
 
 

@@ -290,15 +290,14 @@ class AuditStream:
         audited: list[Audited] = []
         failed = 0
         texts = [as_text(job.item.response) if job.item.response else "" for job in batch]
-        # the signatures read policy text: linear, but off the event loop (health checks wait on it)
-        masks = await asyncio.to_thread(lambda: [signatures(text) for text in texts])
+        words = self.config.length_unit == "words"
+        masks, lengths = await asyncio.to_thread(_text_passes, texts, words)  # over item text: off the loop
         for i, job in enumerate(batch):
             values = {a.name: scored[k][i] for k, a in enumerate(self.auditors)}
             if all(math.isnan(v) for v in values.values()):
                 failed += 1
                 continue
-            text = texts[i]
-            length = len(text.split()) if self.config.length_unit == "words" else len(text)
+            length = lengths[i]
             truncated = (job.item.metadata or {}).get("truncated")
             cap = self.config.length_cap
             at_cap = truncated if isinstance(truncated, bool) else (cap is not None and length >= cap)
@@ -460,6 +459,12 @@ def evidence(book: Ledger) -> str:
             f"{needs / max(per_version, 1e-9):.1f}x, or lower min_items"
         )
     return f"sufficient: {per_version:.1f} audited items a version, needs {needs}"
+
+
+def _text_passes(texts: list[str], words: bool) -> tuple[list[int], list[int]]:
+    """Each text's signature mask and length (words or characters): the passes over response
+    text, run in a thread so a long response never holds the event loop."""
+    return [signatures(t) for t in texts], [len(t.split()) if words else len(t) for t in texts]
 
 
 def _as_version(raw: Any) -> int | None:

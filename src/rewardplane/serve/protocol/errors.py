@@ -106,7 +106,11 @@ class ItemErrorCode(_Code):
     )
     TOO_LONG = "too_long", ITEM, "a text item whose response alone exceeds `max_length` tokens"
     WORKER_LOST = "worker_lost", SERVICE, "(deploy) the worker process holding the item died"
-    TIMEOUT = "timeout", ITEM, "a verifier (math, code) ran past its per-item wall-clock limit"
+    TIMEOUT = (
+        "timeout",
+        ITEM,
+        "a verifier (math, code) or a rule (`deadline_s`) ran past its per-item wall-clock limit",
+    )
     MEMORY_LIMIT = "memory_limit", ITEM, "code under test went over the sandbox's memory limit"
     OUTPUT_LIMIT = (
         "output_limit",

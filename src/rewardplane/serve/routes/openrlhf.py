@@ -33,15 +33,16 @@ Modes (`?mode=`, default `raw`):
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
-import re
 import time
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from rewardplane.serve.linear import compile_linear
 from rewardplane.serve.protocol import (
     COMPONENTS,
     LEFT_OUT,
@@ -62,6 +63,7 @@ from rewardplane.serve.protocol.openrlhf import (
     OpenRLHFRewardResponse,
 )
 from rewardplane.serve.routes.context import RouteContext, error_response, raw_body
+from rewardplane.serve.routes.score import OFF_LOOP_BYTES
 
 BODY_MODELS = (OpenRLHFRewardRequest,)
 
@@ -69,7 +71,9 @@ BODY_MODELS = (OpenRLHFRewardRequest,)
 INPUT_ITEM_CODES = frozenset({"bad_input", "too_long", "missing_reference", "bad_image"})
 
 # A trailing run of special-token strings, as OpenRLHF decodes them (skip_special_tokens=False).
-_EOS_TAIL = re.compile(r"(?:\s*(?:<\|[^<>|\s]{1,64}\|>|</s>|<eos>|<\|endoftext\|>))+\s*\Z")
+# RE2 (`serve/linear.py`): an end-anchored run of `\s*` tried from every position is quadratic
+# in `re` on a long whitespace run; RE2 finds it in one linear pass.
+_EOS_TAIL = compile_linear(r"(?:\s*(?:<\|[^<>|\s]{1,64}\|>|</s>|<eos>|<\|endoftext\|>))+\s*$")
 
 
 def _parse(raw: bytes) -> OpenRLHFRewardRequest:
@@ -84,7 +88,13 @@ def _parse(raw: bytes) -> OpenRLHFRewardRequest:
 
 def strip_eos(text: str) -> str:
     """`text` without a trailing run of special-token strings and whitespace."""
-    return _EOS_TAIL.sub("", text)
+    match = _EOS_TAIL.search(text)
+    return text[: match.start()] if match else text
+
+
+def _parse_items(raw: bytes, mode: str) -> tuple[OpenRLHFRewardRequest, list[ScoreItem | ItemError]]:
+    body = _parse(raw)
+    return body, build_items(body, mode)
 
 
 def build_items(body: OpenRLHFRewardRequest, mode: str) -> list[ScoreItem | ItemError]:
@@ -157,7 +167,11 @@ def openrlhf_router(ctx: RouteContext) -> APIRouter:
                 raise ServeError(
                     "invalid_request", f"item_penalty must be a finite number, got {item_penalty}"
                 )
-            body = _parse(await ctx.read_body(request))
+            raw = await ctx.read_body(request)
+            if len(raw) < OFF_LOOP_BYTES:
+                body, built = _parse_items(raw, mode)
+            else:  # a large body's JSON and text passes run in a thread, not on the event loop
+                body, built = await asyncio.to_thread(_parse_items, raw, mode)
             if len(body.query) > ctx.limits.max_items:
                 raise ServeError("too_many_items", f"{len(body.query)} queries exceed {ctx.limits.max_items}")
             names = ctx.backend.scorer_names()
@@ -169,7 +183,6 @@ def openrlhf_router(ctx: RouteContext) -> APIRouter:
                 raise ServeError("not_ready", f"scorer {name!r} is not ready", retry_after=5)
             if ctx.backend.scorer_infos()[name].modality == "image_text":
                 raise ServeError("invalid_request", f"scorer {name!r} needs images; OpenRLHF sends text")
-            built = build_items(body, mode)
             items = [x for x in built if isinstance(x, ScoreItem)]
             scored = (await ctx.score_all([name], items))[name] if items else []
         except ServeError as err:

@@ -43,6 +43,7 @@ from fastapi.responses import JSONResponse, Response
 
 from rewardplane.serve.protocol import (
     DetailedScore,
+    ErrorOut,
     ItemError,
     ScoreItem,
     ServeError,
@@ -320,6 +321,7 @@ def unirl_router(ctx: RouteContext) -> APIRouter:
         response_model=wire.UniRLScoreResponse,
         summary="UniRL reward protocol 1",
         openapi_extra=raw_body(wire.UniRLScoreRequest),
+        responses={status: {"model": ErrorOut} for status in (400, 401, 413, 422, 429, 500, 503, 504)},
     )
     async def score(request: Request) -> Response:
         started = time.perf_counter()

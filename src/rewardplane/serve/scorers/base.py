@@ -191,6 +191,16 @@ class Scorer(abc.ABC):
     device (a CUDA stream), so the batcher fills the next batch while the device is busy and
     launches it just before the device frees, rather than as soon as a slot is free."""
 
+    item_deadline_s: float | None = None
+    """Seconds scoring one item may take, for a scorer whose work is over the item's text on
+    this host (the rules). When set, the batcher scores such a batch's items apart, each in its
+    own call on the scorer's text threads, and an item still running at its deadline is a
+    `timeout` error while its batch-mates' results go back at once. Only for work that is linear
+    in its input and releases the GIL (RE2, short C calls), so an item past its deadline ends
+    soon after on its own and the event loop never waits on it. None: no per-item deadline (a
+    model's forward, a verifier that enforces its own: the code sandbox, the math pool, the
+    judge's request timeout)."""
+
     concurrent_batches: ClassVar[int] = 1
     """How many batches the batcher may hand `score_prepared` at once, each from its own thread.
     1 for a model (not assumed thread-safe; one forward at a time saturates its device); more for

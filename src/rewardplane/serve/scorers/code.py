@@ -46,7 +46,8 @@ from rewardplane.serve.scorers.base import Scorer
 from rewardplane.serve.scorers.common import as_text
 from rewardplane.serve.scorers.options import ScorerOptions
 
-_FENCE = re.compile(r"```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)```", re.DOTALL)
+_LANG = re.compile(r"[ \t]*([\w+#.-]*)")
+"""A fence's language tag at the start of its opening line (one pass: no backtracking)."""
 RUN_ERRORS = ("timeout", "memory_limit", "output_limit", "sandbox_error")
 LOCAL_SANDBOX_OPTIONS = (
     "isolation",
@@ -61,9 +62,29 @@ LOCAL_SANDBOX_OPTIONS = (
 """Options handed to `LocalSandbox` as they are (its keyword arguments bear the same names)."""
 
 
+def fenced_blocks(text: str) -> list[tuple[str, str]]:
+    """Every fenced block as (language tag, body): an opening ``` with the rest of its line, the
+    body up to the next ```. One left-to-right scan with `str.find`, linear in the text: an
+    opening fence with no newline or no closing fence after it ends the scan (no later fence
+    can close either), where a backtracking regex would retry from every later position
+    (quadratic on an unclosed ``` and a long tail)."""
+    blocks, pos = [], 0
+    while (start := text.find("```", pos)) >= 0:
+        newline = text.find("\n", start + 3)
+        if newline < 0:
+            break
+        end = text.find("```", newline + 1)
+        if end < 0:
+            break
+        lang = _LANG.match(text, start + 3, newline)
+        blocks.append((lang.group(1) if lang else "", text[newline + 1 : end]))
+        pos = end + 3
+    return blocks
+
+
 def extract_code(response: str) -> str:
     """The last fenced block (python-tagged or untagged preferred), else the whole response."""
-    blocks = _FENCE.findall(response)
+    blocks = fenced_blocks(response)
     if not blocks:
         return response
     preferred = [body for lang, body in blocks if lang.lower() in ("", "python", "py", "python3")]
