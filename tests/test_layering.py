@@ -157,7 +157,6 @@ MAX_MODULE_LINES = 600
 KNOWN_LONG = {
     # issue 43's, still being written when issue 46 extended this rule to tests/ and
     # benchmarks/: their owner splits them; an entry fails the test once it is no longer needed
-    "tests/support/exploit_corpus.py": "issue 43's exploit corpus, split by its owner",
     "benchmarks/verifier_integrity.py": "issue 43's benchmark, split by its owner",
 }
 
