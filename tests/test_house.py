@@ -21,9 +21,6 @@ FLAT_TABLES_AND_PARSERS: dict[str, str] = {
 }
 
 TEMPORARY: dict[str, str] = {
-    # serve/: split by the engineers of issues 43-46 who own these modules (the sandbox's pump
-    # and the zygote's main belong to issue 43; the UniRL route is split, issue 46)
-    "serve/execution/sandbox.py:LocalSandbox._pump": "issue 43: serve/execution",
     # eval/report/ is issue 47's this round
     "eval/report/__init__.py:build_report": "issue 47: eval/report",
 }

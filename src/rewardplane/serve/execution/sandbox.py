@@ -293,6 +293,22 @@ class LocalSandbox:
         timeout_s: float,
         still_open: set[int],
     ) -> tuple[RunResult | None, bytes, bytes, int | None]:
+        """Feed the job's pipes and read the program's stdout and the zygote's report, then end the
+        run: (the error that ended it, or None with stdout and the report) and the exit code."""
+        status, out, res = self._exchange(w, payloads, out_r, res_r, deadline, still_open)
+        return self._conclude(w, status, out, res, deadline, timeout_s)
+
+    def _exchange(
+        self,
+        w: _Waiter,
+        payloads: dict[int, bytes],
+        out_r: int,
+        res_r: int,
+        deadline: float,
+        still_open: set[int],
+    ) -> tuple[str | None, bytearray, bytearray]:
+        """The I/O loop, until both read pipes close: a status when a limit ended it early (the
+        deadline, stdout's size, an oversized report), else None."""
         for fd in (*payloads, out_r, res_r):
             os.set_blocking(fd, False)
         sel = selectors.DefaultSelector()
@@ -318,17 +334,7 @@ class LocalSandbox:
                 for key, _ in sel.select(timeout=min(limit - now, 0.05)):
                     fd = key.fd
                     if fd in payloads:
-                        payload = payloads[fd]
-                        try:
-                            sent[fd] += os.write(fd, payload[sent[fd] : sent[fd] + (1 << 16)])
-                        except BlockingIOError:
-                            continue
-                        except BrokenPipeError:
-                            sent[fd] = len(payload)
-                        if sent[fd] >= len(payload):
-                            sel.unregister(fd)
-                            still_open.discard(fd)
-                            os.close(fd)
+                        _feed(sel, fd, payloads[fd], sent, still_open)
                         continue
                     try:
                         chunk = os.read(fd, 1 << 16)
@@ -350,6 +356,19 @@ class LocalSandbox:
                         break
         finally:
             sel.close()
+        return status, out, res
+
+    def _conclude(
+        self,
+        w: _Waiter,
+        status: str | None,
+        out: bytearray,
+        res: bytearray,
+        deadline: float,
+        timeout_s: float,
+    ) -> tuple[RunResult | None, bytes, bytes, int | None]:
+        """Kill the unit's group if a limit ended the run or it outlives the deadline, then map
+        the status to its error (a sandbox failure first: never a result)."""
         if status is not None or not w.exited.wait(max(0.0, deadline - time.monotonic())):
             w.started.wait(1.0)
             if w.pid is not None:
@@ -407,6 +426,23 @@ class LocalSandbox:
                 "memory_limit", exit_code=code, message=f"address-space limit {self.cfg['memory_mb']} MiB"
             )
         return RunResult("ok", out, report, records, exit_code=code)
+
+
+def _feed(
+    sel: selectors.BaseSelector, fd: int, payload: bytes, sent: dict[int, int], still_open: set[int]
+) -> None:
+    """Write the next chunk of a job pipe's payload; close the pipe once all of it is sent or its
+    reader went away."""
+    try:
+        sent[fd] += os.write(fd, payload[sent[fd] : sent[fd] + (1 << 16)])
+    except BlockingIOError:
+        return
+    except BrokenPipeError:
+        sent[fd] = len(payload)
+    if sent[fd] >= len(payload):
+        sel.unregister(fd)
+        still_open.discard(fd)
+        os.close(fd)
 
 
 def _world_readable(paths: list[str]) -> bool:
