@@ -271,9 +271,9 @@ class LocalSandbox:
             finally:
                 for fd in passed:
                     os.close(fd)
-            failed, out, res, code = self._pump(
-                w, payloads, out_r, res_r, t0 + timeout_s, timeout_s, still_open
-            )
+            deadline = t0 + timeout_s
+            status, out_buf, res_buf = self._exchange(w, payloads, out_r, res_r, deadline, still_open)
+            failed, out, res, code = self._conclude(w, status, out_buf, res_buf, deadline, timeout_s)
             result = failed or self._outcome(out, res, code, secret.encode())
         finally:
             with self._lock:
@@ -282,21 +282,6 @@ class LocalSandbox:
                 os.close(fd)
         result.wall_s = time.monotonic() - t0
         return result
-
-    def _pump(
-        self,
-        w: _Waiter,
-        payloads: dict[int, bytes],
-        out_r: int,
-        res_r: int,
-        deadline: float,
-        timeout_s: float,
-        still_open: set[int],
-    ) -> tuple[RunResult | None, bytes, bytes, int | None]:
-        """Feed the job's pipes and read the program's stdout and the zygote's report, then end the
-        run: (the error that ended it, or None with stdout and the report) and the exit code."""
-        status, out, res = self._exchange(w, payloads, out_r, res_r, deadline, still_open)
-        return self._conclude(w, status, out, res, deadline, timeout_s)
 
     def _exchange(
         self,
@@ -307,8 +292,9 @@ class LocalSandbox:
         deadline: float,
         still_open: set[int],
     ) -> tuple[str | None, bytearray, bytearray]:
-        """The I/O loop, until both read pipes close: a status when a limit ended it early (the
-        deadline, stdout's size, an oversized report), else None."""
+        """Feed the job's pipes and read the program's stdout and the zygote's report until both
+        close: a status when a limit ended it early (the deadline, stdout's size, an oversized
+        report), else None."""
         for fd in (*payloads, out_r, res_r):
             os.set_blocking(fd, False)
         sel = selectors.DefaultSelector()
