@@ -1,5 +1,5 @@
 """The inputs of benchmarks/verifier_integrity.py as tasks every verifier can take: the exploit
-corpus (tests/support/exploit_corpus.py), HumanEval's canonical solutions, MBPP's reference
+corpus (tests/support/exploit_corpus/), HumanEval's canonical solutions, MBPP's reference
 solutions, their one-token mutants, and GSM8K's train solutions (../shared/data/, README there).
 
 A task is a dict: `id`, `set` (corpus | humaneval | mbpp), `kind` (exploit | honest | mutant),

@@ -2,9 +2,8 @@
 
 GUIDE.md: functions of one job, at most 80 lines, unless the function is a flat table (one
 literal the reader scans, not logic) or a CLI parser (one `add_argument` after another). Those
-are named in `FLAT_TABLES_AND_PARSERS`, each with why. `TEMPORARY` holds the long functions of
-packages whose owners are splitting them in their own issues; it only shrinks: an entry that
-is no longer over the limit (or no longer exists) fails the test until it is deleted here.
+are named in `FLAT_TABLES_AND_PARSERS`, each with why; an entry that is no longer over the
+limit (or no longer exists) fails the test until it is deleted here.
 """
 
 from __future__ import annotations
@@ -18,15 +17,6 @@ MAX_LINES = 80
 
 FLAT_TABLES_AND_PARSERS: dict[str, str] = {
     "data/synth.py:corrupt_rows": "one literal row per reason code, the validation demo's table",
-}
-
-TEMPORARY: dict[str, str] = {
-    # serve/: split by the engineers of issues 43-46 who own these modules (the sandbox's pump
-    # and the zygote's main belong to issue 43; the UniRL route is split, issue 46)
-    "serve/execution/sandbox.py:LocalSandbox._pump": "issue 43: serve/execution",
-    "serve/execution/zygote.py:zygote_main": "issue 43: serve/execution",
-    # eval/report/ is issue 47's this round
-    "eval/report/__init__.py:build_report": "issue 47: eval/report",
 }
 
 
@@ -59,7 +49,7 @@ def long_functions(root: Path = SRC) -> dict[str, int]:
 
 
 def test_no_function_over_80_lines_outside_the_allow_lists():
-    allowed = FLAT_TABLES_AND_PARSERS.keys() | TEMPORARY.keys()
+    allowed = FLAT_TABLES_AND_PARSERS.keys()
     offenders = {name: n for name, n in long_functions().items() if name not in allowed}
     assert not offenders, "functions over 80 lines (split them by job): " + ", ".join(
         f"{name} ({n})" for name, n in sorted(offenders.items())
@@ -68,7 +58,7 @@ def test_no_function_over_80_lines_outside_the_allow_lists():
 
 def test_the_allow_lists_hold_only_functions_still_over_the_limit():
     long = long_functions()
-    stale = [name for name in (*FLAT_TABLES_AND_PARSERS, *TEMPORARY) if name not in long]
+    stale = [name for name in FLAT_TABLES_AND_PARSERS if name not in long]
     assert not stale, f"no longer over {MAX_LINES} lines (or gone): delete from the allow-list: {stale}"
 
 

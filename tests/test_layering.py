@@ -154,14 +154,6 @@ def test_no_test_module_imports_another():
 MAX_MODULE_LINES = 600
 
 
-KNOWN_LONG = {
-    # issue 43's, still being written when issue 46 extended this rule to tests/ and
-    # benchmarks/: their owner splits them; an entry fails the test once it is no longer needed
-    "tests/support/exploit_corpus.py": "issue 43's exploit corpus, split by its owner",
-    "benchmarks/verifier_integrity.py": "issue 43's benchmark, split by its owner",
-}
-
-
 def test_no_module_is_over_600_lines():
     """Short modules with one job (docs/architecture.md), in src, tests and benchmarks alike; a
     module that grows past this splits by job."""
@@ -171,9 +163,7 @@ def test_no_module_is_over_600_lines():
         for p in folder.rglob("*.py")
         if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
     }
-    assert set(KNOWN_LONG) <= set(long), f"no longer over {MAX_MODULE_LINES}: drop from KNOWN_LONG"
-    unknown = {k: n for k, n in long.items() if k not in KNOWN_LONG}
-    assert not unknown, f"modules over {MAX_MODULE_LINES} lines: {unknown}"
+    assert not long, f"modules over {MAX_MODULE_LINES} lines: {long}"
 
 
 def test_no_support_module_shadows_the_standard_library():

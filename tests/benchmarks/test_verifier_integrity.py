@@ -1,4 +1,4 @@
-"""benchmarks/verifier_integrity.py's own logic, without running any program: the cases a peer
+"""benchmarks/verifier_integrity*.py's own logic, without running any program: the cases a peer
 harness gets from assert tests, the one-token mutants, the counting and the page."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 tasks_mod = importlib.import_module("verifier_integrity_tasks")
-bench = importlib.import_module("verifier_integrity")
+report = importlib.import_module("verifier_integrity_report")
 
 
 def test_calls_are_taken_only_from_literal_equality_asserts():
@@ -69,7 +69,7 @@ def test_summary_counts_paid_na_and_plain_python_beside():
         "peer": {"x1": 1.0, "x2": "harness died", "x3": "n/a", "h1": 0.5, "h2": 1.0, "m1": 1.0},
     }
     gsm = {"want": {"g": 1.0, "g~": 0.0}, "peer": {"g": 1.0, "g~": 1.0}}
-    s = bench.summarize(tasks, scores, gsm)
+    s = report.summarize(tasks, scores, gsm)
     assert s["peer"]["exploits_paid"] == ["x1"] and (s["peer"]["exploits_run"], s["peer"]["exploits_na"]) == (
         2,
         1,
@@ -78,7 +78,7 @@ def test_summary_counts_paid_na_and_plain_python_beside():
     assert s["peer"]["mbpp_honest"]["accepted_but_plain_python_fails"] == ["h2"]
     assert s["peer"]["mbpp_mutants"]["paid"] == ["m1"] and s["peer"]["harness_errors"] == 1
     assert s["gsm8k"]["peer"] == {"own_answer_not_1": [], "changed_answer_not_0": ["g~"], "items": 2}
-    page = bench.render(
+    page = report.render(
         {
             "summary": s,
             "machine": {
@@ -106,7 +106,7 @@ def test_summary_counts_paid_na_and_plain_python_beside():
 
 @pytest.mark.parametrize("score", [1.0, 1, 2.5])
 def test_paid_is_a_number_at_least_one(score):
-    assert bench.paid(score) and not bench.paid(True) and not bench.paid("n/a") and not bench.paid(0.99)
+    assert report.paid(score) and not report.paid(True) and not report.paid("n/a") and not report.paid(0.99)
 
 
 def _run(commit: str, scores: dict) -> dict:
@@ -128,7 +128,7 @@ def test_merge_takes_the_peers_not_run_now_and_names_each_columns_commit():
     ids = ("x1", "ok", "mbpp/1", "mbpp/1~m0")
     old = _run("old", {v: dict.fromkeys(ids, 1.0) for v in ("rewardplane", "plain", "peer")})
     new = _run("new", {"rewardplane": dict.fromkeys(ids, 0.0), "plain": dict.fromkeys(ids, 1.0)})
-    merged = bench.merge_peers(new, old, "old.json")
+    merged = report.merge_peers(new, old, "old.json")
     assert merged["scores"]["peer"] == old["scores"]["peer"] and merged["scores"]["rewardplane"]["x1"] == 0.0
     assert merged["measured_at"] == {"rewardplane": "new", "plain": "new", "peer": "old"}
     s = merged["summary"]
@@ -140,4 +140,4 @@ def test_merge_takes_the_peers_not_run_now_and_names_each_columns_commit():
     assert merged["merged_from"]["verifiers"] == ["peer"] and s["gsm8k"] == new["summary"]["gsm8k"]
     del old["scores"]["peer"]["mbpp/1"]
     with pytest.raises(SystemExit, match="peer has no score for mbpp/1"):
-        bench.merge_peers(new, old, "old.json")
+        report.merge_peers(new, old, "old.json")

@@ -89,13 +89,13 @@ def test_the_tests_never_enter_the_programs_process(scorer, monkeypatch):
     (job,) = sent
     assert job["mode"] == "calls" and job["tests"] == tests  # to the sandbox object, which splits it:
     payloads = []
-    real_pump = scorer.sandbox._pump
+    real_exchange = scorer.sandbox._exchange
 
-    def pump(w, payloads_by_fd, *args):
+    def exchange(w, payloads_by_fd, *args):
         payloads.append(list(payloads_by_fd.values()))
-        return real_pump(w, payloads_by_fd, *args)
+        return real_exchange(w, payloads_by_fd, *args)
 
-    monkeypatch.setattr(scorer.sandbox, "_pump", pump)
+    monkeypatch.setattr(scorer.sandbox, "_exchange", exchange)
     assert scorer.score_batch([item(program, {"tests": tests})]) == [1.0]
     program_payload, evaluator_payload = payloads[0]
     assert b"assert" not in program_payload and b"isclose(f(4)" not in program_payload

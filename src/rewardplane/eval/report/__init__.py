@@ -92,63 +92,7 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
                 "Evaluation over training", "eval_accuracy.png", eval_curve_png(stepped),
                 "Probe accuracy at each evaluation; bars are the 95% percentile-bootstrap interval",
             )  # fmt: skip
-        step, path, summary = evals[-1]
-        label = f"step {step}" if step is not None else path.name
-        pairs = read_pairs(path / PAIRS_FILE)
-        chosen = np.array([r["chosen_score"] for r in pairs], dtype=np.float64)
-        rejected = np.array([r["rejected_score"] for r in pairs], dtype=np.float64)
-        margin = np.array([r["margin"] for r in pairs], dtype=np.float64)
-        page.add_figure(
-            "Scores",
-            "score_histogram.png",
-            histogram_png(chosen, rejected, label),
-            f"Latest evaluation ({label})",
-        )
-        headline = run_headline(evals)
-        page.sections.insert(0, ("Headline", headline, f"<p><b>{html.escape(headline)}</b></p>"))
-        forest_rows = subset_forest_rows(summary, pairs)
-        intervals = {row[0]: (row[2], row[3]) for row in forest_rows[1:]}
-        page.add_figure(
-            "Accuracy with intervals", "forest.png",
-            forest_png(forest_rows, 0.5, f"Strict accuracy by subset ({label}), 95% intervals"),
-            "All pairs (red) and each subset, with the percentile-bootstrap interval; dotted line: chance",
-        )  # fmt: skip
-        calibration = calibration_table(margin)
-        page.add_figure(
-            "Calibration", "calibration.png", calibration_png(calibration, label),
-            "Pairs binned by σ(|margin|); observed = share where the higher-scored response is the chosen one",
-        )  # fmt: skip
-        md, html_table = table(
-            ["subset", "n", "accuracy", "95% interval", "tie-aware", "tie rate", "mean margin", "mean loss"],
-            subset_rows(summary, intervals),
-        )
-        strict = summary["bootstrap"]["strict"]
-        verdict = (
-            f"One-sided 95% lower bound of strict accuracy: {strict['lower_95']:.4f} "
-            f"({'above' if strict['pass'] else 'not above'} {strict['pass_threshold']}); "
-            f"{strict['replicates']} replicates, seed {strict['seed']}."
-        )
-        page.add(
-            f"Per-subset results ({label})", f"{md}\n{verdict}", f"{html_table}<p>{html.escape(verdict)}</p>"
-        )
-        data_section(page, summary.get("data"))
-        bias = pairs_length_bias(pairs)
-        if bias is not None:
-            length_bias_section(page, bias, label)
-        else:
-            page.add("Length bias", "No token lengths in pairs.jsonl (written by `rewardplane eval`).",
-                     "<p>No token lengths in pairs.jsonl (written by <code>rewardplane eval</code>).</p>")  # fmt: skip
-        throughput_path = path / "throughput.json"
-        if throughput_path.is_file():
-            throughput_section(page, json.loads(throughput_path.read_text(encoding="utf-8")))
-        hashes += [
-            ["probe_sha256", summary["probe_sha256"]],
-            [f"pairs_sha256 ({label})", summary["pairs_sha256"]],
-            ["bootstrap index_sha256", strict["index_sha256"]],
-            ["bootstrap means_sha256 (strict)", strict["means_sha256"]],
-            ["model", json.dumps(summary["model"], sort_keys=True)],
-            ["objective", str(summary["objective"])],
-        ]
+        hashes += _latest_evaluation_sections(page, evals)
 
     if audit.is_file():  # a training run's own service's audit, next to its curves
         audit_section(page, read_audit(audit))
@@ -167,3 +111,65 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
         page.add("Hashes", md, html_table)
 
     return write_page(out, f"rewardplane report: {run.resolve().name}", page)
+
+
+def _latest_evaluation_sections(page: Page, evals: list) -> list[list[str]]:
+    """The latest evaluation's sections (headline, scores, intervals, calibration, per-subset
+    results, data, length bias, throughput); returns its hashes for the Hashes table."""
+    step, path, summary = evals[-1]
+    label = f"step {step}" if step is not None else path.name
+    pairs = read_pairs(path / PAIRS_FILE)
+    chosen = np.array([r["chosen_score"] for r in pairs], dtype=np.float64)
+    rejected = np.array([r["rejected_score"] for r in pairs], dtype=np.float64)
+    margin = np.array([r["margin"] for r in pairs], dtype=np.float64)
+    page.add_figure(
+        "Scores",
+        "score_histogram.png",
+        histogram_png(chosen, rejected, label),
+        f"Latest evaluation ({label})",
+    )
+    headline = run_headline(evals)
+    page.sections.insert(0, ("Headline", headline, f"<p><b>{html.escape(headline)}</b></p>"))
+    forest_rows = subset_forest_rows(summary, pairs)
+    intervals = {row[0]: (row[2], row[3]) for row in forest_rows[1:]}
+    page.add_figure(
+        "Accuracy with intervals", "forest.png",
+        forest_png(forest_rows, 0.5, f"Strict accuracy by subset ({label}), 95% intervals"),
+        "All pairs (red) and each subset, with the percentile-bootstrap interval; dotted line: chance",
+    )  # fmt: skip
+    calibration = calibration_table(margin)
+    page.add_figure(
+        "Calibration", "calibration.png", calibration_png(calibration, label),
+        "Pairs binned by σ(|margin|); observed = share where the higher-scored response is the chosen one",
+    )  # fmt: skip
+    md, html_table = table(
+        ["subset", "n", "accuracy", "95% interval", "tie-aware", "tie rate", "mean margin", "mean loss"],
+        subset_rows(summary, intervals),
+    )
+    strict = summary["bootstrap"]["strict"]
+    verdict = (
+        f"One-sided 95% lower bound of strict accuracy: {strict['lower_95']:.4f} "
+        f"({'above' if strict['pass'] else 'not above'} {strict['pass_threshold']}); "
+        f"{strict['replicates']} replicates, seed {strict['seed']}."
+    )
+    page.add(
+        f"Per-subset results ({label})", f"{md}\n{verdict}", f"{html_table}<p>{html.escape(verdict)}</p>"
+    )
+    data_section(page, summary.get("data"))
+    bias = pairs_length_bias(pairs)
+    if bias is not None:
+        length_bias_section(page, bias, label)
+    else:
+        page.add("Length bias", "No token lengths in pairs.jsonl (written by `rewardplane eval`).",
+                 "<p>No token lengths in pairs.jsonl (written by <code>rewardplane eval</code>).</p>")  # fmt: skip
+    throughput_path = path / "throughput.json"
+    if throughput_path.is_file():
+        throughput_section(page, json.loads(throughput_path.read_text(encoding="utf-8")))
+    return [
+        ["probe_sha256", summary["probe_sha256"]],
+        [f"pairs_sha256 ({label})", summary["pairs_sha256"]],
+        ["bootstrap index_sha256", strict["index_sha256"]],
+        ["bootstrap means_sha256 (strict)", strict["means_sha256"]],
+        ["model", json.dumps(summary["model"], sort_keys=True)],
+        ["objective", str(summary["objective"])],
+    ]

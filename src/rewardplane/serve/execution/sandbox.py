@@ -271,9 +271,9 @@ class LocalSandbox:
             finally:
                 for fd in passed:
                     os.close(fd)
-            failed, out, res, code = self._pump(
-                w, payloads, out_r, res_r, t0 + timeout_s, timeout_s, still_open
-            )
+            deadline = t0 + timeout_s
+            status, out_buf, res_buf = self._exchange(w, payloads, out_r, res_r, deadline, still_open)
+            failed, out, res, code = self._conclude(w, status, out_buf, res_buf, deadline, timeout_s)
             result = failed or self._outcome(out, res, code, secret.encode())
         finally:
             with self._lock:
@@ -283,16 +283,18 @@ class LocalSandbox:
         result.wall_s = time.monotonic() - t0
         return result
 
-    def _pump(
+    def _exchange(
         self,
         w: _Waiter,
         payloads: dict[int, bytes],
         out_r: int,
         res_r: int,
         deadline: float,
-        timeout_s: float,
         still_open: set[int],
-    ) -> tuple[RunResult | None, bytes, bytes, int | None]:
+    ) -> tuple[str | None, bytearray, bytearray]:
+        """Feed the job's pipes and read the program's stdout and the zygote's report until both
+        close: a status when a limit ended it early (the deadline, stdout's size, an oversized
+        report), else None."""
         for fd in (*payloads, out_r, res_r):
             os.set_blocking(fd, False)
         sel = selectors.DefaultSelector()
@@ -318,17 +320,7 @@ class LocalSandbox:
                 for key, _ in sel.select(timeout=min(limit - now, 0.05)):
                     fd = key.fd
                     if fd in payloads:
-                        payload = payloads[fd]
-                        try:
-                            sent[fd] += os.write(fd, payload[sent[fd] : sent[fd] + (1 << 16)])
-                        except BlockingIOError:
-                            continue
-                        except BrokenPipeError:
-                            sent[fd] = len(payload)
-                        if sent[fd] >= len(payload):
-                            sel.unregister(fd)
-                            still_open.discard(fd)
-                            os.close(fd)
+                        _feed(sel, fd, payloads[fd], sent, still_open)
                         continue
                     try:
                         chunk = os.read(fd, 1 << 16)
@@ -350,6 +342,19 @@ class LocalSandbox:
                         break
         finally:
             sel.close()
+        return status, out, res
+
+    def _conclude(
+        self,
+        w: _Waiter,
+        status: str | None,
+        out: bytearray,
+        res: bytearray,
+        deadline: float,
+        timeout_s: float,
+    ) -> tuple[RunResult | None, bytes, bytes, int | None]:
+        """Kill the unit's group if a limit ended the run or it outlives the deadline, then map
+        the status to its error (a sandbox failure first: never a result)."""
         if status is not None or not w.exited.wait(max(0.0, deadline - time.monotonic())):
             w.started.wait(1.0)
             if w.pid is not None:
@@ -407,6 +412,23 @@ class LocalSandbox:
                 "memory_limit", exit_code=code, message=f"address-space limit {self.cfg['memory_mb']} MiB"
             )
         return RunResult("ok", out, report, records, exit_code=code)
+
+
+def _feed(
+    sel: selectors.BaseSelector, fd: int, payload: bytes, sent: dict[int, int], still_open: set[int]
+) -> None:
+    """Write the next chunk of a job pipe's payload; close the pipe once all of it is sent or its
+    reader went away."""
+    try:
+        sent[fd] += os.write(fd, payload[sent[fd] : sent[fd] + (1 << 16)])
+    except BlockingIOError:
+        return
+    except BrokenPipeError:
+        sent[fd] = len(payload)
+    if sent[fd] >= len(payload):
+        sel.unregister(fd)
+        still_open.discard(fd)
+        os.close(fd)
 
 
 def _world_readable(paths: list[str]) -> bool:

@@ -249,7 +249,8 @@ class Unit:
         self.prog.close()
 
 
-def zygote_main(ctl: socket.socket, cfg: dict[str, Any]) -> None:
+def _warm_up(cfg: dict[str, Any]) -> None:
+    """Import what every run needs once, here, and freeze it: the forks share these pages."""
     import gc
 
     rootfs.make_undumpable()
@@ -262,15 +263,24 @@ def zygote_main(ctl: socket.socket, cfg: dict[str, Any]) -> None:
     harness.plain.capture()  # numpy's classes, when it is an allowed package
     gc.collect()
     gc.freeze()
-    sel = selectors.DefaultSelector()
-    sel.register(ctl, selectors.EVENT_READ, ("ctl", None))
-    ready: list[Unit] = []
-    running: dict[int, Unit] = {}  # by the unit's pidfd
-    cgroup_busy: list[int] = []
-    if cfg.get("cgroup"):
-        os.makedirs(cfg["cgroup"], exist_ok=True)
 
-    def fork_unit() -> None:
+
+class _Zygote:
+    """The zygote's loop and its state: units ready to run, units running (by pidfd), and the
+    pids whose cgroups the kernel has not let go of yet."""
+
+    def __init__(self, ctl: socket.socket, cfg: dict[str, Any]) -> None:
+        self.ctl = ctl
+        self.cfg = cfg
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(ctl, selectors.EVENT_READ, ("ctl", None))
+        self.ready: list[Unit] = []
+        self.running: dict[int, Unit] = {}  # by the unit's pidfd
+        self.cgroup_busy: list[int] = []
+        if cfg.get("cgroup"):
+            os.makedirs(cfg["cgroup"], exist_ok=True)
+
+    def fork_unit(self) -> None:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # the unit's
         to_prog, prog = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # its program's
         records_r, records_w = os.pipe()
@@ -279,110 +289,125 @@ def zygote_main(ctl: socket.socket, cfg: dict[str, Any]) -> None:
             try:
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                sel.close()
-                ctl.close()
+                self.sel.close()
+                self.ctl.close()
                 mine.close()
                 to_prog.close()
                 os.close(records_r)
-                for unit in [*ready, *running.values()]:  # nothing of another unit's run comes along
+                # nothing of another unit's run comes along
+                for unit in [*self.ready, *self.running.values()]:
                     for fd in unit.fds():
                         os.close(fd)
-                unit_main(cfg, theirs, prog, records_w)
+                unit_main(self.cfg, theirs, prog, records_w)
             finally:
                 os._exit(EXIT_SETUP_FAILED)
         theirs.close()
         prog.close()
         os.close(records_w)
         unit = Unit(pid, mine, to_prog, records_r)
-        ready.append(unit)
-        sel.register(unit.pidfd, selectors.EVENT_READ, ("idle", unit))
+        self.ready.append(unit)
+        self.sel.register(unit.pidfd, selectors.EVENT_READ, ("idle", unit))
 
-    def shutdown(*_: Any) -> None:
-        units = [*ready, *running.values()]
+    def shutdown(self, *_: Any) -> None:
+        units = [*self.ready, *self.running.values()]
         for unit in units:
             kill_program(unit.handle)
             kill_group(unit.pid)
-        if cfg.get("cgroup"):
+        if self.cfg.get("cgroup"):
             for unit in units:
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(unit.pid, 0)
-            left = [u.pid for u in units] + cgroup_busy
+            left = [u.pid for u in units] + self.cgroup_busy
             for _ in range(100):  # namespace teardown can lag on a loaded host
-                left = limits.rm_cgroups(cfg["cgroup"], left)
+                left = limits.rm_cgroups(self.cfg["cgroup"], left)
                 if not left:
                     break
                 time.sleep(0.05)
             with contextlib.suppress(OSError):
-                os.rmdir(cfg["cgroup"])
+                os.rmdir(self.cfg["cgroup"])
         os._exit(0)
 
+    def send(self, obj: dict[str, Any]) -> None:
+        self.ctl.send(json.dumps(obj).encode())
+
+    def reaped(self, pid: int) -> None:
+        if self.cfg.get("cgroup"):
+            self.cgroup_busy[:] = limits.rm_cgroups(self.cfg["cgroup"], [*self.cgroup_busy, pid])
+
+    def serve(self) -> None:
+        for _ in range(int(self.cfg["prefork"])):
+            self.fork_unit()
+        while True:
+            events = self.sel.select(timeout=0.5)
+            if self.cgroup_busy:
+                self.cgroup_busy[:] = limits.rm_cgroups(self.cfg["cgroup"], self.cgroup_busy)
+            for key, _ in events:
+                kind, unit = key.data
+                if kind == "ctl":
+                    self.on_request()
+                elif kind == "records":
+                    if unit.res_w is not None and not unit.read_records():  # (a finished unit: stale)
+                        self.sel.unregister(unit.records_r)
+                elif kind == "run":
+                    self.on_unit_ended(unit)
+                else:  # an idle unit died (setup failed): drop it; runs fork fresh ones on demand
+                    self.sel.unregister(unit.pidfd)
+                    os.waitpid(unit.pid, 0)
+                    self.ready.remove(unit)
+                    unit.close()
+                    self.reaped(unit.pid)
+
+    def on_request(self) -> None:
+        """A message from the server: a run hands a ready unit its job's pipes."""
+        try:
+            data, fds, _, _ = socket.recv_fds(self.ctl, 1 << 16, 4)
+        except OSError:
+            data = b""
+        if not data:  # the server went away: take every unit with us
+            self.shutdown()
+        msg = json.loads(data)
+        if msg["op"] != "run":
+            return
+        if not self.ready:
+            self.fork_unit()
+        unit = self.ready.pop(0)
+        self.sel.unregister(unit.pidfd)
+        try:  # the program gets its job and stdout; the result pipe and secret stay here
+            unit.start(msg["id"], msg["secret"].encode(), fds)
+            self.running[unit.pidfd] = unit
+            self.sel.register(unit.pidfd, selectors.EVENT_READ, ("run", unit))
+            self.sel.register(unit.records_r, selectors.EVENT_READ, ("records", unit))
+            self.send({"op": "started", "id": msg["id"], "pid": unit.pid})
+        except OSError as exc:
+            kill_group(unit.pid)
+            os.waitpid(unit.pid, 0)
+            unit.close()
+            self.send({"op": "failed", "id": msg["id"], "message": f"sandbox unit unusable: {exc}"})
+        finally:
+            for fd in fds:
+                os.close(fd)
+        while len(self.ready) < int(self.cfg["prefork"]):
+            self.fork_unit()
+
+    def on_unit_ended(self, unit: Unit) -> None:
+        """A running unit exited: the zygote writes its report and tells the server how it ended."""
+        self.running.pop(unit.pidfd)
+        self.sel.unregister(unit.pidfd)
+        with contextlib.suppress(KeyError, ValueError):
+            self.sel.unregister(unit.records_r)
+        code = unit.finish(self.cfg["isolation"])
+        self.send({"op": "exit", "id": unit.job_id, "code": code})
+        self.reaped(unit.pid)
+
+
+def zygote_main(ctl: socket.socket, cfg: dict[str, Any]) -> None:
+    _warm_up(cfg)
+    zygote = _Zygote(ctl, cfg)
     # Ctrl-C reaches the whole foreground process group: the server shuts down and closes the
     # socket, which ends the zygote; a SIGTERM of its own cleans up the same way.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, shutdown)
-
-    def send(obj: dict[str, Any]) -> None:
-        ctl.send(json.dumps(obj).encode())
-
-    def reaped(pid: int) -> None:
-        if cfg.get("cgroup"):
-            cgroup_busy[:] = limits.rm_cgroups(cfg["cgroup"], [*cgroup_busy, pid])
-
-    for _ in range(int(cfg["prefork"])):
-        fork_unit()
-    while True:
-        events = sel.select(timeout=0.5)
-        if cgroup_busy:
-            cgroup_busy[:] = limits.rm_cgroups(cfg["cgroup"], cgroup_busy)
-        for key, _ in events:
-            kind, unit = key.data
-            if kind == "ctl":
-                try:
-                    data, fds, _, _ = socket.recv_fds(ctl, 1 << 16, 4)
-                except OSError:
-                    data = b""
-                if not data:  # the server went away: take every unit with us
-                    shutdown()
-                msg = json.loads(data)
-                if msg["op"] != "run":
-                    continue
-                if not ready:
-                    fork_unit()
-                unit = ready.pop(0)
-                sel.unregister(unit.pidfd)
-                try:  # the program gets its job and stdout; the result pipe and secret stay here
-                    unit.start(msg["id"], msg["secret"].encode(), fds)
-                    running[unit.pidfd] = unit
-                    sel.register(unit.pidfd, selectors.EVENT_READ, ("run", unit))
-                    sel.register(unit.records_r, selectors.EVENT_READ, ("records", unit))
-                    send({"op": "started", "id": msg["id"], "pid": unit.pid})
-                except OSError as exc:
-                    kill_group(unit.pid)
-                    os.waitpid(unit.pid, 0)
-                    unit.close()
-                    send({"op": "failed", "id": msg["id"], "message": f"sandbox unit unusable: {exc}"})
-                finally:
-                    for fd in fds:
-                        os.close(fd)
-                while len(ready) < int(cfg["prefork"]):
-                    fork_unit()
-            elif kind == "records":
-                if unit.res_w is not None and not unit.read_records():  # (a finished unit: stale)
-                    sel.unregister(unit.records_r)
-            elif kind == "run":
-                running.pop(unit.pidfd)
-                sel.unregister(unit.pidfd)
-                with contextlib.suppress(KeyError, ValueError):
-                    sel.unregister(unit.records_r)
-                code = unit.finish(cfg["isolation"])
-                send({"op": "exit", "id": unit.job_id, "code": code})
-                reaped(unit.pid)
-            else:  # an idle unit died (setup failed): drop it; runs fork fresh ones on demand
-                sel.unregister(unit.pidfd)
-                os.waitpid(unit.pid, 0)
-                ready.remove(unit)
-                unit.close()
-                reaped(unit.pid)
+    signal.signal(signal.SIGTERM, zygote.shutdown)
+    zygote.serve()
 
 
 def kill_program(handle: int | None) -> None:
