@@ -48,26 +48,31 @@ def replicate_means(
     seed: int = DEFAULT_SEED,
     replicates: int = DEFAULT_REPLICATES,
     chunk_rows: int | None = None,
+    index_sha256: bool = True,
 ) -> tuple[np.ndarray, str]:
     """Bootstrap replicate means of a 1-D float64 statistic, drawn `chunk_rows` replicates at a time.
 
     Returns the (replicates,) float64 means and the SHA-256 of the full index array as
-    little-endian int64 bytes; both are identical for every `chunk_rows`.
+    little-endian int64 bytes; both are identical for every `chunk_rows`. A 2-D `values` of
+    shape (k, n) is k columns resampled with the one index draw (the same rows of items for
+    every column): (k, replicates) means, each row what the 1-D call on that column gives.
+    `index_sha256=False` skips the digest ("" is returned) where no one records it.
     """
-    n = values.size
+    n = values.shape[-1]
     if replicates < 1:
         raise ValueError(f"replicates must be >= 1, got {replicates}")
-    rows = chunk_rows if chunk_rows is not None else default_chunk_rows(n)
+    rows = chunk_rows if chunk_rows is not None else max(1, default_chunk_rows(n) // max(1, values.size // n))
     if rows < 1:
         raise ValueError(f"chunk_rows must be >= 1, got {rows}")
     rng = np.random.Generator(np.random.PCG64(seed))
-    means = np.empty(replicates, dtype=np.float64)
+    means = np.empty((*values.shape[:-1], replicates), dtype=np.float64)
     index_digest = hashlib.sha256()
     for start in range(0, replicates, rows):
         stop = min(start + rows, replicates)
         idx = rng.integers(0, n, size=(stop - start, n))
-        index_digest.update(
-            memoryview(np.ascontiguousarray(idx, dtype="<i8"))
-        )  # no copy on little-endian hosts
-        means[start:stop] = values[idx].mean(axis=1, dtype=np.float64)
-    return means, index_digest.hexdigest()
+        if index_sha256:
+            index_digest.update(
+                memoryview(np.ascontiguousarray(idx, dtype="<i8"))
+            )  # no copy on little-endian hosts
+        means[..., start:stop] = values[..., idx].mean(axis=-1, dtype=np.float64)
+    return means, index_digest.hexdigest() if index_sha256 else ""

@@ -121,3 +121,24 @@ def test_a_text_built_to_go_quadratic_costs_what_honest_text_of_its_size_does(ho
     quadratic) cost a bounded multiple of honest text of the same length, never its square."""
     honest = ("def f(x):\n    return [x + 1 for _ in range(3)]\n" * 2000)[: len(hostile)]
     assert _cost(hostile) < 10 * _cost(honest)
+
+
+def test_one_pattern_set_pass_says_what_each_detector_says():
+    """`signatures` matches the RE2 detectors as one `re2.Set`; its mask must be, bit for bit,
+    each detector's own verdict — on the known exploits, normal answers, these tests' texts and
+    their line-ending and spacing variants."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
+    from audit_corpus import EXPLOITS, normal_answers
+    from rewardplane.serve.audit.signatures import DETECTORS
+
+    texts = [t for _, _, t in EXPLOITS] + [t for _, t in normal_answers(600)] + [t for _, t in HITS]
+    texts += [t.replace("\n", "\r\n") for t in texts] + [" " + t + "\n" for t in texts]
+    flagged = 0
+    for text in texts:
+        each = sum(1 << bit for bit, detect in enumerate(DETECTORS.values()) if detect(text))
+        assert signatures(text) == each, text
+        flagged += each != 0
+    assert flagged > 100  # the comparison covers texts that match, not only quiet ones

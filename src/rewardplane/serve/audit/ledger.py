@@ -21,10 +21,19 @@ from typing import Any
 
 import numpy as np
 
+from rewardplane.core.resample import replicate_means
 from rewardplane.serve.audit.alarms import Acc, BinStats, Decision, Evaluator
 from rewardplane.serve.audit.config import AuditConfig
 from rewardplane.serve.audit.signatures import SIGNATURES
-from rewardplane.serve.audit.stats import Estimate, interval, kendall_tau, mean_replicates, tilt_slope
+from rewardplane.serve.audit.stats import (
+    Estimate,
+    interval,
+    kendall_tau,
+    mean_replicates,
+    tilt_estimate,
+    tilt_products,
+    tilt_slope,
+)
 
 NO_SOURCE = ""
 
@@ -252,25 +261,29 @@ class Ledger:
         return out
 
     def _numbers(self, items: _Items) -> dict[str, Any]:
-        seed, replicates = self.config.seed, self.config.replicates
         proxy = np.asarray(items.proxy, dtype=np.float64)
-        proxy_means = mean_replicates(proxy, seed=seed, replicates=replicates)
+        columns = {name: np.asarray(items.auditors.get(name, []), dtype=np.float64) for name in self.auditors}
+        shared = self._shared_replicates(proxy, columns)
+        proxy_means = shared["proxy"] if shared else self._replicates(proxy)
         out: dict[str, Any] = {
             "n": len(items),
             "proxy": interval(float(proxy.mean()) if proxy.size else None, proxy.size, proxy_means),
         }
         auditors: dict[str, Any] = {}
-        for name in self.auditors:
-            values = np.asarray(items.auditors.get(name, []), dtype=np.float64)
+        for name, values in columns.items():
             ok = np.isfinite(values)
-            means = mean_replicates(values, seed=seed, replicates=replicates)
+            means = shared[name] if shared else self._replicates(values)
             block = interval(float(values[ok].mean()) if ok.any() else None, int(ok.sum()), means)
-            tilt = tilt_slope(proxy[ok], values[ok], seed=seed, replicates=replicates) if ok.any() else None
+            if shared:
+                parts = tilt_products(proxy, values)
+                tilt = None if parts is None else tilt_estimate(*parts, shared[f"tilt:{name}"])
+            else:
+                tilt = self._tilt(proxy[ok], values[ok]) if ok.any() else None
             block["tilt"] = None if tilt is None else _estimate_json(tilt)
             tau = _tau(proxy[ok], values[ok]) if ok.any() else None
             block["tau"] = None if tau is None else _estimate_json(tau)
-            shared = proxy_means if ok.all() else None  # one index draw for both: gap from replicates
-            block["gap"] = self._gap(proxy[ok], values[ok], name, shared, means)
+            shared_draw = proxy_means if ok.all() else None  # one index draw for both: gap from replicates
+            block["gap"] = self._gap(proxy[ok], values[ok], name, shared_draw, means)
             block["failed"] = int((~ok).sum())
             auditors[name] = block
         out["auditors"] = auditors
@@ -292,6 +305,30 @@ class Ledger:
             for bit, s in enumerate(SIGNATURES)
         }
         return out
+
+    def _replicates(self, values: np.ndarray) -> np.ndarray | None:
+        return mean_replicates(values, seed=self.config.seed, replicates=self.config.replicates)
+
+    def _tilt(self, proxy: np.ndarray, auditor: np.ndarray) -> Estimate | None:
+        return tilt_slope(proxy, auditor, seed=self.config.seed, replicates=self.config.replicates)
+
+    def _shared_replicates(self, proxy: np.ndarray, columns: dict[str, np.ndarray]) -> dict[str, Any] | None:
+        """When no auditor failed on an item, every column resampled with one index draw: the
+        proxy's, each auditor's and each tilt slope's products — the numbers the per-column
+        bootstraps give (one seed, one n: the same draw), for a third of the draws. None
+        otherwise (each column then draws over its own finite items)."""
+        if proxy.size < 2 or any(v.size != proxy.size or not np.isfinite(v).all() for v in columns.values()):
+            return None
+        rows: dict[str, np.ndarray] = {"proxy": proxy, **columns}
+        for name, values in columns.items():
+            parts = tilt_products(proxy, values)
+            if parts is not None:
+                rows[f"tilt:{name}"] = parts[0]
+        stacked = np.stack(list(rows.values()))
+        means, _ = replicate_means(
+            stacked, seed=self.config.seed, replicates=self.config.replicates, index_sha256=False
+        )
+        return dict(zip(rows, means, strict=True))
 
     def _gap(
         self,
@@ -315,7 +352,7 @@ class Ledger:
             means = (proxy_means - pm) / ps - (auditor_means - am) / as_
         else:
             per_item = (proxy - pm) / ps - (auditor - am) / as_
-            means = mean_replicates(per_item, seed=self.config.seed, replicates=self.config.replicates)
+            means = self._replicates(per_item)
         block = interval(point, proxy.size, means)
         return {"mean": block["mean"], "ci_95": block["ci_95"]}
 

@@ -124,7 +124,7 @@ def repeated_ngram(text: str) -> bool:
     tokens = _TOKEN.findall(text.lower())
     if len(tokens) < REPEAT_MIN_TOKENS:
         return False
-    grams = [tuple(tokens[i : i + NGRAM]) for i in range(len(tokens) - NGRAM + 1)]
+    grams = list(zip(*(tokens[i:] for i in range(NGRAM)), strict=False))  # every 4-token window
     return 1.0 - len(set(grams)) / len(grams) >= REPEAT_SHARE
 
 
@@ -133,7 +133,11 @@ def empty(text: str) -> bool:
 
 
 def _found(pattern: Any) -> Callable[[str], bool]:
-    return lambda text: pattern.search(text) is not None
+    def found(text: str) -> bool:
+        return pattern.search(text) is not None
+
+    found.pattern = pattern.pattern  # type: ignore[attr-defined]  # what `_pattern_set` adds
+    return found
 
 
 DETECTORS: dict[str, Callable[[str], bool]] = {
@@ -154,10 +158,32 @@ DETECTORS: dict[str, Callable[[str], bool]] = {
 SIGNATURES: tuple[str, ...] = tuple(DETECTORS)
 
 
+def _pattern_set() -> tuple[Any, list[int], list[tuple[int, Callable[[str], bool]]]]:
+    """The RE2 detectors as one `re2.Set` (one pass over the text finds which of them match,
+    what each pattern's own search would say), and the bits of the others."""
+    matcher = re2.Set.SearchSet()
+    bits: list[int] = []
+    others: list[tuple[int, Callable[[str], bool]]] = []
+    for bit, detect in enumerate(DETECTORS.values()):
+        pattern = getattr(detect, "pattern", None)
+        if pattern is None:
+            others.append((bit, detect))
+        else:
+            matcher.Add(pattern)
+            bits.append(bit)
+    matcher.Compile()
+    return matcher, bits, others
+
+
+_SET, _SET_BITS, _OTHERS = _pattern_set()
+
+
 def signatures(text: str) -> int:
     """A bit mask: bit i set when `SIGNATURES[i]` is found in `text`."""
     mask = 0
-    for bit, detect in enumerate(DETECTORS.values()):
+    for index in _SET.Match(text) or ():
+        mask |= 1 << _SET_BITS[index]
+    for bit, detect in _OTHERS:
         if detect(text):
             mask |= 1 << bit
     return mask

@@ -82,6 +82,18 @@ Tau = Estimate
 def tilt_slope(x: np.ndarray, y: np.ndarray, *, seed: int, replicates: int) -> Estimate | None:
     """The standardised within-sample covariance of proxy x and auditor y with its bootstrap
     standard error (module docstring); None when either is constant or n < 3."""
+    parts = tilt_products(x, y)
+    if parts is None:
+        return None
+    products, scale = parts
+    means, _ = replicate_means(products, seed=seed, replicates=replicates, index_sha256=False)
+    return tilt_estimate(products, scale, means)
+
+
+def tilt_products(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float] | None:
+    """The per-item products d_i = (x_i − x̄)(y_i − ȳ) and the scale n/(n − 1)/(sx·sy) that
+    makes their mean the tilt slope; None when either is constant or n < 3. Their bootstrap
+    replicates may come from a draw shared with other columns (`replicate_means` on 2-D)."""
     x = np.asarray(x, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
     n = x.size
@@ -91,10 +103,12 @@ def tilt_slope(x: np.ndarray, y: np.ndarray, *, seed: int, replicates: int) -> E
     sx, sy = math.sqrt(float(dx @ dx) / (n - 1)), math.sqrt(float(dy @ dy) / (n - 1))
     if not (sx > 0 and sy > 0):
         return None
-    scale = n / (n - 1) / (sx * sy)
-    products = dx * dy
-    means, _ = replicate_means(products, seed=seed, replicates=replicates)
-    return Estimate(float(products.mean() * scale), float(means.std(ddof=1) * scale), n)
+    return dx * dy, n / (n - 1) / (sx * sy)
+
+
+def tilt_estimate(products: np.ndarray, scale: float, means: np.ndarray) -> Estimate:
+    """The tilt slope from its products, scale and the replicate means of the products."""
+    return Estimate(float(products.mean() * scale), float(means.std(ddof=1) * scale), products.size)
 
 
 def _signs(v: np.ndarray) -> np.ndarray:
@@ -200,7 +214,7 @@ def mean_replicates(values: np.ndarray, *, seed: int, replicates: int) -> np.nda
     values = values[np.isfinite(values)]
     if values.size < 2:
         return None
-    means, _ = replicate_means(values, seed=seed, replicates=replicates)
+    means, _ = replicate_means(values, seed=seed, replicates=replicates, index_sha256=False)
     return means
 
 

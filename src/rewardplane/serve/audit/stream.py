@@ -2,8 +2,8 @@
 critical path (docs/audit.md).
 
 `observe` is all the request path ever runs: for each item the proxy scored, a version look-up,
-one keyed hash per group (or one random draw per ungrouped item) and, for a sampled item, a
-`put_nowait` on a bounded queue. Versions are untrusted input: only a non-negative integer (or
+one keyed hash per group and version (or one random draw per ungrouped item) and, for a sampled
+item, a `put_nowait` on a bounded queue. Versions are untrusted input: only a non-negative integer (or
 a string of ASCII digits) no more than `max_version_jump` ahead of the newest is taken, per item;
 a version below the newest after `restart_gap_s` of silence starts a new epoch (a restart). It never awaits,
 never raises into the request and never blocks: a full queue (by items or by bytes) drops the
@@ -142,13 +142,21 @@ class AuditStream:
             log.exception("audit: observe failed; items not audited")
 
     def _offer(self, items: list[ScoreItem], values: list[Any]) -> None:
-        queue = self._queue
-        assert queue is not None
+        """Each item's version (one parse and clock step per distinct raw version a request
+        carries, usually one) and its group's decision (one keyed hash per group and version,
+        reused while consecutive items share them, as a GRPO group's do); only a sampled item
+        costs more. Counters are added once per request."""
         cfg = self.config
-        by, source_key = cfg.by, cfg.source_key
+        by = cfg.by
         now = time.monotonic()
+        counts: dict[str, int] = {}
+        sampled: list[tuple[ScoreItem, int, int, float]] = []
         decided: dict[tuple[int, str], bool] = {}  # (version, group id) → sampled, once per call
         clocked: dict[Any, int | None] = {}  # a raw version → the version taken (None: refused)
+        last_raw: Any = _UNSEEN
+        last_key: Any = _UNSEEN
+        version: int | None = None
+        hit = False
         for item, value in zip(items, values, strict=False):
             if not isinstance(value, float) or not math.isfinite(value):
                 continue
@@ -156,42 +164,57 @@ class AuditStream:
             raw = meta.get(by) if meta else None
             if raw is None:
                 if cfg.arrival_window is None:
-                    self._count("unversioned")
+                    counts["unversioned"] = counts.get("unversioned", 0) + 1
                     continue
                 version = self._arrivals // cfg.arrival_window
                 self._arrivals += 1
-            else:
-                # one parse and one clock step per distinct version a request carries (usually one)
+                last_raw = _UNSEEN
+            elif raw is not last_raw:
                 cacheable = raw.__class__ is int or raw.__class__ is str
                 version = clocked.get(raw, _UNSEEN) if cacheable else _UNSEEN
                 if version is _UNSEEN:
                     version = self._clock(_as_version(raw), now)
                     if cacheable:
                         clocked[raw] = version
-                if version is None:
-                    self._count("bad_version")
-                    continue
+                last_raw = raw if cacheable else _UNSEEN
+            if version is None:
+                counts["bad_version"] = counts.get("bad_version", 0) + 1
+                continue
             group = item.group_id
             if group is None:
                 if self._rng.random() >= cfg.sample:
                     continue
             else:
                 key = (version, group)
-                hit = decided.get(key)
-                if hit is None:
-                    hit = decided[key] = self._sampled(version, group)
+                if key != last_key:
+                    last_key = key
+                    hit = decided.get(key)  # type: ignore[assignment]
+                    if hit is None:
+                        hit = decided[key] = self._sampled(version, group)
                 if not hit:
                     continue
-            self._count("sampled")
-            source = str(meta.get(source_key) or NO_SOURCE)[:128] if meta else NO_SOURCE
-            job = _Job(item, self._epoch, version, source, float(value), _size(item))
+            sampled.append((item, self._epoch, version, value))
+        if sampled:
+            self._enqueue(sampled, counts)
+        for outcome, n in counts.items():
+            self._count(outcome, n)
+
+    def _enqueue(self, sampled: list[tuple[ScoreItem, int, int, float]], counts: dict[str, int]) -> None:
+        queue = self._queue
+        assert queue is not None
+        cfg = self.config
+        counts["sampled"] = len(sampled)
+        for item, epoch, version, value in sampled:
+            meta = item.metadata
+            source = str(meta.get(cfg.source_key) or NO_SOURCE)[:128] if meta else NO_SOURCE
+            job = _Job(item, epoch, version, source, float(value), _size(item))
             if self._bytes + job.size > cfg.queue_bytes:
-                self._count("dropped_queue_bytes")
+                counts["dropped_queue_bytes"] = counts.get("dropped_queue_bytes", 0) + 1
                 continue
             try:
                 queue.put_nowait(job)
             except asyncio.QueueFull:
-                self._count("dropped_queue_full")
+                counts["dropped_queue_full"] = counts.get("dropped_queue_full", 0) + 1
                 continue
             self._bytes += job.size
             if queue.qsize() >= cfg.batch_size - 1:
