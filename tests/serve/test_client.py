@@ -10,7 +10,7 @@ import pytest
 
 from rewardplane.serve.client import AsyncRewardClient, RewardClient, ScoreError, ServiceError
 from rewardplane.serve.protocol import ScoreItem, firing, flat_metrics
-from support.serve import LiveServer, make_config
+from support.serve import LiveServer, hold_the_port, make_config
 
 OK = {
     "results": [{"id": "a", "scores": {"s": 1.0}, "errors": {}}],
@@ -325,8 +325,10 @@ def test_cli_score_writes_every_item_and_exit_code(server, tmp_path, capsys, mon
 
 
 def test_serve_without_config_or_demo_model_says_how(tmp_path, monkeypatch, capsys):
+    """Answered before the port is tried: as if something held it."""
     from rewardplane.cli import main
 
+    hold_the_port(monkeypatch)
     monkeypatch.chdir(tmp_path)
     assert main(["serve"]) == 2
     assert "make demo" in capsys.readouterr().err

@@ -236,15 +236,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise UsageError(f"--port must be 1..65535, got {args.port}")
     if args.deploy and args.config:
         raise UsageError("give --config or --deploy, not both (a deploy file holds the scorers too)")
-    check_port_free(args.host, args.port)  # before any scorer loads or worker starts
-    if args.deploy:
-        from rewardplane.deploy.launch import deploy_backend
+    if args.deploy:  # the files first: a wrong path or key is answered whatever holds the port
+        from rewardplane.deploy.launch import build_backend, load_deploy
 
-        backend, config = deploy_backend(args.deploy, args.backend)
+        deploy, config = load_deploy(args.deploy)
     else:
         config = load_config(args.config) if args.config else _demo_config()
         check_scorer_paths(config)
-        backend = InProcessBackend(config)
+    check_port_free(args.host, args.port)  # before any scorer loads or worker starts
+    backend = build_backend(deploy, args.backend) if args.deploy else InProcessBackend(config)
     if (token := token_from_args(args)) is not None:
         config = config.model_copy(update={"token": token})
     if args.host not in ("127.0.0.1", "localhost", "::1") and config.resolved_token() is None:
