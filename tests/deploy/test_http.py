@@ -152,6 +152,8 @@ def test_timing_headers_and_batch_metrics_match_in_process_mode(tmp_path):
 def test_cli_refuses_config_and_deploy_together(tmp_path, capsys, monkeypatch):
     """Argument and file errors are answered before the port is tried: as if something held it."""
     hold_the_port(monkeypatch)
+    for name in ("d.yaml", "c.yaml"):
+        (tmp_path / name).write_text("scorers: []\n")
     assert main(["serve", "--deploy", str(tmp_path / "d.yaml"), "--config", str(tmp_path / "c.yaml")]) == 2
     assert "not both" in capsys.readouterr().err
     assert main(["serve", "--deploy", str(tmp_path / "missing.yaml")]) == 2

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from rewardplane.core.errors import UsageError
+from rewardplane.core.outputs import add_overwrite_option, check_out_file
 
 DEMO_MODEL = Path("demo-run/model")
 
@@ -64,6 +65,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     score.add_argument("--batch-size", type=int, default=64, help="items per request")
     add_token_options(score, "file holding the bearer token (default: $REWARDPLANE_TOKEN)")
     score.add_argument("--allow-partial", action="store_true", help="exit 0 even when some items failed")
+    add_overwrite_option(score, "an existing --out file")
     score.set_defaults(func=cmd_score)
 
 
@@ -282,6 +284,8 @@ def cmd_score(args: argparse.Namespace) -> int:
 
     if args.batch_size < 1:
         raise UsageError("--batch-size must be >= 1")
+    if args.out is not None:
+        check_out_file(args.out, overwrite=args.overwrite)
     token = token_from_args(args)
     bad: list[tuple[int, str]] | None = [] if args.skip_bad_lines else None
     try:
