@@ -21,9 +21,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _export_hf_command(args: argparse.Namespace) -> int:
+    check_out_dir(args.out, overwrite=args.overwrite, option="OUT")
+    from transformers.utils import logging as hf_logging
+
     from rewardplane.objectives.registry import export_hf
 
-    check_out_dir(args.out, overwrite=args.overwrite, option="OUT")
+    hf_logging.disable_progress_bar()  # "Loading weights" / "Writing model shards" bars: the JSON line says it
     try:
         report = export_hf(args.checkpoint, args.out, overwrite=True)
     except UsageError:

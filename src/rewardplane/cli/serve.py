@@ -16,7 +16,14 @@ DEMO_MODEL = Path("demo-run/model")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    serve = subparsers.add_parser("serve", help="serve reward scorers over HTTP (docs/serve.md)")
+    serve = subparsers.add_parser(
+        "serve",
+        help="serve reward scorers over HTTP (docs/serve.md)",
+        description="Serve the scorers of a service YAML (--config) or a deploy YAML (--deploy) over HTTP,"
+        " with dynamic batching. Prints one line when every scorer is ready (names, kinds, device, URL)"
+        " and exits 2 naming each scorer that failed to load. Without --config: the demo reward model"
+        " `make demo` trains. See docs/serve.md.",
+    )
     serve.add_argument(
         "--config", type=Path, help="service YAML; default: the demo reward model at demo-run/model"
     )
@@ -27,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--backend", default="workers", choices=["workers", "ray"], help="with --deploy: workers or Ray Serve"
     )
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--port", type=int, default=8000, help="port to listen on (default %(default)s)")
     add_token_options(
         serve,
         "require the bearer token in this file (default: $REWARDPLANE_TOKEN, else the config's, else none)",
@@ -324,7 +331,8 @@ def cmd_score(args: argparse.Namespace) -> int:
     if bad:
         shown = "; ".join(f"line {n}: {reason}" for n, reason in bad[:10])
         more = f"; ... ({len(bad) - 10} more)" if len(bad) > 10 else ""
-        print(f"rewardplane: skipped {len(bad)} bad lines of {args.file}: {shown}{more}", file=sys.stderr)
+        lines = "line" if len(bad) == 1 else "lines"
+        print(f"rewardplane: skipped {len(bad)} bad {lines} of {args.file}: {shown}{more}", file=sys.stderr)
     failed = sum(bool(row["errors"]) for row in rows)
     if failed:
         hint = "" if args.scorers else "; --scorers NAME,... scores with some of the hosted scorers only"
