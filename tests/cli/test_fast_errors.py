@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 
-from rewardplane.eval.benchmarks import BENCHMARKS
+from rewardplane.eval.benchmarks.runner import BENCHMARKS
 from support.docs import ROOT
 
 RUNNER = """

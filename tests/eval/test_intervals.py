@@ -13,7 +13,8 @@ import pytest
 
 from rewardplane.core.errors import UsageError
 from rewardplane.data.synth import builtin_tokenizer
-from rewardplane.eval import benchmarks, bootstrap
+from rewardplane.eval import bootstrap
+from rewardplane.eval.benchmarks import runner as benchmarks
 from rewardplane.eval.compare import compare_examples
 from rewardplane.eval.settings import EvalSettings
 from rewardplane.objectives.base import PairScorer

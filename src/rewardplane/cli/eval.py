@@ -89,7 +89,7 @@ def _settings(args: argparse.Namespace) -> EvalSettings:
 
 def _check_benchmark_data(name: str, data: str) -> None:
     """A missing `--data` answered with where the benchmark's files come from (before torch loads)."""
-    from rewardplane.eval.benchmarks import get
+    from rewardplane.eval.benchmarks.runner import get
 
     base, colon, _split = data.rpartition(":")
     if Path(data).exists() or (colon and Path(base).is_dir()):
