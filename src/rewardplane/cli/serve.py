@@ -129,7 +129,7 @@ def _scorer_source(config, name: str) -> str:
 
 
 def start_failure(app, backend, config) -> str | None:
-    """One line naming every scorer that failed to load (scorer, path, cause), else None."""
+    """One line per scorer that failed to load (scorer, path, cause), else None."""
     task = getattr(app.state, "start_task", None)
     if task is not None and task.done() and not task.cancelled() and task.exception() is not None:
         exc = task.exception()
@@ -148,7 +148,16 @@ def start_failure(app, backend, config) -> str | None:
         status = (load_failure(name) if load_failure is not None else None) or status
         cause = " ".join(status.removeprefix("failed: ").removeprefix(f"{name}: ").split())
         parts.append(f"scorer {name!r} ({_scorer_source(config, name)}) failed to load: {cause}")
-    return "; ".join(parts)[:2000]
+    return "\n".join(part[:2000] for part in parts)
+
+
+def ready_line(backend, server_config) -> str:
+    """The one line `serve` prints once every scorer is ready: names, kinds, devices and the URL."""
+    host = server_config.host
+    url = f"http://{f'[{host}]' if ':' in host else host}:{server_config.port}"
+    infos = backend.scorer_infos()
+    scorers = ", ".join(f"{name} ({info.kind}, {info.device})" for name, info in infos.items())
+    return f"rewardplane: ready: {len(infos)} scorer{'s' if len(infos) != 1 else ''} at {url}: {scorers}"
 
 
 def run_until_loaded(app, backend, config, server) -> str | None:
@@ -171,6 +180,10 @@ def run_until_loaded(app, backend, config, server) -> str | None:
                 failure = start_failure(app, backend, config)
                 if failure is not None:
                     server.should_exit = True
+                else:
+                    print(ready_line(backend, server.config), flush=True)
+        elif start_task is None and not serving.done():
+            print(ready_line(backend, server.config), flush=True)
         await serving
 
     asyncio.run(main())
@@ -267,8 +280,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
     )
     failure = run_until_loaded(app, backend, config, server)
-    if failure is not None:
-        raise UsageError(failure)  # one line, exit 2 (`--debug` logs the tracebacks above it)
+    if failure is not None:  # one line per failed scorer, exit 2 (`--debug` logs the tracebacks above)
+        *others, last = failure.splitlines()
+        for line in others:
+            print(f"rewardplane: error: {line}", file=sys.stderr)
+        raise UsageError(last)
     return 0
 
 
