@@ -318,7 +318,7 @@ def test_cli_score_writes_every_item_and_exit_code(server, tmp_path, capsys, mon
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["id"] for r in rows] == [f"i{k}" for k in range(7)]
     assert rows[3]["errors"]["d"]["code"] == "non_finite" and rows[2]["scores"] == {"d": 2.0, "len": 2.0}
-    assert main([*args, "--allow-partial"]) == 0
+    assert main([*args, "--allow-partial", "--overwrite"]) == 0  # the first run wrote out.jsonl
     assert main(["score", "--url", server.url, str(tmp_path / "missing.jsonl")]) == 2
     assert main(["score", "--url", server.url, str(src), "--scorers", "nope"]) == 2
     assert "unknown_scorer" in capsys.readouterr().err
