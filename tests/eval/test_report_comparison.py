@@ -81,3 +81,32 @@ def test_the_forest_plot_has_no_legend_to_cover_a_bar(monkeypatch):
     figures.forest_png(rows, 0.5, "t")
     (ax,) = drawn[0].axes
     assert ax.get_legend() is None and "chance (0.5)" in ax.get_xlabel()
+
+
+def _audit_body(n_bins: int) -> dict:
+    bins = [
+        {"versions": [2 * k, 2 * k + 1], "n": 100, "proxy": {"mean": 0.1 * k}, "length": {"mean": 10.0},
+         "auditors": {"gold": {"mean": 0.5, "tau": None, "gap": None}}, "signatures": {}}
+        for k in range(n_bins)
+    ]  # fmt: skip
+    return {
+        "proxy": "rm", "auditors": ["gold"], "bins": bins, "alarms": {}, "counts": {"audited": 100 * n_bins},
+        "settings": {"alarms": {"overoptimization": {"enabled": True, "window": 3}}},
+    }  # fmt: skip
+
+
+def test_the_audit_page_says_why_overoptimization_is_not_there_yet_and_ticks_whole_versions(monkeypatch):
+    from rewardplane.eval.report.audit import audit_section
+    from rewardplane.eval.report.page import Page
+
+    drawn = _figure(monkeypatch)
+    monkeypatch.setattr("rewardplane.eval.report.audit.png", lambda fig: drawn.append(fig) or b"")
+    page = Page()
+    audit_section(page, _audit_body(2))
+    text = " ".join(markdown for _, markdown, _ in page.sections)
+    assert "overoptimization has no row yet" in text and "decided from bin 6 on (this audit has 2)" in text
+    ticks = drawn[0].axes[-1].get_xticks()
+    assert len(ticks) and all(float(t).is_integer() for t in ticks)
+    page = Page()
+    audit_section(page, _audit_body(6))  # enough bins: nothing to explain
+    assert "no row yet" not in " ".join(markdown for _, markdown, _ in page.sections)
