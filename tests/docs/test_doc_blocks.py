@@ -88,6 +88,7 @@ BLOCKS: dict[tuple[str, str], tuple[str, str]] = {
     ("training.md", "rewardplane: training interrupted at step"): ("text", "Ctrl-C's output"),
     ("training.md", "# SmolLM2-135M-Instruct from the llm-smol"): ("text", "two alternatives with placeholders"),
     ("verifiers.md", "pip install 'rewardplane[serve,verifiers]"): ("text", "pip"),
+    ("verifiers.md", "server ──tests──▶ zygote"): ("text", "the evaluator's boundary, drawn"),
     ("verifiers.md", "scorers:"): ("service", "verifiers"),
 }  # fmt: skip
 
