@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 
 from rewardplane.cli import main
+from support.bench_qualify import plan_doc
 
 MINE = "written by the user, not by this run\n"
 
@@ -28,7 +30,7 @@ COMMANDS = {
     "score": (["score", "{synth}", "--url", "http://127.0.0.1:9", "--out", "{out}"], False),
     "bench": (["bench", "--url", "http://127.0.0.1:9", "--scorers", "a", "--out", "{out}"], False),
     "bench --csv": (["bench", "--url", "http://127.0.0.1:9", "--scorers", "a", "--out", "{tmp}/new.json", "--csv", "{out}"], False),
-    "qualify": (["qualify", "--plan", "{synth}", "--out", "{out}"], True),
+    "qualify": (["qualify", "--plan", "{tmp}/plan.yaml", "--out", "{out}"], True),
 }  # fmt: skip
 
 
@@ -46,6 +48,7 @@ def test_every_command_refuses_to_write_over_what_it_did_not_write(name, tmp_pat
     mine = out / "probe.json" if is_folder else out
     mine.parent.mkdir(exist_ok=True)
     mine.write_text(MINE)
+    (tmp_path / "plan.yaml").write_text(yaml.safe_dump(plan_doc(modes=["dedicated"])))
     capsys.readouterr()
     assert main([a.format(synth=synth, out=out, tmp=tmp_path) for a in argv]) == 2
     err = capsys.readouterr().err.strip()

@@ -205,8 +205,8 @@ def run_bench_cli(args: argparse.Namespace) -> int:
 def run_qualify_cli(args: argparse.Namespace) -> int:
     from rewardplane.bench.qualify import dry_run, load_plan, qualify
 
+    plan = load_plan(args.plan, args.overrides)  # the plan's errors first, then where it would write
     check_out_dir(args.out, overwrite=args.overwrite)
-    plan = load_plan(args.plan, args.overrides)
     if args.dry_run:
         print(dry_run(plan, args.out))
         return 0
