@@ -3,7 +3,8 @@ config gave a silently wrong reward). Each block has a class in BLOCKS, keyed by
 start of its first line; a new block without one fails `test_every_block_has_a_class`, and an
 entry no block matches any more fails too. The classes:
 
-- `tour`: the README tour, run line by line by tests/cli/test_tour.py;
+- `tour`: run line by line by a test: the README tour by tests/cli/test_tour.py, the real-data
+  tutorial by tests/cli/test_tutorial_real_data.py;
 - `console`: `$ rewardplane ...` transcripts whose output tests/cli/test_docs_figures.py checks;
 - `cli`: every `rewardplane ...` line (continuations joined) is parsed by the real parser: a
   concrete line must parse (commands, flags, choices, required options), a synopsis (`[...]`,
@@ -50,6 +51,7 @@ BLOCKS: dict[tuple[str, str], tuple[str, str]] = {
     ("config.md", "unknown config key run.max_step (did you "): ("text", "an error line"),
     ("config.md", "scorers[2].options.timeout_s must be >= 0"): ("text", "an error line"),
     ("data.md", "read (JSONL / JSON array / Parquet, strea"): ("text", "the pipeline's stages"),
+    ("data.md", "rewardplane data prepare pairs.jsonl --out"): ("cli", "needs the user's pairs"),
     ("data.md", "$ rewardplane data synth --out synth.json"): ("console", "test_docs_figures.py"),
     ("data.md", "$ rewardplane train rm --config cfg.yaml "): ("cli", "an error transcript"),
     ("deploy.md", "rewardplane serve --deploy deploy.yaml   "): ("cli", "needs GPUs"),
@@ -82,6 +84,8 @@ BLOCKS: dict[tuple[str, str], tuple[str, str]] = {
     ("serve.md", "token: null                 # bearer toke"): ("service", "every top-level key"),
     ("serve.md", "scorers[2].options.timeout_s must be >= 0"): ("text", "an error line"),
     ("training.md", "rewardplane train rm --config cfg.yaml [k"): ("cli", "synopsis"),
+    ("tutorial-real-data.md", "source .venv/bin/activate"): ("text", "shell set-up"),
+    ("tutorial-real-data.md", "rewardplane "): ("tour", "test_tutorial_real_data.py"),
     ("training.md", "RUN/config.yaml                  resolved"): ("text", "a run directory's files"),
     ("training.md", "$ rewardplane export hf runs/rm/checkpoint"): ("cli", "a transcript; needs a run"),
     ("training.md", "$ rewardplane train rm --config cfg.yaml "): ("cli", "a transcript; needs a run"),
