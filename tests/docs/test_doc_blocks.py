@@ -82,6 +82,7 @@ BLOCKS: dict[tuple[str, str], tuple[str, str]] = {
     ("qualify.md", "python -m rewardplane.bench.trace DIR/*.t"): ("text", "a module's own command line"),
     ("serve.md", "rewardplane serve                       "): ("cli", "needs models"),
     ("serve.md", "token: null                 # bearer toke"): ("service", "every top-level key"),
+    ("serve.md", "- name: reward"): ("service", "a composite, as an entry of scorers:"),
     ("serve.md", "scorers[2].options.timeout_s must be >= 0"): ("text", "an error line"),
     ("training.md", "rewardplane train rm --config cfg.yaml [k"): ("cli", "synopsis"),
     ("tutorial-real-data.md", "source .venv/bin/activate"): ("text", "shell set-up"),
@@ -193,7 +194,9 @@ def test_every_documented_command_is_one_the_cli_takes(where, capsys):
 
 
 # ---- configs -------------------------------------------------------------------------------------
-def _load(kind: str, data: dict, tmp_path: Path):
+def _load(kind: str, data: dict | list, tmp_path: Path):
+    if isinstance(data, list):  # entries of `scorers:` shown alone
+        data = {"scorers": data}
     path = tmp_path / "block.yaml"
     path.write_text(yaml.safe_dump(data))
     if kind in ("service", "audit"):
@@ -250,7 +253,8 @@ def rule_specs() -> list[tuple[str, dict]]:
     composite included (a component naming a hosted scorer is scored as that scorer is)."""
     out = []
     for name, _key, body in of_class("service", "audit"):
-        for spec in yaml.safe_load(body).get("scorers", []):
+        data = yaml.safe_load(body)
+        for spec in data if isinstance(data, list) else data.get("scorers", []):
             if spec["kind"] in RULE_KINDS:
                 out.append((f"{name}: {spec['name']}", spec))
             elif spec["kind"] == "composite":
