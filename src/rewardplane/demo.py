@@ -81,8 +81,8 @@ def _serve_and_score(model_dir: Path) -> dict:
 
 def _prepare_data() -> Path:
     """Synthesise, validate, split and freeze the probe; return the probe's path."""
-    (RUN / "data").mkdir(parents=True)
-    raw = RUN / "data" / "raw.jsonl"
+    RUN.mkdir(parents=True)
+    raw = RUN / "raw.jsonl"  # beside data/, which `data prepare` wants empty
 
     _rewardplane("data", "synth", "--out", str(raw), "--n", str(N_ROWS), "--seed", "0", "--corrupt", "1")
     _rewardplane(
@@ -92,7 +92,7 @@ def _prepare_data() -> Path:
         "--tokenizer",
         "builtin",
         "--report",
-        str(RUN / "data" / "rejects.jsonl"),
+        str(RUN / "rejects.jsonl"),
         ok=(1,),
     )
     _rewardplane(

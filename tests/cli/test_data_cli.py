@@ -90,7 +90,8 @@ def test_prepare_then_freeze_probe(tmp_path, synth, capsys):
     probe = json.loads(probe_path.read_text())
     eval_ids = [json.loads(line)["pair_id"] for line in (out / "eval.jsonl").read_text().splitlines()]
     assert probe["pair_ids"] == eval_ids and probe["count"] == 10
-    assert main(argv) == 0 and json.loads(probe_path.read_text()) == probe
+    assert main(argv) == 2  # the probe is there: replaced only when asked
+    assert main([*argv, "--overwrite"]) == 0 and json.loads(probe_path.read_text()) == probe
 
 
 def test_synth_is_deterministic(tmp_path):
@@ -117,19 +118,36 @@ def test_freeze_probe_of_a_prepared_folder_takes_its_tokenizer_and_settings(tmp_
     capsys.readouterr()
     for source in (out, out / "eval.jsonl"):
         probe_path = tmp_path / "probe.json"
-        assert main(["data", "freeze-probe", str(source), "--out", str(probe_path)]) == 0
+        assert main(["data", "freeze-probe", str(source), "--out", str(probe_path), "--overwrite"]) == 0
         assert f"max_completion_length 64 from {out / 'manifest.json'})" in capsys.readouterr().out
         probe = json.loads(probe_path.read_text())
         assert (probe["settings"]["max_length"], probe["settings"]["max_completion_length"]) == (128, 64)
-    assert main(["data", "freeze-probe", str(out), "--max-length", "96", "--out", str(probe_path)]) == 0
+    assert (
+        main(
+            ["data", "freeze-probe", str(out), "--max-length", "96", "--out", str(probe_path), "--overwrite"]
+        )
+        == 0
+    )
     assert json.loads(probe_path.read_text())["settings"]["max_length"] == 96
     edited = out / "eval.jsonl"
     edited.write_text(edited.read_text().replace("\n", "\n\n", 1))
     capsys.readouterr()
-    assert main(["data", "freeze-probe", str(edited), "--out", str(probe_path)]) == 2
+    assert main(["data", "freeze-probe", str(edited), "--out", str(probe_path), "--overwrite"]) == 2
     assert "--tokenizer is required" in capsys.readouterr().err
     assert (
-        main(["data", "freeze-probe", str(edited), "--tokenizer", "builtin", "--out", str(probe_path)]) == 0
+        main(
+            [
+                "data",
+                "freeze-probe",
+                str(edited),
+                "--tokenizer",
+                "builtin",
+                "--out",
+                str(probe_path),
+                "--overwrite",
+            ]
+        )
+        == 0
     )
     assert json.loads(probe_path.read_text())["settings"]["max_length"] == 1024
 

@@ -16,7 +16,9 @@ def test_no_command_prints_help_and_exits_2(capsys):
 
 def test_serve_has_no_per_request_access_log_unless_asked(tmp_path, monkeypatch):
     calls = []
-    # the server is built but not run (rewardplane.cli.serve.run_until_loaded runs it)
+    # the server is built but not run (rewardplane.cli.serve.run_until_loaded runs it), and no port
+    # is tried: the test passes whatever listens on the machine
+    monkeypatch.setattr("rewardplane.cli.serve.check_port_free", lambda host, port: None)
     monkeypatch.setattr(
         "rewardplane.cli.serve.run_until_loaded",
         lambda app, backend, config, server: calls.append(server.config),
@@ -34,6 +36,7 @@ def test_serve_refuses_to_start_with_only_the_pre_rename_token(tmp_path, monkeyp
     unauthenticated: rewardplane reads REWARDPLANE_TOKEN alone, so it refuses and names it."""
     started = []
     monkeypatch.setattr("rewardplane.cli.serve.run_until_loaded", lambda *a: started.append(a))
+    monkeypatch.setattr("rewardplane.cli.serve.check_port_free", lambda host, port: None)
     monkeypatch.setenv("REWARDKIT_TOKEN", "s3cret")
     monkeypatch.delenv("REWARDPLANE_TOKEN", raising=False)
     cfg = tmp_path / "service.yaml"

@@ -1,5 +1,6 @@
-"""The README tour, run as written (with small sizes) under umask 022: its evaluation is not on
-its own training pairs, and every file it writes is readable by a teammate (0644, folders 0755)."""
+"""The README tour, every `rewardplane` line of it run as written (with small sizes) under umask
+022, top to bottom: its evaluation is not on its own training pairs, everything it writes lies
+under tour/ (ignored by git), and every file is readable by a teammate (0644, folders 0755)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ from support.docs import ROOT, bash_commands, fenced, section
 
 torch.set_num_threads(1)
 
-# commands of the tour that need what it does not build (another model, a service, a benchmark file)
-PLACEHOLDERS = ("cfg.yaml", "CKPT", "ev/B", "rb2.parquet", "service.yaml", "deploy.yaml", "--url", "qualify")
+# commands of the tour that need a running service (docs/serve.md's tests start one) or GPUs
+PLACEHOLDERS = ("service.yaml", "deploy.yaml", "--url", "qualify")
 SMALL = {"--n": "150", "--eval-size": "20"}
 STEPS = 2
 
@@ -35,7 +36,7 @@ def tour_commands() -> list[list[str]]:
 def _small(argv: list[str]) -> list[str]:
     out = [SMALL.get(argv[i - 1], word) if i else word for i, word in enumerate(argv)]
     out = [word.replace("step-0000400", f"step-{STEPS:07d}") for word in out]
-    if out[:2] == ["train", "rm"]:
+    if out[0] == "train":
         out += [f"run.max_steps={STEPS}", "run.progress=false"]
     return out
 
@@ -43,7 +44,8 @@ def _small(argv: list[str]) -> list[str]:
 @pytest.fixture(scope="module")
 def tour(tmp_path_factory):
     root = tmp_path_factory.mktemp("tour")
-    (root / "src").symlink_to(ROOT / "src")
+    for shared in ("src", "tests"):  # the configs, and the benchmark sample the tour scores
+        (root / shared).symlink_to(ROOT / shared)
     commands = tour_commands()
     previous_dir, previous_mask = os.getcwd(), os.umask(0o022)
     try:
@@ -64,10 +66,15 @@ def test_the_tour_runs_as_documented(tour):
         "data freeze-probe",
         "train rm",
         "export hf",
+        "train dpo",
         "eval --model",
-        "report runs/rm",
+        "compare tour/ev/A/pairs.jsonl",
+        "eval --benchmark",
+        "report tour/runs/rm",
+        "report tour/ev/A-vs-B",
     ):
         assert expected in ran
+    assert ran.count("train rm") == 2 and ran.count("eval --model") == 2  # models A and B
     for argv, code in codes:
         assert code == (1 if argv[:2] == ["data", "validate"] else 0), argv  # validate: the corrupt rows
 
@@ -84,7 +91,7 @@ def test_every_artifact_of_the_tour_honours_the_umask(tour):
     root, _ = tour
     wrong = []
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if not (root / d).is_symlink()]
+        dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
         for name in dirnames:
             if stat.S_IMODE(os.stat(os.path.join(dirpath, name)).st_mode) != 0o755:
                 wrong.append(os.path.join(dirpath, name))
@@ -93,4 +100,5 @@ def test_every_artifact_of_the_tour_honours_the_umask(tour):
                 wrong.append(os.path.join(dirpath, name))
     assert not wrong
     written = {p.relative_to(root).parts[0] for p in root.rglob("*") if p.is_file()}
-    assert {"data", "runs", "out", "ev", "synth.jsonl", "rejects.jsonl"} <= written
+    assert written == {"tour"}  # one folder, in .gitignore
+    assert "tour/" in (ROOT / ".gitignore").read_text().splitlines()

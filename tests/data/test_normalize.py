@@ -280,3 +280,15 @@ def test_implicit_and_explicit_shapes_agree(history, chosen, rejected):
     implicit = normalize_row({"chosen": [*history, bot(chosen)], "rejected": [*history, bot(rejected)]})
     explicit = normalize_row({"prompt": history, "chosen": [bot(chosen)], "rejected": [bot(rejected)]})
     assert implicit == explicit
+
+
+def test_type_names_take_their_article():
+    """'content is an array', never 'a array' (issue 47)."""
+    from rewardplane.data.reasons import Rejection
+
+    row = {"chosen": [{"role": "user", "content": "q"}, {"role": "assistant", "content": ["x"]}],
+           "rejected": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "y"}]}  # fmt: skip
+    with pytest.raises(Rejection, match="content is an array, not text"):
+        normalize_row(row)
+    with pytest.raises(Rejection, match="row is a JSON string"):
+        normalize_row("text")

@@ -17,6 +17,7 @@ from rewardplane.deploy.launch import deploy_backend
 from rewardplane.serve.app import create_app
 from rewardplane.serve.backend import InProcessBackend
 from rewardplane.serve.config import config_from_dict
+from support.serve import hold_the_port
 
 CPU = DeviceProbe(cuda_available=False, gpu_count=0, control_binary=None)
 
@@ -148,7 +149,11 @@ def test_timing_headers_and_batch_metrics_match_in_process_mode(tmp_path):
     assert metrics[("rewardplane_batch_size_count", (("scorer", "len"),))] == 1
 
 
-def test_cli_refuses_config_and_deploy_together(tmp_path, capsys):
+def test_cli_refuses_config_and_deploy_together(tmp_path, capsys, monkeypatch):
+    """Argument and file errors are answered before the port is tried: as if something held it."""
+    hold_the_port(monkeypatch)
+    for name in ("d.yaml", "c.yaml"):
+        (tmp_path / name).write_text("scorers: []\n")
     assert main(["serve", "--deploy", str(tmp_path / "d.yaml"), "--config", str(tmp_path / "c.yaml")]) == 2
     assert "not both" in capsys.readouterr().err
     assert main(["serve", "--deploy", str(tmp_path / "missing.yaml")]) == 2

@@ -125,7 +125,13 @@ def test_cli_refusal_is_one_line_exit_2(tmp_path, capsys):
     _evaluation(tmp_path / "a", [True, False])
     _evaluation(tmp_path / "b", [True, True], probe="cd" * 32)
     code = main(
-        ["compare", str(tmp_path / "a/pairs.jsonl"), str(tmp_path / "b/pairs.jsonl"), "--out", str(tmp_path)]
+        [
+            "compare",
+            str(tmp_path / "a/pairs.jsonl"),
+            str(tmp_path / "b/pairs.jsonl"),
+            "--out",
+            str(tmp_path / "c"),
+        ]
     )
     assert code == 2
     err = capsys.readouterr().err

@@ -101,7 +101,8 @@ def test_report_headline_compares_with_step_0(tmp_path):
     headline = text.split("## Headline\n\n")[1].split("\n")[0]
     assert headline.startswith("Strict accuracy") and "on 30 pairs of the frozen probe at step 20" in headline
     assert "vs step 0" in headline and "paired gain of" in headline
-    assert "No token lengths in pairs.jsonl" in text
+    # a training run's evaluations record no token lengths and no data section: no notice of either
+    assert "No token lengths" not in text and "No data section" not in text
 
 
 def test_report_length_bias_and_data_from_rewardplane_eval_artifacts(tmp_path):

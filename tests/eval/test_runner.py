@@ -202,7 +202,7 @@ def test_missing_and_corrupt_models_are_one_line_errors(setup, tmp_path, capsys)
     args = ["eval", "--probe", str(root / "probe.json"), "--data", str(root / "eval.jsonl")]
     args += ["--out", str(tmp_path / "out")]
     assert main([*args, "--model", str(tmp_path / "no-such-model")]) == 2
-    assert "no-such-model: not a directory" in _one_line_error(capsys)
+    assert "no-such-model does not exist" in _one_line_error(capsys)
 
     bad_meta = tmp_path / "bad-meta"
     bad_meta.mkdir()

@@ -223,7 +223,9 @@ def test_pad_equal_to_eos_needs_data_pad_token_and_carries_it_into_the_export(tm
 
     checkpoint = train_tiny_checkpoint(tmp_path / "b", tok, "data.pad_token=<|pad|>")
     out = tmp_path / "hf-b"
+    capsys.readouterr()
     assert main(["export", "hf", str(checkpoint), str(out)]) == 0
+    assert "it/s" not in capsys.readouterr().err  # transformers' progress bars are silenced
     hf_tok = AutoTokenizer.from_pretrained(out)
     config = json.loads((out / "config.json").read_text())
     assert hf_tok.pad_token == "<|pad|>" and config["pad_token_id"] == hf_tok.pad_token_id

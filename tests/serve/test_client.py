@@ -10,7 +10,7 @@ import pytest
 
 from rewardplane.serve.client import AsyncRewardClient, RewardClient, ScoreError, ServiceError
 from rewardplane.serve.protocol import ScoreItem, firing, flat_metrics
-from support.serve import LiveServer, make_config
+from support.serve import LiveServer, hold_the_port, make_config
 
 OK = {
     "results": [{"id": "a", "scores": {"s": 1.0}, "errors": {}}],
@@ -318,15 +318,17 @@ def test_cli_score_writes_every_item_and_exit_code(server, tmp_path, capsys, mon
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["id"] for r in rows] == [f"i{k}" for k in range(7)]
     assert rows[3]["errors"]["d"]["code"] == "non_finite" and rows[2]["scores"] == {"d": 2.0, "len": 2.0}
-    assert main([*args, "--allow-partial"]) == 0
+    assert main([*args, "--allow-partial", "--overwrite"]) == 0  # the first run wrote out.jsonl
     assert main(["score", "--url", server.url, str(tmp_path / "missing.jsonl")]) == 2
     assert main(["score", "--url", server.url, str(src), "--scorers", "nope"]) == 2
     assert "unknown_scorer" in capsys.readouterr().err
 
 
 def test_serve_without_config_or_demo_model_says_how(tmp_path, monkeypatch, capsys):
+    """Answered before the port is tried: as if something held it."""
     from rewardplane.cli import main
 
+    hold_the_port(monkeypatch)
     monkeypatch.chdir(tmp_path)
     assert main(["serve"]) == 2
     assert "make demo" in capsys.readouterr().err

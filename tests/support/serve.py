@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 import httpx
 import uvicorn
 
+from rewardplane.core.errors import UsageError
 from rewardplane.serve.app import create_app
 from rewardplane.serve.backend import InProcessBackend
 from rewardplane.serve.config import ServiceConfig, config_from_dict
@@ -185,3 +186,13 @@ def score_requests(url: str) -> float:
         for line in text.splitlines()
         if line.startswith("rewardplane_requests_total{") and 'route="/v1/score"' in line
     )
+
+
+def hold_the_port(monkeypatch) -> None:
+    """Make `rewardplane serve` find its port taken (as when the tour's own server holds :8000),
+    without binding one: what a test checks must not depend on what else listens."""
+
+    def port_held(host: str, port: int) -> None:
+        raise UsageError(f"port {port} on {host} is already in use", code="port_in_use")
+
+    monkeypatch.setattr("rewardplane.cli.serve.check_port_free", port_held)

@@ -107,7 +107,7 @@ def test_ctrl_c_reports_the_checkpoint_the_steps_since_and_the_command(tmp_path,
     err = capsys.readouterr().err
     assert "training interrupted at step 3 of 6" in err
     assert f"last checkpoint: {run / 'checkpoints' / 'step-0000002'} (step 2)" in err
-    assert "the 1 steps since it will be trained again" in err
+    assert "the 1 step since it will be trained again" in err
     command = err.split("resume with: ", 1)[1].strip()
     words = shlex.split(command)
     assert words[:3] == ["rewardplane", "train", "rm"] and words[-2:] == ["--resume", "auto"]

@@ -29,6 +29,31 @@ COMMAND_MODULES: list[str] = [
 ]
 
 
+# argparse destinations that name a local input a command reads: each is checked before the handler
+# runs (and so before it imports torch), so a typo is answered at once, whatever the command
+INPUT_PATHS: dict[str, str] = {
+    "config": "config file",
+    "deploy": "deploy file",
+    "plan": "plan file",
+    "model": "--model",
+    "probe": "--probe",
+    "reference": "--reference",
+    "checkpoint": "checkpoint",
+    "inputs": "--inputs",
+    "token_file": "--token-file",
+}
+
+
+def check_inputs(args: argparse.Namespace) -> None:
+    """One line naming the first input path (`INPUT_PATHS`) that does not exist."""
+    from pathlib import Path
+
+    for dest, what in INPUT_PATHS.items():
+        value = getattr(args, dest, None)
+        if isinstance(value, (str, Path)) and not Path(value).exists():
+            raise UsageError(f"{what} {value} does not exist", code="no_such_path")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rewardplane", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"rewardplane {__version__}")
@@ -46,6 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        check_inputs(args)
         return int(handler(args) or 0)
     except UsageError as exc:
         if os.environ.get("REWARDPLANE_DEBUG"):

@@ -10,6 +10,7 @@ from typing import Any
 
 from rewardplane.cli.serve import add_token_options, token_from_args
 from rewardplane.core.errors import ConfigError, UsageError
+from rewardplane.core.outputs import add_overwrite_option, check_out_dir, check_out_file
 
 
 def _ints(text: str) -> list[int]:
@@ -118,6 +119,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bench.add_argument("--mode", help="deployment label when the service has no /v1/deployment")
     bench.add_argument("--out", type=Path, required=True, help="run JSON (schema: bench_run.schema.json)")
     bench.add_argument("--csv", type=Path, help="also write perf_analyzer-style CSV rows here")
+    add_overwrite_option(bench, "an existing --out or --csv file")
     bench.set_defaults(func=run_bench_cli)
 
     qualify = subparsers.add_parser(
@@ -137,6 +139,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     qualify.add_argument(
         "--dry-run", action="store_true", help="write the deploy files, print the plan, run nothing"
     )
+    add_overwrite_option(qualify, "what is in a non-empty --out folder")
     qualify.set_defaults(func=run_qualify_cli)
 
 
@@ -161,6 +164,9 @@ def run_bench_cli(args: argparse.Namespace) -> int:
     from rewardplane.bench.sweep import BenchConfig, run_bench
     from rewardplane.core.atomic import write_json
 
+    check_out_file(args.out, overwrite=args.overwrite)
+    if args.csv is not None:
+        check_out_file(args.csv, overwrite=args.overwrite, option="--csv")
     token = token_from_args(args) or os.environ.get("REWARDPLANE_TOKEN")  # never argv: `ps` shows it
     sweep = sweep_from_args(args)
     if args.inputs is not None:
@@ -199,7 +205,8 @@ def run_bench_cli(args: argparse.Namespace) -> int:
 def run_qualify_cli(args: argparse.Namespace) -> int:
     from rewardplane.bench.qualify import dry_run, load_plan, qualify
 
-    plan = load_plan(args.plan, args.overrides)
+    plan = load_plan(args.plan, args.overrides)  # the plan's errors first, then where it would write
+    check_out_dir(args.out, overwrite=args.overwrite)
     if args.dry_run:
         print(dry_run(plan, args.out))
         return 0

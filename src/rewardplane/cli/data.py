@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from rewardplane.core.errors import UsageError
+from rewardplane.core.outputs import add_overwrite_option, check_out_dir, check_out_file
 
 
 def register(subparsers) -> None:
@@ -23,6 +24,7 @@ def register(subparsers) -> None:
     validate.add_argument("input", metavar="IN", help="file, Hub-format folder, or FOLDER:SPLIT")
     _tokenizer_args(validate)
     validate.add_argument("--report", metavar="REJECTS.jsonl", help="write one JSON line per rejected row")
+    add_overwrite_option(validate, "an existing --report file")
     validate.set_defaults(func=cmd_validate)
 
     prepare = commands.add_parser("prepare", help="split valid rows into train/eval with a manifest")
@@ -38,6 +40,7 @@ def register(subparsers) -> None:
         " or every pair whose conversation opens with the same user turn",
     )
     _tokenizer_args(prepare)
+    add_overwrite_option(prepare, "a non-empty --out folder, everything in it included")
     prepare.set_defaults(func=cmd_prepare)
 
     probe = commands.add_parser(
@@ -50,6 +53,7 @@ def register(subparsers) -> None:
     probe.add_argument("input", metavar="EVAL.jsonl|PREPARED_DIR")
     _tokenizer_args(probe)
     probe.add_argument("--out", required=True, metavar="probe.json")
+    add_overwrite_option(probe, "an existing --out file")
     probe.set_defaults(func=cmd_freeze_probe)
 
     synth = commands.add_parser("synth", help="write the built-in synthetic preference task")
@@ -59,6 +63,7 @@ def register(subparsers) -> None:
     synth.add_argument(
         "--corrupt", type=int, default=0, metavar="K", help="append K bad rows per reason code"
     )
+    add_overwrite_option(synth, "an existing --out file")
     synth.set_defaults(func=cmd_synth)
 
 
@@ -131,6 +136,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from rewardplane.data.reasons import Rejection
 
     source = _input(args.input)
+    if args.report:
+        check_out_file(args.report, overwrite=args.overwrite, option="--report")
     tokenizer, settings = _tokenizer_and_settings(args)
     summary = Summary()
     report: list[bytes] = []  # rejections only; written atomically once the pass is complete
@@ -158,6 +165,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     from rewardplane.data.manifest import prepare
 
     source = _input(args.input)
+    check_out_dir(args.out, overwrite=args.overwrite)
     tokenizer, settings = _tokenizer_and_settings(args)
     name = None if args.tokenizer is None else Path(args.tokenizer).name
     with _progress("prepare") as bar:
@@ -206,6 +214,7 @@ def cmd_freeze_probe(args: argparse.Namespace) -> int:
     from rewardplane.data.manifest import prepared_eval
     from rewardplane.data.probe import freeze_probe_file
 
+    check_out_file(args.out, overwrite=args.overwrite)
     prepared = prepared_eval(args.input)
     if prepared is None:
         _input(args.input)
@@ -236,7 +245,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
 
     if args.n < 0 or args.corrupt < 0:
         raise UsageError("--n and --corrupt must be >= 0")
-    out = Path(args.out)
+    out = check_out_file(args.out, overwrite=args.overwrite)
     rows = generate_rows(args.n, args.seed) + [row for _, row in corrupt_rows(args.corrupt, args.seed)]
     if out.suffix == ".json":
         write_text(out, json.dumps(rows, ensure_ascii=False, indent=1) + "\n")

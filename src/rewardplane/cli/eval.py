@@ -7,6 +7,7 @@ from pathlib import Path
 
 from rewardplane.core import atomic
 from rewardplane.core.errors import UsageError
+from rewardplane.core.outputs import add_overwrite_option, check_out_dir
 from rewardplane.core.progress import DEFAULT_EVERY_S
 from rewardplane.eval.bootstrap import DEFAULT_REPLICATES, DEFAULT_SEED
 from rewardplane.eval.settings import EvalSettings
@@ -44,6 +45,7 @@ def _compare(args: argparse.Namespace) -> int:
     from rewardplane.eval.benchmarks.runner import is_examples_file
     from rewardplane.eval.compare import compare_examples, compare_pairs, format_benchmark_table, format_table
 
+    check_out_dir(args.out, overwrite=args.overwrite)
     if is_examples_file(args.a) or is_examples_file(args.b):
         if args.strict_overlap:
             raise UsageError(
@@ -68,7 +70,10 @@ def _compare(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from rewardplane.eval.report import build_report
 
-    path = build_report(args.run_dir, args.out)
+    if not Path(args.run_dir).is_dir():
+        raise UsageError(f"{args.run_dir}: no such folder (give a run, eval or compare folder)")
+    out = check_out_dir(args.out or Path(args.run_dir) / "report", overwrite=args.overwrite)
+    path = build_report(args.run_dir, out)
     print(f"report: {path}")
     print(f"markdown: {path.with_suffix('.md')}")
     return 0
@@ -82,9 +87,26 @@ def _settings(args: argparse.Namespace) -> EvalSettings:
     )  # fmt: skip
 
 
+def _check_benchmark_data(name: str, data: str) -> None:
+    """A missing `--data` answered with where the benchmark's files come from (before torch loads)."""
+    from rewardplane.eval.benchmarks.runner import get
+
+    base, colon, _split = data.rpartition(":")
+    if Path(data).exists() or (colon and Path(base).is_dir()):
+        return
+    source = get(name).SOURCE
+    raise UsageError(
+        f"--data {data}: no such file or folder. {get(name).TITLE} is {source['dataset']}; with network"
+        f" access: {source['fetch']}, then --data {source['file']} (docs/benchmarks.md#getting-the-data);"
+        f" a few rows in the schema: {source['sample']}",
+        code="no_data",
+    )
+
+
 def _eval_benchmark(args: argparse.Namespace) -> int:
     from rewardplane.eval.benchmarks.runner import evaluate_benchmark
 
+    _check_benchmark_data(args.benchmark, args.data)
     summary = evaluate_benchmark(
         benchmark=args.benchmark,
         data_path=args.data,
@@ -117,8 +139,7 @@ def _eval_benchmark(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from rewardplane.eval.runner import evaluate
-
+    check_out_dir(args.out, overwrite=args.overwrite)
     if args.benchmark is not None:
         if args.probe is not None:
             raise UsageError("--probe is for rewardplane's own pairs; a --benchmark evaluation takes none")
@@ -129,6 +150,11 @@ def _eval(args: argparse.Namespace) -> int:
         return _eval_benchmark(args)
     if args.probe is None:
         raise UsageError("--probe is required (or give --benchmark rewardbench|rewardbench2|rm-bench)")
+    from rewardplane.data.reader import resolve_source
+
+    if not resolve_source(args.data)[0].exists():
+        raise UsageError(f"--data {args.data} does not exist", code="no_such_path")
+    from rewardplane.eval.runner import evaluate  # torch: only once the paths are known to be there
 
     summary = evaluate(
         model_path=args.model,
@@ -227,6 +253,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ev.add_argument("--no-progress", action="store_true", help="no scoring progress on stderr")
     _strict_overlap_option(ev)
     _bootstrap_options(ev)
+    add_overwrite_option(ev, "what is in a non-empty --out folder")
     ev.set_defaults(func=_eval)
 
     cmp_parser = subparsers.add_parser(
@@ -237,9 +264,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cmp_parser.add_argument("--out", required=True, help="directory for comparison.json")
     _strict_overlap_option(cmp_parser)
     _bootstrap_options(cmp_parser)
+    add_overwrite_option(cmp_parser, "what is in a non-empty --out folder")
     cmp_parser.set_defaults(func=_compare)
 
     rep = subparsers.add_parser("report", help="HTML + Markdown report of a run or an eval directory")
     rep.add_argument("run_dir", help="run directory (metrics.jsonl, eval/step-*/, config.yaml)")
     rep.add_argument("--out", help="output directory (default RUN_DIR/report)")
+    add_overwrite_option(rep, "what is in a non-empty output folder (a previous report included)")
     rep.set_defaults(func=_report)

@@ -10,12 +10,20 @@ import sys
 from pathlib import Path
 
 from rewardplane.core.errors import UsageError
+from rewardplane.core.outputs import add_overwrite_option, check_out_file
 
 DEMO_MODEL = Path("demo-run/model")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    serve = subparsers.add_parser("serve", help="serve reward scorers over HTTP (docs/serve.md)")
+    serve = subparsers.add_parser(
+        "serve",
+        help="serve reward scorers over HTTP (docs/serve.md)",
+        description="Serve the scorers of a service YAML (--config) or a deploy YAML (--deploy) over HTTP,"
+        " with dynamic batching. Prints one line when every scorer is ready (names, kinds, device, URL)"
+        " and exits 2 naming each scorer that failed to load. Without --config: the demo reward model"
+        " `make demo` trains. See docs/serve.md.",
+    )
     serve.add_argument(
         "--config", type=Path, help="service YAML; default: the demo reward model at demo-run/model"
     )
@@ -26,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--backend", default="workers", choices=["workers", "ray"], help="with --deploy: workers or Ray Serve"
     )
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--port", type=int, default=8000, help="port to listen on (default %(default)s)")
     add_token_options(
         serve,
         "require the bearer token in this file (default: $REWARDPLANE_TOKEN, else the config's, else none)",
@@ -64,6 +72,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     score.add_argument("--batch-size", type=int, default=64, help="items per request")
     add_token_options(score, "file holding the bearer token (default: $REWARDPLANE_TOKEN)")
     score.add_argument("--allow-partial", action="store_true", help="exit 0 even when some items failed")
+    add_overwrite_option(score, "an existing --out file")
     score.set_defaults(func=cmd_score)
 
 
@@ -120,7 +129,7 @@ def _scorer_source(config, name: str) -> str:
 
 
 def start_failure(app, backend, config) -> str | None:
-    """One line naming every scorer that failed to load (scorer, path, cause), else None."""
+    """One line per scorer that failed to load (scorer, path, cause), else None."""
     task = getattr(app.state, "start_task", None)
     if task is not None and task.done() and not task.cancelled() and task.exception() is not None:
         exc = task.exception()
@@ -139,7 +148,16 @@ def start_failure(app, backend, config) -> str | None:
         status = (load_failure(name) if load_failure is not None else None) or status
         cause = " ".join(status.removeprefix("failed: ").removeprefix(f"{name}: ").split())
         parts.append(f"scorer {name!r} ({_scorer_source(config, name)}) failed to load: {cause}")
-    return "; ".join(parts)[:2000]
+    return "\n".join(part[:2000] for part in parts)
+
+
+def ready_line(backend, server_config) -> str:
+    """The one line `serve` prints once every scorer is ready: names, kinds, devices and the URL."""
+    host = server_config.host
+    url = f"http://{f'[{host}]' if ':' in host else host}:{server_config.port}"
+    infos = backend.scorer_infos()
+    scorers = ", ".join(f"{name} ({info.kind}, {info.device})" for name, info in infos.items())
+    return f"rewardplane: ready: {len(infos)} scorer{'s' if len(infos) != 1 else ''} at {url}: {scorers}"
 
 
 def run_until_loaded(app, backend, config, server) -> str | None:
@@ -162,6 +180,10 @@ def run_until_loaded(app, backend, config, server) -> str | None:
                 failure = start_failure(app, backend, config)
                 if failure is not None:
                     server.should_exit = True
+                else:
+                    print(ready_line(backend, server.config), flush=True)
+        elif start_task is None and not serving.done():
+            print(ready_line(backend, server.config), flush=True)
         await serving
 
     asyncio.run(main())
@@ -236,15 +258,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise UsageError(f"--port must be 1..65535, got {args.port}")
     if args.deploy and args.config:
         raise UsageError("give --config or --deploy, not both (a deploy file holds the scorers too)")
-    check_port_free(args.host, args.port)  # before any scorer loads or worker starts
-    if args.deploy:
-        from rewardplane.deploy.launch import deploy_backend
+    if args.deploy:  # the files first: a wrong path or key is answered whatever holds the port
+        from rewardplane.deploy.launch import build_backend, load_deploy
 
-        backend, config = deploy_backend(args.deploy, args.backend)
+        deploy, config = load_deploy(args.deploy)
     else:
         config = load_config(args.config) if args.config else _demo_config()
         check_scorer_paths(config)
-        backend = InProcessBackend(config)
+    check_port_free(args.host, args.port)  # before any scorer loads or worker starts
+    backend = build_backend(deploy, args.backend) if args.deploy else InProcessBackend(config)
     if (token := token_from_args(args)) is not None:
         config = config.model_copy(update={"token": token})
     if args.host not in ("127.0.0.1", "localhost", "::1") and config.resolved_token() is None:
@@ -258,8 +280,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
     )
     failure = run_until_loaded(app, backend, config, server)
-    if failure is not None:
-        raise UsageError(failure)  # one line, exit 2 (`--debug` logs the tracebacks above it)
+    if failure is not None:  # one line per failed scorer, exit 2 (`--debug` logs the tracebacks above)
+        *others, last = failure.splitlines()
+        for line in others:
+            print(f"rewardplane: error: {line}", file=sys.stderr)
+        raise UsageError(last)
     return 0
 
 
@@ -282,6 +307,8 @@ def cmd_score(args: argparse.Namespace) -> int:
 
     if args.batch_size < 1:
         raise UsageError("--batch-size must be >= 1")
+    if args.out is not None:
+        check_out_file(args.out, overwrite=args.overwrite)
     token = token_from_args(args)
     bad: list[tuple[int, str]] | None = [] if args.skip_bad_lines else None
     try:
@@ -320,7 +347,8 @@ def cmd_score(args: argparse.Namespace) -> int:
     if bad:
         shown = "; ".join(f"line {n}: {reason}" for n, reason in bad[:10])
         more = f"; ... ({len(bad) - 10} more)" if len(bad) > 10 else ""
-        print(f"rewardplane: skipped {len(bad)} bad lines of {args.file}: {shown}{more}", file=sys.stderr)
+        lines = "line" if len(bad) == 1 else "lines"
+        print(f"rewardplane: skipped {len(bad)} bad {lines} of {args.file}: {shown}{more}", file=sys.stderr)
     failed = sum(bool(row["errors"]) for row in rows)
     if failed:
         hint = "" if args.scorers else "; --scorers NAME,... scores with some of the hosted scorers only"

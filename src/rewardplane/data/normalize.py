@@ -43,7 +43,7 @@ _HH_ROLE = {"Human": "user", "Assistant": "assistant"}
 def normalize_row(row: Any) -> PreferencePair:
     """Validate and normalise one row; raise `Rejection` (reason attached) when it is bad."""
     if not isinstance(row, dict):
-        raise Rejection(R.SCHEMA, f"row is a JSON {_type_name(row)}, not an object")
+        raise Rejection(R.SCHEMA, f"row is {_a(_type_name(row))} JSON {_type_name(row)}, not an object")
     row = {key: value for key, value in row.items() if value is not None}
     pair_id = _read_id(row)
     try:
@@ -238,14 +238,18 @@ def _read_messages(value: Any, field: str) -> list[Message]:
 
 def _raise_for_message(message: Any, where: str) -> None:
     if not isinstance(message, dict):
-        raise Rejection(R.SCHEMA, f"{where} is a {_type_name(message)}, not a message object")
+        raise Rejection(
+            R.SCHEMA, f"{where} is {_a(_type_name(message))} {_type_name(message)}, not a message object"
+        )
     for key in ("role", "content"):
         if message.get(key) is None:
             raise Rejection(R.MISSING_FIELD, f"{where} has no {key!r}")
     role, content = message["role"], message["content"]
     if not isinstance(role, str) or role not in ROLES:
         raise Rejection(R.BAD_ROLE, f"{where} has role {role!r}; expected system, user or assistant")
-    raise Rejection(R.NON_TEXT_CONTENT, f"{where} content is a {_type_name(content)}, not text")
+    raise Rejection(
+        R.NON_TEXT_CONTENT, f"{where} content is {_a(_type_name(content))} {_type_name(content)}, not text"
+    )
 
 
 def _is_hh(text: str) -> bool:
@@ -263,6 +267,11 @@ def _parse_hh(text: str, field: str) -> list[Message]:
         {"role": _HH_ROLE[speaker], "content": body.strip()}
         for speaker, body in zip(parts[1::2], parts[2::2], strict=True)
     ]
+
+
+def _a(noun: str) -> str:
+    """The article before `noun` ("an array", "a string")."""
+    return "an" if noun[:1] in "aeiou" else "a"
 
 
 def _type_name(value: Any) -> str:

@@ -41,13 +41,18 @@ def build_backend(deploy: DeployConfig, backend: str = "workers") -> Any:
     raise UsageError(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
 
 
-def deploy_backend(
-    path: str | Path, backend: str = "workers", probe: DeviceProbe | None = None
-) -> tuple[Any, Any]:
-    """(ScoringBackend, ServiceConfig) for `rewardplane serve --deploy PATH [--backend ray]`."""
+def load_deploy(path: str | Path, probe: DeviceProbe | None = None) -> tuple[DeployConfig, Any]:
+    """(DeployConfig, ServiceConfig) of a deploy file, checked whole before anything starts."""
     p = Path(path)
     if not p.is_file():
         raise UsageError(f"deploy file {p} does not exist")
     deploy = load_deploy_config(p, probe)
-    config = service_config(deploy)
+    return deploy, service_config(deploy)
+
+
+def deploy_backend(
+    path: str | Path, backend: str = "workers", probe: DeviceProbe | None = None
+) -> tuple[Any, Any]:
+    """(ScoringBackend, ServiceConfig) for `rewardplane serve --deploy PATH [--backend ray]`."""
+    deploy, config = load_deploy(path, probe)
     return build_backend(deploy, backend), config

@@ -10,6 +10,12 @@
 The index array is drawn in row chunks, exactly (the chunked draw is the single-call array
 element for element): `core/resample.py`, which the audit stream's statistics share.
 
+An interval never leaves the statistic's range: the percentile interval of a plain mean lies
+within its values by construction, but a weighted score written as the mean of rescaled values
+(eval/benchmarks/common.py) can draw replicates beyond it on a few rows, so its callers pass
+`bounds` (the range the statistic can take) and `ci_95` / `lower_95` are clipped to it
+(`clipped` in the block says whether that happened).
+
 The paired version resamples the same indices for both models and bootstraps the per-pair
 difference B − A, which is what makes "B is better than A" a defensible, paired statement.
 """
@@ -38,16 +44,22 @@ def _means_sha256(means: np.ndarray) -> str:
     return hashlib.sha256(memoryview(np.ascontiguousarray(means, dtype="<f8"))).hexdigest()
 
 
-def _interval_block(point: float, means: np.ndarray, threshold: float) -> dict[str, Any]:
-    lower_95 = float(np.percentile(means, 5))
-    low, high = np.percentile(means, [2.5, 97.5])
-    return {
+def _interval_block(
+    point: float, means: np.ndarray, threshold: float, bounds: tuple[float, float] | None = None
+) -> dict[str, Any]:
+    raw = [float(np.percentile(means, 5)), *(float(v) for v in np.percentile(means, [2.5, 97.5]))]
+    lower_95, low, high = (min(max(v, bounds[0]), bounds[1]) for v in raw) if bounds else raw
+    block = {
         "point": point,
         "lower_95": lower_95,
-        "ci_95": [float(low), float(high)],
+        "ci_95": [low, high],
         "pass_threshold": threshold,
         "pass": bool(lower_95 > threshold),
     }
+    if bounds is not None:
+        block["bounds"] = list(bounds)
+        block["clipped"] = [lower_95, low, high] != raw
+    return block
 
 
 def _header(method: str, statistic: str, seed: int, replicates: int, n: int) -> dict[str, Any]:
@@ -70,16 +82,18 @@ def bootstrap_mean(
     replicates: int = DEFAULT_REPLICATES,
     threshold: float = 0.5,
     chunk_rows: int | None = None,
+    bounds: tuple[float, float] | None = None,
 ) -> dict[str, Any]:
     """The bootstrap block for the mean of a per-pair statistic (e.g. 1.0/0.0 correctness).
 
     `pass` means the one-sided 95% lower bound clears `threshold` (0.5: better than chance).
     `lower_95` is the 5th percentile — a one-sided bound, not the lower end of `ci_95`.
+    `bounds`: the statistic's range, which the interval is clipped to.
     """
     stat = as_statistic(values, statistic)
     means, index_sha256 = replicate_means(stat, seed=seed, replicates=replicates, chunk_rows=chunk_rows)
     block = _header(METHOD, statistic, seed, replicates, stat.size)
-    block.update(_interval_block(float(stat.mean()), means, threshold))
+    block.update(_interval_block(float(stat.mean()), means, threshold, bounds))
     block["index_sha256"] = index_sha256
     block["means_sha256"] = _means_sha256(means)
     return block
@@ -93,6 +107,7 @@ def paired_bootstrap(
     seed: int = DEFAULT_SEED,
     replicates: int = DEFAULT_REPLICATES,
     chunk_rows: int | None = None,
+    bounds: tuple[float, float] | None = None,
 ) -> dict[str, Any]:
     """Paired bootstrap of mean(b) − mean(a): every replicate resamples the same pairs for both.
 
@@ -107,7 +122,7 @@ def paired_bootstrap(
     diff = stat_b - stat_a
     means, index_sha256 = replicate_means(diff, seed=seed, replicates=replicates, chunk_rows=chunk_rows)
     block = _header(METHOD_PAIRED, f"{statistic} difference (B - A)", seed, replicates, diff.size)
-    block.update(_interval_block(float(diff.mean()), means, 0.0))
+    block.update(_interval_block(float(diff.mean()), means, 0.0, bounds))
     block["p_b_greater"] = float(np.mean(means > 0))
     block["index_sha256"] = index_sha256
     block["means_sha256"] = _means_sha256(means)

@@ -180,13 +180,14 @@ BENCHMARK_COMPARISON_SCHEMA = "rewardplane.eval.benchmark_comparison/1"
 
 def _benchmark_difference(
     name: str, correct_a: np.ndarray, correct_b: np.ndarray, v_a: np.ndarray, v_b: np.ndarray, *,
-    statistic: str, seed: int, replicates: int,
+    statistic: str, seed: int, replicates: int, bounds: tuple[float, float],
 ) -> dict[str, Any]:  # fmt: skip
     a_only = int(np.sum(correct_a & ~correct_b))
     b_only = int(np.sum(~correct_a & correct_b))
     block = bootstrap.paired_bootstrap(
-        v_a, v_b, statistic=f"{name}: {statistic}", seed=seed, replicates=replicates
-    )
+        v_a, v_b, statistic=f"{name}: {statistic}", seed=seed, replicates=replicates,
+        bounds=bounds,
+    )  # fmt: skip
     return {
         "n_pairs": int(v_a.size),
         "accuracy_a": float(v_a.mean()),
@@ -235,6 +236,7 @@ def compare_examples(
     order = _align(keyed, keyed_b, str(path_a), str(path_b))
     rows_b = [rows_b[j] for j in order]
     module = get(bench_a)
+    ranges = getattr(module, "RANGES", {})
     subsets = [r["subset"] for r in rows_a]
     correct_a = np.array([r["correct"] for r in rows_a], dtype=bool)
     correct_b = np.array([r["correct"] for r in rows_b], dtype=bool)
@@ -251,6 +253,7 @@ def compare_examples(
             aggregates[agg.name] = _benchmark_difference(
                 agg.name, correct_a[mask], correct_b[mask], wa, wb,
                 statistic=agg.statistic, seed=seed, replicates=replicates,
+                bounds=common.difference_range(common.weighted_range(agg.weights, ranges)),
             )  # fmt: skip
     per_subset: dict[str, Any] = {}
     for name in sorted(sizes):
@@ -266,6 +269,7 @@ def compare_examples(
             statistic="value",
             seed=seed,
             replicates=replicates,
+            bounds=common.difference_range(common.subset_range(name, ranges)),
         )
     return {
         "schema": BENCHMARK_COMPARISON_SCHEMA,

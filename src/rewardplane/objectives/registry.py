@@ -123,14 +123,15 @@ def load_pair_scorer(path: str | Path, **options: Any):
     return OBJECTIVES[objective].resolve("load_scorer")(path, **options)
 
 
-def export_hf(checkpoint: str | Path, out: str | Path) -> dict[str, Any]:
-    """`rewardplane export hf`: the checkpoint's objective's exporter, into a new directory."""
+def export_hf(checkpoint: str | Path, out: str | Path, *, overwrite: bool = False) -> dict[str, Any]:
+    """`rewardplane export hf`: the checkpoint's objective's exporter, into a new directory (or,
+    with `overwrite`, which the CLI asks the user for: core/outputs.py, replacing `out` whole)."""
     from rewardplane.core.errors import UsageError
     from rewardplane.models.export import ExportError
     from rewardplane.models.loading import read_metadata
 
     checkpoint, out = Path(checkpoint), Path(out)
-    if out.exists():
+    if out.exists() and not overwrite:
         raise UsageError(f"{out} already exists; choose a new output directory")
     objective = read_metadata(checkpoint).get("objective")
     if objective not in OBJECTIVES:

@@ -127,7 +127,8 @@ class ScorerLifecycle:
             if self.state == DRAINING:
                 raise ServeError(
                     "draining",
-                    f"scorer {self.name!r} is draining (admission stopped)",
+                    f"scorer {self.name!r} is draining (admission stopped; POST /v1/lifecycle/onload,"
+                    " or client.onload(), admits again)",
                     retry_after=RETRY_AFTER_S,
                 )
             if self.state == ONLOADING:  # already on its way back: wait for it, bounded by the onload

@@ -277,8 +277,11 @@ def interrupt_report(exc: TrainingInterrupted, resume_command: str) -> str:
     else:
         saved = int(ckpt.STEP_RE.match(last.name).group(1))
         lost = max(0, exc.step - saved)
-        lines.append(
-            f"  last checkpoint: {last} (step {saved}); the {lost} steps since it will be trained again"
+        again = (
+            "nothing is lost"
+            if lost == 0
+            else f"the {lost} step{'s' if lost > 1 else ''} since it will be trained again"
         )
+        lines.append(f"  last checkpoint: {last} (step {saved}); {again}")
     lines.append(f"  resume with: {resume_command}")
     return "\n".join(lines)

@@ -95,9 +95,11 @@ def test_unirl_policy_version_and_openrlhf_extra_logs_reach_the_audit():
         assert logs["audit/alarm/decorrelation"] == [0.0]
 
 
-def test_without_an_audit_section_there_is_no_route():
+def test_without_an_audit_section_the_route_says_so():
     with LiveServer(make_config(SCORERS)) as live:
-        assert httpx.get(f"{live.url}/v1/audit").status_code == 404
+        r = httpx.get(f"{live.url}/v1/audit")
+        assert r.status_code == 404 and r.json()["code"] == "not_found"
+        assert "no `audit:` section" in r.json()["message"]
         r = httpx.post(f"{live.url}/get_reward", params={"scorer": "len"}, json={"query": ["a b"]})
         assert r.json()["extra_logs"] == {"len": [3.0]}
 

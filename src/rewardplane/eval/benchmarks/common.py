@@ -27,6 +27,7 @@ EXAMPLES_FILE = "examples.jsonl"
 SUMMARY_SCHEMA = "rewardplane.eval.benchmark/1"
 EXAMPLE_SCHEMA_KEYS = ("id", "subset", "chosen_scores", "rejected_scores", "correct", "value")
 WORST_PAIRS = 10
+RANGE = (0.0, 1.0)  # a subset's statistic (1/0, 1/k, a cell mean) unless its module's RANGES says otherwise
 TEXT_PREVIEW_CHARS = 1500
 
 
@@ -57,6 +58,24 @@ def aggregate_values(
     return mask, v
 
 
+def subset_range(name: str, ranges: dict[str, tuple[float, float]]) -> tuple[float, float]:
+    """The range subset `name`'s mean can take: its interval is clipped to it."""
+    return ranges.get(name, RANGE)
+
+
+def weighted_range(weights: dict[str, float], ranges: dict[str, tuple[float, float]]) -> tuple[float, float]:
+    """The range of Σ_s w_s · mean_s: its rescaled per-example values can resample beyond it."""
+    return (
+        sum(w * subset_range(s, ranges)[0] for s, w in weights.items()),
+        sum(w * subset_range(s, ranges)[1] for s, w in weights.items()),
+    )
+
+
+def difference_range(bounds: tuple[float, float]) -> tuple[float, float]:
+    """The range of B − A for two statistics that each lie in `bounds`."""
+    return (bounds[0] - bounds[1], bounds[1] - bounds[0])
+
+
 def statistics_block(
     records: list[dict[str, Any]],
     subset_statistics: Sequence[str],
@@ -65,8 +84,11 @@ def statistics_block(
     *,
     seed: int,
     replicates: int,
+    ranges: dict[str, tuple[float, float]] | None = None,
 ) -> dict[str, Any]:
-    """Per-subset and aggregate numbers, each with its bootstrap block."""
+    """Per-subset and aggregate numbers, each with its bootstrap block, its interval within the
+    number's range (`ranges`: a subset's, where it is not [0, 1])."""
+    ranges = ranges or {}
     subsets = [r["subset"] for r in records]
     per_subset: dict[str, Any] = {}
     for name in sorted(set(subsets)):
@@ -75,8 +97,9 @@ def statistics_block(
         for stat in subset_statistics:
             values = np.array([r[stat] for r in rows], dtype=np.float64)
             block = bootstrap.bootstrap_mean(
-                values, statistic=f"{name}: {stat}", seed=seed, replicates=replicates, threshold=chance
-            )
+                values, statistic=f"{name}: {stat}", seed=seed, replicates=replicates, threshold=chance,
+                bounds=subset_range(name, ranges),
+            )  # fmt: skip
             entry[stat] = block["point"]
             entry[f"bootstrap_{stat}" if stat != "value" else "bootstrap"] = block
         per_subset[name] = entry
@@ -88,7 +111,7 @@ def statistics_block(
             continue
         block = bootstrap.bootstrap_mean(
             v, statistic=f"{agg.name} (weighted per-example value)", seed=seed, replicates=replicates,
-            threshold=agg.threshold,
+            threshold=agg.threshold, bounds=weighted_range(agg.weights, ranges),
         )  # fmt: skip
         per_aggregate[agg.name] = {
             "statistic": agg.statistic,

@@ -33,6 +33,16 @@ MATCHED = (
     "xstest-should-respond 250) and SUBSET_MAPPING, utils.calculate_scores_per_section; dataset "
     "allenai/reward-bench split 'filtered' (2,985 rows)"
 )
+# where --data comes from (docs/benchmarks.md#getting-the-data): nothing here downloads it
+SOURCE = {
+    "dataset": "allenai/reward-bench (Hugging Face), split filtered, revision main (unpinned upstream:"
+    " data_sha256 in summary.json records what was measured)",
+    "fetch": 'python -c "import datasets; datasets.load_dataset('
+    "'allenai/reward-bench', split='filtered', revision='main')"
+    ".to_parquet('reward-bench-filtered.parquet')\"",
+    "file": "reward-bench-filtered.parquet",
+    "sample": "tests/eval/fixtures/rewardbench.jsonl",
+}
 REQUIRED = ("id", "prompt", "chosen", "rejected", "subset")
 CHANCE = 0.5
 HEADLINE = "score"

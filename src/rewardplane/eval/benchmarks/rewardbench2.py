@@ -42,6 +42,16 @@ MATCHED = (
     "reroll_and_score_dataset with the 1/k penalty for tied top scores, _compute_prompt_stats, "
     "process_single_model for Ties) and scripts/run_v2.py; dataset allenai/reward-bench-2 split 'test'"
 )
+# where --data comes from (docs/benchmarks.md#getting-the-data): nothing here downloads it
+SOURCE = {
+    "dataset": "allenai/reward-bench-2 (Hugging Face), split test, revision main (unpinned upstream:"
+    " data_sha256 in summary.json records what was measured)",
+    "fetch": 'python -c "import datasets; datasets.load_dataset('
+    "'allenai/reward-bench-2', split='test', revision='main')"
+    ".to_parquet('reward-bench-2.parquet')\"",
+    "file": "reward-bench-2.parquet",
+    "sample": "tests/eval/fixtures/rewardbench2.jsonl",
+}
 REQUIRED = ("id", "prompt", "chosen", "rejected", "subset", "num_correct")
 CHANCE = 0.25
 HEADLINE = "score"
@@ -49,6 +59,8 @@ SUBSET_STATISTICS = ("value",)
 TIES = "ties"
 TIE_WEIGHTS = {"tied_accuracy": 0.30, "ref_accuracy": 0.30, "preferred": 0.20, "preferred_hard": 0.20}
 MARGIN_WEIGHT = 0.01
+# the Ties score's range: its four weighted terms in [0, 1] plus 0.01 · a mean tanh in (-1, 1)
+RANGES = {"Ties": (-MARGIN_WEIGHT, 1.0 + MARGIN_WEIGHT)}
 
 
 def is_ties(subset: str) -> bool:

@@ -41,6 +41,15 @@ MATCHED = (
     "upper-right, normal = diagonal, easy = lower-left; easy / normal / hard and the average = the mean "
     "over the four domains chat, math, code, safety*); dataset THU-KEG/RM-Bench total_dataset.json"
 )
+# where --data comes from (docs/benchmarks.md#getting-the-data): nothing here downloads it
+SOURCE = {
+    "dataset": "THU-KEG/RM-Bench (GitHub) data/total_dataset.json at commit 73c52d7, the one scoring is"
+    " matched against",
+    "fetch": "curl -L -o total_dataset.json"
+    " https://raw.githubusercontent.com/THU-KEG/RM-Bench/73c52d7/data/total_dataset.json",
+    "file": "total_dataset.json",
+    "sample": "tests/eval/fixtures/rmbench.json",
+}
 REQUIRED = ("id", "prompt", "chosen", "rejected", "domain")
 CHANCE = 0.5
 HEADLINE = "average"

@@ -345,7 +345,7 @@ def _statistics(
         subset_sizes[item.subset] = subset_sizes.get(item.subset, 0) + 1
     return common.statistics_block(
         rows, module.SUBSET_STATISTICS, module.aggregates(subset_sizes), module.CHANCE,
-        seed=options.seed, replicates=options.replicates,
+        seed=options.seed, replicates=options.replicates, ranges=getattr(module, "RANGES", {}),
     )  # fmt: skip
 
 

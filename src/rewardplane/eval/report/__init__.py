@@ -28,6 +28,7 @@ from rewardplane.core.hashing import sha256_file
 from rewardplane.eval.artifacts import PAIRS_FILE, SUMMARY_FILE, load_summary, read_pairs
 from rewardplane.eval.report.audit import AUDIT_FILE, audit_page, audit_section, read_audit
 from rewardplane.eval.report.benchmark import benchmark_report
+from rewardplane.eval.report.comparison import COMPARISON_FILE, comparison_report
 from rewardplane.eval.report.figures import (
     calibration_png,
     calibration_table,
@@ -66,9 +67,18 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
         raw = json.loads(top.read_text(encoding="utf-8"))
         if raw.get("schema") in (BENCHMARK_SCHEMA, legacy.BENCHMARK_SUMMARY_SCHEMA):
             return benchmark_report(run, out, raw)
+    if (run / COMPARISON_FILE).is_file():  # written by `rewardplane compare`
+        return comparison_report(run, out)
     audit = run / AUDIT_FILE  # a reward service's audit snapshot (docs/audit.md)
     if audit.is_file() and not (run / "metrics.jsonl").is_file() and not collect_evals(run):
         return audit_page(audit, out)
+    if not (run / "metrics.jsonl").is_file() and not collect_evals(run) and not audit.is_file():
+        raise UsageError(
+            f"{run}: nothing to report (no metrics.jsonl, eval/step-*/summary.json, summary.json,"
+            f" {COMPARISON_FILE} or {AUDIT_FILE}): give a training run, or a folder `rewardplane eval`,"
+            " `compare` or the audit wrote",
+            code="nothing_to_report",
+        )
     page = Page()
     hashes: list[list[str]] = []
 
@@ -157,11 +167,8 @@ def _latest_evaluation_sections(page: Page, evals: list) -> list[list[str]]:
     )
     data_section(page, summary.get("data"))
     bias = pairs_length_bias(pairs)
-    if bias is not None:
+    if bias is not None:  # `rewardplane eval` records token lengths; training's evaluations do not
         length_bias_section(page, bias, label)
-    else:
-        page.add("Length bias", "No token lengths in pairs.jsonl (written by `rewardplane eval`).",
-                 "<p>No token lengths in pairs.jsonl (written by <code>rewardplane eval</code>).</p>")  # fmt: skip
     throughput_path = path / "throughput.json"
     if throughput_path.is_file():
         throughput_section(page, json.loads(throughput_path.read_text(encoding="utf-8")))

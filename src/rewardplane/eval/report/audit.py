@@ -79,6 +79,8 @@ def audit_png(
     (x = each closed bin's newest version); vertical lines where each alarm first fired, and
     grey dotted ones at `marks` (label → version)."""
     plt = pyplot()
+    from matplotlib.ticker import MaxNLocator
+
     bins = body.get("bins", [])
     signatures = [s for s in body.get("signatures", []) if any(b["signatures"][s]["count"] for b in bins)]
     panels = 3 + bool(signatures)
@@ -129,6 +131,7 @@ def audit_png(
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="best")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # versions are whole numbers
     axes[-1].set_xlabel("policy version (newest version of each bin); bands: 95% intervals")
     fig.suptitle("Audit: proxy vs auditors over policy versions", fontsize=10)
     fig.tight_layout()
@@ -163,6 +166,19 @@ def _headline(body: dict[str, Any]) -> str:
     return sentence + f"Alarms: {first}; {now}."
 
 
+def _not_yet(body: dict[str, Any]) -> str:
+    """Why `overoptimization` has no row yet: it compares the last `window` bins with the `window`
+    before them, so it is decided from the 2·window-th closed bin on."""
+    rule = body.get("settings", {}).get("alarms", {}).get("overoptimization", {})
+    window, bins = rule.get("window"), len(body.get("bins", []))
+    if not rule.get("enabled", True) or window is None or bins >= 2 * window:
+        return ""
+    return (
+        f" overoptimization has no row yet: it compares the last {window} closed bins with the {window}"
+        f" before them, so it is decided from bin {2 * window} on (this audit has {bins})."
+    )
+
+
 def audit_section(page: Page, body: dict[str, Any]) -> None:
     """Add the audit's headline, figure and tables to `page`."""
     headline = _headline(body)
@@ -181,9 +197,12 @@ def audit_section(page: Page, body: dict[str, Any]) -> None:
             rows.append([alarm, subject, "yes" if entry.get("firing") else "no",
                          fmt(entry["first_fired_versions"][1]) if entry.get("first_fired_versions") else "–",
                          str(len(entry.get("fired_bins", []))), ", ".join(last.get("by", [])) or "–"])  # fmt: skip
+    caption = "Rules and their false-alarm rates: docs/audit.md." + _not_yet(body)
     if rows:
         add_table(page, "Alarms", ["alarm", "subject", "firing", "first fired at version", "bins fired", "by"], rows,
-                  "Rules and their false-alarm rates: docs/audit.md.")  # fmt: skip
+                  caption)  # fmt: skip
+    elif _not_yet(body):
+        page.add("Alarms", caption.strip(), f"<p>{html.escape(caption.strip())}</p>")
     table = []
     for b in body.get("bins", [])[-30:]:
         cells = [

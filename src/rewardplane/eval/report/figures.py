@@ -66,14 +66,17 @@ def eval_curve_png(evals: list[tuple[int, dict[str, Any]]]) -> bytes:
     points = np.array([b["point"] for b in strict])
     low = np.array([b["ci_95"][0] for b in strict])
     high = np.array([b["ci_95"][1] for b in strict])
+    # two evaluations (run.eval_every: 0: step 0 and the last) are points: a line between them would
+    # draw a path the run was never measured on
+    joined = len(steps) >= 3
     ax.errorbar(
         steps, points, yerr=[points - low, high - points], color="C0", marker="o", capsize=4,
-        label="accuracy (strict), 95% interval",
+        linestyle="-" if joined else "none", label="accuracy (strict), 95% interval",
     )  # fmt: skip
     tie_aware = [summary["accuracy_tie_aware"] for _, summary in evals]
     ax.plot(
-        steps, tie_aware, color="C1", marker="o", markersize=10, fillstyle="none", linestyle="--", zorder=3,
-        label="accuracy (tie-aware)",
+        steps, tie_aware, color="C1", marker="o", markersize=10, fillstyle="none", zorder=3,
+        linestyle="--" if joined else "none", label="accuracy (tie-aware)",
     )  # fmt: skip
     ax.axhline(0.5, color="grey", linewidth=1, linestyle=":", label="chance (0.5)")
     ax.set_xlabel("training step")
@@ -157,8 +160,11 @@ def calibration_png(table: list[dict[str, Any]], step_label: str) -> bytes:
     return png(fig)
 
 
-def forest_png(rows: list[tuple[str, float, float, float, int]], chance: float, title: str) -> bytes:
-    """One line per (label, point, low, high, n): the point and its 95% interval, chance dotted."""
+def forest_png(
+    rows: list[tuple[str, float, float, float, int]], chance: float, title: str, reference: str = "chance"
+) -> bytes:
+    """One line per (label, point, low, high, n): the point and its 95% interval, `reference` dotted.
+    The dotted line is named in the axis label, not a legend, which would cover a bar."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.0, 0.9 + 0.42 * len(rows)))
     ys = np.arange(len(rows))[::-1]
@@ -166,16 +172,16 @@ def forest_png(rows: list[tuple[str, float, float, float, int]], chance: float, 
         bold = label.startswith("(") or label == rows[0][0]
         ax.plot([low, high], [y, y], color="C0" if not bold else "C3", linewidth=2.2 if bold else 1.6)
         ax.plot([point], [y], marker="D" if bold else "o", color="C0" if not bold else "C3", markersize=7)
-    ax.axvline(chance, color="grey", linestyle=":", linewidth=1, label=f"chance ({chance:g})")
+    ax.axvline(chance, color="grey", linestyle=":", linewidth=1)
     ax.set_yticks(ys, [f"{label}  (n={n})" for label, _, _, _, n in rows], fontsize=8)
     lows = [r[2] for r in rows] + [chance]
     highs = [r[3] for r in rows] + [chance]
     pad = 0.05 * max(1e-3, max(highs) - min(lows))
     ax.set_xlim(min(lows) - pad, max(highs) + pad)
-    ax.set_xlabel("score, with its 95% bootstrap interval")
+    ax.set_ylim(-0.6, len(rows) - 0.4)
+    ax.set_xlabel(f"with its 95% bootstrap interval; dotted line: {reference} ({chance:g})")
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3, axis="x")
-    ax.legend(fontsize=8, loc="lower right")
     return png(fig)
 
 

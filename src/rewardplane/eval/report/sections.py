@@ -66,8 +66,9 @@ def collect_evals(run: Path) -> list[tuple[int | None, Path]]:
 
 
 def data_section(page: Page, data: dict[str, Any] | None) -> None:
+    """The data counts of an evaluation; nothing when its summary has none (a training run's
+    evaluations count their data in the run's manifest, not here)."""
     if not data:
-        page.add("Data", "No data section in this summary.", "<p>No data section in this summary.</p>")
         return
     rows = [["rows read", fmt(data.get("rows"))], ["scored", fmt(data.get("valid"))],
             ["rejected", fmt(data.get("rejected"))]]  # fmt: skip

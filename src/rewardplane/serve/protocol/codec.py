@@ -179,7 +179,8 @@ def read_items(path: str | Path, *, bad: list[tuple[int, str]] | None = None) ->
         ids.add(item.id)
         items.append(item)
     if not items:
-        raise UsageError(f"{path}: no items" + (f" ({len(bad)} bad lines)" if bad else ""))
+        bad_lines = f" ({len(bad)} bad line{'' if len(bad) == 1 else 's'})" if bad else ""
+        raise UsageError(f"{path}: no items{bad_lines}")
     return items
 
 

@@ -47,8 +47,7 @@ def service_routers(ctx: RouteContext) -> list[APIRouter]:
         routers.append(deployment_router(ctx))
     if lifecycle.serves_lifecycle(ctx):
         routers.append(lifecycle.lifecycle_router(ctx))
-    if ctx.audit is not None:
-        routers.append(audit_router(ctx))
+    routers.append(audit_router(ctx))  # without an audit section: a 404 that says so
     return [*routers, health_router(ctx), metrics_router(ctx)]
 
 
