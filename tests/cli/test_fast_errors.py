@@ -29,12 +29,18 @@ def commands(tmp) -> list[list[str]]:
     config = f"{tmp}/service.yaml"
     with open(config, "w") as handle:
         handle.write("scorers: [{name: len, kind: length, optoins: {}}]\n")
+    train = f"{tmp}/train.yaml"
+    with open(train, "w") as handle:
+        handle.write("model: {tiny: tiny-llama}\nrun: {max_step: 3}\n")  # the unknown key `max_step`
     taken = f"{tmp}/taken"
     os.makedirs(taken)
     open(f"{taken}/x", "w").close()
     return [
         ["train", "rm", "--config", "nope.yaml"],
         ["train", "dpo", "--config", "nope.yaml"],
+        ["train", "rm", "--config", train],  # the unknown key run.max_step
+        ["train", "dpo", "--config", train, "run.max_step=null", "optim.lr=fast"],  # still max_step
+        ["train", "rm", "nokey=1"],
         ["eval", "--model", "nope", "--probe", "p.json", "--data", "d.jsonl", "--out", f"{tmp}/o1"],
         ["eval", "--model", f"{tmp}", "--probe", config, "--data", "d.jsonl", "--out", f"{tmp}/o2"],
         ["eval", "--model", "nope", "--benchmark", "rewardbench2", "--data", "d.parquet", "--out", f"{tmp}/o3"],

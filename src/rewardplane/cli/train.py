@@ -63,13 +63,14 @@ def resume_command(args: argparse.Namespace) -> str:
 def _train(args: argparse.Namespace) -> int:
     from rewardplane.core.errors import RewardplaneError, UsageError
     from rewardplane.train.config import load_objective_config
-    from rewardplane.train.recipe import run
-    from rewardplane.train.resume import TrainingInterrupted, interrupt_report
 
     if args.debug:
         os.environ["REWARDPLANE_DEBUG"] = "1"
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    cfg = load_objective_config(args.objective_name, args.config, args.overrides)
+    cfg = load_objective_config(args.objective_name, args.config, args.overrides)  # before torch
+    from rewardplane.train.recipe import run
+    from rewardplane.train.resume import TrainingInterrupted, interrupt_report
+
     try:
         result = run(cfg, resume=args.resume, allow_new_data=args.allow_new_data, overwrite=args.overwrite)
     except TrainingInterrupted as exc:

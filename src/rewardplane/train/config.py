@@ -29,19 +29,15 @@ from rewardplane.core.config import (
 from rewardplane.data.config import DataConfig, SynthConfig
 from rewardplane.models.config import LoraConfig, ModelConfig
 from rewardplane.objectives import registry
-from rewardplane.objectives.reward_model import RewardModelSettings
 
 __all__ = [
     "BaseTrainConfig",
-    "DPOTrainConfig",
     "DataConfig",
     "LoraConfig",
-    "LossConfig",
     "ModelConfig",
     "OptimConfig",
     "RunConfig",
     "SynthConfig",
-    "TrainConfig",
     "apply_overrides",
     "config_model",
     "dump_yaml",
@@ -137,12 +133,33 @@ def config_model(objective: str) -> type[BaseTrainConfig]:
     return model
 
 
-TrainConfig = config_model("reward_model")
-"""`rewardplane train rm`'s config (the name tests, benchmarks and `from_dict` callers use)."""
-DPOTrainConfig = config_model("dpo")
-"""`rewardplane train dpo`'s config: the shared sections plus `dpo:` (docs/dpo.md)."""
-LossConfig = RewardModelSettings
-"""The reward model's `loss:` section (`rewardplane.objectives.reward_model.RewardModelSettings`)."""
+_DERIVED = {
+    "TrainConfig": lambda: config_model("reward_model"),  # `rewardplane train rm`'s config
+    "DPOTrainConfig": lambda: config_model("dpo"),  # the shared sections plus `dpo:` (docs/dpo.md)
+    "LossConfig": lambda: registry.spec("reward_model").resolve("settings"),  # the RM's `loss:` section
+}
+
+
+def __getattr__(name: str) -> Any:
+    """`TrainConfig`, `DPOTrainConfig`, `LossConfig`: built on first use, since an objective's
+    settings model lives beside its torch code, and a config error must not wait for torch."""
+    if name in _DERIVED:
+        value = _DERIVED[name]()
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+@functools.cache
+def _shared_sections_model(objective: str) -> type[BaseTrainConfig]:
+    """The config with the objective's own section taken as a plain mapping: every other key is
+    checked by it without importing the objective (or torch)."""
+    return create_model(
+        "SharedSectionsConfig",
+        __base__=BaseTrainConfig,
+        __module__=__name__,
+        **{registry.spec(objective).section: (dict[str, Any], Field(default_factory=dict))},
+    )
 
 
 def load_objective_config(
@@ -151,14 +168,16 @@ def load_objective_config(
     """`objective`'s config from a YAML file and dotted overrides, after its checks on what was
     written (a default cannot tell "not given" from "given as the default")."""
     data = read_config_data(path, overrides)
+    parse(_shared_sections_model(objective), data)  # unknown keys and bad values, before torch
     spec = registry.spec(objective)
     if spec.check_written is not None:
         spec.resolve("check_written")(data)
     return parse(config_model(objective), data)
 
 
-def load_config(path: str | Path | None, overrides: Sequence[str] = (), cls: type = TrainConfig) -> Any:
-    return load(cls, path, overrides)
+def load_config(path: str | Path | None, overrides: Sequence[str] = (), cls: type | None = None) -> Any:
+    """`cls` (default: the reward model's `TrainConfig`) from a YAML file and dotted overrides."""
+    return load(cls or config_model("reward_model"), path, overrides)
 
 
 def load_dpo_config(path: str | Path | None, overrides: Sequence[str] = ()) -> BaseTrainConfig:
