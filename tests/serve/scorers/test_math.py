@@ -225,3 +225,27 @@ def test_through_http_with_info():
         info = next(s for s in httpx.get(server.url + "/v1/scorers").json()["scorers"] if s["name"] == "math")
         assert info["kind"] == "math"
         assert "math-verify" in info["extra"]["backend"] and info["extra"]["limits"]["timeout_s"] == 1.0
+
+
+def test_a_composites_inline_math_component_shares_the_hosted_scorers_pool(scorer):
+    """Issue 47 item 8: one math pool a configuration, not one a scorer; another configuration
+    (here another timeout) gets its own, and the pool outlives its first user's close."""
+    from rewardplane.serve.execution import shared
+    from rewardplane.serve.scorers.composite import CompositeScorer
+
+    options = {"workers": 2, "spares": 1, "timeout_s": TIMEOUT_S}
+    composite = CompositeScorer(
+        "comp", options={"components": [{"name": "m", "kind": "math", "options": options}]}
+    )
+    other = MathScorer("slow", options={**options, "timeout_s": TIMEOUT_S * 2})
+    composite.load()
+    other.load()
+    try:
+        (inline,) = composite.scorers
+        assert inline.pool is scorer.pool and shared.users(scorer.pool) == 2
+        assert other.pool is not scorer.pool and shared.users(other.pool) == 1
+    finally:
+        composite.close()
+        other.close()
+    assert shared.users(scorer.pool) == 1
+    assert scorer.score_batch([item("\\boxed{4}", "4")]) == [1.0]

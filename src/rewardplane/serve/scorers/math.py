@@ -28,6 +28,7 @@ from pydantic import Field, model_validator
 
 from rewardplane.core.config import FieldError
 from rewardplane.core.errors import ConfigError
+from rewardplane.serve.execution import shared
 from rewardplane.serve.execution.procpool import DeadlinePool
 from rewardplane.serve.protocol import ItemError, ScoreItem
 from rewardplane.serve.scorers.base import Scorer
@@ -282,16 +283,13 @@ class MathScorer(Scorer):
             max_memory_mb=o.max_memory_mb,
             depth=o.depth,
         )
-        try:
-            pool.start()
-        except BaseException:
-            pool.close()
-            raise
-        self.pool = pool
+        # one pool per configuration in the process: a composite's inline math component with
+        # these options shares the hosted scorer's workers instead of starting its own
+        self.pool = shared.acquire(pool)
 
     def close(self) -> None:
         if self.pool is not None:
-            self.pool.close()
+            shared.release(self.pool)
             self.pool = None
 
     def score_batch(self, items: list[ScoreItem]) -> list[float | ItemError]:
