@@ -166,8 +166,11 @@ def hostile_programs(tmp_path: Path, port: int) -> dict[str, str]:
         "loop": "while True:\n    pass",
         "fork_bomb": "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
         "alloc_10gb": "x = bytearray(10 * 1024**3)\nprint(len(x))",
-        "output_100mb": "import sys\nsys.stdout.write('x' * 100_000_000)",
-        "big_file": "open('/tmp/big', 'wb').write(b'x' * (100 << 20))",
+        # floods written in chunks, as a runaway print loop writes: each passes its cap within a
+        # few writes, so a loaded machine cannot turn it into a timeout (a 100 MB string built
+        # first could take longer than the 1 s limit while the fork bomb shares the cores)
+        "output_100mb": "import sys\nfor _ in range(1600):\n    sys.stdout.write('x' * 65536)",
+        "big_file": "f = open('/tmp/big', 'wb')\nfor _ in range(100):\n    f.write(b'x' * (1 << 20))",
         "write_outside": (
             f"for p in [{str(tmp_path / 'escape.txt')!r}, {str(Path.cwd() / 'ESCAPE_FROM_SANDBOX')!r}]:\n"
             "    try:\n        open(p, 'w').write('x')\n    except OSError as e:\n        print(type(e).__name__)\n"
