@@ -104,7 +104,10 @@ def test_http_whole_server_and_body_forms_and_bad_requests(server):
 def test_http_drain_finishes_in_flight_and_refuses_new_work(server):
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         in_flight = pool.submit(score, server, ["d"])
-        time.sleep(0.1)
+        deadline = time.monotonic() + 30  # admitted, not merely sent: a loaded machine is slow to send
+        while state(server)["scorers"]["d"].get("in_flight", 0) == 0 and not in_flight.done():
+            assert time.monotonic() < deadline, "the first request never reached the scorer"
+            time.sleep(0.01)
         drain = pool.submit(act, server, "drain", {"scorer": "d", "timeout_s": "10"})
         time.sleep(0.1)
         refused = score(server, ["d"])
