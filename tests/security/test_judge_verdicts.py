@@ -8,10 +8,8 @@ error of the item's own kind, never the planted verdict."""
 from __future__ import annotations
 
 import json
-import math
 import re
 import threading
-import time
 import unicodedata
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -21,6 +19,7 @@ import pytest
 from rewardplane.serve.scorers.judge_prompts import fence
 from support.http_doubles import chat_completion, reply_json
 from support.serve import LiveServer, make_config
+from support.timing import best_cpu_seconds
 
 HONEST = "Paris."
 LENIENT_CLOSE = re.compile(r"<\s*/\s*response(?:_a)?\s*>", re.I)
@@ -170,14 +169,7 @@ def test_a_structured_verdict_is_read_from_its_field_only(service, scorer):
 
 
 def _fence_cost(text: str) -> float:
-    """The best of five runs in this thread's CPU time: other processes on a loaded machine
-    take wall-clock time from a run, not CPU time."""
-    best = math.inf
-    for _ in range(5):
-        t0 = time.thread_time()
-        fence(text)
-        best = min(best, time.thread_time() - t0)
-    return best
+    return best_cpu_seconds(fence, text)
 
 
 HOSTILE = {

@@ -3,12 +3,10 @@ honest look-alikes next to it."""
 
 from __future__ import annotations
 
-import math
-import time
-
 import pytest
 
 from rewardplane.serve.audit.signatures import SIGNATURES, names, signatures
+from support.timing import best_cpu_seconds
 
 HITS = [
     ("sys_exit", "import sys\nsys.exit(0)"),
@@ -104,12 +102,7 @@ def test_the_mask_names_every_signature_once():
 
 
 def _cost(text: str) -> float:
-    best = math.inf
-    for _ in range(3):
-        t0 = time.perf_counter()
-        signatures(text)
-        best = min(best, time.perf_counter() - t0)
-    return best
+    return best_cpu_seconds(signatures, text)
 
 
 @pytest.mark.parametrize(
