@@ -44,6 +44,7 @@ class FakeJudge(BaseHTTPRequestHandler):
 
     def reply(self, status: int, obj: dict | None = None, headers: dict | None = None) -> None:
         data = json.dumps(obj or {"error": {"message": "x"}}).encode()
+        self.leave()  # before the bytes go: the client may send its next request the moment they land
         self.send_response(status)
         for k, v in (headers or {}).items():
             self.send_header(k, v)
@@ -60,11 +61,18 @@ class FakeJudge(BaseHTTPRequestHandler):
             cls.max_in_flight = max(cls.max_in_flight, cls.in_flight)
             cls.stamps.append(time.monotonic())
             cls.bodies.append(body)
+        self.counted = True
         try:
             self.answer(body)
         finally:
-            with cls.lock:
-                cls.in_flight -= 1
+            self.leave()
+
+    def leave(self) -> None:
+        """This request stops counting as in flight (once)."""
+        with FakeJudge.lock:
+            if getattr(self, "counted", False):
+                self.counted = False
+                FakeJudge.in_flight -= 1
 
     def answer(self, body):
         assert self.path == "/v1/chat/completions" and body["model"] == "fake-judge"

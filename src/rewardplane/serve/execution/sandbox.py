@@ -98,6 +98,7 @@ class _Waiter:
         self.pid: int | None = None
         self.code: int | None = None
         self.failure: str | None = None
+        self.ctl: socket.socket | None = None  # the zygote's control socket this run was sent on
 
 
 class LocalSandbox:
@@ -198,15 +199,16 @@ class LocalSandbox:
                 data = ctl.recv(1 << 16)
             except OSError:
                 data = b""
-            if not data:
+            if not data:  # only this zygote's runs fail: a successor may already be running others
                 with self._lock:
                     if self._ctl is ctl:
                         self._ctl = None
-                    waiters = list(self._waiters.values())
+                    waiters = [w for w in self._waiters.values() if w.ctl is ctl]
                 for w in waiters:
                     w.failure = w.failure or "the sandbox zygote exited"
                     w.started.set()
                     w.exited.set()
+                ctl.close()
                 return
             msg = json.loads(data)
             with self._lock:
@@ -237,6 +239,18 @@ class LocalSandbox:
             except Exception:
                 self._proc.kill()
 
+    def _live_ctl(self) -> socket.socket:
+        """The control socket of a zygote that is running (call with the lock held). A zygote that
+        has exited is replaced here, by the run that finds it dead, not when the reader thread gets
+        round to its EOF: on a loaded machine that thread may not run before many runs are tried."""
+        if self._ctl is not None and self._proc.poll() is not None:
+            old, self._ctl = self._ctl, None
+            with contextlib.suppress(OSError):
+                old.shutdown(socket.SHUT_RDWR)  # its reader fails the dead zygote's runs and closes it
+        if self._ctl is None:
+            self.start()
+        return self._ctl
+
     def run(self, job: dict[str, Any], timeout_s: float | None = None) -> RunResult:
         """Run one job (the module docstring's shapes) under a fresh per-run secret. A `calls`
         job's tests go to the unit (its evaluator) on a pipe of their own; the program's process
@@ -256,9 +270,7 @@ class LocalSandbox:
         w = _Waiter()
         still_open = {*payloads, out_r, res_r}
         with self._lock:
-            if self._ctl is None:
-                self.start()
-            ctl = self._ctl
+            ctl = w.ctl = self._live_ctl()
             self._next_id += 1
             job_id = self._next_id
             self._waiters[job_id] = w
