@@ -136,6 +136,10 @@ def test_token_accounting_reaches_the_metrics():
     assert metrics.tokens.labels("len", "computed")._value.get() == 5
 
 
+GATE_S = 60.0
+"""How long a gated batch waits for its gate: far beyond any wait a test makes while it is shut."""
+
+
 class GateScorer(Scorer):
     """Scores 1.0; a batch holding 'slow' waits until `gate` opens (a batch's slowest item)."""
 
@@ -157,13 +161,16 @@ class GateScorer(Scorer):
 
     def score_batch(self, items: list[ScoreItem]) -> list[float]:
         if any(i.response == "slow" for i in items):
-            assert self.gate.wait(10), "the gate was never opened"
+            assert self.gate.wait(GATE_S), "the gate was never opened"
         return [1.0] * len(items)
 
 
-async def _fast_done_while_slow_runs(scorer: GateScorer, loaded_concurrency: int | None = None) -> bool:
-    """Whether a fast item is scored while a slow batch runs; `loaded_concurrency`: what the
-    scorer's `concurrent_batches` becomes after the batcher was made (what `load` decides)."""
+async def _fast_done_while_slow_runs(
+    scorer: GateScorer, loaded_concurrency: int | None = None, within_s: float = 20.0
+) -> bool:
+    """Whether a fast item is scored while a slow batch runs (waiting up to `within_s`, well
+    inside the gate's GATE_S, so a closed gate can never let it through); `loaded_concurrency`:
+    what the scorer's `concurrent_batches` becomes after the batcher was made (what `load` decides)."""
     batcher = DynamicBatcher(scorer, max_batch_size=1, max_wait_ms=1, max_queue=100)
     if loaded_concurrency is not None:
         scorer.concurrent_batches = loaded_concurrency  # type: ignore[misc]
@@ -172,7 +179,7 @@ async def _fast_done_while_slow_runs(scorer: GateScorer, loaded_concurrency: int
         slow = asyncio.ensure_future(batcher.submit([ScoreItem(id="s", prompt="", response="slow")]))
         await asyncio.sleep(0.05)  # the slow batch is in the scorer
         fast = asyncio.ensure_future(batcher.submit([ScoreItem(id="f", prompt="", response="fast")]))
-        done, _ = await asyncio.wait([fast], timeout=1.0)
+        done, _ = await asyncio.wait([fast], timeout=within_s)
         scorer.gate.set()
         assert await slow == [1.0] and await fast == [1.0]
         return bool(done)
@@ -185,13 +192,13 @@ def test_a_scorer_with_concurrent_batches_gets_the_next_batch_while_one_runs():
 
 
 def test_a_model_scorer_gets_one_batch_at_a_time():
-    assert not run(_fast_done_while_slow_runs(GateScorer(concurrent_batches=1)))
+    assert not run(_fast_done_while_slow_runs(GateScorer(concurrent_batches=1), within_s=1.0))
 
 
 def test_a_scorer_with_a_free_concurrent_slot_does_not_wait_for_the_batch_window():
-    async def one(concurrent_batches: int) -> float:
+    async def one(concurrent_batches: int, window_ms: int) -> float:
         scorer = GateScorer(concurrent_batches)
-        batcher = DynamicBatcher(scorer, max_batch_size=64, max_wait_ms=300, max_queue=100)
+        batcher = DynamicBatcher(scorer, max_batch_size=64, max_wait_ms=window_ms, max_queue=100)
         batcher.start()
         try:
             t0 = asyncio.get_running_loop().time()
@@ -200,8 +207,8 @@ def test_a_scorer_with_a_free_concurrent_slot_does_not_wait_for_the_batch_window
         finally:
             await batcher.stop()
 
-    assert run(one(2)) < 0.2  # at once
-    assert run(one(1)) >= 0.29  # a model scorer still waits to fill its batch
+    assert run(one(2, 60_000)) < 30.0  # at once: far inside a one-minute window, however loaded
+    assert run(one(1, 300)) >= 0.29  # a model scorer still waits to fill its batch
 
 
 def test_concurrent_batches_is_read_once_the_scorer_is_loaded():
@@ -224,7 +231,7 @@ class ThreadStatsScorer(LengthScorer):
 
     def score_prepared(self, batch: list[Any]) -> list[float]:
         if list("slow") in batch:
-            assert self.gate.wait(10), "the gate was never opened"
+            assert self.gate.wait(GATE_S), "the gate was never opened"
         self.local.stats = {"real": sum(map(len, batch)), "computed": sum(map(len, batch))}
         return super().score_prepared(batch)
 
@@ -278,7 +285,7 @@ class DeviceQueueScorer(LengthScorer):
 
     def score_prepared(self, batch: list[Any]) -> list[float]:
         if list("slow") in batch:
-            assert self.gate.wait(10), "the gate was never opened"
+            assert self.gate.wait(GATE_S), "the gate was never opened"
         return super().score_prepared(batch)
 
 
@@ -298,7 +305,8 @@ async def _trickle_behind_a_slow_batch(scorer: DeviceQueueScorer, budget: int, o
         if open_after:
             scorer.gate.set()
         # the estimate says the device is busy for seconds more: the batch goes when it frees
-        assert await asyncio.wait_for(asyncio.gather(*small), 1.0) == [[2.0]] * 3
+        # (or, with the budget full, while it runs: well inside the gate's GATE_S)
+        assert await asyncio.wait_for(asyncio.gather(*small), 20.0) == [[2.0]] * 3
         scorer.gate.set()
         assert await slow == [4.0]
     finally:
