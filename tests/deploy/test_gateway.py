@@ -63,7 +63,7 @@ def test_kill_minus_9_under_load_loses_items_not_scores_and_restarts():
             in_flight = [asyncio.ensure_future(gw.score("slow", items(4, f"s{r}-"))) for r in range(6)]
             await asyncio.sleep(0.2)
             os.kill(slow_pid, signal.SIGKILL)
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + 60
             while gw.ready()[0]:  # the kill is seen (connection EOF) before the loop below may end
                 assert time.monotonic() < deadline
                 await asyncio.sleep(0.01)
@@ -240,7 +240,7 @@ def test_killing_the_supervisor_takes_workers_and_mps_down(fake_mps, tmp_path):
     assert all(pid_alive(p) for p in state["pids"])
     sup.send_signal(signal.SIGKILL)
     sup.wait()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120
     # the watchdog removes the pipe and run dirs, then the log dir: wait for all three
     while any(os.path.exists(state[d]) for d in ("pipe", "run", "log")) or any(
         pid_alive(p) for p in state["pids"]

@@ -236,7 +236,7 @@ def test_with_a_token_every_v1_route_needs_it_and_health_stays_open(tmp_path, so
         )
     from rewardplane.bench.server import running_server
 
-    with running_server(args, tmp_path, env=env, ready_timeout_s=120) as url:
+    with running_server(args, tmp_path, env=env, ready_timeout_s=300) as url:
         assert secret not in " ".join(server_process(url).cmdline())  # nothing in `ps`
         auth = {"authorization": f"Bearer {secret}"}
         body = {"scorers": ["len"], "items": [{"id": "a", "response": "abc"}]}
