@@ -46,7 +46,9 @@ async def _until(cond, timeout=30.0):
 
 
 def test_kill_minus_9_under_load_loses_items_not_scores_and_restarts():
-    gw = GatewayBackend(parse_deploy_config(deploy_doc(), CPU), settings=FAST)
+    # a 2 s batch: the kill lands while the first request's batch runs, however late this loop
+    # wakes on a loaded machine (with 0.4 s, a late wake-up found that request answered)
+    gw = GatewayBackend(parse_deploy_config(deploy_doc(slow_delay=2.0), CPU), settings=FAST)
 
     async def go():
         await gw.start()
@@ -61,7 +63,7 @@ def test_kill_minus_9_under_load_loses_items_not_scores_and_restarts():
             assert await gw.score("fast", items(3, image=b"\x00\x01")) == [3.0, 4.0, 5.0]
 
             in_flight = [asyncio.ensure_future(gw.score("slow", items(4, f"s{r}-"))) for r in range(6)]
-            await asyncio.sleep(0.2)
+            await _until(lambda: gw.queue_depths()["slow"] == 24)  # all sent to the worker
             os.kill(slow_pid, signal.SIGKILL)
             deadline = time.monotonic() + 60
             while gw.ready()[0]:  # the kill is seen (connection EOF) before the loop below may end
