@@ -151,7 +151,9 @@ def test_metrics_queue_depth_counts_items_at_the_worker_until_answered():
         try:
             assert depth("slow") == depth("fast") == 0
             pending = [asyncio.ensure_future(gw.score("slow", items(4, f"r{r}-"))) for r in range(3)]
-            await asyncio.sleep(0.1)  # each batch of 4 takes 1 s: all 12 items are still out
+            # one turn of the loop: each request counts its items before its first await, and
+            # no 1 s batch can have ended yet (a 0.1 s sleep could wake after one on a loaded machine)
+            await asyncio.sleep(0)
             assert depth("slow") == 12 and depth("fast") == 0
             assert 'rewardplane_queue_depth{scorer="slow"} 12.0' in generate_latest(metrics.registry).decode()
             results = await asyncio.gather(*pending)
