@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 from rewardplane.eval.benchmarks.runner import BENCHMARKS
+from rewardplane.objectives.registry import OBJECTIVES
 from support.docs import ROOT
 
 RUNNER = """
@@ -49,6 +50,7 @@ def commands(tmp) -> list[list[str]]:
         ["train", "rm", "nokey=1"],
         ["train", "rm", "--config", loss],  # the unknown key loss.bogus
         ["train", "dpo", "--config", dpo],  # the unknown key dpo.bogus
+        *(["train", o.command, f"{o.section}.bogus=1"] for o in OBJECTIVES.values()),  # every objective's own
         ["train", "dpo", "dpo.beta=0"],  # a bad value in the objective's section
         ["train", "dpo", "dpo.reference.bogus=1"],
         ["train", "dpo", "model.lora.r=8"],  # LoRA without a stated reference (check_written)
