@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any, ClassVar
 
 from rewardplane.serve.batcher import DynamicBatcher
@@ -281,21 +282,32 @@ class DeviceQueueScorer(LengthScorer):
         import threading
 
         super().__init__()
-        self.gate = threading.Event()
+        self.gate, self.slow_running = threading.Event(), threading.Event()
 
     def score_prepared(self, batch: list[Any]) -> list[float]:
         if list("slow") in batch:
+            self.slow_running.set()
             assert self.gate.wait(GATE_S), "the gate was never opened"
         return super().score_prepared(batch)
 
 
+async def _until(condition, ceiling_s: float = 30.0) -> None:
+    """Until `condition()` holds (items are prepared on threads: late on a loaded machine)."""
+    deadline = time.monotonic() + ceiling_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.005)
+
+
 async def _trickle_behind_a_slow_batch(scorer: DeviceQueueScorer, budget: int, open_after: bool) -> None:
     batcher = DynamicBatcher(scorer, max_batch_size=64, max_wait_ms=1, max_queue=100, token_budget=budget)
-    batcher._device.per_token = 1.0  # learnt: the running batch holds the device for seconds
+    batcher._device.per_token = 100.0  # learnt: the running batch holds the device for minutes
     batcher.start()
     try:
         slow = asyncio.ensure_future(batcher.submit([ScoreItem(id="s", prompt="", response="slow")]))
-        await asyncio.sleep(0.05)
+        # the slow batch is in the scorer before the others arrive (a 0.05 s sleep was not always:
+        # items are prepared on threads, and a late one went out with the slow item)
+        await _until(scorer.slow_running.is_set)
         small = []
         for k in range(3):  # requests arriving one by one while the device is busy
             small.append(
@@ -303,6 +315,7 @@ async def _trickle_behind_a_slow_batch(scorer: DeviceQueueScorer, budget: int, o
             )
             await asyncio.sleep(0.03)
         if open_after:
+            await _until(lambda: batcher.depth == 3)  # all three wait behind the busy device
             scorer.gate.set()
         # the estimate says the device is busy for seconds more: the batch goes when it frees
         # (or, with the budget full, while it runs: well inside the gate's GATE_S)
