@@ -141,6 +141,14 @@ GATE_S = 60.0
 """How long a gated batch waits for its gate: far beyond any wait a test makes while it is shut."""
 
 
+async def _until(condition, ceiling_s: float = 30.0) -> None:
+    """Until `condition()` holds (items are prepared on threads: late on a loaded machine)."""
+    deadline = time.monotonic() + ceiling_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.005)
+
+
 class GateScorer(Scorer):
     """Scores 1.0; a batch holding 'slow' waits until `gate` opens (a batch's slowest item)."""
 
@@ -152,7 +160,7 @@ class GateScorer(Scorer):
 
         super().__init__("gate", max_batch_size=1, max_wait_ms=1)
         self.concurrent_batches = concurrent_batches  # type: ignore[misc]
-        self.gate = threading.Event()
+        self.gate, self.slow_running = threading.Event(), threading.Event()
 
     def load(self) -> None:
         pass
@@ -162,6 +170,7 @@ class GateScorer(Scorer):
 
     def score_batch(self, items: list[ScoreItem]) -> list[float]:
         if any(i.response == "slow" for i in items):
+            self.slow_running.set()
             assert self.gate.wait(GATE_S), "the gate was never opened"
         return [1.0] * len(items)
 
@@ -178,7 +187,7 @@ async def _fast_done_while_slow_runs(
     batcher.start()
     try:
         slow = asyncio.ensure_future(batcher.submit([ScoreItem(id="s", prompt="", response="slow")]))
-        await asyncio.sleep(0.05)  # the slow batch is in the scorer
+        await _until(scorer.slow_running.is_set)  # the slow batch is in the scorer
         fast = asyncio.ensure_future(batcher.submit([ScoreItem(id="f", prompt="", response="fast")]))
         done, _ = await asyncio.wait([fast], timeout=within_s)
         scorer.gate.set()
@@ -289,14 +298,6 @@ class DeviceQueueScorer(LengthScorer):
             self.slow_running.set()
             assert self.gate.wait(GATE_S), "the gate was never opened"
         return super().score_prepared(batch)
-
-
-async def _until(condition, ceiling_s: float = 30.0) -> None:
-    """Until `condition()` holds (items are prepared on threads: late on a loaded machine)."""
-    deadline = time.monotonic() + ceiling_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached"
-        await asyncio.sleep(0.005)
 
 
 async def _trickle_behind_a_slow_batch(scorer: DeviceQueueScorer, budget: int, open_after: bool) -> None:
