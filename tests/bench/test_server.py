@@ -29,7 +29,7 @@ def write_deploy(tmp_path, mode="shared"):
 def test_serves_until_the_block_ends_then_stops(tmp_path):
     deploy = write_deploy(tmp_path)
     with running_server([], tmp_path / "w", command=FAKE, fields={"deploy": str(deploy)},
-                        ready_timeout_s=60, label="fake") as url:  # fmt: skip
+                        ready_timeout_s=300, label="fake") as url:  # fmt: skip
         assert httpx.get(url + "/v1/scorers").json()["scorers"][0]["name"] == "a"
     with pytest.raises(httpx.TransportError):
         httpx.get(url + "/health/ready", timeout=2.0)
@@ -107,7 +107,7 @@ def test_the_default_command_runs_the_real_rewardplane_serve(tmp_path):
     config = tmp_path / "service.yaml"
     config.write_text(yaml.safe_dump({"scorers": [{"name": "len", "kind": "length"}]}))
     with running_server(
-        ["--config", str(config), "--log-level", "warning"], tmp_path, ready_timeout_s=120
+        ["--config", str(config), "--log-level", "warning"], tmp_path, ready_timeout_s=300
     ) as url:
         body = {"scorers": ["len"], "items": [{"id": "x", "prompt": "p", "response": "abc"}]}
         assert httpx.post(url + "/v1/score", json=body).json()["results"][0]["scores"] == {"len": 3.0}

@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 from rewardplane.eval.benchmarks.runner import BENCHMARKS
+from rewardplane.objectives.registry import OBJECTIVES
 from support.docs import ROOT
 
 RUNNER = """
@@ -32,6 +33,12 @@ def commands(tmp) -> list[list[str]]:
     train = f"{tmp}/train.yaml"
     with open(train, "w") as handle:
         handle.write("model: {tiny: tiny-llama}\nrun: {max_step: 3}\n")  # the unknown key `max_step`
+    loss = f"{tmp}/loss.yaml"
+    with open(loss, "w") as handle:
+        handle.write("model: {tiny: tiny-llama}\nloss: {bogus: 1}\n")  # an objective's own section
+    dpo = f"{tmp}/dpo.yaml"
+    with open(dpo, "w") as handle:
+        handle.write("model: {tiny: tiny-llama}\ndpo: {bogus: 1}\n")
     taken = f"{tmp}/taken"
     os.makedirs(taken)
     open(f"{taken}/x", "w").close()
@@ -41,6 +48,12 @@ def commands(tmp) -> list[list[str]]:
         ["train", "rm", "--config", train],  # the unknown key run.max_step
         ["train", "dpo", "--config", train, "run.max_step=null", "optim.lr=fast"],  # still max_step
         ["train", "rm", "nokey=1"],
+        ["train", "rm", "--config", loss],  # the unknown key loss.bogus
+        ["train", "dpo", "--config", dpo],  # the unknown key dpo.bogus
+        *(["train", o.command, f"{o.section}.bogus=1"] for o in OBJECTIVES.values()),  # every objective's own
+        ["train", "dpo", "dpo.beta=0"],  # a bad value in the objective's section
+        ["train", "dpo", "dpo.reference.bogus=1"],
+        ["train", "dpo", "model.lora.r=8"],  # LoRA without a stated reference (check_written)
         ["eval", "--model", "nope", "--probe", "p.json", "--data", "d.jsonl", "--out", f"{tmp}/o1"],
         ["eval", "--model", f"{tmp}", "--probe", config, "--data", "d.jsonl", "--out", f"{tmp}/o2"],
         ["eval", "--model", "nope", "--benchmark", "rewardbench2", "--data", "d.parquet", "--out", f"{tmp}/o3"],

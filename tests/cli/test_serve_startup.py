@@ -14,7 +14,7 @@ def test_one_line_says_every_scorer_is_ready(tmp_path):
     (tmp_path / "service.yaml").write_text(
         "scorers:\n  - {name: len, kind: length}\n  - {name: em, kind: exact_match}\n"
     )
-    with running_server(["--config", str(tmp_path / "service.yaml")], tmp_path, ready_timeout_s=60) as url:
+    with running_server(["--config", str(tmp_path / "service.yaml")], tmp_path, ready_timeout_s=300) as url:
         pass
     lines = (tmp_path / "server.log").read_text().splitlines()
     ready = [line for line in lines if line.startswith("rewardplane: ready:")]

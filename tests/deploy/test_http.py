@@ -42,7 +42,7 @@ def test_http_api_over_workers(tmp_path):
     backend.settings.backoff_base_s = 3.0
     auth = {"authorization": "Bearer s3cret"}
     with TestClient(create_app(backend, config)) as client:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 300
         while client.get("/health/ready").status_code != 200:
             assert time.monotonic() < deadline
             time.sleep(0.1)
@@ -63,7 +63,7 @@ def test_http_api_over_workers(tmp_path):
         assert dep["worker_gpu"] == {"a": None, "len": None, "em": None} and dep["mps"] is None
 
         os.kill(next(w["pid"] for w in dep["workers"] if w["name"] == "a"), signal.SIGKILL)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while client.get("/health/ready").status_code == 200:
             assert time.monotonic() < deadline
             time.sleep(0.05)
@@ -108,7 +108,7 @@ def _timed_requests(client):
 
 
 def _wait_ready(client):
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 300
     while client.get("/health/ready").status_code != 200:
         assert time.monotonic() < deadline
         time.sleep(0.1)

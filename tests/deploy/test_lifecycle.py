@@ -76,7 +76,7 @@ def _parked_readiness(server) -> list[dict]:
         return r.json()
 
     # per_call offloads itself after idle_offload_s; under --deploy the gateway hears it on a heartbeat
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 120
     while ready()["scorers"]["idle"] != "offloaded":
         assert time.monotonic() < deadline, ready()
         time.sleep(0.1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import time
 
 import pytest
 import torch
@@ -81,10 +82,12 @@ def test_a_live_worker_writes_its_trace_after_serving_batches(tmp_path, monkeypa
     async def go():
         await gw.start()
         try:
-            for _ in range(40):
+            # until the worker has written its trace (its export is CPU work: slow on a loaded
+            # machine, where 40 quick tries ran out before it), with a ceiling
+            deadline = time.monotonic() + 120
+            while not list(tmp_path.glob("*.trace.json.gz")):
+                assert time.monotonic() < deadline, "no trace written"
                 assert await gw.score("fast", items(2)) == [1.0, 2.0]
-                if list(tmp_path.glob("*.trace.json.gz")):
-                    break
                 await asyncio.sleep(0.05)
         finally:
             await gw.stop()

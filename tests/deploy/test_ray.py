@@ -20,13 +20,17 @@ from rewardplane.serve.timing import RequestTiming, current_timing
 CPU = DeviceProbe(cuda_available=False, gpu_count=0, control_binary=None)
 
 
+SLOW_S = 3.0
+"""The slow scorer's batch: the window in which the replica is killed with every request in it."""
+
+
 def test_ray_backend_scores_batches_and_reports_lost_replicas(ray_env):
     doc = {
         "mode": "shared",
         "imports": ["support.deploy_fakes"],
         "ray": {"temp_dir": ray_env, "num_cpus": 0.25, "log_to_driver": False},
         "scorers": [
-            {"name": "slow", "kind": "rk_test_sleep", "max_batch_size": 4, "options": {"delay_s": 0.5}},
+            {"name": "slow", "kind": "rk_test_sleep", "max_batch_size": 4, "options": {"delay_s": SLOW_S}},
             {"name": "len", "kind": "length", "num_replicas": 2},
         ],
     }
@@ -46,7 +50,7 @@ def test_ray_backend_scores_batches_and_reports_lost_replicas(ray_env):
             current_timing.set(timing)
             assert await backend.score("slow", items) == [1.0, 2.0, 3.0]
             # the replica's timing and batch reach the headers and /metrics, as from a worker
-            assert 0.5 <= timing.inference_s < 5 and 0 <= timing.queue_s < 5, timing
+            assert SLOW_S <= timing.inference_s < 60 and 0 <= timing.queue_s < 60, timing
             batched = metrics.registry.get_sample_value("rewardplane_batch_size_count", {"scorer": "slow"})
             items_seen = metrics.registry.get_sample_value("rewardplane_batch_size_sum", {"scorer": "slow"})
             assert batched >= 1 and items_seen == 3
@@ -56,13 +60,19 @@ def test_ray_backend_scores_batches_and_reports_lost_replicas(ray_env):
             (pid,) = dep["scorers"][0]["replica_pids_seen"]
 
             pending = [asyncio.ensure_future(backend.score("slow", items)) for _ in range(3)]
-            await asyncio.sleep(0.3)
+            # killed once the replica holds all three (its own in_flight), inside the first
+            # batch's SLOW_S: a fixed 0.3 s could come before they arrived or, late, after the
+            # first request was answered
+            deadline = time.monotonic() + 60
+            while (await backend.lifecycle.state(timeout_s=30))["scorers"]["slow"]["in_flight"] < 3:
+                assert time.monotonic() < deadline, "the requests never reached the replica"
+                await asyncio.sleep(0.05)
             os.kill(pid, signal.SIGKILL)
             lost = await asyncio.gather(*pending)
             assert all(isinstance(r, ItemError) and r.code == "worker_lost" for rs in lost for r in rs)
             assert all(isinstance(r, float) for r in await backend.score("len", items))
 
-            deadline = time.monotonic() + 45
+            deadline = time.monotonic() + 300  # a ceiling: the replacement's start is the machine's speed
             while True:
                 await asyncio.sleep(0.3)
                 if backend.ready()[0]:

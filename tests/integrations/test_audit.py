@@ -112,7 +112,7 @@ def test_audit_metrics_is_the_flat_dict_verl_and_openrlhf_log(audited):
         items = [{"id": str(i), "prompt": "p", "response": "x" * (i + 1), "metadata": {"policy_version": version}}
                  for i in range(5)]  # fmt: skip
         httpx.post(f"{audited.url}/v1/score", json={"scorers": ["len"], "items": items}).raise_for_status()
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 120
     while not audit_body(audited.url)["bins"]:
         assert time.monotonic() < deadline
         time.sleep(0.05)

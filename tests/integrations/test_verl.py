@@ -155,7 +155,7 @@ def test_the_rollouts_step_and_data_source_reach_the_services_audit(tokenizer, t
         n = len(data)
         data.non_tensor_batch["tool_extra_fields"] = np.array([{"global_steps": 7}] * n, dtype=object)
         run(worker, worker.compute_score_batch(data))
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 120
         while (body := httpx.get(f"{live.url}/v1/audit").json())["counts"]["audited"] < n:
             assert time.monotonic() < deadline, body["counts"]
             time.sleep(0.05)

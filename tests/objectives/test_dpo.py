@@ -15,8 +15,9 @@ from rewardplane.data.records import TokenizedBranch, TokenizedPair
 from rewardplane.models.policy import batch_logps
 from rewardplane.models.reference import parameter_digest
 from rewardplane.models.tiny import tiny_config
-from rewardplane.objectives.dpo import DPOSettings, ReferenceSettings, check_lora, dpo_metrics
+from rewardplane.objectives.dpo import dpo_metrics
 from rewardplane.objectives.dpo_reference import ReferenceCacheError, precompute_reference, tokenized_digest
+from rewardplane.objectives.dpo_settings import DPOSettings, ReferenceSettings, check_lora
 
 VOCAB = 89
 

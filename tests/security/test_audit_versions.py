@@ -34,7 +34,7 @@ def post(url: str, batch: list[dict]) -> None:
 
 
 def settled(url: str, audited: int) -> dict:
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 120
     while True:
         body = httpx.get(f"{url}/v1/audit").json()
         if body["counts"]["audited"] >= audited and body["queue_depth"] == 0:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any, ClassVar
 
 from rewardplane.serve.batcher import DynamicBatcher
@@ -136,6 +137,18 @@ def test_token_accounting_reaches_the_metrics():
     assert metrics.tokens.labels("len", "computed")._value.get() == 5
 
 
+GATE_S = 60.0
+"""How long a gated batch waits for its gate: far beyond any wait a test makes while it is shut."""
+
+
+async def _until(condition, ceiling_s: float = 30.0) -> None:
+    """Until `condition()` holds (items are prepared on threads: late on a loaded machine)."""
+    deadline = time.monotonic() + ceiling_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.005)
+
+
 class GateScorer(Scorer):
     """Scores 1.0; a batch holding 'slow' waits until `gate` opens (a batch's slowest item)."""
 
@@ -147,7 +160,7 @@ class GateScorer(Scorer):
 
         super().__init__("gate", max_batch_size=1, max_wait_ms=1)
         self.concurrent_batches = concurrent_batches  # type: ignore[misc]
-        self.gate = threading.Event()
+        self.gate, self.slow_running = threading.Event(), threading.Event()
 
     def load(self) -> None:
         pass
@@ -157,22 +170,26 @@ class GateScorer(Scorer):
 
     def score_batch(self, items: list[ScoreItem]) -> list[float]:
         if any(i.response == "slow" for i in items):
-            assert self.gate.wait(10), "the gate was never opened"
+            self.slow_running.set()
+            assert self.gate.wait(GATE_S), "the gate was never opened"
         return [1.0] * len(items)
 
 
-async def _fast_done_while_slow_runs(scorer: GateScorer, loaded_concurrency: int | None = None) -> bool:
-    """Whether a fast item is scored while a slow batch runs; `loaded_concurrency`: what the
-    scorer's `concurrent_batches` becomes after the batcher was made (what `load` decides)."""
+async def _fast_done_while_slow_runs(
+    scorer: GateScorer, loaded_concurrency: int | None = None, within_s: float = 20.0
+) -> bool:
+    """Whether a fast item is scored while a slow batch runs (waiting up to `within_s`, well
+    inside the gate's GATE_S, so a closed gate can never let it through); `loaded_concurrency`:
+    what the scorer's `concurrent_batches` becomes after the batcher was made (what `load` decides)."""
     batcher = DynamicBatcher(scorer, max_batch_size=1, max_wait_ms=1, max_queue=100)
     if loaded_concurrency is not None:
         scorer.concurrent_batches = loaded_concurrency  # type: ignore[misc]
     batcher.start()
     try:
         slow = asyncio.ensure_future(batcher.submit([ScoreItem(id="s", prompt="", response="slow")]))
-        await asyncio.sleep(0.05)  # the slow batch is in the scorer
+        await _until(scorer.slow_running.is_set)  # the slow batch is in the scorer
         fast = asyncio.ensure_future(batcher.submit([ScoreItem(id="f", prompt="", response="fast")]))
-        done, _ = await asyncio.wait([fast], timeout=1.0)
+        done, _ = await asyncio.wait([fast], timeout=within_s)
         scorer.gate.set()
         assert await slow == [1.0] and await fast == [1.0]
         return bool(done)
@@ -185,13 +202,13 @@ def test_a_scorer_with_concurrent_batches_gets_the_next_batch_while_one_runs():
 
 
 def test_a_model_scorer_gets_one_batch_at_a_time():
-    assert not run(_fast_done_while_slow_runs(GateScorer(concurrent_batches=1)))
+    assert not run(_fast_done_while_slow_runs(GateScorer(concurrent_batches=1), within_s=1.0))
 
 
 def test_a_scorer_with_a_free_concurrent_slot_does_not_wait_for_the_batch_window():
-    async def one(concurrent_batches: int) -> float:
+    async def one(concurrent_batches: int, window_ms: int) -> float:
         scorer = GateScorer(concurrent_batches)
-        batcher = DynamicBatcher(scorer, max_batch_size=64, max_wait_ms=300, max_queue=100)
+        batcher = DynamicBatcher(scorer, max_batch_size=64, max_wait_ms=window_ms, max_queue=100)
         batcher.start()
         try:
             t0 = asyncio.get_running_loop().time()
@@ -200,8 +217,8 @@ def test_a_scorer_with_a_free_concurrent_slot_does_not_wait_for_the_batch_window
         finally:
             await batcher.stop()
 
-    assert run(one(2)) < 0.2  # at once
-    assert run(one(1)) >= 0.29  # a model scorer still waits to fill its batch
+    assert run(one(2, 60_000)) < 30.0  # at once: far inside a one-minute window, however loaded
+    assert run(one(1, 300)) >= 0.29  # a model scorer still waits to fill its batch
 
 
 def test_concurrent_batches_is_read_once_the_scorer_is_loaded():
@@ -224,7 +241,7 @@ class ThreadStatsScorer(LengthScorer):
 
     def score_prepared(self, batch: list[Any]) -> list[float]:
         if list("slow") in batch:
-            assert self.gate.wait(10), "the gate was never opened"
+            assert self.gate.wait(GATE_S), "the gate was never opened"
         self.local.stats = {"real": sum(map(len, batch)), "computed": sum(map(len, batch))}
         return super().score_prepared(batch)
 
@@ -274,21 +291,24 @@ class DeviceQueueScorer(LengthScorer):
         import threading
 
         super().__init__()
-        self.gate = threading.Event()
+        self.gate, self.slow_running = threading.Event(), threading.Event()
 
     def score_prepared(self, batch: list[Any]) -> list[float]:
         if list("slow") in batch:
-            assert self.gate.wait(10), "the gate was never opened"
+            self.slow_running.set()
+            assert self.gate.wait(GATE_S), "the gate was never opened"
         return super().score_prepared(batch)
 
 
 async def _trickle_behind_a_slow_batch(scorer: DeviceQueueScorer, budget: int, open_after: bool) -> None:
     batcher = DynamicBatcher(scorer, max_batch_size=64, max_wait_ms=1, max_queue=100, token_budget=budget)
-    batcher._device.per_token = 1.0  # learnt: the running batch holds the device for seconds
+    batcher._device.per_token = 100.0  # learnt: the running batch holds the device for minutes
     batcher.start()
     try:
         slow = asyncio.ensure_future(batcher.submit([ScoreItem(id="s", prompt="", response="slow")]))
-        await asyncio.sleep(0.05)
+        # the slow batch is in the scorer before the others arrive (a 0.05 s sleep was not always:
+        # items are prepared on threads, and a late one went out with the slow item)
+        await _until(scorer.slow_running.is_set)
         small = []
         for k in range(3):  # requests arriving one by one while the device is busy
             small.append(
@@ -296,9 +316,11 @@ async def _trickle_behind_a_slow_batch(scorer: DeviceQueueScorer, budget: int, o
             )
             await asyncio.sleep(0.03)
         if open_after:
+            await _until(lambda: batcher.depth == 3)  # all three wait behind the busy device
             scorer.gate.set()
         # the estimate says the device is busy for seconds more: the batch goes when it frees
-        assert await asyncio.wait_for(asyncio.gather(*small), 1.0) == [[2.0]] * 3
+        # (or, with the budget full, while it runs: well inside the gate's GATE_S)
+        assert await asyncio.wait_for(asyncio.gather(*small), 20.0) == [[2.0]] * 3
         scorer.gate.set()
         assert await slow == [4.0]
     finally:

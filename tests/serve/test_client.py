@@ -342,7 +342,7 @@ def test_rewardplane_serve_subprocess_binds_loopback_and_reads_token_from_env(tm
 
     (tmp_path / "service.yaml").write_text("scorers:\n  - {name: len, kind: length}\n")
     args = ["--config", str(tmp_path / "service.yaml"), "--log-level", "warning"]
-    with running_server(args, tmp_path, env={"REWARDPLANE_TOKEN": "envtok"}, ready_timeout_s=60) as url:
+    with running_server(args, tmp_path, env={"REWARDPLANE_TOKEN": "envtok"}, ready_timeout_s=300) as url:
         with RewardClient(url, token="envtok") as c:
             assert c.score([{"id": "a", "response": "abc"}], ["len"])[0].scores == {"len": 3.0}
         assert httpx.post(url + "/v1/score", json={"scorers": ["len"], "items": []}).status_code == 401

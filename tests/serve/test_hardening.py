@@ -174,19 +174,19 @@ def test_a_workers_queue_full_keeps_its_retry_after_through_the_deploy_transport
 # ------------------------------------------------------------------ a scorer that cannot load: exit 2
 
 
-def _serve_exit(tmp_path, args: list[str]) -> tuple[int, str, float]:
+def _serve_exit(tmp_path, args: list[str]) -> tuple[int, str]:
+    """`rewardplane serve` that must exit by itself: its exit code and output. A hang fails on
+    the subprocess's ceiling (a loaded machine's start-up can take minutes: no time is asserted)."""
     import subprocess
     import sys
-    import time
 
     from rewardplane.bench.server import free_port
 
-    started = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-m", "rewardplane", "serve", *args, "--port", str(free_port())],
-        capture_output=True, text=True, timeout=120, cwd=tmp_path, stdin=subprocess.DEVNULL,
+        capture_output=True, text=True, timeout=600, cwd=tmp_path, stdin=subprocess.DEVNULL,
     )  # fmt: skip
-    return proc.returncode, proc.stderr + proc.stdout, time.monotonic() - started
+    return proc.returncode, proc.stderr + proc.stdout
 
 
 @pytest.mark.parametrize("mode", ["config", "deploy"])
@@ -198,14 +198,13 @@ def test_a_scorer_that_cannot_load_exits_2_with_one_line(tmp_path, mode):
     else:
         (tmp_path / "s.yaml").write_text("mode: dedicated\ngpus: []\n" + scorers)
         args = ["--deploy", "s.yaml"]
-    code, out, took = _serve_exit(tmp_path, args)
+    code, out = _serve_exit(tmp_path, args)
     assert code == 2, out[-2000:]
     last = out.strip().splitlines()[-1]
     assert last.startswith("rewardplane: error: scorer 'rm' (path /nonexistent/model) failed to load: "), last
     assert "not a directory" in last
     assert "Traceback" not in out
-    assert took < 60
-    code, out, _ = _serve_exit(tmp_path, [*args, "--debug"])
+    code, out = _serve_exit(tmp_path, [*args, "--debug"])
     assert code == 2 and "Traceback" in out  # --debug shows where it failed
 
 
@@ -214,8 +213,8 @@ def test_a_scorer_that_cannot_load_exits_2_with_one_line(tmp_path, mode):
 
 def test_token_on_argv_is_refused_with_a_hint(tmp_path):
     (tmp_path / "s.yaml").write_text(RULES_YAML)
-    code, out, took = _serve_exit(tmp_path, ["--config", "s.yaml", "--token", "s3cret"])
-    assert code == 2 and took < 30
+    code, out = _serve_exit(tmp_path, ["--config", "s.yaml", "--token", "s3cret"])
+    assert code == 2
     last = out.strip().splitlines()[-1]
     assert "REWARDPLANE_TOKEN" in last and "--token-file" in last and "s3cret" not in out, out
 
@@ -237,7 +236,7 @@ def test_with_a_token_every_v1_route_needs_it_and_health_stays_open(tmp_path, so
         )
     from rewardplane.bench.server import running_server
 
-    with running_server(args, tmp_path, env=env, ready_timeout_s=120) as url:
+    with running_server(args, tmp_path, env=env, ready_timeout_s=300) as url:
         assert secret not in " ".join(server_process(url).cmdline())  # nothing in `ps`
         auth = {"authorization": f"Bearer {secret}"}
         body = {"scorers": ["len"], "items": [{"id": "a", "response": "abc"}]}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
@@ -91,8 +92,16 @@ class GatedDecoder(CountingDecoder):
     def decode(self, blobs):
         self.calls += 1
         if self.calls <= 2:
-            assert self.gate.wait(10)
+            assert self.gate.wait(60)
         return super().decode(blobs)
+
+    async def until_calls(self, n: int, ceiling_s: float = 30.0) -> None:
+        """Until a drainer thread has made its `n`th call (a thread starts late on a loaded
+        machine: a fixed sleep let two requests reach one drainer)."""
+        deadline = time.monotonic() + ceiling_s
+        while self.calls < n:
+            assert time.monotonic() < deadline, f"{self.calls} decode calls, waiting for {n}"
+            await asyncio.sleep(0.005)
 
 
 def test_requests_arriving_while_every_drainer_is_busy_are_decoded_together():
@@ -102,10 +111,9 @@ def test_requests_arriving_while_every_drainer_is_busy_are_decoded_together():
 
     async def go():
         held = []
-        for b in blobs[:2]:  # on the CPU two decode calls run at once: one per request here
+        for n, b in enumerate(blobs[:2], 1):  # on the CPU two decode calls run at once: one per request
             held.append(shared.hold(b))
-            await asyncio.sleep(0.05)
-        assert inner.calls == 2
+            await inner.until_calls(n)  # its drainer is in its call before the next request comes
         held += [shared.hold(b) for b in blobs[2:]]  # both drainers busy: these three queue
         inner.gate.set()
         await asyncio.gather(*(shared.ready(h) for h in held))
@@ -129,9 +137,9 @@ def test_closing_wakes_requests_whose_images_were_never_decoded():
     first, second, third = (i.image for i in requests(1, 3)[0])
 
     async def go():
-        for blob in (first, second):  # both drainers block in their calls
+        for n, blob in enumerate((first, second), 1):  # both drainers block in their calls
             shared.hold([blob])
-            await asyncio.sleep(0.05)
+            await inner.until_calls(n)
         waiting = shared.hold([third])  # queued behind them
         shared.close()
         await asyncio.wait_for(shared.ready(waiting), 5)  # woken, not hung

@@ -141,7 +141,7 @@ def serve_in_thread(app: FastAPI) -> Iterator[str]:
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 120  # a ceiling for a starved machine
     while not server.started:
         if time.monotonic() > deadline:
             raise RuntimeError("fake server did not start")

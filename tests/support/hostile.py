@@ -153,5 +153,5 @@ def served(tmp_path: Path, yaml_text: str, *, env: dict[str, str] | None = None)
 
     cfg = tmp_path / "service.yaml"
     cfg.write_text(yaml_text)
-    with running_server(["--config", str(cfg)], tmp_path, env=env, ready_timeout_s=120) as url:
+    with running_server(["--config", str(cfg)], tmp_path, env=env, ready_timeout_s=300) as url:
         yield url

@@ -120,7 +120,7 @@ class LiveServer:
         *,
         backend: Any = None,
         wait_ready: bool = True,
-        ready_timeout_s: float = 60,
+        ready_timeout_s: float = 300,
     ) -> None:
         self.config = config
         self.ready_timeout_s = ready_timeout_s
@@ -135,17 +135,32 @@ class LiveServer:
         self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self._sock]}, daemon=True)
 
     def __enter__(self) -> LiveServer:
+        """Waits for the condition, not for a time: until /health/ready says 200, failing at once
+        on a scorer whose start failed (it never becomes ready) and otherwise only after
+        `ready_timeout_s`, a ceiling for a starved machine (a Ray start on two busy cores took
+        over 240 s). A probe that times out is asked again: a loaded event loop is slow, not down."""
         self._thread.start()
         deadline = time.monotonic() + self.ready_timeout_s
         while not self.server.started:
             if time.monotonic() > deadline or not self._thread.is_alive():
                 raise RuntimeError("uvicorn did not start")
             time.sleep(0.01)
-        if self.wait_ready:
-            while httpx.get(self.url + "/health/ready").status_code != 200:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("service did not become ready")
-                time.sleep(0.05)
+        body: Any = None
+        while self.wait_ready:
+            try:
+                answer = httpx.get(self.url + "/health/ready", timeout=30)
+            except httpx.TransportError as exc:
+                body = repr(exc)
+            else:
+                if answer.status_code == 200:
+                    break
+                body = answer.json()
+                failed = {k: v for k, v in body.get("scorers", {}).items() if str(v).startswith("failed")}
+                if failed:
+                    raise RuntimeError(f"service cannot become ready: {failed}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"service did not become ready in {self.ready_timeout_s:.0f} s: {body}")
+            time.sleep(0.05)
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -9,13 +9,10 @@ global batch does not depend on how it was split. The formulas follow TRL's
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 import torch.nn.functional as F
 
-DPOLossType = Literal["sigmoid", "ipo", "hinge", "robust", "reference_free"]
-DPO_LOSS_TYPES: tuple[str, ...] = ("sigmoid", "ipo", "hinge", "robust", "reference_free")
+from rewardplane.objectives.dpo_settings import DPO_LOSS_TYPES, DPOLossType
 
 
 def bradley_terry(

@@ -4,7 +4,9 @@ Each row holds what rewardplane needs of an objective, by reference (`module:att
 imported on first use, so `rewardplane --help` does not import torch):
 
 - `settings`: the pydantic model of its own config section (`section:`, e.g. `dpo:`);
-  `rewardplane.train.config.config_model` adds it to the shared sections (model, data, optim, run);
+  `rewardplane.train.config.config_model` adds it to the shared sections (model, data, optim, run).
+  It lives in a torch-free module (`objectives/<name>_settings.py`), so the whole config is
+  checked, an unknown key in this section included, before torch is imported;
 - `objective`: the training component (`rewardplane.objectives.base.Objective`), built from
   typed sections (`Sections`) and the run's pairs (`TrainPairs`) by `rewardplane.train.recipe`;
 - `load_scorer`: a saved checkpoint → `PairScorer` (`rewardplane eval`, `load_pair_scorer`);
@@ -13,7 +15,8 @@ imported on first use, so `rewardplane --help` does not import torch):
 - `command`, `summary`, `docs`: the `rewardplane train <command>` subcommand and its help;
 - `check_written` (optional): a check on the config as written, before defaults fill it in.
 
-So a new objective touches two files: its module `objectives/<name>.py` and one row here
+So a new objective touches its modules (`objectives/<name>.py` and its torch-free
+`objectives/<name>_settings.py`) and one row here
 (`tests/objectives/test_registry.py` registers a toy one and trains, scores and exports it).
 A checkpoint names its objective in `rewardplane.json`'s `objective`, the key of this table.
 """
@@ -61,7 +64,7 @@ OBJECTIVES: dict[str, ObjectiveSpec] = {
             summary="train a Bradley–Terry reward model",
             docs="docs/training.md",
             section="loss",
-            settings="rewardplane.objectives.reward_model:RewardModelSettings",
+            settings="rewardplane.objectives.reward_model_settings:RewardModelSettings",
             objective="rewardplane.objectives.reward_model:RewardModelObjective",
             load_scorer="rewardplane.objectives.reward_model:load_scorer",
             exporter="rewardplane.models.export:export_reward_model",
@@ -72,11 +75,11 @@ OBJECTIVES: dict[str, ObjectiveSpec] = {
             summary="train a causal-LM policy with DPO against a frozen reference",
             docs="docs/dpo.md",
             section="dpo",
-            settings="rewardplane.objectives.dpo:DPOSettings",
+            settings="rewardplane.objectives.dpo_settings:DPOSettings",
             objective="rewardplane.objectives.dpo:DPOPolicyObjective",
             load_scorer="rewardplane.objectives.dpo:load_scorer",
             exporter="rewardplane.models.export:export_dpo_policy",
-            check_written="rewardplane.objectives.dpo:check_written",
+            check_written="rewardplane.objectives.dpo_settings:check_written",
         ),
     )
 }

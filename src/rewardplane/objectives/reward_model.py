@@ -19,7 +19,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from rewardplane.core.config import ConfigModel
 from rewardplane.core.errors import ConfigError, UsageError, reading
 from rewardplane.core.hashing import sha256_file, sha256_json
 from rewardplane.core.progress import Progress
@@ -49,15 +48,9 @@ from rewardplane.objectives.base import (
     tokenisation_record,
 )
 from rewardplane.objectives.losses import bradley_terry, center_rewards_penalty
+from rewardplane.objectives.reward_model_settings import RewardModelSettings  # the `loss:` section
 
 ROLE = "reward_model"
-
-
-class RewardModelSettings(ConfigModel):
-    """The `loss:` config section: TRL's optional centring term and Llama-2 style margins."""
-
-    center_rewards_coefficient: float = 0.0
-    use_margin: bool = True  # subtract a pair's `margin` inside the sigmoid (Llama-2 style)
 
 
 def _score_batch(model: nn.Module, batch: Batch, pairs: Sequence[TokenizedPair]):

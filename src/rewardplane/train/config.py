@@ -32,12 +32,15 @@ from rewardplane.objectives import registry
 
 __all__ = [
     "BaseTrainConfig",
+    "DPOTrainConfig",
     "DataConfig",
+    "LossConfig",
     "LoraConfig",
     "ModelConfig",
     "OptimConfig",
     "RunConfig",
     "SynthConfig",
+    "TrainConfig",
     "apply_overrides",
     "config_model",
     "dump_yaml",
@@ -133,46 +136,24 @@ def config_model(objective: str) -> type[BaseTrainConfig]:
     return model
 
 
-_DERIVED = {
-    "TrainConfig": lambda: config_model("reward_model"),  # `rewardplane train rm`'s config
-    "DPOTrainConfig": lambda: config_model("dpo"),  # the shared sections plus `dpo:` (docs/dpo.md)
-    "LossConfig": lambda: registry.spec("reward_model").resolve("settings"),  # the RM's `loss:` section
-}
-
-
-def __getattr__(name: str) -> Any:
-    """`TrainConfig`, `DPOTrainConfig`, `LossConfig`: built on first use, since an objective's
-    settings model lives beside its torch code, and a config error must not wait for torch."""
-    if name in _DERIVED:
-        value = _DERIVED[name]()
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-@functools.cache
-def _shared_sections_model(objective: str) -> type[BaseTrainConfig]:
-    """The config with the objective's own section taken as a plain mapping: every other key is
-    checked by it without importing the objective (or torch)."""
-    return create_model(
-        "SharedSectionsConfig",
-        __base__=BaseTrainConfig,
-        __module__=__name__,
-        **{registry.spec(objective).section: (dict[str, Any], Field(default_factory=dict))},
-    )
+TrainConfig = config_model("reward_model")  # `rewardplane train rm`'s config
+DPOTrainConfig = config_model("dpo")  # the shared sections plus `dpo:` (docs/dpo.md)
+LossConfig = registry.spec("reward_model").resolve("settings")  # the RM's `loss:` section
 
 
 def load_objective_config(
     objective: str, path: str | Path | None, overrides: Sequence[str] = ()
 ) -> BaseTrainConfig:
-    """`objective`'s config from a YAML file and dotted overrides, after its checks on what was
-    written (a default cannot tell "not given" from "given as the default")."""
+    """`objective`'s config from a YAML file and dotted overrides, then its checks on what was
+    written (a default cannot tell "not given" from "given as the default"). Every section's
+    model is torch-free (an objective's settings live in `objectives/<name>_settings.py`), so
+    a missing file, an unknown key or a bad value is answered before torch is imported."""
     data = read_config_data(path, overrides)
-    parse(_shared_sections_model(objective), data)  # unknown keys and bad values, before torch
+    config = parse(config_model(objective), data)
     spec = registry.spec(objective)
     if spec.check_written is not None:
         spec.resolve("check_written")(data)
-    return parse(config_model(objective), data)
+    return config
 
 
 def load_config(path: str | Path | None, overrides: Sequence[str] = (), cls: type | None = None) -> Any:

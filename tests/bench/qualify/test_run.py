@@ -18,7 +18,7 @@ def test_qualify_end_to_end_against_fake_deployments(tmp_path):
     plan = parse_plan(
         plan_doc(
             modes=modes,
-            server={"command": FAKE_SERVER, "env": {"BENCH_FAKE": json.dumps(fake)}, "ready_timeout_s": 60},
+            server={"command": FAKE_SERVER, "env": {"BENCH_FAKE": json.dumps(fake)}, "ready_timeout_s": 300},
         )
     )
     summary = qualify(plan, tmp_path)
@@ -59,7 +59,7 @@ def test_qualify_end_to_end_against_fake_deployments(tmp_path):
 
 def test_parity_failure_start_failure_and_budget_are_reported(tmp_path):
     fake = {"offsets": {"shared": 0.01}, "fail_modes": ["consolidated"]}
-    server = {"command": FAKE_SERVER, "env": {"BENCH_FAKE": json.dumps(fake)}, "ready_timeout_s": 60}
+    server = {"command": FAKE_SERVER, "env": {"BENCH_FAKE": json.dumps(fake)}, "ready_timeout_s": 300}
     doc = plan_doc(scorers=SCORERS[:1], modes=["dedicated", "shared", "consolidated"], server=server)
     summary = qualify(parse_plan(doc), tmp_path / "a")
     failures = "\n".join(summary["failures"])
@@ -92,7 +92,7 @@ def test_qualify_against_real_serve_deploy_processes(tmp_path):
     scorers = [{"name": "length", "kind": "length", "max_batch_size": 8, "max_wait_ms": 1}]
     sweep = {**FAST_SWEEP, "concurrency": [2], "window_s": 0.3}
     doc = {"gpus": [], "scorers": scorers, "dtypes": ["fp32"], "modes": ["dedicated", "consolidated"],
-           "sweep": sweep, "server": {"ready_timeout_s": 180}}  # fmt: skip
+           "sweep": sweep, "server": {"ready_timeout_s": 300}}  # fmt: skip
     summary = qualify(parse_plan(doc), tmp_path)
     assert summary["passed"], summary["failures"]
     ded, cons = summary["groups"]

@@ -31,7 +31,7 @@ def items(version: int, n: int = 30) -> list[dict]:
 
 
 def wait_audited(url: str, n: int, headers: dict | None = None) -> dict:
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 120
     while (body := httpx.get(f"{url}/v1/audit", headers=headers).json())["counts"]["audited"] < n:
         assert time.monotonic() < deadline, body["counts"]
         time.sleep(0.05)

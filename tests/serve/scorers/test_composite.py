@@ -351,7 +351,7 @@ def test_hosted_references_are_checked():
         build(components=[{"name": "a", "scorer": "rm"}])  # no server to resolve it
     missing = {"name": "c", "kind": "composite", "options": {"components": [{"name": "a", "scorer": "nope"}]}}
     with LiveServer(make_config([missing, {"name": "len", "kind": "length"}]), wait_ready=False) as server:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120
         while (status := httpx.get(server.url + "/health/ready").json()["scorers"]["c"]) in (
             "pending",
             "loading",

@@ -92,19 +92,21 @@ def test_pathological_inputs_are_errors_within_the_limit_and_the_pool_recovers(s
     assert elapsed < len(bad) * TIMEOUT_S + 20
     # the pool is whole again (replacements start in the background, a warm spare first) ...
     wait_whole(scorer.pool, 2)
-    # ... and every worker answers an ordinary batch quickly
-    t0 = time.monotonic()
+    # ... and every worker answers an ordinary batch without needing a deadline (no worker is
+    # killed for it: a count, not a time, so a loaded machine cannot fail it)
+    killed = scorer.info().extra["workers_killed"]
+    assert killed >= 1
     again = scorer.score_batch([item("\\boxed{\\frac{1}{2}}", "0.5", str(i)) for i in range(20)])
     assert again == [1.0] * 20
-    assert time.monotonic() - t0 < TIMEOUT_S
-    assert scorer.info().extra["workers_killed"] >= 1
+    assert scorer.info().extra["workers_killed"] == killed
 
 
 def test_timeout_is_enforced_from_outside(scorer):
     t0 = time.monotonic()
     (got,) = scorer.score_batch([item(PATHOLOGICAL[0], "5")])
     assert isinstance(got, ItemError) and got.code == "timeout"
-    assert TIMEOUT_S <= time.monotonic() - t0 < TIMEOUT_S + 1.0
+    # ended by the deadline: the tower never finishes (the ceiling is slack for a loaded machine)
+    assert TIMEOUT_S <= time.monotonic() - t0 < TIMEOUT_S + 10
 
 
 @pytest.fixture(scope="module")
@@ -152,8 +154,9 @@ def test_a_worker_that_dies_mid_chunk_fails_only_its_running_item(one_deep):
     ]
 
     def kill_when_the_victim_runs():
-        deadline = time.monotonic() + 5
-        while len(worker.outstanding) != 3 and time.monotonic() < deadline:  # a's result is in
+        deadline = time.monotonic() + 60
+        while len(worker.outstanding) != 3:  # a's result is in
+            assert time.monotonic() < deadline, worker.outstanding
             time.sleep(0.005)
         time.sleep(0.1)
         os.kill(worker.proc.pid, signal.SIGKILL)  # as the OOM killer or a segfault would
