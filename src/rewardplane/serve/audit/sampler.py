@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import operator
 import random
 import time
 from typing import Any
@@ -35,6 +36,8 @@ Taken = tuple[ScoreItem, int, int, float]
 _VERSION_LIMIT = 10**18
 _UNSEEN = object()
 _FAST_RAWS = frozenset({int, str, type(None)})
+_METADATA = operator.attrgetter("metadata")
+_GROUP = operator.attrgetter("group_id")
 
 
 class Sampler:
@@ -54,7 +57,7 @@ class Sampler:
         """The sampled items of one request (`values`: the proxy's results); outcomes other
         than `sampled` (`unversioned`, `bad_version`) are added to `counts`."""
         by = self.config.by
-        raws = [item.metadata.get(by) if item.metadata else None for item in items]
+        raws = [m.get(by) if m else None for m in map(_METADATA, items)]
         kinds = set(map(type, raws))
         usable = set(map(type, values)) == {float} and math.isfinite(sum(values))
         if usable and kinds <= _FAST_RAWS and not (type(None) in kinds and self.config.arrival_window):
@@ -72,7 +75,7 @@ class Sampler:
         """Every value a finite float, every raw version an int, a str or missing: one decision
         per (version, group), in the order they first appear."""
         now = time.monotonic()
-        groups = [item.group_id for item in items]
+        groups = list(map(_GROUP, items))
         if len(kinds) == 1 and raws.count(raws[0]) == len(raws):  # one version (the usual request)
             keys: Any = dict.fromkeys(groups)
             raw = raws[0]
