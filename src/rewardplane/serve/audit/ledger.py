@@ -9,7 +9,7 @@ that version's statistics (`late`), never in a closed bin: each decision is made
 
 Memory is bounded: at most `max_items_per_version` items per version (a uniform reservoir),
 raw items only for the newest `keep_versions` versions, and a bin keeps sufficient statistics
-and its intervals, not its items.
+and its intervals, not its items (their columns only until the intervals are first read).
 
 Summaries are computed once, and their bootstrap intervals only when read. What the alarms need
 at a bin's close (means, the tilt slope with its standard error, τ, signature counts) is
