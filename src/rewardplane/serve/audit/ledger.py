@@ -388,11 +388,9 @@ class Ledger:
             "at_cap": float(np.mean(items.at_cap)) if lengths.size else None,
         }
         sig = np.asarray(items.signatures, dtype=np.int64)
+        hits = np.count_nonzero(sig[:, None] >> np.arange(len(SIGNATURES)) & 1, axis=0)  # one pass, every bit
         out["signatures"] = {
-            s: {
-                "count": int(np.count_nonzero(sig >> bit & 1)),
-                "rate": float(np.mean(sig >> bit & 1)) if sig.size else None,
-            }
+            s: {"count": int(hits[bit]), "rate": float(hits[bit] / sig.size) if sig.size else None}
             for bit, s in enumerate(SIGNATURES)
         }
         return out

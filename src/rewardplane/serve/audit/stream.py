@@ -321,8 +321,11 @@ class AuditStream:
             if self.metrics is not None:
                 for summary in closed:
                     self.metrics.observe_bin(summary)
-            if closed or not self.flat:  # the gauges' numbers: no interval is computed for them
-                self.flat = flat_metrics(clean(self._snapshot(summary=True, since=None, intervals=False)))
+            if closed or not self.flat:  # the newest bin as it closed: no interval is computed for it
+                book = self.ledger
+                last = [book.bin_summary(len(book.closed) - 1, intervals=False)] if book.closed else []
+                body = {"counts": self.counts, "epoch": book.epoch, "bins": last, "alarms": book.alarms}
+                self.flat = flat_metrics(clean(body))
             else:  # only the counters moved: no snapshot per batch
                 self.flat = {**self.flat, **flat_counts(self.counts)}
             if closed and self.config.out:
@@ -369,9 +372,8 @@ class AuditStream:
         with self._lock:
             return clean(self._snapshot(summary=summary, since=since))
 
-    def _snapshot(self, *, summary: bool, since: int | None, intervals: bool = True) -> dict[str, Any]:
-        """The body of `GET /v1/audit`; `intervals=False` (the flat metrics' refresh) leaves the
-        bins' intervals as they stand rather than computing them."""
+    def _snapshot(self, *, summary: bool, since: int | None) -> dict[str, Any]:
+        """The body of `GET /v1/audit` (the bins it holds get their intervals computed now, once)."""
         cfg = self.config
         ledger = self.ledger
         counts = {**dict.fromkeys(("sampled", "audited", "dropped_queue_full", "dropped_queue_bytes",
@@ -399,7 +401,7 @@ class AuditStream:
             picked = [(ledger, len(ledger.closed) - 1)] if ledger.closed else []
         if since is not None:
             picked = [(book, i) for book, i in picked if book.closed[i].summary["versions"][1] >= since]
-        body["bins"] = [book.bin_summary(i, intervals=intervals) for book, i in picked]
+        body["bins"] = [book.bin_summary(i) for book, i in picked]
         if not summary:
             body["versions"] = [
                 {"epoch": book.epoch, **v} for book in books for v in book.snapshot_versions(since)
