@@ -57,7 +57,7 @@ def test_items_per_version_and_kept_versions_are_bounded():
     for v in range(10):
         book.record(items(v, 50))
         book.settle()
-    assert len(book.versions) <= 4 and set(book.summaries) == {0, 1, 2, 3, 4, 5}
+    assert len(book.versions) <= 4 and set(book.aged) == {0, 1, 2, 3, 4, 5}
     assert all(len(e.items) == 16 for e in book.versions.values())
     assert book.version_summary(2)["recorded"] == 50 and book.version_summary(2)["n"] == 16
     book.record(items(1, 5))  # a version whose items were let go: counted as late, not kept
@@ -88,3 +88,50 @@ def test_an_auditor_failure_is_a_missing_value_never_a_number():
     book.settle()
     assert book.bins[0]["auditors"]["gold"]["failed"] == 1
     assert book.bins[0]["auditors"]["gold"]["n"] == 5
+
+
+def test_intervals_are_computed_when_read_and_equal_an_eager_summary():
+    book = ledger(min_items=20, keep_versions=4)
+    for v in range(12):
+        book.record(items(v, 12, source="math" if v % 2 else "code", start=v))
+        book.settle()
+    # at the close, only what the alarms and gauges read: the bins' columns wait for a read
+    assert book.closed and all(b.items is not None for b in book.closed)
+    assert all(book.aged[v].summary is None and book.aged[v].items is not None for v in book.aged)
+    head = book.bin_summary(0, intervals=False)
+    assert "sources" not in head and head["auditors"]["gold"]["tilt"] is not None
+    bins = book.bins  # read: computed now, cached, columns let go
+    assert all(b.items is None for b in book.closed) and book.bins == bins
+    eager = book._summary(_columns_of(book, bins[0]["versions"]), tuple(bins[0]["versions"]))
+    assert {k: v for k, v in bins[0].items() if k not in ("bin", "alarms")} == eager
+    assert set(bins[0]["sources"]) == {"math", "code"}
+    aged = book.version_summary(min(book.aged))
+    assert aged["recorded"] == 12 and aged["auditors"]["gold"]["ci_95"] is not None
+    assert book.aged[min(book.aged)].items is None and book._held_bytes > 0
+    book.snapshot_versions()  # every version read: nothing is held any more
+    assert book._held_bytes == 0 and not book._held
+
+
+def _columns_of(book: Ledger, versions: list[int]):
+    """The items of those versions again, in the ledger's column form (for an eager summary)."""
+    from rewardplane.serve.audit.ledger import _Items
+
+    merged = _Items()
+    for v in range(versions[0], versions[1] + 1):
+        for row in items(v, 12, source="math" if v % 2 else "code", start=v):
+            merged.put(row, book.auditors)
+    return merged
+
+
+def test_columns_held_for_a_read_are_capped(monkeypatch):
+    import rewardplane.serve.audit.ledger as module
+
+    monkeypatch.setattr(module, "HELD_BYTES", 4096)
+    book = ledger(min_items=20, keep_versions=4)
+    for v in range(40):
+        book.record(items(v, 25))
+        book.settle()
+        assert book._held_bytes <= 4096
+    # the oldest were summarised as the cap was reached, the same numbers a read gives
+    assert book.closed[0].items is None and book.bins[0]["auditors"]["gold"]["ci_95"] is not None
+    assert book.version_summary(0)["recorded"] == 25

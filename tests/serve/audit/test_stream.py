@@ -192,3 +192,44 @@ def test_a_worker_waits_to_fill_its_batch_so_the_auditor_runs_full_forwards():
 
     assert run(go(wait=5.0)) == [8]
     assert run(go(wait=0.0)) == [3, 5]
+
+
+def test_audit_json_is_written_on_a_throttle_and_nothing_recorded_is_lost(tmp_path, monkeypatch):
+    import json
+
+    import rewardplane.serve.audit.stream as module
+
+    monkeypatch.setattr(module, "WRITE_EVERY_S", 3600.0)  # after the first write, only drain/stop write
+    writes = []
+    write = module.AuditStream._write
+    monkeypatch.setattr(module.AuditStream, "_write", lambda self, out: (writes.append(1), write(self, out)))
+
+    def on_file() -> dict:
+        return json.loads((tmp_path / "audit.json").read_text())
+
+    async def go():
+        config = AuditConfig(proxy="rm", auditors=["gold"], batch_wait_s=0, batch_size=5, sample=1.0,
+                             min_items=5, settle_versions=1, out=str(tmp_path))  # fmt: skip
+        stream = await _stream(config, EchoBackend())
+        for v in range(8):
+            stream.observe(["rm"], [item(i, {"policy_version": v}) for i in range(5)], {"rm": [1.0] * 5})
+            await asyncio.sleep(0)
+        await stream.drain()
+        first = (len(writes), on_file(), len(stream.ledger.bins))
+        for v in range(8, 12):
+            stream.observe(["rm"], [item(i, {"policy_version": v}) for i in range(5)], {"rm": [1.0] * 5})
+        while stream.counts.get("audited", 0) < 60:  # recorded, not yet written (the throttle)
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        before_stop = on_file()
+        await stream.stop()
+        return stream, first, before_stop
+
+    stream, (n_writes, drained, n_bins), before_stop = run(go())
+    assert n_bins == 7 and len(drained["bins"]) == 7  # at drain the file has every closed bin
+    assert n_writes <= 3  # 7 bins closed: the first write, maybe one racing the drain, the drain's
+    assert len(before_stop["bins"]) == 7  # four more versions recorded, throttled
+    final = on_file()  # stop wrote them
+    assert len(final["bins"]) == len(stream.ledger.bins) == 11
+    assert [v["version"] for v in final["versions"]] == list(range(12))
+    assert final["bins"] == json.loads(json.dumps(module.clean(stream.ledger.bins)))

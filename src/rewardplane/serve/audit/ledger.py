@@ -9,13 +9,22 @@ that version's statistics (`late`), never in a closed bin: each decision is made
 
 Memory is bounded: at most `max_items_per_version` items per version (a uniform reservoir),
 raw items only for the newest `keep_versions` versions, and a bin keeps sufficient statistics
-and its intervals, not its items.
+and its intervals, not its items (their columns only until the intervals are first read).
+
+Summaries are computed once, and their bootstrap intervals only when read. What the alarms need
+at a bin's close (means, the tilt slope with its standard error, τ, signature counts) is
+computed then; the means' and the gap's intervals, and the per-source breakdown, when
+`GET /v1/audit`, `audit.json` or the report first reads the bin (then cached). A version
+that ages out past `keep_versions` keeps its columns as arrays until its summary is first read.
+Columns held for a later read are capped at `HELD_BYTES` a ledger: past it, the oldest are
+summarised at once and let go, so nothing unread grows without bound.
 """
 
 from __future__ import annotations
 
 import math
 import random
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +45,9 @@ from rewardplane.serve.audit.stats import (
 )
 
 NO_SOURCE = ""
+HELD_BYTES = 16 * 1024 * 1024
+"""Bytes of item columns a ledger holds for summaries not read yet (aged-out versions', closed
+bins'); past it the oldest are computed and their columns let go."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +104,20 @@ class _Items:
         for name in names:
             self.auditors.setdefault(name, []).extend(other.auditors.get(name, [math.nan] * len(other)))
 
+    def frozen(self) -> _Items:
+        """The same columns as arrays (a fraction of the lists' memory), for a summary read later."""
+        out = _Items()
+        out.proxy = np.asarray(self.proxy, dtype=np.float64)
+        out.length = np.asarray(self.length, dtype=np.int64)
+        out.at_cap = np.asarray(self.at_cap, dtype=bool)
+        out.signatures = np.asarray(self.signatures, dtype=np.int64)
+        out.source = tuple(self.source)
+        out.auditors = {name: np.asarray(col, dtype=np.float64) for name, col in self.auditors.items()}
+        return out  # type: ignore[return-value]
+
+    def nbytes(self) -> int:
+        return 64 * (6 + len(self.auditors)) + len(self) * (8 * (3 + len(self.auditors)) + 9)
+
     def select(self, mask: np.ndarray) -> _Items:
         out = _Items()
         idx = np.flatnonzero(mask)
@@ -106,9 +132,17 @@ class _Items:
 
 @dataclass
 class _Version:
-    items: _Items = field(default_factory=_Items)
+    items: _Items | None = field(default_factory=_Items)  # None: let go once summarised (aged out)
     recorded: int = 0  # items recorded (the reservoir keeps at most max_items_per_version)
     summary: dict[str, Any] | None = None  # cached; None when items changed since
+
+
+@dataclass
+class _Bin:
+    summary: dict[str, Any]
+    """What the alarms and gauges read, made at the close; the intervals are added when read."""
+    items: _Items | None
+    """The bin's columns until its intervals are computed (then None)."""
 
 
 @dataclass
@@ -128,11 +162,14 @@ class Ledger:
         self.epoch = epoch
         self.auditors = config.auditor_names()
         self.versions: dict[int, _Version] = {}
-        self.summaries: dict[int, dict[str, Any]] = {}  # versions whose items were let go
+        self.aged: dict[int, _Version] = {}
+        """Versions past `keep_versions`: no more items are kept; their summary is made when read."""
         self.newest = -1
         self.binned_through = -1  # every version <= this one is in a closed bin
         self.late = 0
-        self.bins: list[dict[str, Any]] = []  # closed bins' summaries, in order
+        self.closed: list[_Bin] = []  # closed bins, in order (`bins`: their summaries, complete)
+        self._held: OrderedDict[tuple[str, int], int] = OrderedDict()  # columns kept for a read: bytes
+        self._held_bytes = 0
         self.decisions: list[Decision] = []
         self.alarms: dict[str, dict[str, dict[str, Any]]] = {}
         """`alarms[alarm][subject]`: firing at the newest decision, the versions of the first
@@ -151,7 +188,7 @@ class Ledger:
                 self.late += 1
             entry = self.versions.get(item.version)
             if entry is None:
-                if item.version in self.summaries:  # its items were let go: counted, not kept
+                if item.version in self.aged:  # its items were let go: counted, not kept
                     continue
                 entry = self.versions[item.version] = _Version()
             entry.recorded += 1
@@ -203,16 +240,13 @@ class Ledger:
         auditors = {a: np.asarray(items.auditors[a], dtype=np.float64) for a in self.auditors}
         if self.baseline is None:
             self.baseline = Baseline(_scale(proxy), {a: _scale(v) for a, v in auditors.items()})
-            for entry in self.versions.values():  # their gaps are measured from this baseline
-                entry.summary = None
+            for entry in (*self.versions.values(), *self.aged.values()):  # gaps are from this baseline
+                if entry.items is not None:
+                    entry.summary = None
         sig = np.asarray(items.signatures, dtype=np.int64)
-        if versions[0] == versions[1]:  # a one-version bin: its summary is the version's, made once
-            summary = dict(self.version_summary(versions[0]))
-            summary.pop("recorded", None)
-        else:
-            summary = self._summary(items, versions)
+        summary = self._head(items, versions)  # the intervals: when the bin is first read
         stats = BinStats(
-            index=len(self.bins),
+            index=len(self.closed),
             versions=versions,
             n=len(items),
             proxy=Acc.of(proxy),
@@ -224,7 +258,9 @@ class Ledger:
         decisions = self.evaluator.add(stats)
         summary["bin"] = stats.index
         summary["alarms"] = {f"{d.alarm}:{d.subject}": {"fired": d.fired, **d.evidence} for d in decisions}
-        self.bins.append(summary)
+        held = items.frozen()
+        self.closed.append(_Bin(summary, held))
+        self._hold(("bin", stats.index), held)
         return decisions
 
     def _forget_old(self) -> None:
@@ -234,56 +270,111 @@ class Ledger:
         for version in sorted(self.versions)[: len(self.versions) - keep]:
             if version > self.binned_through:
                 break
-            self.summaries[version] = self.version_summary(version)
-            del self.versions[version]
+            entry = self.aged[version] = self.versions.pop(version)
+            if entry.summary is None:  # its columns wait for a read (or the byte cap)
+                assert entry.items is not None
+                entry.items = entry.items.frozen()
+                self._hold(("version", version), entry.items)
+            else:
+                entry.items = None
+
+    def _hold(self, key: tuple[str, int], items: _Items) -> None:
+        """Keep `items` for a summary read later; past `HELD_BYTES`, summarise the oldest now."""
+        size = items.nbytes()
+        self._held[key] = size
+        self._held_bytes += size
+        while self._held_bytes > HELD_BYTES and self._held:
+            oldest = next(iter(self._held))
+            (self.bin_summary if oldest[0] == "bin" else self.version_summary)(oldest[1])
+            self._release(oldest)
+
+    def _release(self, key: tuple[str, int]) -> None:
+        self._held_bytes -= self._held.pop(key, 0)
 
     # ---------------------------------------------------------------- summaries
 
+    @property
+    def bins(self) -> list[dict[str, Any]]:
+        """Every closed bin's summary, intervals included (computed now where not read yet)."""
+        return [self.bin_summary(i) for i in range(len(self.closed))]
+
+    def bin_summary(self, index: int, *, intervals: bool = True) -> dict[str, Any]:
+        """Closed bin `index`'s summary; `intervals=False`: as made at its close (the means,
+        tilt, τ and counts the alarms and gauges read), without computing its intervals."""
+        entry = self.closed[index]
+        if intervals and entry.items is not None:
+            self._complete(entry.summary, entry.items)
+            entry.items = None
+            self._release(("bin", index))
+        return entry.summary
+
     def version_summary(self, version: int) -> dict[str, Any]:
-        entry = self.versions.get(version)
-        if entry is None:
-            return self.summaries[version]
+        entry = self.versions.get(version) or self.aged[version]
         if entry.summary is None:
+            assert entry.items is not None
             entry.summary = self._summary(entry.items, (version, version))
             entry.summary["recorded"] = entry.recorded
+            if version in self.aged:  # no item is added to it any more: the summary is final
+                entry.items = None
+                self._release(("version", version))
         return entry.summary
 
     def _summary(self, items: _Items, versions: tuple[int, int]) -> dict[str, Any]:
-        """Means with bootstrap intervals, τ, gap, length, signatures; and the same per source
-        when the items carry more than one."""
+        """Means with bootstrap intervals, tilt, τ, gap, length, signatures; and the same per
+        source when the items carry more than one."""
+        out = self._head(items, versions)
+        self._complete(out, items)
+        return out
+
+    def _head(self, items: _Items, versions: tuple[int, int]) -> dict[str, Any]:
         out = self._numbers(items)
         out["versions"] = list(versions)
         out["epoch"] = self.epoch
+        return out
+
+    def _complete(self, out: dict[str, Any], items: _Items) -> None:
+        """Add to a head (`_head`) its means' and gaps' intervals and the per-source numbers."""
+        self._intervals(out, items)
         sources = sorted(set(items.source))
         if len(sources) > 1 or (sources and sources[0] != NO_SOURCE):
             column = np.asarray(items.source, dtype=object)
-            out["sources"] = {s or "(none)": self._numbers(items.select(column == s)) for s in sources}
-        return out
+            out["sources"] = {}
+            for s in sources:
+                part = items.select(column == s)
+                out["sources"][s or "(none)"] = numbers = self._numbers(part)
+                self._intervals(numbers, part)
 
-    def _numbers(self, items: _Items) -> dict[str, Any]:
+    def _columns(self, items: _Items) -> tuple[np.ndarray, dict[str, np.ndarray], bool]:
+        """The proxy's and each auditor's columns, and whether one index draw serves them all
+        (no auditor failed on an item): the per-column bootstraps' numbers (one seed, one n: the
+        same draw) for a fraction of the draws."""
         proxy = np.asarray(items.proxy, dtype=np.float64)
         columns = {name: np.asarray(items.auditors.get(name, []), dtype=np.float64) for name in self.auditors}
-        shared = self._shared_replicates(proxy, columns)
-        proxy_means = shared["proxy"] if shared else self._replicates(proxy)
+        shared = proxy.size >= 2 and all(
+            v.size == proxy.size and np.isfinite(v).all() for v in columns.values()
+        )
+        return proxy, columns, shared
+
+    def _numbers(self, items: _Items) -> dict[str, Any]:
+        """Everything but the means' and gaps' intervals (placeholders until `_intervals`)."""
+        proxy, columns, shared = self._columns(items)
+        tilts = self._shared_tilts(proxy, columns) if shared else {}
         out: dict[str, Any] = {
             "n": len(items),
-            "proxy": interval(float(proxy.mean()) if proxy.size else None, proxy.size, proxy_means),
+            "proxy": interval(float(proxy.mean()) if proxy.size else None, proxy.size, None),
         }
         auditors: dict[str, Any] = {}
         for name, values in columns.items():
             ok = np.isfinite(values)
-            means = shared[name] if shared else self._replicates(values)
-            block = interval(float(values[ok].mean()) if ok.any() else None, int(ok.sum()), means)
+            block = interval(float(values[ok].mean()) if ok.any() else None, int(ok.sum()), None)
             if shared:
-                parts = tilt_products(proxy, values)
-                tilt = None if parts is None else tilt_estimate(*parts, shared[f"tilt:{name}"])
+                tilt = tilts.get(name)
             else:
                 tilt = self._tilt(proxy[ok], values[ok]) if ok.any() else None
             block["tilt"] = None if tilt is None else _estimate_json(tilt)
             tau = _tau(proxy[ok], values[ok]) if ok.any() else None
             block["tau"] = None if tau is None else _estimate_json(tau)
-            shared_draw = proxy_means if ok.all() else None  # one index draw for both: gap from replicates
-            block["gap"] = self._gap(proxy[ok], values[ok], name, shared_draw, means)
+            block["gap"] = self._gap(proxy[ok], values[ok], name)
             block["failed"] = int((~ok).sum())
             auditors[name] = block
         out["auditors"] = auditors
@@ -297,14 +388,37 @@ class Ledger:
             "at_cap": float(np.mean(items.at_cap)) if lengths.size else None,
         }
         sig = np.asarray(items.signatures, dtype=np.int64)
+        hits = np.count_nonzero(sig[:, None] >> np.arange(len(SIGNATURES)) & 1, axis=0)  # one pass, every bit
         out["signatures"] = {
-            s: {
-                "count": int(np.count_nonzero(sig >> bit & 1)),
-                "rate": float(np.mean(sig >> bit & 1)) if sig.size else None,
-            }
+            s: {"count": int(hits[bit]), "rate": float(hits[bit] / sig.size) if sig.size else None}
             for bit, s in enumerate(SIGNATURES)
         }
         return out
+
+    def _intervals(self, out: dict[str, Any], items: _Items) -> None:
+        """The percentile bootstrap intervals of the proxy's and each auditor's mean and of each
+        gap, into `out` (made by `_numbers` over the same items)."""
+        proxy, columns, shared = self._columns(items)
+        if shared:  # one index draw for every column: the gap is read off the proxy's and auditor's
+            means, _ = replicate_means(
+                np.stack([proxy, *columns.values()]),
+                seed=self.config.seed,
+                replicates=self.config.replicates,
+                index_sha256=False,
+            )
+            drawn = dict(zip(["\0proxy", *columns], means, strict=True))
+            proxy_means = drawn["\0proxy"]
+        else:
+            proxy_means = self._replicates(proxy)
+        out["proxy"] = interval(out["proxy"]["mean"], out["proxy"]["n"], proxy_means)
+        for name, values in columns.items():
+            block = out["auditors"][name]
+            ok = np.isfinite(values)
+            means = drawn[name] if shared else self._replicates(values)
+            block.update(interval(block["mean"], block["n"], means))
+            if block["gap"] is not None:
+                both = (proxy_means, means) if ok.all() else (None, None)
+                block["gap"] = self._gap(proxy[ok], values[ok], name, *both, with_interval=True)
 
     def _replicates(self, values: np.ndarray) -> np.ndarray | None:
         return mean_replicates(values, seed=self.config.seed, replicates=self.config.replicates)
@@ -312,23 +426,21 @@ class Ledger:
     def _tilt(self, proxy: np.ndarray, auditor: np.ndarray) -> Estimate | None:
         return tilt_slope(proxy, auditor, seed=self.config.seed, replicates=self.config.replicates)
 
-    def _shared_replicates(self, proxy: np.ndarray, columns: dict[str, np.ndarray]) -> dict[str, Any] | None:
-        """When no auditor failed on an item, every column resampled with one index draw: the
-        proxy's, each auditor's and each tilt slope's products — the numbers the per-column
-        bootstraps give (one seed, one n: the same draw), for a third of the draws. None
-        otherwise (each column then draws over its own finite items)."""
-        if proxy.size < 2 or any(v.size != proxy.size or not np.isfinite(v).all() for v in columns.values()):
-            return None
-        rows: dict[str, np.ndarray] = {"proxy": proxy, **columns}
-        for name, values in columns.items():
-            parts = tilt_products(proxy, values)
-            if parts is not None:
-                rows[f"tilt:{name}"] = parts[0]
-        stacked = np.stack(list(rows.values()))
+    def _shared_tilts(self, proxy: np.ndarray, columns: dict[str, np.ndarray]) -> dict[str, Estimate]:
+        """Each auditor's tilt slope, its products resampled with the index draw every column of
+        these items shares (`_intervals` draws the same indices for the means)."""
+        parts = {
+            name: p for name, values in columns.items() if (p := tilt_products(proxy, values)) is not None
+        }
+        if not parts:
+            return {}
         means, _ = replicate_means(
-            stacked, seed=self.config.seed, replicates=self.config.replicates, index_sha256=False
+            np.stack([products for products, _ in parts.values()]),
+            seed=self.config.seed,
+            replicates=self.config.replicates,
+            index_sha256=False,
         )
-        return dict(zip(rows, means, strict=True))
+        return {name: tilt_estimate(*p, m) for (name, p), m in zip(parts.items(), means, strict=True)}
 
     def _gap(
         self,
@@ -337,18 +449,22 @@ class Ledger:
         name: str,
         proxy_means: Any = None,
         auditor_means: Any = None,
+        *,
+        with_interval: bool = False,
     ) -> dict[str, Any] | None:
         """(proxy − first bin's proxy mean)/its sd − (auditor − its first-bin mean)/its sd, per
         item: how many baseline standard deviations the proxy has risen beyond the auditor. Its
-        replicates are that combination of the proxy's and the auditor's when both were drawn
-        with one index array (no auditor failures), else a bootstrap of their own."""
+        replicates (`with_interval`) are that combination of the proxy's and the auditor's when
+        both were drawn with one index array (no auditor failures), else a bootstrap of their own."""
         if self.baseline is None or proxy.size == 0:
             return None
         (pm, ps), (am, as_) = self.baseline.proxy, self.baseline.auditors[name]
         if not (ps > 0 and as_ > 0):
             return None
         point = float((proxy.mean() - pm) / ps - (auditor.mean() - am) / as_)
-        if proxy_means is not None and auditor_means is not None:
+        if not with_interval:
+            means = None
+        elif proxy_means is not None and auditor_means is not None:
             means = (proxy_means - pm) / ps - (auditor_means - am) / as_
         else:
             per_item = (proxy - pm) / ps - (auditor - am) / as_
@@ -358,13 +474,11 @@ class Ledger:
 
     def recorded(self, version: int) -> int:
         """Items recorded for `version` (0 when none)."""
-        entry = self.versions.get(version)
-        if entry is not None:
-            return entry.recorded
-        return self.summaries[version]["recorded"] if version in self.summaries else 0
+        entry = self.versions.get(version) or self.aged.get(version)
+        return entry.recorded if entry is not None else 0
 
     def snapshot_versions(self, since: int | None = None) -> list[dict[str, Any]]:
-        versions = sorted({*self.versions, *self.summaries})
+        versions = sorted({*self.versions, *self.aged})
         if since is not None:
             versions = [v for v in versions if v >= since]
         return [{"version": v, **self.version_summary(v)} for v in versions]

@@ -1,11 +1,10 @@
 """The audit stream: a sample of the proxy's scored items, re-scored by the auditors off the
 critical path (docs/audit.md).
 
-`observe` is all the request path ever runs: for each item the proxy scored, a version look-up,
-one keyed hash per group and version (or one random draw per ungrouped item) and, for a sampled
-item, a `put_nowait` on a bounded queue. Versions are untrusted input: only a non-negative integer (or
-a string of ASCII digits) no more than `max_version_jump` ahead of the newest is taken, per item;
-a version below the newest after `restart_gap_s` of silence starts a new epoch (a restart). It never awaits,
+`observe` is all the request path ever runs: the sampler's pick of the request (`sampler.py`:
+one version parse per distinct raw version, one keyed hash per group and version, nothing per
+unsampled item beyond C-level passes and a counter) and, for a sampled item, a `put_nowait` on
+a bounded queue. It never awaits,
 never raises into the request and never blocks: a full queue (by items or by bytes) drops the
 item and counts it. Worker tasks drain the queue in batches, score each batch with every
 auditor (a hosted scorer through the backend, or another service over HTTP), and hand the
@@ -17,12 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import logging
 import math
 import os
-import random
 import secrets
 import threading
 import time
@@ -36,6 +33,7 @@ from rewardplane.serve.audit.alarms import Decision
 from rewardplane.serve.audit.config import AuditConfig, ExternalAuditor
 from rewardplane.serve.audit.ledger import NO_SOURCE, Audited, Ledger
 from rewardplane.serve.audit.metrics import AuditMetrics
+from rewardplane.serve.audit.sampler import Sampler, Taken
 from rewardplane.serve.audit.signatures import SIGNATURES, signatures
 from rewardplane.serve.protocol.audit import flat_counts, flat_metrics
 from rewardplane.serve.scorers.base import ItemError, ScoreItem
@@ -45,6 +43,9 @@ log = logging.getLogger(__name__)
 
 SCHEMA = "rewardplane.audit/1"
 AUDIT_FILE = "audit.json"
+WRITE_EVERY_S = 10.0
+"""`audit.json` is rewritten at most this often as bins close (each write holds every version's
+summary: per bin it would be O(versions)), and always when the stream drains or stops."""
 
 
 @dataclass(frozen=True)
@@ -119,15 +120,12 @@ class AuditStream:
         self._queue: asyncio.Queue[_Job] | None = None
         self._full = asyncio.Event()  # set when a full batch is waiting
         self._bytes = 0
-        self._arrivals = 0
-        self._secret = secret if secret is not None else secrets.token_bytes(32)
-        self._rng = random.Random(self._secret)
-        self._epoch = 0
-        self._newest: int | None = None  # the newest version taken in this epoch
-        self._heard = -math.inf  # monotonic time of the newest versioned item
+        self.sampler = Sampler(config, secret if secret is not None else secrets.token_bytes(32))
         self._lock = threading.Lock()  # the ledger: recorded in worker threads, read by snapshots
         self._tasks: list[asyncio.Task] = []
         self._firing: set[tuple[str, str]] = set()
+        self._written = -math.inf  # monotonic time of the last audit.json write
+        self._unwritten = False  # a bin closed since
         self.flat: dict[str, float] = {}
         """The newest numbers as trainers log them (`serve.protocol.audit.flat_metrics`), refreshed per batch."""
 
@@ -142,64 +140,16 @@ class AuditStream:
             log.exception("audit: observe failed; items not audited")
 
     def _offer(self, items: list[ScoreItem], values: list[Any]) -> None:
-        """Each item's version (one parse and clock step per distinct raw version a request
-        carries, usually one) and its group's decision (one keyed hash per group and version,
-        reused while consecutive items share them, as a GRPO group's do); only a sampled item
-        costs more. Counters are added once per request."""
-        cfg = self.config
-        by = cfg.by
-        now = time.monotonic()
+        """The sampler's pick of this request (per request and per (version, group), an item
+        one by one only when sampled); counters added once per request."""
         counts: dict[str, int] = {}
-        sampled: list[tuple[ScoreItem, int, int, float]] = []
-        decided: dict[tuple[int, str], bool] = {}  # (version, group id) → sampled, once per call
-        clocked: dict[Any, int | None] = {}  # a raw version → the version taken (None: refused)
-        last_raw: Any = _UNSEEN
-        last_key: Any = _UNSEEN
-        version: int | None = None
-        hit = False
-        for item, value in zip(items, values, strict=False):
-            if not isinstance(value, float) or not math.isfinite(value):
-                continue
-            meta = item.metadata
-            raw = meta.get(by) if meta else None
-            if raw is None:
-                if cfg.arrival_window is None:
-                    counts["unversioned"] = counts.get("unversioned", 0) + 1
-                    continue
-                version = self._arrivals // cfg.arrival_window
-                self._arrivals += 1
-                last_raw = _UNSEEN
-            elif raw is not last_raw:
-                cacheable = raw.__class__ is int or raw.__class__ is str
-                version = clocked.get(raw, _UNSEEN) if cacheable else _UNSEEN
-                if version is _UNSEEN:
-                    version = self._clock(_as_version(raw), now)
-                    if cacheable:
-                        clocked[raw] = version
-                last_raw = raw if cacheable else _UNSEEN
-            if version is None:
-                counts["bad_version"] = counts.get("bad_version", 0) + 1
-                continue
-            group = item.group_id
-            if group is None:
-                if self._rng.random() >= cfg.sample:
-                    continue
-            else:
-                key = (version, group)
-                if key != last_key:
-                    last_key = key
-                    hit = decided.get(key)  # type: ignore[assignment]
-                    if hit is None:
-                        hit = decided[key] = self._sampled(version, group)
-                if not hit:
-                    continue
-            sampled.append((item, self._epoch, version, value))
+        sampled = self.sampler.take(items, values, counts)
         if sampled:
             self._enqueue(sampled, counts)
         for outcome, n in counts.items():
             self._count(outcome, n)
 
-    def _enqueue(self, sampled: list[tuple[ScoreItem, int, int, float]], counts: dict[str, int]) -> None:
+    def _enqueue(self, sampled: list[Taken], counts: dict[str, int]) -> None:
         queue = self._queue
         assert queue is not None
         cfg = self.config
@@ -222,32 +172,6 @@ class AuditStream:
         if self.metrics is not None:
             self.metrics.queue_depth.set(queue.qsize())
 
-    def _clock(self, version: int | None, now: float) -> int | None:
-        """The version an item is recorded under, or None when it is refused: malformed, or more
-        than `max_version_jump` ahead of the newest (it never moves the clock). A version below
-        the newest after `restart_gap_s` without a versioned item starts a new epoch."""
-        if version is None:
-            return None
-        newest = self._newest
-        if newest is not None and version > newest + self.config.max_version_jump:
-            return None
-        if newest is None or version > newest:
-            self._newest = version
-        elif version < newest and now - self._heard >= self.config.restart_gap_s:
-            self._epoch += 1
-            self._newest = version
-            log.warning(
-                "audit: version %d after %d and a pause: a restart, epoch %d", version, newest, self._epoch
-            )
-        self._heard = now
-        return version
-
-    def _sampled(self, version: int, group: str) -> bool:
-        """A GRPO group is sampled whole, by a hash keyed with this server's secret over the
-        version and the group id: unknowable to a client, and afresh at every version."""
-        digest = hashlib.blake2b(f"{version}:{group}".encode(), digest_size=8, key=self._secret).digest()
-        return int.from_bytes(digest, "big") < self.config.sample * 2**64
-
     def _count(self, outcome: str, n: int = 1) -> None:
         self.counts[outcome] = self.counts.get(outcome, 0) + n
         if self.metrics is not None:
@@ -261,6 +185,8 @@ class AuditStream:
             asyncio.create_task(self._work(), name=f"audit-worker-{i}")
             for i in range(self.config.concurrency)
         ]
+        if self.config.out:
+            self._tasks.append(asyncio.create_task(self._flush_every(), name="audit-flush"))
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -269,6 +195,7 @@ class AuditStream:
             with contextlib.suppress(BaseException):
                 await task
         self._tasks = []
+        await asyncio.to_thread(self.flush)  # whatever was recorded reaches audit.json
         for auditor in self.auditors:
             with contextlib.suppress(Exception):
                 await auditor.close()
@@ -303,9 +230,11 @@ class AuditStream:
                     queue.task_done()
 
     async def drain(self) -> None:
-        """Wait until every queued item has been audited and recorded (tests, benchmarks)."""
+        """Wait until every queued item has been audited and recorded, and written to
+        `audit.json` when `out` is set (tests, benchmarks)."""
         if self._queue is not None:
             await self._queue.join()
+        await asyncio.to_thread(self.flush)
 
     async def _audit(self, batch: list[_Job]) -> None:
         items = [job.item for job in batch]
@@ -374,7 +303,7 @@ class AuditStream:
 
     def _record(self, audited: list[Audited]) -> None:
         with self._lock:
-            bins = {e: len(book.bins) for e, book in self.ledgers.items()}
+            bins = {e: len(book.closed) for e, book in self.ledgers.items()}
             for epoch in sorted({a.epoch for a in audited}):
                 book = self._ledger(epoch)
                 if book is None:
@@ -384,16 +313,25 @@ class AuditStream:
                 if book.late > late:
                     self._count("late", book.late - late)
                 self._decided(book.settle())
-            closed = [b for e, book in self.ledgers.items() for b in book.bins[bins.get(e, 0) :]]
+            closed = [
+                book.bin_summary(i, intervals=False)
+                for e, book in self.ledgers.items()
+                for i in range(bins.get(e, 0), len(book.closed))
+            ]
             if self.metrics is not None:
                 for summary in closed:
                     self.metrics.observe_bin(summary)
-            if closed or not self.flat:
-                self.flat = flat_metrics(clean(self._snapshot(summary=True, since=None)))
+            if closed or not self.flat:  # the newest bin as it closed: no interval is computed for it
+                book = self.ledger
+                last = [book.bin_summary(len(book.closed) - 1, intervals=False)] if book.closed else []
+                body = {"counts": self.counts, "epoch": book.epoch, "bins": last, "alarms": book.alarms}
+                self.flat = flat_metrics(clean(body))
             else:  # only the counters moved: no snapshot per batch
                 self.flat = {**self.flat, **flat_counts(self.counts)}
             if closed and self.config.out:
-                self._write(Path(self.config.out))
+                self._unwritten = True
+                if time.monotonic() - self._written >= WRITE_EVERY_S:
+                    self._write(Path(self.config.out))
 
     def _decided(self, decisions: list[Decision]) -> None:
         for decision in decisions:
@@ -403,11 +341,26 @@ class AuditStream:
             (self._firing.add if decision.fired else self._firing.discard)(key)
 
     def _write(self, out: Path) -> None:
+        """Rewrite `audit.json` (under the lock): every version's summary, read (and so computed)
+        here if no one has read it yet."""
+        self._written, self._unwritten = time.monotonic(), False
         try:
             body = clean(self._snapshot(summary=False, since=None))
             atomic.write_text(out / AUDIT_FILE, json.dumps(body, allow_nan=False, indent=1) + "\n")
         except OSError as exc:
             log.warning("audit: could not write %s: %s", out / AUDIT_FILE, exc)
+
+    def flush(self) -> None:
+        """Write `audit.json` now if a bin closed since it was last written (a thread's work)."""
+        with self._lock:
+            if self._unwritten and self.config.out:
+                self._write(Path(self.config.out))
+
+    async def _flush_every(self) -> None:
+        """Bins closed within `WRITE_EVERY_S` of the last write reach the file at most that much later."""
+        while True:
+            await asyncio.sleep(WRITE_EVERY_S)
+            await asyncio.to_thread(self.flush)
 
     # ------------------------------------------------------------------ reading
 
@@ -420,6 +373,7 @@ class AuditStream:
             return clean(self._snapshot(summary=summary, since=since))
 
     def _snapshot(self, *, summary: bool, since: int | None) -> dict[str, Any]:
+        """The body of `GET /v1/audit` (the bins it holds get their intervals computed now, once)."""
         cfg = self.config
         ledger = self.ledger
         counts = {**dict.fromkeys(("sampled", "audited", "dropped_queue_full", "dropped_queue_bytes",
@@ -442,10 +396,12 @@ class AuditStream:
             "alarms": ledger.alarms,
         }
         books = [book for _, book in sorted(self.ledgers.items())]
-        bins = [b for book in books for b in book.bins] if not summary else ledger.bins[-1:]
+        picked = [(book, i) for book in books for i in range(len(book.closed))]
+        if summary:
+            picked = [(ledger, len(ledger.closed) - 1)] if ledger.closed else []
         if since is not None:
-            bins = [b for b in bins if b["versions"][1] >= since]
-        body["bins"] = bins
+            picked = [(book, i) for book, i in picked if book.closed[i].summary["versions"][1] >= since]
+        body["bins"] = [book.bin_summary(i) for book, i in picked]
         if not summary:
             body["versions"] = [
                 {"epoch": book.epoch, **v} for book in books for v in book.snapshot_versions(since)
@@ -457,11 +413,11 @@ def _epoch_row(book: Ledger) -> dict[str, Any]:
     """One epoch: its versions, bins, and each alarm's first firing in it."""
     first = {f"{alarm}:{subject}": entry["first_fired_versions"] for alarm, subjects in book.alarms.items()
              for subject, entry in subjects.items() if entry["first_fired_versions"]}  # fmt: skip
-    versions = [*book.versions, *book.summaries]
+    versions = [*book.versions, *book.aged]
     return {
         "epoch": book.epoch,
         "versions": [min(versions), max(versions)] if versions else None,
-        "bins": len(book.bins),
+        "bins": len(book.closed),
         "first_fired": first,
     }
 
@@ -471,7 +427,7 @@ def evidence(book: Ledger) -> str:
     "insufficient: N audited items a version, needs M", in words, from its newest final versions."""
     cfg = book.config
     needs = math.ceil(cfg.min_items / cfg.max_bin_versions)
-    final = sorted(v for v in (*book.versions, *book.summaries) if v <= book.binned_through)[-8:]
+    final = sorted(v for v in (*book.versions, *book.aged) if v <= book.binned_through)[-8:]
     if not final:
         return f"unknown: no final version yet; needs {needs} audited items a version"
     per_version = sum(book.recorded(v) for v in final) / (final[-1] - final[0] + 1)
@@ -488,26 +444,6 @@ def _text_passes(texts: list[str], words: bool) -> tuple[list[int], list[int]]:
     """Each text's signature mask and length (words or characters): the passes over response
     text, run in a thread so a long response never holds the event loop."""
     return [signatures(t) for t in texts], [len(t.split()) if words else len(t) for t in texts]
-
-
-def _as_version(raw: Any) -> int | None:
-    """A non-negative integer, an integral float, or a string of 1-18 ASCII digits; else None
-    (`"²".isdigit()` is True, and `int("²")` raises: only ASCII digits are read)."""
-    if isinstance(raw, bool):
-        return None
-    if isinstance(raw, int):
-        return raw if 0 <= raw < _VERSION_LIMIT else None
-    if isinstance(raw, float):
-        return int(raw) if raw.is_integer() and 0 <= raw < _VERSION_LIMIT else None
-    if isinstance(raw, str):
-        text = raw.strip()
-        if 0 < len(text) <= 18 and text.isascii() and text.isdigit():
-            return int(text)
-    return None
-
-
-_VERSION_LIMIT = 10**18
-_UNSEEN = object()
 
 
 def _log_alarm(d: Decision) -> None:

@@ -1,0 +1,69 @@
+"""The sampler's per-request path decides exactly what the per-item path decides (groups whole,
+ungrouped items by geometric skips, versions clocked in order), and ungrouped items are sampled
+at the configured rate."""
+
+from __future__ import annotations
+
+import random
+
+from rewardplane.serve.audit.config import AuditConfig
+from rewardplane.serve.audit.sampler import Sampler
+from rewardplane.serve.scorers.base import ScoreItem
+
+SECRET = b"s" * 32
+
+
+def request(rng: random.Random, step: int, n: int = 64) -> list[ScoreItem]:
+    """Mostly one version and groups of 8, sometimes a mix: two versions, ungrouped items, a
+    missing version, a malformed one."""
+    mixed = rng.random() < 0.5
+    items = []
+    for i in range(n):
+        raw = step if not mixed else rng.choice([step, str(step + 1), None, "²", step])
+        group = f"{step}-{i // 8}" if not mixed or rng.random() < 0.7 else None
+        items.append(ScoreItem(str(i), "p", "r", group_id=group, metadata={"policy_version": raw}))
+    return items
+
+
+def test_the_per_request_path_takes_what_the_per_item_path_takes():
+    config = AuditConfig(proxy="rm", auditors=["gold"], sample=0.2)
+    fast, each = Sampler(config, SECRET), Sampler(config, SECRET)
+    rng = random.Random(0)
+    taken = 0
+    for step in range(300):
+        items = request(rng, step)
+        values = [rng.random() for _ in items]
+        counts_fast: dict[str, int] = {}
+        counts_each: dict[str, int] = {}
+        got = fast.take(items, values, counts_fast)
+        want = each._take_each(items, values, counts_each)
+        assert [(i.id, e, v, x) for i, e, v, x in got] == [(i.id, e, v, x) for i, e, v, x in want]
+        assert counts_fast == counts_each
+        taken += len(got)
+    assert 0.15 < taken / (300 * 64) < 0.25
+
+
+def test_groups_are_whole_and_ungrouped_items_sampled_at_the_rate():
+    config = AuditConfig(proxy="rm", auditors=["gold"], sample=0.03)
+    sampler = Sampler(config, SECRET)
+    ungrouped = grouped = 0
+    for step in range(400):
+        items = [ScoreItem(str(i), "p", "r", metadata={"policy_version": step}) for i in range(50)]
+        ungrouped += len(sampler.take(items, [1.0] * 50, {}))
+        items = [ScoreItem(str(i), "p", "r", group_id=f"g{i // 8}", metadata={"policy_version": step})
+                 for i in range(64)]  # fmt: skip
+        got = sampler.take(items, [1.0] * 64, {})
+        assert len(got) % 8 == 0
+        grouped += len(got)
+    assert 0.022 < ungrouped / 20_000 < 0.038  # 600 expected, sd ~24
+    assert 0.015 < grouped / 25_600 < 0.05  # 3,200 groups of 8
+
+
+def test_a_secret_decides_and_another_decides_otherwise():
+    config = AuditConfig(proxy="rm", auditors=["gold"], sample=0.5)
+    items = [ScoreItem(str(i), "p", "r", group_id=f"g{i}", metadata={"policy_version": 1}) for i in range(64)]
+    ids = [
+        [i.id for i, *_ in Sampler(config, s).take(items, [1.0] * 64, {})]
+        for s in (SECRET, SECRET, b"t" * 32)
+    ]
+    assert ids[0] == ids[1] and ids[0] != ids[2]
