@@ -5,7 +5,7 @@ version when a version has that many). Each rule is evaluated once per bin, when
 that bin and the bins before it, so a decision never looks ahead; R is the window of the last
 `window` bins and Prev the window before it. All tests are one-sided, at the configured levels.
 
-`overoptimization` (per auditor) fires when either holds:
+`overoptimization` (per auditor) fires when any of these holds:
 
 - slope: the proxy is still rising (mean over R above mean over Prev, Welch z ≥ z(alpha_rise);
   Prev ends `rise_gap` bins before R starts, once there are that many, so a slow steady rise
@@ -17,6 +17,12 @@ that bin and the bins before it, so a decision never looks ahead; R is the windo
   d E_β[auditor] / dβ = Cov_β(proxy, auditor): the auditor's mean stops rising exactly when the
   covariance reaches zero, so it marks the auditor's peak as it happens rather than after the
   fall. τ is reported beside it, never tested: ties and near-ties move τ, not the covariance;
+- forecast: the proxy is rising (as for slope) and the upper bound (level alpha_slope) of the
+  tilt slope `horizon` versions ahead is below `kappa`: each bin of R reweighted by
+  exp(Δβ·proxy) to the policy that far ahead (`stats.tilt_ahead`), Δβ at the slowest pace the
+  proxy's rise supports (d E_β[proxy]/dβ = Var_β(proxy)); not used when the auditor rose
+  significantly beyond what that proxy tilt predicts (Cov·Δβ), i.e. when more than the proxy
+  moves the policy;
 - level: the auditor's mean over R is below its best earlier window's (Welch z ≥
   z(alpha_level)) while the proxy's mean over R is above its mean in that same window
   (z ≥ z(alpha_rise)): "the proxy rising while the auditor falls below its running peak".

@@ -15,14 +15,13 @@ standard error; the bounds are point ± z·se. Ranks do not enter: ties and near
 proxy orders against the auditor move τ but not the covariance, and only the covariance is
 what decides whether tilting toward the proxy hurts.
 
-The forecast. The same tilt gives the slope's own derivative: d Cov_β(x, y)/dβ =
-E_β[(x − x̄)²(y − ȳ)], the proxy–proxy–auditor third cumulant, and the proxy's mean moves by
-d E_β[x]/dβ = Var_β(x). So after the policy's proxy mean rises by d more, the tilt slope (in
-today's standard deviations) is, to first order, r + d·g with g = E[zx²·zy]/sx — estimated
-from the bin's own items, like r, not from a trend across bins. `tilt_trend` returns r, g and
-the sampling covariance of the two (the per-item influence terms' sample covariance over n: r's
-terms zx·zy as in the bootstrap above, g's with the means' influence, (zy·(zx² − 1) − 2r·zx)/sx),
-so the forecast r + d·g has variance var_r + 2d·cov + d²·var_g.
+The forecast. The same tilt says where the covariance goes: the policy tilted a further β
+toward the proxy is π·exp(β·x) up to its normaliser, so the bin's own items reweighted by
+w ∝ exp(β·x) (self-normalised importance weights) estimate Cov_{+β}(x, y) =
+Σ w_i (x_i − x̄_w)(y_i − ȳ_w) / Σ w_i. `tilt_ahead` reports it in the bin's standard deviations
+of today (so β = 0 is the tilt slope), with the first-order standard error of the ratio: the
+per-item influence w_i·(d_i − Cov_{+β}) over √n, the weights and weighted means held, like the
+tilt slope's bootstrap above.
 
 Everything here is numpy and the standard library (`statistics.NormalDist` for quantiles):
 scipy is a development dependency only, and the tests compare these numbers with it.
