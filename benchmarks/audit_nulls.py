@@ -67,6 +67,7 @@ def null_bins(null: Null, bins: int, n: int, rng: np.random.Generator) -> list[B
                 taus={"auditor": kendall_tau(proxy, auditor)},
                 signatures={"sig": sig},
                 slopes={"auditor": tilt_slope(proxy, auditor, seed=b, replicates=REPLICATES)},
+                scores={"auditor": (proxy, auditor)},
             )
         )
     return out

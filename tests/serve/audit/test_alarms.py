@@ -12,7 +12,7 @@ import pytest
 
 from rewardplane.serve.audit.alarms import Acc, BinStats, Evaluator
 from rewardplane.serve.audit.config import AuditAlarms
-from rewardplane.serve.audit.stats import kendall_tau, tilt_slope
+from rewardplane.serve.audit.stats import kendall_tau, tilt_ahead, tilt_slope
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
 from audit_nulls import NULLS, false_alarms
@@ -21,7 +21,8 @@ from audit_nulls import NULLS, false_alarms
 def make_bin(b: int, proxy: np.ndarray, auditor: np.ndarray, sig: int = 0) -> BinStats:
     return BinStats(b, (b, b), proxy.size, Acc.of(proxy), {"gold": Acc.of(auditor)},
                     {"gold": kendall_tau(proxy, auditor)}, {"empty": sig},
-                    {"gold": tilt_slope(proxy, auditor, seed=b, replicates=300)})  # fmt: skip
+                    {"gold": tilt_slope(proxy, auditor, seed=b, replicates=300)},
+                    {"gold": (proxy, auditor)})  # fmt: skip
 
 
 def tilted_run(bins: int, peak: int, n: int = 150, seed: int = 0) -> list[BinStats]:
@@ -112,3 +113,57 @@ def test_false_alarm_rate_under_the_null_is_low_at_the_defaults_and_moves_with_t
     )
     loose_rates = false_alarms(null, loose, runs=2, bins=600, n=100, seed=4)
     assert loose_rates["overoptimization"] > 20 and loose_rates["decorrelation"] > 20
+
+
+def length_world_bins(versions: int, step: float, rng: np.random.Generator, n: int):
+    """A policy π_v ∝ exp(β_v·proxy) over a pool whose proxy buys length the auditor punishes
+    (benchmarks/audit_worlds.py's `length`), β_v = step·v; the bins and each version's true tilt
+    slope (the pool's, under π_v)."""
+    quality, length = rng.normal(size=40_000), rng.gamma(2.0, 1.5, size=40_000)
+    proxy, gold = quality + 0.4 * length, quality - 0.08 * np.maximum(0.0, length - 4.0) ** 2
+    bins, true = [], []
+    for v in range(versions):
+        w = np.exp(step * v * (proxy - proxy.max()))
+        w /= w.sum()
+        dp, dg = proxy - w @ proxy, gold - w @ gold
+        true.append(float(w @ (dp * dg) / np.sqrt((w @ dp**2) * (w @ dg**2))))
+        picks = rng.choice(proxy.size, size=n, p=w)
+        bins.append(make_bin(v, proxy[picks], gold[picks]))
+    return bins, true
+
+
+def test_the_forecast_fires_before_the_tilt_slope_crosses_zero_where_the_level_alone_does_not():
+    for seed in range(3):
+        bins, true = length_world_bins(24, 0.03, np.random.default_rng(seed), n=300)
+        crossing = next(v for v, r in enumerate(true) if r < 0)  # the gold peak of this policy
+        made = [d for d in decisions(bins) if d.alarm == "overoptimization" and d.fired]
+        assert made and made[0].evidence["by"] == ["forecast"]
+        assert made[0].versions[1] < crossing, (seed, made[0].evidence, crossing)
+        level_only = first(decisions(bins, AuditAlarms(overoptimization={"horizon": 0})), "overoptimization")
+        assert level_only is None or level_only > made[0].versions[1]  # the forecast decided earlier
+
+
+def test_the_forecast_stays_quiet_on_a_flat_positive_slope_while_the_proxy_rises():
+    rng = np.random.default_rng(7)
+    bins = []
+    for b in range(60):  # a normal pair tilted toward the proxy: the means move, the covariance not
+        z = rng.normal(size=150)
+        bins.append(make_bin(b, z + 0.1 * b, 0.03 * b + 0.3 * z + 0.95 * rng.normal(size=150)))
+    made = [d for d in decisions(bins) if d.alarm == "overoptimization"]
+    forecasts = [d.evidence["tilt_forecast"] for d in made if d.evidence["tilt_forecast"] is not None]
+    assert len(forecasts) >= 0.8 * len(made) and 0.2 < np.median(forecasts) < 0.4  # it was made
+    assert first(made, "overoptimization") is None
+
+
+def test_tilt_ahead_is_the_tilt_slope_at_zero_and_the_tilted_pools_slope_ahead():
+    rng = np.random.default_rng(11)
+    quality, length = rng.normal(size=200_000), rng.gamma(2.0, 1.5, size=200_000)
+    proxy, gold = quality + 0.4 * length, quality - 0.08 * np.maximum(0.0, length - 4.0) ** 2
+    now = tilt_ahead(proxy[:400], gold[:400], 0.0)
+    assert now.point == pytest.approx(tilt_slope(proxy[:400], gold[:400], seed=0, replicates=2000).point)
+    ahead = tilt_ahead(proxy, gold, 0.4)  # the pool tilted by 0.4, in the untilted pool's sds
+    w = np.exp(0.4 * (proxy - proxy.max()))
+    w /= w.sum()
+    cov = w @ ((proxy - w @ proxy) * (gold - w @ gold))
+    assert ahead.point == pytest.approx(cov / (proxy.std(ddof=1) * gold.std(ddof=1)), rel=1e-3)
+    assert ahead.point < 0 < now.point and ahead.se > 0

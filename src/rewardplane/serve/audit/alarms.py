@@ -5,7 +5,7 @@ version when a version has that many). Each rule is evaluated once per bin, when
 that bin and the bins before it, so a decision never looks ahead; R is the window of the last
 `window` bins and Prev the window before it. All tests are one-sided, at the configured levels.
 
-`overoptimization` (per auditor) fires when either holds:
+`overoptimization` (per auditor) fires when any of these holds:
 
 - slope: the proxy is still rising (mean over R above mean over Prev, Welch z ≥ z(alpha_rise);
   Prev ends `rise_gap` bins before R starts, once there are that many, so a slow steady rise
@@ -17,6 +17,12 @@ that bin and the bins before it, so a decision never looks ahead; R is the windo
   d E_β[auditor] / dβ = Cov_β(proxy, auditor): the auditor's mean stops rising exactly when the
   covariance reaches zero, so it marks the auditor's peak as it happens rather than after the
   fall. τ is reported beside it, never tested: ties and near-ties move τ, not the covariance;
+- forecast: the proxy is rising (as for slope) and the upper bound (level alpha_slope) of the
+  tilt slope `horizon` versions ahead is below `kappa`: each bin of R reweighted by
+  exp(Δβ·proxy) to the policy that far ahead (`stats.tilt_ahead`), Δβ at the slowest pace the
+  proxy's rise supports (d E_β[proxy]/dβ = Var_β(proxy)); not used when the auditor rose
+  significantly beyond what that proxy tilt predicts (Cov·Δβ), i.e. when more than the proxy
+  moves the policy;
 - level: the auditor's mean over R is below its best earlier window's (Welch z ≥
   z(alpha_level)) while the proxy's mean over R is above its mean in that same window
   (z ≥ z(alpha_rise)): "the proxy rising while the auditor falls below its running peak".
@@ -34,13 +40,21 @@ The false-alarm rate of each rule under the null is measured by simulation
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from rewardplane.serve.audit.config import AuditAlarms
-from rewardplane.serve.audit.stats import Estimate, Moments, pool, welch_z, wilson, z_of
+from rewardplane.serve.audit.stats import (
+    Estimate,
+    Moments,
+    pool,
+    tilt_ahead,
+    welch_z,
+    wilson,
+    z_of,
+)
 
 
 @dataclass
@@ -82,6 +96,9 @@ class BinStats:
     taus: dict[str, Estimate | None]  # a diagnostic, reported with the decisions
     signatures: dict[str, int]  # items carrying each signature
     slopes: dict[str, Estimate | None] = field(default_factory=dict)  # what the rules test
+    scores: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    """(proxy, auditor) of the bin's items per auditor, for the forecast; kept for the newest
+    window only."""
 
 
 @dataclass
@@ -141,6 +158,7 @@ def overoptimization(bins: list[BinStats], auditor: str, rule: Any, peak: Peak) 
     tilt = pool([x.slopes.get(auditor) for x in recent])
     tilt_upper = tilt.upper(rule.alpha_slope) if tilt is not None else None
     slope = rising and tilt_upper is not None and tilt_upper < rule.kappa
+    ahead_hit, ahead = _forecast_evidence(recent, before, auditor, rule, z_rise) if rising else (False, {})
     tau = pool([x.taus.get(auditor) for x in recent])
     z_drop = z_above_peak = None
     level = False
@@ -160,13 +178,81 @@ def overoptimization(bins: list[BinStats], auditor: str, rule: Any, peak: Peak) 
         "z_proxy_rise": _finite(z_rise),
         "tilt": _finite(tilt.point) if tilt is not None else None,
         "tilt_upper": _finite(tilt_upper),
+        **{key: ahead.get(key) for key in FORECAST_KEYS},
         "tau": _finite(tau.point) if tau is not None else None,
         "peak_versions": list(peak_versions) if peak_versions else None,
         "z_auditor_below_peak": _finite(z_drop),
         "z_proxy_above_peak": _finite(z_above_peak),
-        "by": [name for name, hit in (("slope", slope), ("level", level)) if hit],
+        "by": [name for name, hit in (("slope", slope), ("forecast", ahead_hit), ("level", level)) if hit],
     }
-    return Decision("overoptimization", auditor, b, _span(recent), slope or level, evidence)
+    return Decision("overoptimization", auditor, b, _span(recent), slope or ahead_hit or level, evidence)
+
+
+FORECAST_KEYS = ("tilt_forecast", "tilt_forecast_upper", "tilt_pace", "z_auditor_beyond_tilt")
+
+
+def _forecast_evidence(
+    recent: list[BinStats], before: list[BinStats], auditor: str, rule: Any, z_rise: float
+) -> tuple[bool, dict[str, Any]]:
+    """The forecast evidence, once the proxy rises significantly (docs/audit.md): whether the
+    upper bound of the tilt slope `horizon` versions ahead is below κ, and its numbers."""
+    windows = [_pool(w, lambda x: x.proxy).moments() for w in (recent, before)]
+    auditors = [_pool(w, lambda x: x.auditors[auditor]).moments() for w in (recent, before)]
+    tilts = [pool([x.slopes.get(auditor) for x in w]) for w in (recent, before)]
+    if rule.horizon <= 0 or None in windows or None in auditors or None in tilts:
+        return False, {}
+    (pr, pp), (ar, ap), (tr, tp) = windows, auditors, tilts
+    rise = pr.mean - pp.mean
+    # A proxy tilt moves the auditor by Cov(proxy, auditor)·Δβ with Δβ = rise/Var(proxy). An
+    # auditor rising significantly beyond that is being optimised by more than the proxy (the
+    # control: a policy after the auditor itself), and a proxy tilt's forecast does not apply.
+    cov = (_sd(pr) * _sd(ar) * tr.point + _sd(pp) * _sd(ap) * tp.point) / 2
+    predicted = cov * rise / ((_sd(pr) ** 2 + _sd(pp) ** 2) / 2)
+    beyond = welch_z(ar, ap) - predicted / math.sqrt(ar.se**2 + ap.se**2)
+    out: dict[str, Any] = {"z_auditor_beyond_tilt": _finite(beyond)}
+    if not beyond < z_of(rule.alpha_slope):
+        return False, out
+    # the slowest pace the proxy's rise supports: its lower bound at alpha_slope, rise·(1 − z_α/z)
+    pace = _tilt_pace(recent, before, auditor, rise * (1.0 - z_of(rule.alpha_slope) / z_rise))
+    forecast = _forecast(recent, auditor, pace, rule.horizon) if pace else None
+    if forecast is None:
+        return False, out
+    upper = forecast.upper(rule.alpha_slope)
+    out.update(
+        tilt_forecast=_finite(forecast.point), tilt_forecast_upper=_finite(upper), tilt_pace=_finite(pace)
+    )
+    return upper < rule.kappa, out
+
+
+def _sd(m: Moments) -> float:
+    return m.se * math.sqrt(m.n) if math.isfinite(m.se) else 0.0
+
+
+def _centre(bins: list[BinStats]) -> float:
+    """The item-weighted mean version of a window's bins (each bin at its versions' midpoint)."""
+    total = sum(x.n for x in bins)
+    return sum(x.n * (x.versions[0] + x.versions[1]) / 2 for x in bins) / max(1, total)
+
+
+def _tilt_pace(recent: list[BinStats], before: list[BinStats], auditor: str, rise: float) -> float | None:
+    """β gained per version, from a rise of the proxy's mean between the two windows:
+    d E_β[proxy]/dβ = Var_β(proxy), so the rise over R's within-bin variance, per version
+    between the windows' centres (None when the rise is not positive or the variance unknown)."""
+    span = _centre(recent) - _centre(before)
+    var = [float(np.var(x.scores[auditor][0], ddof=1)) for x in recent if auditor in x.scores]
+    if span <= 0 or rise <= 0 or not var or not np.mean(var) > 0:
+        return None
+    return rise / float(np.mean(var)) / span
+
+
+def _forecast(recent: list[BinStats], auditor: str, pace: float, horizon: int) -> Estimate | None:
+    """The tilt slope `horizon` versions past R's newest, at `pace`: each bin of R reweighted to
+    it from its own versions (`stats.tilt_ahead`), pooled."""
+    target = recent[-1].versions[1] + horizon
+    ahead = [
+        tilt_ahead(*x.scores[auditor], pace * (target - _centre([x]))) for x in recent if auditor in x.scores
+    ]
+    return pool(ahead)
 
 
 def decorrelation(bins: list[BinStats], auditor: str, rule: Any) -> Decision | None:
@@ -228,6 +314,10 @@ class Evaluator:
         enough bins)."""
         self.bins.append(stats)
         rules = self.alarms
+        keep = rules.overoptimization.window
+        if len(self.bins) > keep:
+            # the forecast reads the newest window's items only (a copy: the caller's bin stays whole)
+            self.bins[-keep - 1] = replace(self.bins[-keep - 1], scores={})
         decisions: list[Decision | None] = []
         if rules.overoptimization.enabled:
             for a in self.auditors:

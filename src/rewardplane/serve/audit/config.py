@@ -76,7 +76,10 @@ class OverOptimizationRule(ConfigModel):
     """Slope evidence: the upper bound of the within-bin tilt slope (the standardised covariance
     of proxy and auditor, docs/audit.md) over R is below this."""
     alpha_slope: float = Field(0.05, gt=0, lt=0.5)
-    """One-sided level of that upper bound."""
+    """One-sided level of that upper bound (and of the forecast's)."""
+    horizon: int = Field(10, ge=0)
+    """Forecast evidence: the upper bound of the tilt slope forecast this many versions ahead, at
+    the proxy's current pace, is below `kappa` (0: no forecast)."""
     alpha_level: float = Field(0.0005, gt=0, lt=0.5)
     """Level evidence: the auditor's mean over R is below its best earlier window's at this level."""
 

@@ -254,6 +254,7 @@ class Ledger:
             taus={a: _estimate(summary["auditors"][a]["tau"]) for a in auditors},
             signatures={s: int(np.count_nonzero(sig >> bit & 1)) for bit, s in enumerate(SIGNATURES)},
             slopes={a: _estimate(summary["auditors"][a]["tilt"]) for a in auditors},
+            scores={a: (proxy, v) for a, v in auditors.items()},
         )
         decisions = self.evaluator.add(stats)
         summary["bin"] = stats.index

@@ -15,6 +15,14 @@ standard error; the bounds are point ± z·se. Ranks do not enter: ties and near
 proxy orders against the auditor move τ but not the covariance, and only the covariance is
 what decides whether tilting toward the proxy hurts.
 
+The forecast. The same tilt says where the covariance goes: the policy tilted a further β
+toward the proxy is π·exp(β·x) up to its normaliser, so the bin's own items reweighted by
+w ∝ exp(β·x) (self-normalised importance weights) estimate Cov_{+β}(x, y) =
+Σ w_i (x_i − x̄_w)(y_i − ȳ_w) / Σ w_i. `tilt_ahead` reports it in the bin's standard deviations
+of today (so β = 0 is the tilt slope), with the first-order standard error of the ratio: the
+per-item influence w_i·(d_i − Cov_{+β}) over √n, the weights and weighted means held, like the
+tilt slope's bootstrap above.
+
 Everything here is numpy and the standard library (`statistics.NormalDist` for quantiles):
 scipy is a development dependency only, and the tests compare these numbers with it.
 
@@ -109,6 +117,30 @@ def tilt_products(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float] | No
 def tilt_estimate(products: np.ndarray, scale: float, means: np.ndarray) -> Estimate:
     """The tilt slope from its products, scale and the replicate means of the products."""
     return Estimate(float(products.mean() * scale), float(means.std(ddof=1) * scale), products.size)
+
+
+def tilt_ahead(x: np.ndarray, y: np.ndarray, beta: float) -> Estimate | None:
+    """The tilt slope of the policy tilted `beta` further toward the proxy, estimated from these
+    items by self-normalised importance weights w ∝ exp(beta·x), in today's standard deviations,
+    with its first-order standard error (module docstring, "The forecast"); beta = 0 is the
+    tilt slope itself. None when either score is constant or n < 3."""
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    ok = np.isfinite(x) & np.isfinite(y)
+    x, y = x[ok], y[ok]
+    n = x.size
+    if n < 3:
+        return None
+    sx, sy = float(x.std(ddof=1)), float(y.std(ddof=1))
+    if not (sx > 0 and sy > 0):
+        return None
+    w = np.exp(beta * (x - x.max()))
+    w /= w.mean()
+    d = (x - float(w @ x) / n) * (y - float(w @ y) / n)
+    cov = float(w @ d) / n
+    scale = n / (n - 1) / (sx * sy)
+    influence = w * (d - cov)  # of the ratio Σ w·d / Σ w, the weighted means held
+    return Estimate(cov * scale, float(influence.std(ddof=1)) / math.sqrt(n) * scale, n)
 
 
 def _signs(v: np.ndarray) -> np.ndarray:
