@@ -545,9 +545,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cost: proxy items/s through HTTP, audit off vs on at {args.sample:g}", flush=True)
         details["cost"] = part_cost(args)
         headline["overhead_ratio"] = details["cost"]["overhead_ratio"]
+        headline["cpu_per_item_ratio"] = details["cost"]["cpu_per_item_ratio"]
     print(json.dumps(headline))
     if args.out:
         out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
         keys = ("seeds", "alarm_at_or_before_peak", "median_lead_versions", "control_versions",
                 "control_false_alarms", "overhead_ratio")  # fmt: skip
         if all(k in headline for k in keys):
