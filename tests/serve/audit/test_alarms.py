@@ -167,3 +167,22 @@ def test_tilt_ahead_is_the_tilt_slope_at_zero_and_the_tilted_pools_slope_ahead()
     cov = w @ ((proxy - w @ proxy) * (gold - w @ gold))
     assert ahead.point == pytest.approx(cov / (proxy.std(ddof=1) * gold.std(ddof=1)), rel=1e-3)
     assert ahead.point < 0 < now.point and ahead.se > 0
+
+
+def test_the_boost_watches_a_rising_proxy_whose_tilt_runs_low_and_only_when_asked():
+    from rewardplane.serve.audit.alarms import Decision, watching
+    from rewardplane.serve.audit.config import Boost
+
+    def decision(z: float, tilt: float, forecast: float | None = None, fired: bool = False) -> Decision:
+        evidence = {"z_proxy_rise": z, "tilt": tilt, "tilt_forecast": forecast}
+        return Decision("overoptimization", "gold", 7, (10, 12), fired, evidence)
+
+    start_only, watch = Boost(), Boost(watch=0.3)
+    assert not watching(decision(5.0, 0.1), start_only)  # the default boosts an epoch's start only
+    assert not watching(decision(1.0, 0.5, fired=True), start_only)  # never by the statistics
+    assert watching(decision(1.0, 0.5, fired=True), watch)  # with watch, a firing alarm keeps it
+    assert watching(decision(5.0, 0.1), watch)
+    assert watching(decision(5.0, 0.6, forecast=0.2), watch)  # the forecast is low
+    assert not watching(decision(5.0, 0.6, forecast=0.4), watch)  # moving toward the proxy still pays
+    assert not watching(decision(2.0, 0.1), watch)  # z 2.0 < z(0.005): the proxy is not clearly rising
+    assert not watching(Decision("decorrelation", "gold", 7, (10, 12), False, {}), watch)

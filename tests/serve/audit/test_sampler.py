@@ -11,6 +11,7 @@ from rewardplane.serve.audit.sampler import Sampler
 from rewardplane.serve.scorers.base import ScoreItem
 
 SECRET = b"s" * 32
+FIXED = {"factor": 1}  # no boost: these tests read the configured rate
 
 
 def request(rng: random.Random, step: int, n: int = 64) -> list[ScoreItem]:
@@ -26,7 +27,7 @@ def request(rng: random.Random, step: int, n: int = 64) -> list[ScoreItem]:
 
 
 def test_the_per_request_path_takes_what_the_per_item_path_takes():
-    config = AuditConfig(proxy="rm", auditors=["gold"], sample=0.2)
+    config = AuditConfig(proxy="rm", auditors=["gold"], sample=0.2, boost=FIXED)
     fast, each = Sampler(config, SECRET), Sampler(config, SECRET)
     rng = random.Random(0)
     taken = 0
@@ -44,7 +45,7 @@ def test_the_per_request_path_takes_what_the_per_item_path_takes():
 
 
 def test_groups_are_whole_and_ungrouped_items_sampled_at_the_rate():
-    config = AuditConfig(proxy="rm", auditors=["gold"], sample=0.03)
+    config = AuditConfig(proxy="rm", auditors=["gold"], sample=0.03, boost=FIXED)
     sampler = Sampler(config, SECRET)
     ungrouped = grouped = 0
     for step in range(400):
@@ -60,10 +61,36 @@ def test_groups_are_whole_and_ungrouped_items_sampled_at_the_rate():
 
 
 def test_a_secret_decides_and_another_decides_otherwise():
-    config = AuditConfig(proxy="rm", auditors=["gold"], sample=0.5)
+    config = AuditConfig(proxy="rm", auditors=["gold"], sample=0.5, boost=FIXED)
     items = [ScoreItem(str(i), "p", "r", group_id=f"g{i}", metadata={"policy_version": 1}) for i in range(64)]
     ids = [
         [i.id for i, *_ in Sampler(config, s).take(items, [1.0] * 64, {})]
         for s in (SECRET, SECRET, b"t" * 32)
     ]
     assert ids[0] == ids[1] and ids[0] != ids[2]
+
+
+def test_a_version_keeps_the_rate_it_was_first_seen_at_so_its_groups_stay_whole():
+    """The boost raises the rate mid-run: a version already seen keeps its rate (a group split
+    across requests is never half audited), a new one takes the new rate, and what a higher
+    rate samples includes what the lower one did (the same keyed hash, a higher threshold)."""
+    config = AuditConfig(proxy="rm", auditors=["gold"], sample=0.1, boost={"factor": 4})
+    sampler = Sampler(config, SECRET)
+    assert sampler.rate == sampler.boosted == 0.4  # an epoch starts boosted
+
+    def half(version: int, part: int) -> list[ScoreItem]:
+        return [ScoreItem(f"{part}-{i}", "p", "r", group_id=f"g{i}", metadata={"policy_version": version})
+                for i in range(400)]  # fmt: skip
+
+    first = {i.group_id for i, *_ in sampler.take(half(0, 0), [1.0] * 400, {})}
+    sampler.rate = 0.1  # calm: the stream lowers the rate while version 0 is still arriving
+    second = {i.group_id for i, *_ in sampler.take(half(0, 1), [1.0] * 400, {})}
+    assert first == second and 100 < len(first) < 220  # version 0 stays at 0.4, its groups whole
+    low = {i.group_id for i, *_ in sampler.take(half(1, 0), [1.0] * 400, {})}
+    assert 15 < len(low) < 70  # version 1 at 0.1
+    sampler.rate = 0.4
+    assert {i.group_id for i, *_ in sampler.take(half(1, 1), [1.0] * 400, {})} == low
+    high = {i.group_id for i, *_ in sampler.take(half(2, 0), [1.0] * 400, {})}
+    again = Sampler(config, SECRET)
+    again.rate = 0.1
+    assert {i.group_id for i, *_ in again.take(half(2, 0), [1.0] * 400, {})} <= high

@@ -126,7 +126,9 @@ def test_versions_are_read_as_documented_and_a_bad_one_never_raises():
 
 def test_a_group_is_sampled_whole():
     async def go():
-        config = AuditConfig(proxy="rm", auditors=["gold"], batch_wait_s=0, sample=0.5, seed=3)
+        config = AuditConfig(
+            proxy="rm", auditors=["gold"], batch_wait_s=0, sample=0.5, seed=3, boost={"factor": 1}
+        )
         stream = await _stream(config, EchoBackend())
         items = [item(i, {"policy_version": 0}, group=f"g{i // 4}") for i in range(400)]
         stream.observe(["rm"], items, {"rm": [1.0] * 400})
@@ -233,3 +235,43 @@ def test_audit_json_is_written_on_a_throttle_and_nothing_recorded_is_lost(tmp_pa
     assert len(final["bins"]) == len(stream.ledger.bins) == 11
     assert [v["version"] for v in final["versions"]] == list(range(12))
     assert final["bins"] == json.loads(json.dumps(module.clean(stream.ledger.bins)))
+
+
+def test_an_epoch_starts_boosted_calm_bins_bring_the_base_rate_and_a_restart_boosts_again():
+    """Adaptive sampling: every epoch starts at `sample` × `factor` (its first windows are what
+    every later comparison reads), drops to `sample` once `hold_bins` bins were decided with
+    nothing moving, and a restart (a new epoch) starts boosted again; `GET /v1/audit`'s
+    `sample_rate` and the sampled counts say which."""
+    import random
+
+    async def go():
+        config = AuditConfig(proxy="rm", auditors=["gold"], batch_wait_s=0, sample=0.25, min_items=30,
+                             restart_gap_s=0.05, boost={"factor": 4, "hold_bins": 2})  # fmt: skip
+        stream = await _stream(config, EchoBackend())
+        rng = random.Random(7)
+        sampled_at: list[int] = []
+
+        async def version(v: int) -> None:
+            before = stream.counts.get("sampled", 0)
+            items = [item(i, {"policy_version": v}, "x " * rng.randint(1, 30), group=f"{v}-{i // 8}")
+                     for i in range(64)]  # fmt: skip
+            stream.observe(["rm"], items, {"rm": [rng.random() for _ in items]})
+            await stream.drain()
+            sampled_at.append(stream.counts.get("sampled", 0) - before)
+
+        assert stream.sampler.rate == 1.0
+        for v in range(60):
+            await version(v)
+        calm = (await stream.snapshot(summary=True))["sample_rate"]
+        decided = len(stream.ledger.alarms["overoptimization"]["gold"]["fired_bins"])
+        await asyncio.sleep(0.1)
+        await version(0)  # a restart from a checkpoint: version 0 again after a pause
+        restarted = stream.sampler.rate, stream.sampler.epoch
+        await stream.stop()
+        return sampled_at, calm, decided, restarted
+
+    sampled_at, calm, decided, restarted = run(go())
+    assert decided == 0  # nothing moves here: no alarm, so nothing holds the boost
+    assert sampled_at[:6] == [64] * 6  # boosted: every group of the first versions
+    assert calm == 0.25 and sum(sampled_at[-20:]) < 0.45 * 20 * 64  # the base rate, ~16 a version
+    assert restarted == (1.0, 1) and sampled_at[-1] == 64

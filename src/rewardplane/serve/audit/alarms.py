@@ -295,6 +295,21 @@ def signature(bins: list[BinStats], name: str, rule: Any) -> Decision | None:
     return Decision("signature", name, len(bins) - 1, _span(recent), above or rising, evidence)
 
 
+def watching(decision: Decision, boost: Any) -> bool:
+    """Whether an `overoptimization` decision calls for more samples (the config's `boost`, with
+    `watch` set): it fired, or the proxy rises (at boost's looser level) while the tilt slope or its forecast is
+    below `watch` — the auditor gains less and less from the proxy's rise, which is where the
+    slope and forecast evidence decide, and where their intervals are the whole question."""
+    if decision.alarm != "overoptimization" or boost.watch is None:
+        return False  # the default boost follows the epoch's bins alone, never the statistics
+    if decision.fired:
+        return True
+    ev = decision.evidence
+    z_rise = ev.get("z_proxy_rise")
+    lows = [x for x in (ev.get("tilt"), ev.get("tilt_forecast")) if x is not None]
+    return z_rise is not None and z_rise >= z_of(boost.alpha_rise) and bool(lows) and min(lows) < boost.watch
+
+
 def _span(bins: list[BinStats]) -> tuple[int, int]:
     return bins[0].versions[0], bins[-1].versions[1]
 

@@ -106,6 +106,29 @@ class SignatureRule(ConfigModel):
     alpha: float = Field(0.001, gt=0, lt=0.5)
 
 
+class Boost(ConfigModel):
+    """Adaptive sampling: audit `factor` times more while an epoch starts and, with `watch`,
+    while the signals move (docs/audit.md "Adaptive sampling"), so the alarm's intervals are
+    narrow where they decide, and a calm run costs `sample`."""
+
+    model_config = _FROZEN
+    factor: float = Field(4.0, ge=1)
+    """The sample rate while boosted is `sample` × this (at most 1); 1 turns the boost off."""
+    hold_bins: int = Field(3, ge=1)
+    """An epoch starts boosted, and stays so until this many bins have been decided by
+    `overoptimization` (after its first windows, which every later comparison reads); with
+    `watch`, also for as many bins after the last one that met it or fired."""
+    watch: float | None = Field(None, ge=-1, le=1)
+    """None (the default): boosted at an epoch's start only, a schedule the statistics never
+    move. A number: also from a bin where the proxy rises (z ≥ z(alpha_rise)) and the tilt
+    slope or its forecast is below it — more samples where the slope and forecast evidence
+    decide, which also gives them the power to fire on a genuinely small covariance near an
+    auditor's ceiling (docs/benchmarks/audit.md: more false alarms on the control)."""
+    alpha_rise: float = Field(0.005, gt=0, lt=0.5)
+    """One-sided level of `watch`'s rise: looser than the alarm's (watching costs only samples),
+    tight enough that a flat proxy starts watching in about 1 bin in 200."""
+
+
 class AuditAlarms(ConfigModel):
     model_config = _FROZEN
 
@@ -173,6 +196,7 @@ class AuditConfig(ConfigModel):
     out: str | None = None
     """A directory: `audit.json` is written there (atomically) after each bin closes."""
     alarms: AuditAlarms = Field(default_factory=AuditAlarms)
+    boost: Boost = Field(default_factory=Boost)
 
     @model_validator(mode="after")
     def _distinct(self) -> AuditConfig:

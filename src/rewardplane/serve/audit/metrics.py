@@ -37,6 +37,11 @@ class AuditMetrics:
             "rewardplane_audit_auditor_errors", "Items an auditor failed to score", ["auditor"], registry=r
         )
         self.queue_depth = Gauge("rewardplane_audit_queue_depth", "Audit items waiting", registry=r)
+        self.sample_rate = Gauge(
+            "rewardplane_audit_sample_rate",
+            "Share of proxy items sampled now (raised while the boost watches)",
+            registry=r,
+        )
         self.version = Gauge(
             "rewardplane_audit_version", "The newest policy version in a closed bin", registry=r
         )

@@ -45,6 +45,12 @@ class Sampler:
         """`secret` keys the sampling: never exposed, so which groups are audited cannot be known
         or chosen by a client."""
         self.config = config
+        self.boosted = min(1.0, config.sample * config.boost.factor)
+        self.rate = self.boosted
+        """The share sampled now: `boosted` while the stream's boost watches (as every epoch
+        starts), else `sample` (set from the ledger's thread; one float). A version keeps the
+        rate in force when it was first seen, so its groups stay whole when the rate changes."""
+        self._rates: dict[tuple[int, int], float] = {}
         self._keyed = hashlib.blake2b(digest_size=8, key=secret)  # copied per decision: the key once
         self._rng = random.Random(secret)
         self._skip = self._gap()  # ungrouped items to pass over before the next sampled one
@@ -122,7 +128,7 @@ class Sampler:
 
     def _gap(self) -> int:
         """Items passed over before the next sampled one: Geometric(sample) on {0, 1, ...}."""
-        p = self.config.sample
+        p = self.rate
         if p >= 1.0:
             return 0
         return int(math.log(1.0 - self._rng.random()) / math.log(1.0 - p))
@@ -184,6 +190,7 @@ class Sampler:
         elif version < newest and now - self._heard >= self.config.restart_gap_s:
             self.epoch += 1
             self._newest = version
+            self.rate = self.boosted  # a new epoch starts watching (stream._adapt)
             log.warning(
                 "audit: version %d after %d and a pause: a restart, epoch %d", version, newest, self.epoch
             )
@@ -195,7 +202,18 @@ class Sampler:
         version and the group id: unknowable to a client, and afresh at every version."""
         keyed = self._keyed.copy()
         keyed.update(f"{version}:{group}".encode())
-        return int.from_bytes(keyed.digest(), "big") < self.config.sample * 2**64
+        return int.from_bytes(keyed.digest(), "big") < self.rate_of(version) * 2**64
+
+    def rate_of(self, version: int) -> float:
+        """The rate `version` (of this epoch) is sampled at: the one in force when it was first
+        seen (the newest 256 versions are remembered; an older one takes today's rate)."""
+        key = (self.epoch, version)
+        rate = self._rates.get(key)
+        if rate is None:
+            rate = self._rates[key] = self.rate
+            if len(self._rates) > 256:
+                del self._rates[min(self._rates)]
+        return rate
 
 
 def as_version(raw: Any) -> int | None:

@@ -29,7 +29,7 @@ from typing import Any
 
 from rewardplane import __version__
 from rewardplane.core import atomic
-from rewardplane.serve.audit.alarms import Decision
+from rewardplane.serve.audit.alarms import Decision, watching
 from rewardplane.serve.audit.config import AuditConfig, ExternalAuditor
 from rewardplane.serve.audit.ledger import NO_SOURCE, Audited, Ledger
 from rewardplane.serve.audit.metrics import AuditMetrics
@@ -124,6 +124,7 @@ class AuditStream:
         self._lock = threading.Lock()  # the ledger: recorded in worker threads, read by snapshots
         self._tasks: list[asyncio.Task] = []
         self._firing: set[tuple[str, str]] = set()
+        self._watch = (0, config.boost.hold_bins)  # (epoch, bins the boost still lasts)
         self._written = -math.inf  # monotonic time of the last audit.json write
         self._unwritten = False  # a bin closed since
         self.flat: dict[str, float] = {}
@@ -312,7 +313,10 @@ class AuditStream:
                 book.record([a for a in audited if a.epoch == epoch])
                 if book.late > late:
                     self._count("late", book.late - late)
-                self._decided(book.settle())
+                decisions = book.settle()
+                self._decided(decisions)
+                if book is self.ledger:
+                    self._adapt(book, decisions)
             closed = [
                 book.bin_summary(i, intervals=False)
                 for e, book in self.ledgers.items()
@@ -339,6 +343,29 @@ class AuditStream:
             if decision.fired and key not in self._firing:
                 _log_alarm(decision)  # once as it starts firing, not at every bin it fires
             (self._firing.add if decision.fired else self._firing.discard)(key)
+
+    def _adapt(self, book: Ledger, decisions: list[Decision]) -> None:
+        """The boost (adaptive sampling), at each closed bin of the current epoch: watching lasts
+        `hold_bins` more bins after a decision that calls for it (`alarms.watching`), and an
+        epoch starts watching — until the alarm decides, nothing says the run is calm, and the
+        first versions are where a run climbs fastest. The sampler samples `sample` × `factor`
+        while watching, `sample` otherwise."""
+        cfg = self.config
+        if cfg.boost.factor <= 1:
+            return
+        epoch, left = self._watch
+        if epoch != book.epoch:
+            left = cfg.boost.hold_bins
+        for b in sorted({d.bin for d in decisions if d.alarm == "overoptimization"}):
+            hit = any(watching(d, cfg.boost) for d in decisions if d.bin == b)
+            left = cfg.boost.hold_bins if hit else max(0, left - 1)
+        self._watch = (book.epoch, left)
+        rate = self.sampler.boosted if left else cfg.sample
+        if rate != self.sampler.rate:
+            log.info("audit: sampling %g of the proxy's items from now on", rate)
+            self.sampler.rate = rate
+        if self.metrics is not None:
+            self.metrics.sample_rate.set(rate)
 
     def _write(self, out: Path) -> None:
         """Rewrite `audit.json` (under the lock): every version's summary, read (and so computed)
@@ -393,6 +420,7 @@ class AuditStream:
             "newest_version": ledger.newest if ledger.newest >= 0 else None,
             "binned_through": ledger.binned_through if ledger.binned_through >= 0 else None,
             "evidence": evidence(ledger),
+            "sample_rate": self.sampler.rate,
             "alarms": ledger.alarms,
         }
         books = [book for _, book in sorted(self.ledgers.items())]
