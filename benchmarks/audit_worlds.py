@@ -104,6 +104,7 @@ class PoolGold:
 
 
 def config(args: argparse.Namespace, **settings: Any) -> AuditConfig:
+    settings["boost"] = {k: v for k, v in (("factor", args.boost), ("watch", args.watch)) if v is not None}
     return AuditConfig(proxy="proxy", auditors=["gold"], sample=args.sample, batch_wait_s=0.0, **settings)
 
 
@@ -239,6 +240,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rollouts", type=int, default=4096, help="answers per version")
     p.add_argument("--group", type=int, default=8, help="answers per group (sampled whole)")
     p.add_argument("--sample", type=float, default=0.03)
+    p.add_argument(
+        "--boost", type=float, default=None, help="the audit's boost factor (default: its default)"
+    )
+    p.add_argument("--watch", type=float, default=None, help="the boost's watch level (default: none)")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     args = p.parse_args(argv)
     result = part_worlds(args) if args.part == "worlds" else part_lag(args)

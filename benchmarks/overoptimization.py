@@ -177,6 +177,7 @@ def audit_config(args: argparse.Namespace) -> AuditConfig:
         seed=args.audit_seed,
         min_items=args.min_items,
         batch_wait_s=0.0,
+        boost={k: v for k, v in (("factor", args.boost), ("watch", args.watch)) if v is not None},
     )
 
 
@@ -375,32 +376,72 @@ def _server_process(url: str) -> Any:
 
 
 def part_cost(args: argparse.Namespace) -> dict[str, Any]:
-    """Proxy items/s through HTTP with the audit off and on (`--sample`), in one run: two
-    servers, loaded in short alternating windows (off-on, on-off, ...) so both see the same
-    background load; items/s and each server's CPU time per item."""
+    """Proxy items/s through HTTP with the audit off and on (`--sample`): `--cost-pairs` fresh
+    pairs of servers, each loaded in short alternating windows (off-on, on-off, ...) so both see
+    the same background load. Two processes of the same server differ by several percent on
+    their own (memory layout, core placement), so one pair cannot resolve a 5% cost: the ratio
+    is taken per pair and over all pairs, and `--cost-control` runs the same harness with the
+    audit off in both servers of every pair, which measures that floor."""
+    load_before = os.getloadavg()  # the machine is shared: what else ran is part of the result
+    pairs = [_cost_pair(args, k) for k in range(args.cost_pairs)]
+    items = {m: sum(p["items"][m] for p in pairs) for m in ("off", "on")}
+    seconds = {m: sum(p["seconds"][m] for p in pairs) for m in ("off", "on")}
+    cpu = {m: sum(p["cpu_s"][m] for p in pairs) for m in ("off", "on")}
+    rate = {m: items[m] / seconds[m] for m in items}
+    per_item = {m: 1e6 * cpu[m] / items[m] for m in items}
+    ratios = [b / a for p in pairs for a, b in zip(p["windows"]["off"], p["windows"]["on"], strict=True)]
+    counts = pairs[-1]["audit_counts"]
+    sampled = sum(p["audit_counts"].get("sampled", 0) for p in pairs)
+    return {
+        "proxy": args.cost_proxy,
+        "control": args.cost_control,
+        "load_average_before": [round(x, 2) for x in load_before],
+        "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        "overhead_ratio": round(rate["on"] / rate["off"], 4),
+        "items_per_s": {m: round(v, 1) for m, v in rate.items()},
+        "window_ratio_median": round(statistics.median(ratios), 4),
+        "server_cpu_us_per_item": {m: round(v, 1) for m, v in per_item.items()},
+        "cpu_per_item_ratio": round(per_item["on"] / per_item["off"], 4),
+        "pair_items_per_s_ratios": [p["items_per_s_ratio"] for p in pairs],
+        "pair_cpu_per_item_ratios": [p["cpu_per_item_ratio"] for p in pairs],
+        "pair_cpu_per_item_ratio_median": round(statistics.median(p["cpu_per_item_ratio"] for p in pairs), 4),
+        "pairs": pairs,
+        "windows": args.cost_windows,
+        "window_seconds": args.cost_seconds,
+        "audit_counts": counts,
+        "settle_polls": SETTLE_POLLS[0],
+        "sampled_share": round(sampled / max(1, items["on"]), 4),
+    }
+
+
+def _cost_pair(args: argparse.Namespace, k: int) -> dict[str, Any]:
+    """One pair of fresh servers, `cost_windows` alternating windows each: items, seconds and
+    server CPU seconds per mode."""
     from rewardplane.bench.server import running_server
 
-    load_before = os.getloadavg()  # the machine is shared: what else ran is part of the result
-    work = Path(args.workdir)
+    work = Path(args.workdir) / f"pair{k}"
     work.mkdir(parents=True, exist_ok=True)
     configs = {}
     for mode in ("off", "on"):
         configs[mode] = work / f"service_{mode}.yaml"
-        configs[mode].write_text(_service_yaml(mode == "on", args.sample, args.cost_proxy))
+        audited = mode == "on" and not args.cost_control
+        configs[mode].write_text(_service_yaml(audited, args.sample, args.cost_proxy))
     items = {"off": 0, "on": 0}
     seconds = {"off": 0.0, "on": 0.0}
     cpu = {"off": 0.0, "on": 0.0}
     windows: dict[str, list[float]] = {"off": [], "on": []}
     sent = 0
+    first, second = ("off", "on") if k % 2 == 0 else ("on", "off")  # which one starts first alternates
     with (
-        running_server(["--config", str(configs["off"])], work, label="audit off", log_name="off.log") as off,
-        running_server(["--config", str(configs["on"])], work, label="audit on", log_name="on.log") as on,
-    ):
-        urls = {"off": off, "on": on}
+        running_server(["--config", str(configs[first])], work, label=f"audit {first}", log_name=f"{first}.log") as a,
+        running_server(["--config", str(configs[second])], work, label=f"audit {second}", log_name=f"{second}.log") as b,
+    ):  # fmt: skip
+        urls = {first: a, second: b}
         procs = {mode: _server_process(url) for mode, url in urls.items()}
+        settle = (lambda: _settle(urls["on"])) if not args.cost_control else (lambda: {"counts": {}})
         for mode in ("off", "on"):  # warm-up, not counted
             sent = asyncio.run(_load(urls[mode], 2.0, args.cost_concurrency, args.cost_batch, sent))[2]
-        _settle(on)
+        settle()
         for w in range(args.cost_windows):
             for mode in ("off", "on") if w % 2 == 0 else ("on", "off"):
                 before = procs[mode].cpu_times()
@@ -408,38 +449,26 @@ def part_cost(args: argparse.Namespace) -> dict[str, Any]:
                     _load(urls[mode], args.cost_seconds, args.cost_concurrency, args.cost_batch, sent)
                 )
                 if mode == "on":
-                    _settle(on)  # the audit's backlog is this window's cost, not the next one's
+                    settle()  # the audit's backlog is this window's cost, not the next one's
                 after = procs[mode].cpu_times()
                 items[mode] += done
                 seconds[mode] += elapsed
                 cpu[mode] += (after.user - before.user) + (after.system - before.system)
                 windows[mode].append(done / elapsed)
-            print(f"  cost window {w}: off {windows['off'][-1]:.0f} items/s, on {windows['on'][-1]:.0f} items/s",
-                  flush=True)  # fmt: skip
-        audit = _settle(on)
-    rate = {mode: items[mode] / seconds[mode] for mode in items}
-    per_item = {mode: 1e6 * cpu[mode] / items[mode] for mode in items}
-    pairs = [b / a for a, b in zip(windows["off"], windows["on"], strict=True)]
-    counts = audit["counts"]
+            print(f"  cost pair {k} window {w}: off {windows['off'][-1]:.0f} items/s, "
+                  f"on {windows['on'][-1]:.0f} items/s", flush=True)  # fmt: skip
+        audit = settle()
+    rate = {m: items[m] / seconds[m] for m in items}
+    per_item = {m: cpu[m] / items[m] for m in items}
     return {
-        "proxy": args.cost_proxy,
-        "load_average_before": [round(x, 2) for x in load_before],
-        "load_average_after": [round(x, 2) for x in os.getloadavg()],
-        "overhead_ratio": round(rate["on"] / rate["off"], 4),
-        "items_per_s": {mode: round(v, 1) for mode, v in rate.items()},
-        "window_ratio_median": round(statistics.median(pairs), 4),
-        "window_ratios": [round(x, 3) for x in pairs],
-        "server_cpu_us_per_item": {mode: round(v, 1) for mode, v in per_item.items()},
+        "items": items,
+        "seconds": {m: round(v, 3) for m, v in seconds.items()},
+        "cpu_s": {m: round(v, 3) for m, v in cpu.items()},
+        "windows": {m: [round(x, 1) for x in v] for m, v in windows.items()},
+        "items_per_s_ratio": round(rate["on"] / rate["off"], 4),
         "cpu_per_item_ratio": round(per_item["on"] / per_item["off"], 4),
-        "windows": args.cost_windows,
-        "window_seconds": args.cost_seconds,
-        "audit_counts": counts,
-        "settle_polls": SETTLE_POLLS[0],
-        "sampled_share": round(counts["sampled"] / max(1, items["on"]), 4),
+        "audit_counts": audit["counts"],
     }
-
-
-# ------------------------------------------------------------------------------ main
 
 
 def example_png(result: dict[str, Any], path: Path) -> None:
@@ -492,6 +521,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--proxy-pairs", type=int, default=200)
     p.add_argument("--sample", type=float, default=0.03)
     p.add_argument("--min-items", type=int, default=100)
+    p.add_argument(
+        "--boost", type=float, default=None, help="the audit's boost factor (default: its default)"
+    )
+    p.add_argument("--watch", type=float, default=None, help="the boost's watch level (default: none)")
     p.add_argument("--audit-seed", type=int, default=0)
     p.add_argument("--null-runs", type=int, default=5)
     p.add_argument("--null-bins", type=int, default=1000)
@@ -501,6 +534,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--cost-proxy", choices=("rm", "rules"), default="rm", help="tiny text RMs, or a rules proxy"
     )
+    p.add_argument(
+        "--cost-pairs", type=int, default=1, help="fresh pairs of servers, each run --cost-windows"
+    )
+    p.add_argument("--cost-control", action="store_true", help="A/A: the audit off in both servers")
     p.add_argument("--cost-seconds", type=float, default=4.0)
     p.add_argument("--cost-concurrency", type=int, default=4)
     p.add_argument("--cost-batch", type=int, default=64)
