@@ -63,3 +63,13 @@ def test_gold_is_the_tasks_rule_and_the_proxy_rewards_length():
         bench.counts(["apple", "pear", "plum", "kiwi", "lemon", "mango"]),
     )
     assert long @ theta > short @ theta  # more category words score higher, past the rule's four
+
+
+def test_the_cost_part_runs_fresh_pairs_and_waits_for_the_boost(tmp_path):
+    details = _run(tmp_path, "--part", "cost", "--cost-proxy", "rules", "--cost-pairs", "1", "--cost-windows", "1",
+                   "--cost-seconds", "0.5", "--workdir", str(tmp_path / "w"))  # fmt: skip
+    cost = details["cost"]
+    (pair,) = cost["pairs"]
+    assert pair["items"]["off"] > 0 and pair["items"]["on"] > 0 and cost["control"] is False
+    assert pair["sample_rate_at_end"] == 0.03  # measured after the epoch's boost
+    assert len(cost["pair_cpu_per_item_ratios"]) == 1
