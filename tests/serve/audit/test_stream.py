@@ -42,8 +42,12 @@ def test_a_slow_auditor_never_delays_the_proxy_and_overflow_is_dropped_and_count
             assert response.status_code == 200
             assert response.json()["results"][3]["scores"]["len"] == len("a response 3")
         audit = httpx.get(f"{server.url}/v1/audit", params={"summary": "true"}).json()
-    # 600 items offered to an auditor that takes 0.6 s per 4: the responses never waited for it
-    assert max(latencies) < SLOW_S, latencies
+    # 600 items offered to an auditor that takes 0.6 s per 4, its queue full after the first
+    # request: a response that waited for it would take a batch's 0.6 s, every one after the
+    # first. The median and the mean say they did not (one scheduler stall on a starved machine
+    # is not a wait for the auditor; every response waiting would be)
+    assert sorted(latencies)[len(latencies) // 2] < SLOW_S / 2, latencies
+    assert sum(latencies) < len(latencies) * SLOW_S / 2, latencies
     counts = audit["counts"]
     assert counts["sampled"] == 600 and counts["dropped_queue_full"] >= 500
     assert audit["queue_depth"] <= 8
