@@ -9,8 +9,10 @@ import time
 
 import httpx
 import pytest
+from prometheus_client import CollectorRegistry
 
 from rewardplane.serve.audit.config import AuditConfig
+from rewardplane.serve.audit.metrics import AuditMetrics
 from rewardplane.serve.audit.stream import AuditStream
 from rewardplane.serve.scorers.base import ItemError, ScoreItem
 from support.serve import LiveServer, make_config
@@ -251,9 +253,14 @@ def test_an_epoch_starts_boosted_calm_bins_bring_the_base_rate_and_a_restart_boo
     async def go():
         config = AuditConfig(proxy="rm", auditors=["gold"], batch_wait_s=0, sample=0.25, min_items=30,
                              restart_gap_s=0.05, boost={"factor": 4, "hold_bins": 2})  # fmt: skip
-        stream = await _stream(config, EchoBackend())
+        registry = CollectorRegistry()
+        stream = AuditStream(config, EchoBackend(), AuditMetrics(registry))
+        await stream.start()
         rng = random.Random(7)
         sampled_at: list[int] = []
+
+        def gauge() -> float | None:  # what /metrics would say
+            return registry.get_sample_value("rewardplane_audit_sample_rate")
 
         async def version(v: int) -> None:
             before = stream.counts.get("sampled", 0)
@@ -263,19 +270,19 @@ def test_an_epoch_starts_boosted_calm_bins_bring_the_base_rate_and_a_restart_boo
             await stream.drain()
             sampled_at.append(stream.counts.get("sampled", 0) - before)
 
-        assert stream.sampler.rate == 1.0
+        assert stream.sampler.rate == 1.0 and gauge() == 1.0
         for v in range(60):
             await version(v)
-        calm = (await stream.snapshot(summary=True))["sample_rate"]
+        calm = (await stream.snapshot(summary=True))["sample_rate"], gauge()
         decided = len(stream.ledger.alarms["overoptimization"]["gold"]["fired_bins"])
         await asyncio.sleep(0.1)
         await version(0)  # a restart from a checkpoint: version 0 again after a pause
-        restarted = stream.sampler.rate, stream.sampler.epoch
+        restarted = stream.sampler.rate, stream.sampler.epoch, gauge()
         await stream.stop()
         return sampled_at, calm, decided, restarted
 
     sampled_at, calm, decided, restarted = run(go())
     assert decided == 0  # nothing moves here: no alarm, so nothing holds the boost
     assert sampled_at[:6] == [64] * 6  # boosted: every group of the first versions
-    assert calm == 0.25 and sum(sampled_at[-20:]) < 0.45 * 20 * 64  # the base rate, ~16 a version
-    assert restarted == (1.0, 1) and sampled_at[-1] == 64
+    assert calm == (0.25, 0.25) and sum(sampled_at[-20:]) < 0.45 * 20 * 64  # the base rate, ~16 a version
+    assert restarted == (1.0, 1, 1.0) and sampled_at[-1] == 64  # the gauge says so before any bin closes

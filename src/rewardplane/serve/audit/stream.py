@@ -121,6 +121,8 @@ class AuditStream:
         self._full = asyncio.Event()  # set when a full batch is waiting
         self._bytes = 0
         self.sampler = Sampler(config, secret if secret is not None else secrets.token_bytes(32))
+        if metrics is not None:  # read when scraped: the rate in force, an epoch's boost included
+            metrics.sample_rate.set_function(lambda: self.sampler.rate)
         self._lock = threading.Lock()  # the ledger: recorded in worker threads, read by snapshots
         self._tasks: list[asyncio.Task] = []
         self._firing: set[tuple[str, str]] = set()
@@ -364,8 +366,6 @@ class AuditStream:
         if rate != self.sampler.rate:
             log.info("audit: sampling %g of the proxy's items from now on", rate)
             self.sampler.rate = rate
-        if self.metrics is not None:
-            self.metrics.sample_rate.set(rate)
 
     def _write(self, out: Path) -> None:
         """Rewrite `audit.json` (under the lock): every version's summary, read (and so computed)
