@@ -388,7 +388,7 @@ def part_cost(args: argparse.Namespace) -> dict[str, Any]:
     rate = {m: items[m] / seconds[m] for m in items}
     per_item = {m: 1e6 * cpu[m] / items[m] for m in items}
     ratios = [b / a for p in pairs for a, b in zip(p["windows"]["off"], p["windows"]["on"], strict=True)]
-    sampled = sum(p["audit_counts"].get("sampled", 0) for p in pairs)
+    sampled = sum(p["sampled_in_windows"] for p in pairs)  # not the warm-up's, nor the boost's
     return {
         "proxy": args.cost_proxy,
         "control": args.cost_control,
@@ -440,7 +440,7 @@ def _cost_pair(args: argparse.Namespace, k: int) -> dict[str, Any]:
             if args.cost_control or settle().get("sample_rate") == args.sample:
                 break
             sent = asyncio.run(_load(urls["on"], 1.0, args.cost_concurrency, args.cost_batch, sent))[2]
-        settle()
+        before_windows = settle()["counts"]
         for w in range(args.cost_windows):
             for mode in ("off", "on") if w % 2 == 0 else ("on", "off"):
                 before = procs[mode].cpu_times()
@@ -467,6 +467,7 @@ def _cost_pair(args: argparse.Namespace, k: int) -> dict[str, Any]:
         "items_per_s_ratio": round(rate["on"] / rate["off"], 4),
         "cpu_per_item_ratio": round(per_item["on"] / per_item["off"], 4),
         "audit_counts": audit["counts"],
+        "sampled_in_windows": audit["counts"].get("sampled", 0) - before_windows.get("sampled", 0),
         "sample_rate_at_end": audit.get("sample_rate"),
     }
 

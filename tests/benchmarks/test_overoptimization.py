@@ -73,3 +73,5 @@ def test_the_cost_part_runs_fresh_pairs_and_waits_for_the_boost(tmp_path):
     assert pair["items"]["off"] > 0 and pair["items"]["on"] > 0 and cost["control"] is False
     assert pair["sample_rate_at_end"] == 0.03  # measured after the epoch's boost
     assert len(cost["pair_cpu_per_item_ratios"]) == 1
+    # the share counts the windows' items only, not the warm-up's boosted ones
+    assert 0 <= pair["sampled_in_windows"] < pair["audit_counts"]["sampled"] and cost["sampled_share"] < 0.12
