@@ -20,7 +20,7 @@ The world (the built-in synthetic preference task, `rewardplane.data.synth`):
 
 The items go through the service's own `AuditStream` (observe -> bounded queue -> workers ->
 ledger -> alarms) with the gold reward as a hosted auditor of an in-process backend; only HTTP
-is left out (the `cost` part measures HTTP). Lead = (version of the gold peak, the argmax of the
+is left out (the `cost` part, `audit_http_cost.py`, measures HTTP). Lead = (version of the gold peak, the argmax of the
 gold mean over all items of a version) − (version of the first `overoptimization` firing).
 Results: docs/benchmarks/audit.md and docs/benchmarks/audit.json.
 """
@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+import audit_http_cost  # benchmarks/ is on the path
 from rewardplane.data import synth
 from rewardplane.serve.audit.config import AuditConfig
 from rewardplane.serve.audit.stream import AuditStream
@@ -295,183 +296,6 @@ def part_signatures(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def _service_yaml(audit: bool, sample: float, proxy: str = "rm") -> str:
-    """Two tiny text RMs (`proxy` rm), or a rules proxy (a regex) audited by a rule (word count):
-    there the audit's own machinery, not an auditor model, is what it costs."""
-    scorers = (
-        "scorers:\n"
-        "  - {name: rm, kind: hf_seqcls, shape: tiny-text-rm, device: cpu, max_batch_size: 64, max_wait_ms: 2}\n"
-        "  - {name: gold, kind: hf_seqcls, shape: tiny-text-rm, device: cpu, max_batch_size: 64, max_wait_ms: 2}\n"
-    )
-    if proxy == "rules":
-        scorers = (
-            "scorers:\n"
-            "  - {name: rm, kind: regex, options: {pattern: '(apple|cherry|mango)'}}\n"
-            "  - {name: gold, kind: length, options: {unit: words}}\n"
-        )
-    return scorers + (
-        f"audit: {{proxy: rm, auditors: [gold], sample: {sample}, min_items: 100}}\n" if audit else ""
-    )
-
-
-async def _load(url: str, seconds: float, concurrency: int, batch: int, start: int) -> tuple[int, float, int]:
-    """Closed-loop load on `POST /v1/score` (scorer rm) for `seconds`: (items, elapsed, requests
-    sent so far). A new policy version every 8 requests."""
-    import httpx
-
-    rng = random.Random(start)
-    texts = [" ".join(rng.choice(VOCAB) for _ in range(rng.randint(8, 40))) for _ in range(512)]
-    done = 0
-    sent = start
-
-    async def worker(client: httpx.AsyncClient, deadline: float) -> None:
-        nonlocal done, sent
-        while time.perf_counter() < deadline:
-            version = sent // 8
-            sent += 1
-            items = [
-                {"id": str(i), "prompt": "Name a fruit.", "response": texts[(i * 7 + sent) % len(texts)],
-                 "group_id": f"{sent}-{i // 8}", "metadata": {"policy_version": version}}
-                for i in range(batch)
-            ]  # fmt: skip
-            response = await client.post(f"{url}/v1/score", json={"scorers": ["rm"], "items": items})
-            response.raise_for_status()
-            done += batch
-
-    async with httpx.AsyncClient(timeout=120) as client:
-        started = time.perf_counter()
-        await asyncio.gather(*(worker(client, started + seconds) for _ in range(concurrency)))
-        elapsed = time.perf_counter() - started
-    return done, elapsed, sent
-
-
-SETTLE_POLLS: list[int] = [0]
-"""`GET /v1/audit` calls made while settling (their server CPU is counted in the `on` server's)."""
-
-
-def _settle(url: str, timeout_s: float = 60, poll_s: float = 0.05) -> dict[str, Any]:
-    """Wait until the audit queue is empty; the audit's counters. Polled every `poll_s`: a
-    poll costs the server a request, and a tight loop through a batch's `batch_wait_s` (up to
-    2 s of polls) would add the benchmark's own requests to the CPU time it measures."""
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while True:
-        SETTLE_POLLS[0] += 1
-        body = httpx.get(f"{url}/v1/audit", params={"summary": "true"}, timeout=30).json()
-        if body["queue_depth"] == 0 or time.monotonic() > deadline:
-            return body
-        time.sleep(poll_s)
-
-
-def _server_process(url: str) -> Any:
-    """The process listening on `url`'s port (its CPU time is what the audit could add to)."""
-    import psutil
-
-    port = int(url.rsplit(":", 1)[1])
-    for conn in psutil.net_connections(kind="tcp"):
-        if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN and conn.pid:
-            return psutil.Process(conn.pid)
-    raise RuntimeError(f"no process listens on port {port}")
-
-
-def part_cost(args: argparse.Namespace) -> dict[str, Any]:
-    """Proxy items/s through HTTP, audit off and on (`--sample`), in `--cost-pairs` fresh pairs
-    of servers loaded in alternating windows. Two processes of one server differ by several
-    percent on their own, so one pair cannot resolve a 5% cost; `--cost-control` (the audit off
-    in both servers of every pair) measures that floor."""
-    load_before = os.getloadavg()  # the machine is shared: what else ran is part of the result
-    pairs = [_cost_pair(args, k) for k in range(args.cost_pairs)]
-    items, seconds, cpu = (
-        {m: sum(p[k][m] for p in pairs) for m in ("off", "on")} for k in ("items", "seconds", "cpu_s")
-    )
-    rate = {m: items[m] / seconds[m] for m in items}
-    per_item = {m: 1e6 * cpu[m] / items[m] for m in items}
-    ratios = [b / a for p in pairs for a, b in zip(p["windows"]["off"], p["windows"]["on"], strict=True)]
-    sampled = sum(p["sampled_in_windows"] for p in pairs)  # not the warm-up's, nor the boost's
-    return {
-        "proxy": args.cost_proxy,
-        "control": args.cost_control,
-        "load_average_before": [round(x, 2) for x in load_before],
-        "load_average_after": [round(x, 2) for x in os.getloadavg()],
-        "overhead_ratio": round(rate["on"] / rate["off"], 4),
-        "items_per_s": {m: round(v, 1) for m, v in rate.items()},
-        "window_ratio_median": round(statistics.median(ratios), 4),
-        "server_cpu_us_per_item": {m: round(v, 1) for m, v in per_item.items()},
-        "cpu_per_item_ratio": round(per_item["on"] / per_item["off"], 4),
-        "pair_items_per_s_ratios": [p["items_per_s_ratio"] for p in pairs],
-        "pair_cpu_per_item_ratios": [p["cpu_per_item_ratio"] for p in pairs],
-        "pair_cpu_per_item_ratio_median": round(statistics.median(p["cpu_per_item_ratio"] for p in pairs), 4),
-        "pairs": pairs,
-        "windows": args.cost_windows,
-        "window_seconds": args.cost_seconds,
-        "audit_counts": pairs[-1]["audit_counts"],
-        "settle_polls": SETTLE_POLLS[0],
-        "sampled_share": round(sampled / max(1, items["on"]), 4),
-    }
-
-
-def _cost_pair(args: argparse.Namespace, k: int) -> dict[str, Any]:
-    """One pair of fresh servers, `cost_windows` alternating windows each: items, seconds and
-    server CPU seconds per mode."""
-    from rewardplane.bench.server import running_server
-
-    work = Path(args.workdir) / f"pair{k}"
-    work.mkdir(parents=True, exist_ok=True)
-    configs = {}
-    for mode in ("off", "on"):
-        configs[mode] = work / f"service_{mode}.yaml"
-        audited = mode == "on" and not args.cost_control
-        configs[mode].write_text(_service_yaml(audited, args.sample, args.cost_proxy))
-    items, seconds, cpu = {"off": 0, "on": 0}, {"off": 0.0, "on": 0.0}, {"off": 0.0, "on": 0.0}
-    windows: dict[str, list[float]] = {"off": [], "on": []}
-    sent = 0
-    first, second = ("off", "on") if k % 2 == 0 else ("on", "off")  # which one starts first alternates
-    with (
-        running_server(["--config", str(configs[first])], work, label=f"audit {first}", log_name=f"{first}.log") as a,
-        running_server(["--config", str(configs[second])], work, label=f"audit {second}", log_name=f"{second}.log") as b,
-    ):  # fmt: skip
-        urls = {first: a, second: b}
-        procs = {mode: _server_process(url) for mode, url in urls.items()}
-        settle = (lambda: _settle(urls["on"])) if not args.cost_control else (lambda: {"counts": {}})
-        for mode in ("off", "on"):  # warm-up, not counted
-            sent = asyncio.run(_load(urls[mode], 2.0, args.cost_concurrency, args.cost_batch, sent))[2]
-        for _ in range(30):  # and the epoch's boost: the steady state at `sample` is what is measured
-            if args.cost_control or settle().get("sample_rate") == args.sample:
-                break
-            sent = asyncio.run(_load(urls["on"], 1.0, args.cost_concurrency, args.cost_batch, sent))[2]
-        before_windows = settle()["counts"]
-        for w in range(args.cost_windows):
-            for mode in ("off", "on") if w % 2 == 0 else ("on", "off"):
-                before = procs[mode].cpu_times()
-                done, elapsed, sent = asyncio.run(
-                    _load(urls[mode], args.cost_seconds, args.cost_concurrency, args.cost_batch, sent)
-                )
-                if mode == "on":
-                    settle()  # the audit's backlog is this window's cost, not the next one's
-                after = procs[mode].cpu_times()
-                items[mode] += done
-                seconds[mode] += elapsed
-                cpu[mode] += (after.user - before.user) + (after.system - before.system)
-                windows[mode].append(done / elapsed)
-            print(f"  cost pair {k} window {w}: off {windows['off'][-1]:.0f} items/s, "
-                  f"on {windows['on'][-1]:.0f} items/s", flush=True)  # fmt: skip
-        audit = settle()
-    rate = {m: items[m] / seconds[m] for m in items}
-    per_item = {m: cpu[m] / items[m] for m in items}
-    return {
-        "items": items,
-        "seconds": {m: round(v, 3) for m, v in seconds.items()},
-        "cpu_s": {m: round(v, 3) for m, v in cpu.items()},
-        "windows": {m: [round(x, 1) for x in v] for m, v in windows.items()},
-        "items_per_s_ratio": round(rate["on"] / rate["off"], 4),
-        "cpu_per_item_ratio": round(per_item["on"] / per_item["off"], 4),
-        "audit_counts": audit["counts"],
-        "sampled_in_windows": audit["counts"].get("sampled", 0) - before_windows.get("sampled", 0),
-        "sample_rate_at_end": audit.get("sample_rate"),
-    }
-
-
 def example_png(result: dict[str, Any], path: Path) -> None:
     """The worked example of docs/audit.md: the report's own audit figure for one run, with the
     gold mean over all items of each version (what the audit estimates from its sample)."""
@@ -531,17 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--null-bins", type=int, default=1000)
     p.add_argument("--null-n", type=int, default=120)
     p.add_argument("--normal", type=int, default=500, help="normal answers of each kind")
-    p.add_argument("--cost-windows", type=int, default=24, help="alternating load windows per mode")
-    p.add_argument(
-        "--cost-proxy", choices=("rm", "rules"), default="rm", help="tiny text RMs, or a rules proxy"
-    )
-    p.add_argument(
-        "--cost-pairs", type=int, default=1, help="fresh pairs of servers, each run --cost-windows"
-    )
-    p.add_argument("--cost-control", action="store_true", help="A/A: the audit off in both servers")
-    p.add_argument("--cost-seconds", type=float, default=4.0)
-    p.add_argument("--cost-concurrency", type=int, default=4)
-    p.add_argument("--cost-batch", type=int, default=64)
+    audit_http_cost.add_arguments(p)
     p.add_argument("--workdir", default="/tmp/rewardplane-overoptimization")
     p.add_argument("--out", default=None, help="write audit.json and audit_details.json here")
     p.add_argument("--plot", default=None, help="write the worked example's PNG here")
@@ -581,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
         details["signatures"] = part_signatures(args)
     if "cost" in parts:
         print(f"cost: proxy items/s through HTTP, audit off vs on at {args.sample:g}", flush=True)
-        details["cost"] = part_cost(args)
+        details["cost"] = audit_http_cost.part_cost(args, VOCAB)
         headline["overhead_ratio"] = details["cost"]["overhead_ratio"]
         headline["cpu_per_item_ratio"] = details["cost"]["cpu_per_item_ratio"]
     print(json.dumps(headline))

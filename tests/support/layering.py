@@ -80,6 +80,7 @@ SERVE_ORDER: tuple[str, ...] = (
     "residency",
     "retries",
     "timing",
+    "apart",
     "metrics",
     "images",
     "multipart",

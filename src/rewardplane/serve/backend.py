@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol, runtime_checkable
 
 from rewardplane.serve.batcher import DynamicBatcher, ItemResult, check_value
@@ -211,6 +211,20 @@ class InProcessBackend:
 
     def scorer_names(self) -> list[str]:
         return list(self._status)
+
+    def inline_scorer(self, scorer: str) -> Callable[[list[ScoreItem]], list[ItemResult]] | None:
+        """A call that scores `scorer`'s items in the calling thread, when it is a text rule hosted
+        here (`Scorer.item_deadline_s`: linear, no device), scores through no other scorer and is
+        `resident`; else None, and its items go through `score` (a drained or offloaded one
+        answers there as it does every request). For the audit, which scores a rule auditor's
+        whole batch in the thread it records the batch in (`serve/audit/stream.py`)."""
+        batcher = self._batchers.get(scorer)
+        if batcher is None or batcher.scorer.item_deadline_s is None or self._refs.get(scorer):
+            return None
+        machine = self.lifecycle.scorers.get(scorer)
+        if machine is not None and machine.state != "resident":
+            return None
+        return batcher.score_inline
 
     def queue_depths(self) -> dict[str, int]:
         return {name: b.depth for name, b in self._batchers.items()}

@@ -45,6 +45,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from rewardplane.serve.admission import admitted
+from rewardplane.serve.apart import outcome_of, run_one, score_apart
 from rewardplane.serve.metrics import BatchStats, ServeMetrics, outcome
 from rewardplane.serve.protocol import DetailedScore, ItemError, ScoreItem, ServeError
 from rewardplane.serve.scorers.base import Scorer
@@ -65,7 +66,7 @@ PREPARE_CHUNK = 32
 """Items prepared per task: large requests spread over the workers, small ones take one."""
 
 TEXT_WORKERS = 4
-"""Threads a scorer with a per-item deadline scores its items on, one item per call."""
+"""Threads a scorer with a per-item deadline scores its items on, one item per call (`serve/apart.py`)."""
 
 ADMIT_ON_LOOP_CHARS = 1 << 16
 """A request whose items hold more text than this is admitted in a thread, not on the loop."""
@@ -497,51 +498,36 @@ class DynamicBatcher:
             ]
 
     async def _score_apart(self, payloads: list[object], deadline_s: float) -> list[ItemResult]:
-        """Each item in its own `score_prepared` call on the text threads, with its own deadline
-        counted from when its call starts: an item still running then is `timeout` (its thread
-        finishes on its own: the work is linear and releases the GIL), the others are not held."""
+        """Each item in its own `score_prepared` call on the text threads, under its own deadline
+        (`serve/apart.py`)."""
         assert self._text_pool is not None
-        loop = asyncio.get_running_loop()
-        starts: list[float | None] = [None] * len(payloads)
+        return await score_apart(
+            self._text_pool, TEXT_WORKERS, self._score_one, payloads, deadline_s, check_value, self.name
+        )
 
-        def one(i: int) -> object:
-            starts[i] = time.perf_counter()
-            return self.scorer.score_prepared([payloads[i]])
+    def _score_one(self, payload: object) -> object:
+        return self.scorer.score_prepared([payload])
 
-        futures = [loop.run_in_executor(self._text_pool, one, i) for i in range(len(payloads))]
-        results: list[ItemResult | None] = [None] * len(payloads)
-        pending = set(range(len(payloads)))
-        while pending:
-            now = time.perf_counter()
-            running = [s + deadline_s - now for i in pending if (s := starts[i]) is not None]
-            wait = max(0.0, min(running)) if running else deadline_s
-            await asyncio.wait(
-                [futures[i] for i in pending], timeout=wait, return_when=asyncio.FIRST_COMPLETED
-            )
-            now = time.perf_counter()
-            for i in list(pending):
-                if futures[i].done():
-                    results[i] = self._one_result(futures[i])
-                elif (s := starts[i]) is not None and now - s >= deadline_s:
-                    results[i] = ItemError(
-                        "timeout", f"scoring the item took over its {deadline_s:g}s deadline"
-                    )
-                    log.warning("scorer %s: an item ran past its %gs deadline", self.name, deadline_s)
-                else:
-                    continue
-                pending.discard(i)
-        return [r if r is not None else ItemError("scorer_failed", "unset") for r in results]
+    def score_inline(self, items: list[ScoreItem]) -> list[ItemResult]:
+        """Admit, prepare and score `items` in the calling thread, without the queue:
+        for a caller already in a thread and off every response's path (the audit's rule
+        auditors, `serve/audit/stream.py`), to which a batch through the queue and the text
+        threads costs more handoffs than the rules' own work. No per-item deadline: the rules
+        are linear, and only that caller's thread waits."""
+        return admitted(self.scorer, items, self._score_each)
 
-    def _one_result(self, future: asyncio.Future) -> ItemResult:
-        """A one-item `score_prepared` call's outcome as that item's result."""
-        exc = future.exception()
-        if exc is not None:
-            log.warning("scorer %s failed on an item: %s: %s", self.name, type(exc).__name__, exc)
-            return ItemError("scorer_failed", f"{type(exc).__name__}: {exc}"[:500])
-        raw = future.result()
-        if not isinstance(raw, list | tuple) or len(raw) != 1:
-            return ItemError("scorer_failed", "scorer did not return one value for one item")
-        return check_value(raw[0])
+    def _score_each(self, items: list[ScoreItem]) -> list[ItemResult]:
+        """One `score_prepared` call for all the prepared items; if it raises or miscounts,
+        each item alone, so only the items that fail it fail."""
+        payloads = self._prepare_chunk(items) if self._prepares else items
+        todo = [p for p in payloads if not isinstance(p, ItemError)]
+        raw = run_one(self.scorer.score_prepared, todo)
+        if isinstance(raw, list | tuple) and len(raw) == len(todo):
+            scored = [check_value(v) for v in raw]
+        else:
+            scored = [outcome_of(run_one(self._score_one, p), check_value, self.name) for p in todo]
+        it = iter(scored)
+        return [p if isinstance(p, ItemError) else next(it) for p in payloads]  # type: ignore[misc]
 
 
 def _text_chars(items: list[ScoreItem]) -> int:

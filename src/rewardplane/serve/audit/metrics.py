@@ -1,14 +1,19 @@
 """The audit's Prometheus metrics, on the service's registry next to `serve.metrics`'s.
 
 Gauges hold the last closed bin's numbers (what a dashboard plots over time); counters say
-where every sampled item went, so "dropped under load" is visible, never silent.
+where every sampled item went, so "dropped under load" is visible, never silent. The per-item
+counters and the queue depth are read from the stream when scraped (`bind`), not updated on
+the request path: a request pays a dict update, not a metric's lock per outcome.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 OUTCOMES = (
     "sampled",
@@ -22,20 +27,23 @@ OUTCOMES = (
 )
 
 
+class _Counted(Collector):
+    """A labelled counter read from a dict of running totals when scraped."""
+
+    def __init__(self, name: str, documentation: str, label: str, read: Callable[[], dict[str, int]]) -> None:
+        self.name, self.documentation, self.label, self.read = name, documentation, label, read
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(self.name, self.documentation, labels=[self.label])
+        for key, value in sorted(self.read().items()):
+            family.add_metric([key], value)
+        yield family
+
+
 class AuditMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         r = registry
-        self.items = Counter(
-            "rewardplane_audit_items",
-            "Proxy-scored items by what the audit did with them: sampled, audited, dropped (queue "
-            "full / over its bytes), auditor_failed, unversioned (no version, not audited), "
-            "bad_version, late (its version was already binned)",
-            ["outcome"],
-            registry=r,
-        )
-        self.auditor_errors = Counter(
-            "rewardplane_audit_auditor_errors", "Items an auditor failed to score", ["auditor"], registry=r
-        )
+        self.registry = registry
         self.queue_depth = Gauge("rewardplane_audit_queue_depth", "Audit items waiting", registry=r)
         self.sample_rate = Gauge(
             "rewardplane_audit_sample_rate",
@@ -85,8 +93,33 @@ class AuditMetrics:
             ["alarm", "subject"],
             registry=r,
         )
-        for outcome in OUTCOMES:
-            self.items.labels(outcome)
+
+    def bind(
+        self,
+        counts: Callable[[], dict[str, int]],
+        auditor_errors: Callable[[], dict[str, int]],
+        queue_depth: Callable[[], int],
+        sample_rate: Callable[[], float],
+    ) -> None:
+        """Read the stream's running totals, queue depth and sample rate when scraped."""
+        self.registry.register(_Counted(
+            "rewardplane_audit_items",
+            "Proxy-scored items by what the audit did with them: sampled, audited, dropped (queue "
+            "full / over its bytes), auditor_failed, unversioned (no version, not audited), "
+            "bad_version, late (its version was already binned)",
+            "outcome",
+            lambda: {**dict.fromkeys(OUTCOMES, 0), **counts()},
+        ))  # fmt: skip
+        self.registry.register(
+            _Counted(
+                "rewardplane_audit_auditor_errors",
+                "Items an auditor failed to score",
+                "auditor",
+                auditor_errors,
+            )
+        )
+        self.queue_depth.set_function(queue_depth)
+        self.sample_rate.set_function(sample_rate)
 
     def observe_bin(self, summary: dict[str, Any]) -> None:
         self.version.set(summary["versions"][1])

@@ -50,7 +50,7 @@ class Sampler:
         """The share sampled now: `boosted` while the stream's boost watches (as every epoch
         starts), else `sample` (set from the ledger's thread; one float). A version keeps the
         rate in force when it was first seen, so its groups stay whole when the rate changes."""
-        self._rates: dict[tuple[int, int], float] = {}
+        self._versions: dict[tuple[int, int], tuple[Any, float]] = {}  # `_version_key`'s
         self._keyed = hashlib.blake2b(digest_size=8, key=secret)  # copied per decision: the key once
         self._rng = random.Random(secret)
         self._skip = self._gap()  # ungrouped items to pass over before the next sampled one
@@ -200,20 +200,28 @@ class Sampler:
     def sampled(self, version: int, group: str) -> bool:
         """A GRPO group is sampled whole, by a hash keyed with this server's secret over the
         version and the group id: unknowable to a client, and afresh at every version."""
-        keyed = self._keyed.copy()
-        keyed.update(f"{version}:{group}".encode())
-        return int.from_bytes(keyed.digest(), "big") < self.rate_of(version) * 2**64
+        keyed, below = self._version_key(version)
+        keyed = keyed.copy()
+        keyed.update(group.encode())
+        return int.from_bytes(keyed.digest(), "big") < below
 
     def rate_of(self, version: int) -> float:
         """The rate `version` (of this epoch) is sampled at: the one in force when it was first
         seen (the newest 256 versions are remembered; an older one takes today's rate)."""
+        return self._version_key(version)[1] / 2**64
+
+    def _version_key(self, version: int) -> tuple[Any, float]:
+        """The keyed hash already fed `version` (a group's decision adds only its id) and the
+        bound below which a group is sampled: `rate_of(version)` × 2⁶⁴, fixed when first seen."""
         key = (self.epoch, version)
-        rate = self._rates.get(key)
-        if rate is None:
-            rate = self._rates[key] = self.rate
-            if len(self._rates) > 256:
-                del self._rates[min(self._rates)]
-        return rate
+        known = self._versions.get(key)
+        if known is None:
+            keyed = self._keyed.copy()
+            keyed.update(f"{version}:".encode())
+            known = self._versions[key] = (keyed, self.rate * 2**64)
+            if len(self._versions) > 256:
+                del self._versions[min(self._versions)]
+        return known
 
 
 def as_version(raw: Any) -> int | None:

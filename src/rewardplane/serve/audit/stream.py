@@ -8,8 +8,9 @@ a bounded queue. It never awaits,
 never raises into the request and never blocks: a full queue (by items or by bytes) drops the
 item and counts it. Worker tasks drain the queue in batches, score each batch with every
 auditor (a hosted scorer through the backend, or another service over HTTP), and hand the
-results to the ledger in a thread (statistics are CPU work) — so neither a slow auditor nor
-the statistics can delay or fail a proxy response; at worst audit items are dropped.
+results to the ledger in a thread (statistics are CPU work); a hosted text rule is scored in
+that same thread, without its queue (`InProcessBackend.inline_scorer`) — so neither a slow
+auditor nor the statistics can delay or fail a proxy response; at worst audit items are dropped.
 """
 
 from __future__ import annotations
@@ -64,11 +65,18 @@ def _size(item: ScoreItem) -> int:
 
 
 class _Hosted:
-    """An auditor this service hosts: scored through the backend, as a request would be."""
+    """An auditor this service hosts: scored through the backend, as a request would be, or,
+    for a text rule, in the thread that records the batch (`inline`)."""
 
     def __init__(self, name: str, backend: Any) -> None:
         self.name = name
         self.backend = backend
+
+    def inline(self) -> Any:
+        """The backend's call for scoring this auditor in the calling thread, or None (asked at
+        each batch: the scorer may have been loaded, replaced or removed since)."""
+        inline_scorer = getattr(self.backend, "inline_scorer", None)
+        return inline_scorer(self.name) if inline_scorer is not None else None
 
     async def score(self, items: list[ScoreItem]) -> list[Any]:
         return await self.backend.score(self.name, items)
@@ -97,6 +105,9 @@ class _Remote:
     async def close(self) -> None:
         await self.client.aclose()
 
+    def inline(self) -> None:
+        return None
+
 
 class AuditStream:
     def __init__(
@@ -122,8 +133,14 @@ class AuditStream:
         self._bytes = 0
         self.sampler = Sampler(config, secret if secret is not None else secrets.token_bytes(32))
         if metrics is not None:  # read when scraped: the rate in force, an epoch's boost included
-            metrics.sample_rate.set_function(lambda: self.sampler.rate)
+            metrics.bind(
+                lambda: self._locked(self.counts),
+                lambda: self._locked(self.auditor_errors),
+                lambda: self._queue.qsize() if self._queue is not None else 0,
+                lambda: self.sampler.rate,
+            )
         self._lock = threading.Lock()  # the ledger: recorded in worker threads, read by snapshots
+        self._counts_lock = threading.Lock()
         self._tasks: list[asyncio.Task] = []
         self._firing: set[tuple[str, str]] = set()
         self._watch = (0, config.boost.hold_bins)  # (epoch, bins the boost still lasts)
@@ -149,8 +166,8 @@ class AuditStream:
         sampled = self.sampler.take(items, values, counts)
         if sampled:
             self._enqueue(sampled, counts)
-        for outcome, n in counts.items():
-            self._count(outcome, n)
+        if counts:
+            self._add(counts)
 
     def _enqueue(self, sampled: list[Taken], counts: dict[str, int]) -> None:
         queue = self._queue
@@ -172,13 +189,19 @@ class AuditStream:
             self._bytes += job.size
             if queue.qsize() >= cfg.batch_size - 1:
                 self._full.set()  # a worker holding one item has a full batch waiting
-        if self.metrics is not None:
-            self.metrics.queue_depth.set(queue.qsize())
 
     def _count(self, outcome: str, n: int = 1) -> None:
-        self.counts[outcome] = self.counts.get(outcome, 0) + n
-        if self.metrics is not None:
-            self.metrics.items.labels(outcome).inc(n)
+        self._add({outcome: n})
+
+    def _add(self, counts: dict[str, int]) -> None:
+        with self._counts_lock:  # counted on the loop and in the recording threads
+            for outcome, n in counts.items():
+                self.counts[outcome] = self.counts.get(outcome, 0) + n
+
+    def _locked(self, totals: dict[str, int]) -> dict[str, int]:
+        """A copy of running totals, for a reader in another thread (a /metrics scrape)."""
+        with self._counts_lock:
+            return dict(totals)
 
     # ------------------------------------------------------------------ the workers
 
@@ -219,8 +242,6 @@ class AuditStream:
             while len(batch) < size and not queue.empty():
                 batch.append(queue.get_nowait())
             self._bytes -= sum(job.size for job in batch)
-            if self.metrics is not None:
-                self.metrics.queue_depth.set(queue.qsize())
             try:
                 await self._audit(batch)
             except asyncio.CancelledError:
@@ -240,21 +261,44 @@ class AuditStream:
         await asyncio.to_thread(self.flush)
 
     async def _audit(self, batch: list[_Job]) -> None:
+        """Score the batch with every auditor and record it: the auditors scored through a
+        backend or over HTTP here, concurrently; then one thread scores the text rules inline
+        (no queue, no handoff per item), passes over the texts and records, so a batch costs
+        one thread handoff however many rule auditors there are."""
         items = [job.item for job in batch]
-        scored = await asyncio.gather(*(self._score(a, items) for a in self.auditors))
+        inline = {a.name: call for a in self.auditors if (call := a.inline()) is not None}
+        awaited = [a for a in self.auditors if a.name not in inline]
+        scored = dict(
+            zip(
+                [a.name for a in awaited],
+                await asyncio.gather(*(self._score(a, items) for a in awaited)),
+                strict=True,
+            )
+        )
+        await asyncio.to_thread(self._finish, batch, scored, inline)
+
+    def _finish(self, batch: list[_Job], scored: dict[str, list[float]], inline: dict[str, Any]) -> None:
+        """In a thread: the inline auditors' scores, the text passes, and the record."""
+        items = [job.item for job in batch]
+        for name, call in inline.items():
+            try:
+                results = call(items)
+            except Exception as exc:
+                log.warning("audit: auditor %s failed a batch of %d: %s", name, len(items), exc)
+                results = [None] * len(items)
+            scored[name] = self._values(name, len(items), results)
+        texts = [as_text(job.item.response) if job.item.response else "" for job in batch]
+        masks, lengths = _text_passes(texts, self.config.length_unit == "words")
         audited: list[Audited] = []
         failed = 0
-        texts = [as_text(job.item.response) if job.item.response else "" for job in batch]
-        words = self.config.length_unit == "words"
-        masks, lengths = await asyncio.to_thread(_text_passes, texts, words)  # over item text: off the loop
+        cap = self.config.length_cap
         for i, job in enumerate(batch):
-            values = {a.name: scored[k][i] for k, a in enumerate(self.auditors)}
+            values = {a.name: scored[a.name][i] for a in self.auditors}
             if all(math.isnan(v) for v in values.values()):
                 failed += 1
                 continue
             length = lengths[i]
             truncated = (job.item.metadata or {}).get("truncated")
-            cap = self.config.length_cap
             at_cap = truncated if isinstance(truncated, bool) else (cap is not None and length >= cap)
             audited.append(
                 Audited(job.version, job.source, job.proxy, values, length, at_cap, masks[i], job.epoch)
@@ -263,7 +307,7 @@ class AuditStream:
             self._count("auditor_failed", failed)
         if audited:
             self._count("audited", len(audited))
-            await asyncio.to_thread(self._record, audited)
+            self._record(audited)
 
     async def _score(self, auditor: Any, items: list[ScoreItem]) -> list[float]:
         """One value per item, NaN where the auditor failed (counted per auditor)."""
@@ -274,15 +318,18 @@ class AuditStream:
         except Exception as exc:
             log.warning("audit: auditor %s failed a batch of %d: %s", auditor.name, len(items), exc)
             results = [None] * len(items)
+        return self._values(auditor.name, len(items), results)
+
+    def _values(self, name: str, n: int, results: list[Any]) -> list[float]:
+        """An auditor's results as floats, NaN for each failed item (counted for that auditor)."""
         out = []
-        for r in results if len(results) == len(items) else [None] * len(items):
+        for r in results if len(results) == n else [None] * n:
             ok = isinstance(r, float) and not isinstance(r, ItemError) and math.isfinite(r)
             out.append(float(r) if ok else math.nan)
         errors = sum(math.isnan(v) for v in out)
         if errors:
-            self.auditor_errors[auditor.name] += errors
-            if self.metrics is not None:
-                self.metrics.auditor_errors.labels(auditor.name).inc(errors)
+            with self._counts_lock:
+                self.auditor_errors[name] += errors
         return out
 
     @property
