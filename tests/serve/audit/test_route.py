@@ -72,6 +72,10 @@ def test_metrics_carry_the_audit_gauges(server):
     assert 'rewardplane_audit_items_total{outcome="audited"} 120.0' in text
     assert 'rewardplane_audit_tau{auditor="words"}' in text and "rewardplane_audit_version 2.0" in text
     assert 'rewardplane_audit_alarm{alarm="decorrelation",subject="words"} 0.0' in text
+    # read from the stream when scraped: every outcome and every auditor, 0 until it happens
+    assert 'rewardplane_audit_items_total{outcome="dropped_queue_full"} 0.0' in text
+    assert 'rewardplane_audit_auditor_errors_total{auditor="words"} 0.0' in text
+    assert "rewardplane_audit_queue_depth 0.0" in text and "rewardplane_audit_sample_rate " in text
 
 
 def test_the_route_is_documented_in_openapi(server):

@@ -132,6 +132,7 @@ class AuditStream:
         self._full = asyncio.Event()  # set when a full batch is waiting
         self._bytes = 0
         self.sampler = Sampler(config, secret if secret is not None else secrets.token_bytes(32))
+        self._counts_lock = threading.Lock()  # counts: added on the loop and in the recording threads
         if metrics is not None:  # read when scraped: the rate in force, an epoch's boost included
             metrics.bind(
                 lambda: self._locked(self.counts),
@@ -140,7 +141,6 @@ class AuditStream:
                 lambda: self.sampler.rate,
             )
         self._lock = threading.Lock()  # the ledger: recorded in worker threads, read by snapshots
-        self._counts_lock = threading.Lock()
         self._tasks: list[asyncio.Task] = []
         self._firing: set[tuple[str, str]] = set()
         self._watch = (0, config.boost.hold_bins)  # (epoch, bins the boost still lasts)
