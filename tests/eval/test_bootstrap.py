@@ -101,6 +101,17 @@ def test_chunked_equals_single_call_exactly(values):
     assert single.tobytes() == spec_means.tobytes()
 
 
+def test_columns_resampled_together_are_each_the_one_column_call_bit_for_bit():
+    """A 2-D call (the audit's proxy and auditors, one index draw) gives, row by row, exactly
+    the 1-D call's means: the gather keeps each replicate's items contiguous, so each mean sums
+    them in the same order."""
+    columns = np.random.default_rng(5).normal(size=(3, 113))
+    together, _ = replicate_means(columns, replicates=1000, chunk_rows=300, index_sha256=False)
+    for row, values in zip(together, columns, strict=True):
+        alone, _ = replicate_means(values, replicates=1000, index_sha256=False)
+        assert row.tobytes() == alone.tobytes()
+
+
 def test_default_chunking_equals_single_call_block():
     values = _accuracy_values(5000, 0.52)  # default chunk = 838 rows → 4 chunks, the last partial
     chunked = bootstrap_mean(values, statistic="accuracy", replicates=3000)
