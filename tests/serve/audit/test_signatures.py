@@ -3,9 +3,14 @@ honest look-alikes next to it."""
 
 from __future__ import annotations
 
+import random
+import sys
+from pathlib import Path
+
 import pytest
 
-from rewardplane.serve.audit.signatures import SIGNATURES, names, signatures
+from rewardplane.serve.audit import signatures as signature_module
+from rewardplane.serve.audit.signatures import SIGNATURES, batch_signatures, names, signatures
 from support.timing import best_cpu_seconds
 
 HITS = [
@@ -120,18 +125,73 @@ def test_one_pattern_set_pass_says_what_each_detector_says():
     """`signatures` matches the RE2 detectors as one `re2.Set`; its mask must be, bit for bit,
     each detector's own verdict — on the known exploits, normal answers, these tests' texts and
     their line-ending and spacing variants."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
-    from audit_corpus import EXPLOITS, normal_answers
     from rewardplane.serve.audit.signatures import DETECTORS
 
-    texts = [t for _, _, t in EXPLOITS] + [t for _, t in normal_answers(600)] + [t for _, t in HITS]
-    texts += [t.replace("\n", "\r\n") for t in texts] + [" " + t + "\n" for t in texts]
     flagged = 0
-    for text in texts:
+    for text in _corpus():
         each = sum(1 << bit for bit, detect in enumerate(DETECTORS.values()) if detect(text))
         assert signatures(text) == each, text
         flagged += each != 0
     assert flagged > 100  # the comparison covers texts that match, not only quiet ones
+
+
+def _corpus() -> list[str]:
+    """The known exploits, normal answers, these tests' texts and their line-ending and spacing
+    variants."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
+    from audit_corpus import EXPLOITS, normal_answers
+
+    texts = [t for _, _, t in EXPLOITS] + [t for _, t in normal_answers(600)] + [t for _, t in HITS]
+    texts += QUIET
+    return texts + [t.replace("\n", "\r\n") for t in texts] + [" " + t + "\n" for t in texts]
+
+
+def test_a_batch_is_read_as_each_of_its_texts_alone():
+    """`batch_signatures` searches a batch joined by newlines and halves it where it finds
+    something: each text's mask must be what `signatures` says of it alone, whatever its
+    neighbours (an exploit at a batch's first or last text, or at a text's first or last line)."""
+    rng = random.Random(45)
+    texts = _corpus()
+    hits = [t for t in texts if signatures(t)]
+    for _ in range(300):
+        batch = rng.sample(texts, rng.randint(1, 64))
+        batch[rng.choice([0, -1])] = rng.choice(hits)
+        assert batch_signatures(batch) == [signatures(t) for t in batch]
+    assert batch_signatures([]) == []
+
+
+def test_a_quiet_batch_is_one_search_and_a_hit_costs_a_halving(monkeypatch):
+    """The set's search releases the GIL: a batch without a hit is one search, not one per text."""
+    searched: list[str] = []
+    real = signature_module._SET
+
+    class Counted:
+        def Match(self, text: str):
+            searched.append(text)
+            return real.Match(text)
+
+    monkeypatch.setattr(signature_module, "_SET", Counted())
+    quiet = (QUIET * 4)[:64]
+    assert batch_signatures(quiet) == [0] * 64
+    assert len(searched) == 1
+    searched.clear()
+    one = [*quiet[:40], "import ctypes", *quiet[41:]]
+    assert names(batch_signatures(one)[40]) == ["ctypes"]
+    assert len(searched) <= 1 + 2 * 6
+
+
+def test_no_set_pattern_anchors_on_a_whole_text():
+    """`batch_signatures` reads a joined batch as its texts only while every RE2 pattern's
+    anchors are line anchors (`^`/`$` under `(?m)`) and none is `\\A` or `\\z`: a pattern
+    anchored on the whole text would match a batch's first or last text alone."""
+    import re
+
+    from rewardplane.serve.audit.signatures import DETECTORS
+
+    patterns = [p for d in DETECTORS.values() if (p := getattr(d, "pattern", None)) is not None]
+    assert len(patterns) == 9
+    for pattern in patterns:
+        assert "\\A" not in pattern and "\\z" not in pattern, pattern
+        bare = re.sub(r"\[(?:\\.|[^\]])*\]", "", re.sub(r"\\.", "", pattern))  # escapes, then classes
+        if "^" in bare or "$" in bare:
+            assert pattern.startswith("(?m)"), pattern

@@ -380,11 +380,12 @@ class Ledger:
             auditors[name] = block
         out["auditors"] = auditors
         lengths = np.asarray(items.length, dtype=np.float64)
+        p50, p90 = (float(p) for p in np.percentile(lengths, [50, 90])) if lengths.size else (None, None)
         out["length"] = {
             "unit": self.config.length_unit,
             "mean": float(lengths.mean()) if lengths.size else None,
-            "p50": float(np.percentile(lengths, 50)) if lengths.size else None,
-            "p90": float(np.percentile(lengths, 90)) if lengths.size else None,
+            "p50": p50,
+            "p90": p90,
             "max": int(lengths.max()) if lengths.size else None,
             "at_cap": float(np.mean(items.at_cap)) if lengths.size else None,
         }

@@ -35,7 +35,7 @@ from rewardplane.serve.audit.config import AuditConfig, ExternalAuditor
 from rewardplane.serve.audit.ledger import NO_SOURCE, Audited, Ledger
 from rewardplane.serve.audit.metrics import AuditMetrics
 from rewardplane.serve.audit.sampler import Sampler, Taken
-from rewardplane.serve.audit.signatures import SIGNATURES, signatures
+from rewardplane.serve.audit.signatures import SIGNATURES, batch_signatures
 from rewardplane.serve.protocol.audit import flat_counts, flat_metrics
 from rewardplane.serve.scorers.base import ItemError, ScoreItem
 from rewardplane.serve.scorers.common import as_text
@@ -378,7 +378,7 @@ class AuditStream:
                 book = self.ledger
                 last = [book.bin_summary(len(book.closed) - 1, intervals=False)] if book.closed else []
                 body = {"counts": self.counts, "epoch": book.epoch, "bins": last, "alarms": book.alarms}
-                self.flat = flat_metrics(clean(body))
+                self.flat = flat_metrics(body)  # non-finite numbers are left out
             else:  # only the counters moved: no snapshot per batch
                 self.flat = {**self.flat, **flat_counts(self.counts)}
             if closed and self.config.out:
@@ -518,7 +518,7 @@ def evidence(book: Ledger) -> str:
 def _text_passes(texts: list[str], words: bool) -> tuple[list[int], list[int]]:
     """Each text's signature mask and length (words or characters): the passes over response
     text, run in a thread so a long response never holds the event loop."""
-    return [signatures(t) for t in texts], [len(t.split()) if words else len(t) for t in texts]
+    return batch_signatures(texts), [len(t.split()) if words else len(t) for t in texts]
 
 
 def _log_alarm(d: Decision) -> None:
