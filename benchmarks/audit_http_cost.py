@@ -165,6 +165,20 @@ def same_layout() -> tuple[list[str], dict[str, str]]:
     return command, {"PYTHONHASHSEED": "0"}
 
 
+def _thread_cpu(proc: Any) -> dict[int, float]:
+    """CPU seconds of each of `proc`'s threads so far."""
+    return {t.id: t.user_time + t.system_time for t in proc.threads()}
+
+
+def _split(pid: int, before: dict[int, float], after: dict[int, float], items: int) -> dict[str, float]:
+    """Server CPU µs per item over the stretch: the event loop's thread (the main one) and the
+    others together (scoring threads, the audit's recording thread), to tell the audit's own
+    work from what it does to the loop."""
+    spent = {tid: cpu - before.get(tid, 0.0) for tid, cpu in after.items()}
+    loop = spent.pop(pid, 0.0)
+    return {"loop": round(1e6 * loop / items, 2), "other": round(1e6 * sum(spent.values()) / items, 2)}
+
+
 def _pin_threads(proc: Any, cpus: set[int]) -> None:
     """Every thread of `proc` on `cpus` (a thread started later inherits its starter's)."""
     for thread in proc.threads():
@@ -223,6 +237,13 @@ def part_cost(args: argparse.Namespace, vocab: list[str]) -> dict[str, Any]:
         "pair_items_per_s_ratios": [p["items_per_s_ratio"] for p in pairs],
         "pair_cpu_per_item_ratios": [p["cpu_per_item_ratio"] for p in pairs],
         "pair_cpu_per_item_ratio_median": round(statistics.median(p["cpu_per_item_ratio"] for p in pairs), 4),
+        "pair_thread_deltas_us": [
+            {
+                k: round(p["threads_us_per_item"]["on"][k] - p["threads_us_per_item"]["off"][k], 2)
+                for k in ("loop", "other")
+            }
+            for p in pairs
+        ],
         "pairs": pairs,
         "windows": args.cost_windows,
         "window_seconds": args.cost_seconds,
@@ -272,6 +293,7 @@ def _cost_pair(
                 _pin_threads(proc, pins[0])
         before_windows = {} if quiet else settle(urls["on"])["counts"]
         before = {m: procs[m].cpu_times() for m in procs}
+        threads_before = {m: _thread_cpu(procs[m]) for m in procs}
         for w in range(args.cost_windows):
             for mode in ("off", "on") if w % 2 == 0 else ("on", "off"):
                 done, elapsed, sent = asyncio.run(
@@ -284,11 +306,14 @@ def _cost_pair(
                   f"on {windows['on'][-1]:.0f} items/s", flush=True)  # fmt: skip
         audit = {"counts": {}} if quiet else settle(urls["on"])  # the backlog is this stretch's cost
         after = {m: procs[m].cpu_times() for m in procs}
+        threads_after = {m: _thread_cpu(procs[m]) for m in procs}
     cpu = {m: (after[m].user - before[m].user) + (after[m].system - before[m].system) for m in procs}
     rate = {m: items[m] / seconds[m] for m in items}
     per_item = {m: cpu[m] / items[m] for m in items}
+    threads = {m: _split(procs[m].pid, threads_before[m], threads_after[m], items[m]) for m in procs}
     return {
         "items": items,
+        "threads_us_per_item": threads,
         "seconds": {m: round(v, 3) for m, v in seconds.items()},
         "cpu_s": {m: round(v, 3) for m, v in cpu.items()},
         "windows": {m: [round(x, 1) for x in v] for m, v in windows.items()},
