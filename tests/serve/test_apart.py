@@ -13,14 +13,16 @@ from rewardplane.serve.batcher import check_value
 from rewardplane.serve.protocol import ItemError
 
 
-def _run(score_one, payloads, *, workers=4, deadline_s=5.0):
+def _run(score_one, payloads, *, workers=4, deadline_s=5.0, wait=False):
+    """`wait`: let the threads that started finish before returning (a thread not yet started
+    when the last item is scored is cancelled, as the batcher's own pool would never run it)."""
     pool = ThreadPoolExecutor(max_workers=workers)
     try:
         return asyncio.run(
             apart.score_apart(pool, workers, score_one, payloads, deadline_s, check_value, "t")
         )
     finally:
-        pool.shutdown(wait=False, cancel_futures=True)
+        pool.shutdown(wait=wait, cancel_futures=True)
 
 
 def test_every_item_is_scored_once_in_order():
@@ -85,8 +87,10 @@ def test_the_loop_is_woken_once_per_thread_not_once_per_item(monkeypatch):
         real(self)
 
     monkeypatch.setattr(asyncio.Event, "set", counted_set)
-    assert _run(lambda p: [1.0], list(range(500)), workers=4) == [1.0] * 500
-    assert len(wakes) == 4 and len(calls) <= 4  # a wake after the last result may never run
+    assert _run(lambda p: [1.0], list(range(500)), workers=4, wait=True) == [1.0] * 500
+    # each thread that ran woke the loop once as it left (on a loaded machine the first ones may
+    # take all 500 items before the others start); a wake after the last result may never run
+    assert 1 <= len(wakes) <= 4 and len(calls) <= len(wakes)
 
 
 def test_a_cancelled_batch_takes_no_more_items():
