@@ -14,7 +14,7 @@ next `_FENCE`.
    about 4x when the text grows 4x; quadratic work 16x. The assertion is on that ratio
    (`MAX_RATIO`), never on a time.
 3. The functions that read request text on the service path (`ENTRY_POINTS`: fences, the judge's
-   fence and answer parser, the audit's signatures, the math box reader, the OpenRLHF EOS strip,
+   fence and answer parser, the audit's signatures (a batch at a time, as the service reads them), the math box reader, the OpenRLHF EOS strip,
    admission, the JSON guard, the rules) get the same inputs, built from the patterns of their
    module, plus hypothesis-generated mixtures: a scan written in Python (the audit's
    `_boxed_answers`) is caught here, where no regex analyser looks.
@@ -320,9 +320,12 @@ def _judge_answer(text: str) -> Any:
 
 
 def _signatures(text: str) -> Any:
-    from rewardplane.serve.audit.signatures import signatures
+    """The audit's service path (`batch_signatures`): the text twice in a batch around an honest
+    answer, so the joined search, its halving down to each text, and every detector on the text
+    alone (what `signatures` runs) all read it."""
+    from rewardplane.serve.audit.signatures import batch_signatures
 
-    return signatures(text)
+    return batch_signatures([text, "The answer is 4.", text])
 
 
 def _last_boxed(text: str) -> Any:
