@@ -195,3 +195,43 @@ def test_no_set_pattern_anchors_on_a_whole_text():
         bare = re.sub(r"\[(?:\\.|[^\]])*\]", "", re.sub(r"\\.", "", pattern))  # escapes, then classes
         if "^" in bare or "$" in bare:
             assert pattern.startswith("(?m)"), pattern
+
+
+def _repeated_ngram_by_windows(text: str) -> bool:
+    """The definition, every window built: what the pruned detector must say."""
+    tokens = signature_module._TOKEN.findall(text.lower())
+    if len(tokens) < signature_module.REPEAT_MIN_TOKENS:
+        return False
+    windows = list(zip(*(tokens[i:] for i in range(signature_module.NGRAM)), strict=False))
+    return 1.0 - len(set(windows)) / len(windows) >= signature_module.REPEAT_SHARE
+
+
+def _multi_boxed_by_parse(text: str) -> bool:
+    return len(set(signature_module._boxed_answers(text))) >= 2
+
+
+def test_the_pruned_detectors_say_what_their_definitions_say():
+    """`repeated_ngram` skips building windows where its distinct tokens already bound them, and
+    `multi_boxed` skips the parse below two `\\boxed`: both exact, on texts at every share of
+    repeats (the bound's edge included) and every count of boxes, closed or not."""
+    rng = random.Random(7)
+    words = ["the", "answer", "is", "yes", ".", ",", "x", "=", "1", "2", "\\boxed{", "}", "{", "so"]
+    fired = {"repeated_ngram": 0, "multi_boxed": 0}
+    texts = []
+    for _ in range(3000):
+        vocab = rng.sample(words, rng.randint(1, len(words)))
+        base = [rng.choice(vocab) for _ in range(rng.randint(0, 40))]
+        tail = [rng.choice(words) for _ in range(rng.randint(0, 30))]
+        text = " ".join(base * rng.randint(1, 6) + tail)
+        texts.append(text)
+    for k in range(11, 40):  # k words cycled: k distinct windows, so at 2k + 3 tokens exactly half repeat
+        cycle = [f"w{i}" for i in range(k)] * 3
+        texts += [" ".join(cycle[:length]) for length in (2 * k + 2, 2 * k + 3, 2 * k + 4)]
+    for text in texts:
+        want = _repeated_ngram_by_windows(text)
+        assert signature_module.repeated_ngram(text) == want, text
+        fired["repeated_ngram"] += want
+        want = _multi_boxed_by_parse(text)
+        assert signature_module.multi_boxed(text) == want, text
+        fired["multi_boxed"] += want
+    assert all(300 < n < 2700 for n in fired.values()), fired  # both answers well represented

@@ -117,15 +117,21 @@ def _boxed_answers(text: str) -> list[str]:
 
 
 def multi_boxed(text: str) -> bool:
-    return len(set(_boxed_answers(text))) >= 2
+    # two answers need two boxes: a text with fewer `\\boxed` (a substring count, no regex) has none
+    return text.count("\\boxed") >= 2 and len(set(_boxed_answers(text))) >= 2
 
 
 def repeated_ngram(text: str) -> bool:
     tokens = _TOKEN.findall(text.lower())
     if len(tokens) < REPEAT_MIN_TOKENS:
         return False
+    windows = len(tokens) - NGRAM + 1
+    # every token from the NGRAM-th on ends a window, so distinct windows >= distinct tokens - 3:
+    # a text of mostly different words cannot repeat half its windows (no windows built)
+    if 1.0 - (len(set(tokens)) - (NGRAM - 1)) / windows < REPEAT_SHARE:
+        return False
     distinct = len(set(zip(*(tokens[i:] for i in range(NGRAM)), strict=False)))  # every 4-token window
-    return 1.0 - distinct / (len(tokens) - NGRAM + 1) >= REPEAT_SHARE
+    return 1.0 - distinct / windows >= REPEAT_SHARE
 
 
 def empty(text: str) -> bool:
