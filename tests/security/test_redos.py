@@ -14,10 +14,11 @@ next `_FENCE`.
    about 4x when the text grows 4x; quadratic work 16x. The assertion is on that ratio
    (`MAX_RATIO`), never on a time.
 3. The functions that read request text on the service path (`ENTRY_POINTS`: fences, the judge's
-   fence and answer parser, the audit's signatures (a batch at a time, as the service reads them), the math box reader, the OpenRLHF EOS strip,
-   admission, the JSON guard, the rules) get the same inputs, built from the patterns of their
-   module, plus hypothesis-generated mixtures: a scan written in Python (the audit's
-   `_boxed_answers`) is caught here, where no regex analyser looks.
+   fence and answer parser, the audit's signatures (a batch at a time, as the service reads
+   them), the math box reader, the OpenRLHF EOS strip, admission, the JSON guard, the rules) get
+   the same inputs, built from the patterns of their module, plus hypothesis-generated mixtures:
+   a scan written in Python (the audit's `_boxed_answers`) is caught here, where no regex
+   analyser looks.
 """
 
 from __future__ import annotations

@@ -117,7 +117,7 @@ def _boxed_answers(text: str) -> list[str]:
 
 
 def multi_boxed(text: str) -> bool:
-    # two answers need two boxes: a text with fewer `\\boxed` (a substring count, no regex) has none
+    # two answers need two boxes: below two `\boxed` substrings (a count, no regex) there are not two
     return text.count("\\boxed") >= 2 and len(set(_boxed_answers(text))) >= 2
 
 
