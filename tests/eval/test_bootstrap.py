@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from rewardplane.core import resample
 from rewardplane.core.resample import replicate_means
 from rewardplane.eval.bootstrap import bootstrap_mean, paired_bootstrap
 
@@ -99,6 +100,21 @@ def test_chunked_equals_single_call_exactly(values):
         assert chunked_hash == single_hash
     _, spec_means = _spec(values, 1234, 1001)
     assert single.tobytes() == spec_means.tobytes()
+
+
+def test_a_kept_small_draw_is_the_draw_a_fresh_stream_gives():
+    """A small one-chunk draw is kept and reused (the audit resamples each bin of one size with
+    one seed): its means and index digest are the spec's, the first call's and the second's, and
+    no caller can write into the kept indices."""
+    values = np.random.default_rng(11).normal(size=97)
+    resample._small_draw.cache_clear()
+    first, first_hash = replicate_means(values, seed=7, replicates=1000)
+    again, again_hash = replicate_means(values, seed=7, replicates=1000)
+    assert resample._small_draw.cache_info().hits == 1
+    _, spec_means = _spec(values, 7, 1000)
+    assert first.tobytes() == again.tobytes() == spec_means.tobytes()
+    assert first_hash == again_hash == replicate_means(values, seed=7, replicates=1000, chunk_rows=333)[1]
+    assert not resample._small_draw(7, 97, 1000).flags.writeable
 
 
 def test_columns_resampled_together_are_each_the_one_column_call_bit_for_bit():

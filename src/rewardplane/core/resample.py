@@ -15,8 +15,9 @@ checked in tests/eval/test_bootstrap.py.
 
 from __future__ import annotations
 
+import functools
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -26,6 +27,12 @@ GENERATOR = "numpy.random.Generator(numpy.random.PCG64(seed))"
 # Elements of the index array per chunk: 2^22 int64 indices (32 MiB) plus the gathered
 # float64 values of the same shape keep the working set near 64 MiB for any n.
 _CHUNK_ELEMENTS = 1 << 22
+# Draws of at most 2^17 indices (1 MiB) are kept for reuse, the newest 8 of them.
+_CACHED_ELEMENTS = 1 << 17
+_CACHED_DRAWS = 8
+# Gathered values per chunk of a kept draw: 2^13 float64 (64 KiB), below the size at which the
+# C allocator maps (and the kernel zero-fills) fresh pages for every array.
+_GATHER_ELEMENTS = 1 << 13
 
 
 def as_statistic(values: Sequence[float] | np.ndarray, name: str = "values") -> np.ndarray:
@@ -36,6 +43,34 @@ def as_statistic(values: Sequence[float] | np.ndarray, name: str = "values") -> 
     if not np.all(np.isfinite(array)):
         raise ValueError(f"{name}: contains NaN or infinite values")
     return array
+
+
+@functools.lru_cache(maxsize=_CACHED_DRAWS)
+def _small_draw(seed: int, n: int, replicates: int) -> np.ndarray:
+    """The whole index array of a small one-chunk draw, drawn once per (seed, n, replicates)
+    and kept (read-only): the audit resamples every bin of the same size with one seed, and
+    the draw, not the gather, is most of a small bootstrap. The same array a fresh draw gives."""
+    idx = np.random.Generator(np.random.PCG64(seed)).integers(0, n, size=(replicates, n))
+    idx.flags.writeable = False
+    return idx
+
+
+def _index_chunks(
+    seed: int, n: int, replicates: int, rows: int, gather_rows: int
+) -> Iterator[tuple[int, int, np.ndarray]]:
+    """(start, stop, indices) of each chunk of `rows` replicates, in order, from one stream; a
+    small draw (kept) in chunks of `gather_rows`, so each gather's values stay small enough to
+    reuse memory the process already has rather than map fresh pages for every bootstrap."""
+    if rows >= replicates and replicates * n <= _CACHED_ELEMENTS:
+        draw = _small_draw(seed, n, replicates)
+        for start in range(0, replicates, gather_rows):
+            stop = min(start + gather_rows, replicates)
+            yield start, stop, draw[start:stop]
+        return
+    rng = np.random.Generator(np.random.PCG64(seed))
+    for start in range(0, replicates, rows):
+        stop = min(start + rows, replicates)
+        yield start, stop, rng.integers(0, n, size=(stop - start, n))
 
 
 def default_chunk_rows(n: int) -> int:
@@ -64,12 +99,10 @@ def replicate_means(
     rows = chunk_rows if chunk_rows is not None else max(1, default_chunk_rows(n) // max(1, values.size // n))
     if rows < 1:
         raise ValueError(f"chunk_rows must be >= 1, got {rows}")
-    rng = np.random.Generator(np.random.PCG64(seed))
     means = np.empty((*values.shape[:-1], replicates), dtype=np.float64)
     index_digest = hashlib.sha256()
-    for start in range(0, replicates, rows):
-        stop = min(start + rows, replicates)
-        idx = rng.integers(0, n, size=(stop - start, n))
+    gather_rows = max(1, _GATHER_ELEMENTS // values.size)
+    for start, stop, idx in _index_chunks(seed, n, replicates, rows, gather_rows):
         if index_sha256:
             index_digest.update(
                 memoryview(np.ascontiguousarray(idx, dtype="<i8"))

@@ -22,7 +22,8 @@ def request(rng: random.Random, step: int, n: int = 64) -> list[ScoreItem]:
     for i in range(n):
         raw = step if not mixed else rng.choice([step, str(step + 1), None, "²", step])
         group = f"{step}-{i // 8}" if not mixed or rng.random() < 0.7 else None
-        items.append(ScoreItem(str(i), "p", "r", group_id=group, metadata={"policy_version": raw}))
+        metadata = None if mixed and rng.random() < 0.1 else {"policy_version": raw}
+        items.append(ScoreItem(str(i), "p", "r", group_id=group, metadata=metadata))
     return items
 
 
@@ -42,6 +43,35 @@ def test_the_per_request_path_takes_what_the_per_item_path_takes():
         assert counts_fast == counts_each
         taken += len(got)
     assert 0.15 < taken / (300 * 64) < 0.25
+
+
+def test_a_group_is_sampled_when_its_keyed_digest_is_below_the_rate():
+    """The definition, written out: a group is sampled at a version when its keyed digest, read
+    as a big-endian integer, is below rate × 2⁶⁴ (the sampler compares bytes against the bound's
+    ceiling) — at every rate, and with the bound set amid the groups' digests."""
+    groups = [f"g{i}" for i in range(3000)]
+
+    def digests(sampler: Sampler, version: int) -> dict[str, int]:
+        keyed, _ = sampler._version_key(version)
+        out = {}
+        for g in groups:
+            h = keyed.copy()
+            h.update(g.encode())
+            out[g] = int.from_bytes(h.digest(), "big")
+        return out
+
+    for sample in (0.001, 0.03, 0.5, 1.0):
+        sampler = Sampler(AuditConfig(proxy="rm", auditors=["gold"], sample=sample, boost=FIXED), SECRET)
+        for version in (0, 7):
+            want = {g for g, d in digests(sampler, version).items() if d < sample * 2**64}
+            assert sampler._sampled_groups(version, groups) == want
+            assert {g for g in groups if sampler.sampled(version, g)} == want
+            assert len(want) > 0 or sample < 0.01
+    sampler = Sampler(AuditConfig(proxy="rm", auditors=["gold"], sample=0.5, boost=FIXED), SECRET)
+    by_group = digests(sampler, 3)
+    bound = float(sorted(by_group.values())[1500])  # rounded to a float: the groups near it straddle it
+    sampler._versions[(0, 3)] = (sampler._version_key(3)[0], bound)
+    assert sampler._sampled_groups(3, groups) == {g for g, d in by_group.items() if d < bound}
 
 
 def test_groups_are_whole_and_ungrouped_items_sampled_at_the_rate():

@@ -18,6 +18,7 @@ after `restart_gap_s` of silence starts a new epoch (a restart).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 import math
 import operator
@@ -62,8 +63,7 @@ class Sampler:
     def take(self, items: list[ScoreItem], values: list[Any], counts: dict[str, int]) -> list[Taken]:
         """The sampled items of one request (`values`: the proxy's results); outcomes other
         than `sampled` (`unversioned`, `bad_version`) are added to `counts`."""
-        by = self.config.by
-        raws = [m.get(by) if m else None for m in map(_METADATA, items)]
+        raws = _raw_versions(items, self.config.by)
         kinds = set(map(type, raws))
         usable = set(map(type, values)) == {float} and math.isfinite(sum(values))
         if usable and kinds <= _FAST_RAWS and not (type(None) in kinds and self.config.arrival_window):
@@ -91,7 +91,7 @@ class Sampler:
                 outcome = "unversioned" if raw is None else "bad_version"
                 counts[outcome] = counts.get(outcome, 0) + len(raws)
                 return []
-            hits = {g for g in keys if g is not None and self.sampled(version, g)}
+            hits = self._sampled_groups(version, [g for g in keys if g is not None])
             picked = self._skips([i for i, g in enumerate(groups) if g is None]) if None in keys else []
             if hits:
                 picked += [i for i, g in enumerate(groups) if g in hits]
@@ -200,10 +200,24 @@ class Sampler:
     def sampled(self, version: int, group: str) -> bool:
         """A GRPO group is sampled whole, by a hash keyed with this server's secret over the
         version and the group id: unknowable to a client, and afresh at every version."""
+        return bool(self._sampled_groups(version, [group]))
+
+    def _sampled_groups(self, version: int, groups: list[str]) -> set[str]:
+        """Which of `groups` are sampled at `version`: each group's keyed digest, read as a
+        big-endian integer, below `rate_of(version)` × 2⁶⁴. The version's key and bound are read
+        once, and the digest compared as bytes (big-endian bytes of one length order as their
+        integers do, and an integer is below a float bound exactly when it is below its ceiling)."""
         keyed, below = self._version_key(version)
-        keyed = keyed.copy()
-        keyed.update(group.encode())
-        return int.from_bytes(keyed.digest(), "big") < below
+        if below >= 2**64:
+            return set(groups)
+        bound = math.ceil(below).to_bytes(8, "big")
+        hits = set()
+        for group in groups:
+            h = keyed.copy()
+            h.update(group.encode())
+            if h.digest() < bound:
+                hits.add(group)
+        return hits
 
     def rate_of(self, version: int) -> float:
         """The rate `version` (of this epoch) is sampled at: the one in force when it was first
@@ -222,6 +236,16 @@ class Sampler:
             if len(self._versions) > 256:
                 del self._versions[min(self._versions)]
         return known
+
+
+def _raw_versions(items: list[ScoreItem], by: str) -> list[Any]:
+    """Each item's raw version (`metadata[by]`, None where missing): in one C-level pass when
+    every item has a metadata dict, item by item otherwise."""
+    metadata = list(map(_METADATA, items))
+    try:
+        return list(map(dict.get, metadata, itertools.repeat(by)))
+    except TypeError:  # an item without metadata (None)
+        return [m.get(by) if m else None for m in metadata]
 
 
 def as_version(raw: Any) -> int | None:
