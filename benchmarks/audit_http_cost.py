@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import platform
 import random
@@ -104,17 +105,19 @@ class Bodies:
 
 
 async def load(
-    url: str, seconds: float, concurrency: int, bodies: Bodies, start: int
+    url: str, seconds: float, concurrency: int, bodies: Bodies, start: int, count: int | None = None
 ) -> tuple[int, float, int]:
-    """Closed-loop load for `seconds`: (items, elapsed, requests sent so far)."""
+    """Closed-loop load for `seconds`, or until `count` requests are sent: (items, elapsed,
+    requests sent so far)."""
     import httpx
 
     done = 0
     sent = start
+    stop = math.inf if count is None else start + count
 
     async def worker(client: httpx.AsyncClient, deadline: float) -> None:
         nonlocal done, sent
-        while time.perf_counter() < deadline:
+        while time.perf_counter() < deadline and sent < stop:
             body = bodies.body(sent)
             sent += 1
             response = await client.post(
