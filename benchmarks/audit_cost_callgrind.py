@@ -35,8 +35,6 @@ from typing import Any
 from audit_http_cost import Bodies, load, same_layout, server_process, service_yaml, settle
 from overoptimization import VOCAB  # the benchmark's own words (benchmarks/ is on the path)
 
-EVENTS = ("Ir", "Dr", "Dw", "I1mr", "D1mr", "D1mw", "ILmr", "DLmr", "DLmw")
-
 
 def estimated_cycles(totals: dict[str, int]) -> int:
     first = totals["I1mr"] + totals["D1mr"] + totals["D1mw"]
@@ -126,12 +124,14 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "audited_share": round(on["audited"] / on["items"], 4),
         # the secret is random at each start, so a run audits a little more or less than `sample`:
-        # the extra instructions scaled to exactly `sample` of the items
+        # the extra instructions scaled to exactly `sample` of the items (none when none was audited)
         "instructions_ratio_at_sample": round(
             1
             + (on["per_item"]["Ir"] / off["per_item"]["Ir"] - 1) * args.sample * on["items"] / on["audited"],
             4,
-        ),
+        )
+        if on["audited"]
+        else None,
         "servers": runs,
         "settings": vars(args),
         "machine": platform.platform(),

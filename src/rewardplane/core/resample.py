@@ -48,8 +48,8 @@ def as_statistic(values: Sequence[float] | np.ndarray, name: str = "values") -> 
 @functools.lru_cache(maxsize=_CACHED_DRAWS)
 def _small_draw(seed: int, n: int, replicates: int) -> np.ndarray:
     """The whole index array of a small one-chunk draw, drawn once per (seed, n, replicates)
-    and kept (read-only): the audit resamples every bin of the same size with one seed, and
-    the draw, not the gather, is most of a small bootstrap. The same array a fresh draw gives."""
+    and kept (read-only): the audit resamples every bin of the same size with one seed, so a
+    fresh draw would repeat the same indices each time. The same array a fresh draw gives."""
     idx = np.random.Generator(np.random.PCG64(seed)).integers(0, n, size=(replicates, n))
     idx.flags.writeable = False
     return idx
